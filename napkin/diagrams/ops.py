@@ -1,0 +1,542 @@
+"""Operations (boxes) and the values (wire bundles) that flow between them.
+
+A :class:`Value` is an array: a tuple of axes and a dtype, produced by an
+operation from other values. Values are immutable and hashable; building one
+checks it (axis sizes agree, contracted axes exist, dtypes match) and raises a
+:class:`DiagramError` naming the operation and the axis when it does not.
+
+Every operation is defined on a few axes of its own (the contracted axis, the
+normalised axis) and **woven** over every other axis its inputs carry; an input
+that lacks a woven axis is broadcast along it. That is how a matmul is a woven
+dot product and multi-head attention is attention woven over heads.
+
+>>> from napkin.diagrams import Axis, array, contract, softmax
+>>> q, x, d = Axis("q"), Axis("x"), Axis("d", 64)
+>>> Q, K = array("Q", q, d), array("K", x, d)
+>>> S = contract(Q, K, over=d, name="S")
+>>> S.axis_names
+('q', 'x')
+>>> softmax(S, over=x).axis_names
+('q', 'x')
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping, Sequence
+
+import sympy
+
+from ..dtypes import dtype as lookup_dtype
+from ..errors import DiagramError, NapkinError
+from .axes import Axis, as_axis_name, as_axis_names, check_name
+from .functions import get_function
+
+# ----------------------------------------------------------------------------- ops
+
+
+@dataclass(frozen=True)
+class Op:
+    """Base of every box. Subclasses are frozen dataclasses of plain, hashable fields."""
+
+    kind = "op"
+
+    def label(self) -> str:
+        """Short text drawn inside the box."""
+        return self.kind
+
+    def own_axes(self) -> tuple[str, ...]:
+        """Axes the operation is defined on (not woven over): contracted or normalised axes."""
+        return ()
+
+    def infer(self, args: tuple["Value", ...]) -> tuple[tuple[Axis, ...], str]:
+        """Output axes and dtype for these inputs; raise DiagramError if they do not fit."""
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class InputOp(Op):
+    """A diagram input: a named array with no producer."""
+
+    kind = "input"
+
+    def label(self) -> str:
+        return "input"
+
+
+@dataclass(frozen=True)
+class Contract(Op):
+    """Any einsum: multiply inputs elementwise (broadcast by axis name), sum over ``over``.
+
+    The output keeps every other axis, in order of first appearance, unless ``out`` says.
+    """
+
+    over: tuple[str, ...]
+    out: tuple[str, ...] | None = None
+    kind = "contract"
+
+    def label(self) -> str:
+        return "Σ " + ",".join(self.over) if self.over else "⊙"
+
+    def own_axes(self) -> tuple[str, ...]:
+        return self.over
+
+    def infer(self, args):
+        where = f"contract over {','.join(self.over) or '(nothing)'}"
+        dt = _common_dtype(args, where)
+        axes = _union_axes(args, where)
+        names = [a.name for a in axes]
+        for name in self.over:
+            carriers = [v for v in args if name in v.axis_names]
+            if not carriers:
+                raise DiagramError(f"{where}: axis {name!r} is not carried by any input "
+                                   f"({_describe_args(args)})")
+            if len(args) == 2 and len(carriers) == 1:
+                lacking = next(v for v in args if name not in v.axis_names)
+                raise DiagramError(
+                    f"{where}: input {lacking.label()} lacks axis {name!r}; a contraction sums "
+                    f"over an axis both operands carry ({_describe_args(args)})"
+                )
+        kept = [a for a in axes if a.name not in self.over]
+        if self.out is not None:
+            by_name = {a.name: a for a in kept}
+            if sorted(self.out) != sorted(by_name):
+                raise DiagramError(
+                    f"{where}: out={list(self.out)} must list exactly the kept axes {sorted(by_name)}"
+                )
+            kept = [by_name[n] for n in self.out]
+        del names
+        return tuple(kept), dt
+
+
+@dataclass(frozen=True)
+class Map(Op):
+    """An elementwise function from the whitelist, broadcasting its inputs by axis name.
+
+    ``index_axes`` are the axes whose integer position the function reads (masks and
+    score modifiers such as causal, sliding window and ALiBi).
+    """
+
+    fn: str
+    params: tuple[float | sympy.Expr, ...] = ()
+    index_axes: tuple[str, ...] = ()
+    kind = "map"
+
+    def param_values(self, sizes: Mapping[str, int | sympy.Expr]) -> tuple[float, ...]:
+        """Scalar parameters as floats; symbolic ones (``1/√d``) use the axis sizes given."""
+        out = []
+        for p in self.params:
+            if isinstance(p, sympy.Basic):
+                subs = {s: sizes[s.name] for s in p.free_symbols if s.name in sizes}
+                value = p.subs(subs)
+                if value.free_symbols:
+                    names = ", ".join(sorted(s.name for s in value.free_symbols))
+                    raise DiagramError(f"map {self.fn}: parameter {p} needs the size of axis {names}")
+                out.append(float(value))
+            else:
+                out.append(float(p))
+        return tuple(out)
+
+    def label(self) -> str:
+        if self.params:
+            return f"{self.fn}({', '.join(_fmt_param(p) for p in self.params)})"
+        return self.fn
+
+    def infer(self, args):
+        f = get_function(self.fn)
+        where = f"map {self.fn}"
+        if len(args) != f.arity:
+            raise DiagramError(f"{where}: takes {f.arity} array input(s), got {len(args)}")
+        if len(self.params) != f.n_params:
+            raise DiagramError(f"{where}: takes {f.n_params} scalar parameter(s), got {len(self.params)}")
+        if len(self.index_axes) != f.index_arity:
+            raise DiagramError(f"{where}: reads {f.index_arity} index axes, got {len(self.index_axes)}")
+        dt = _common_dtype(args, where)
+        axes = _union_axes(args, where)
+        names = {a.name for a in axes}
+        for name in self.index_axes:
+            if name not in names:
+                raise DiagramError(f"{where}: index axis {name!r} is not carried by its input "
+                                   f"({_describe_args(args)})")
+        return axes, dt
+
+
+@dataclass(frozen=True)
+class Reduce(Op):
+    """Sum, max, min or mean over one axis, woven over the rest."""
+
+    how: str
+    over: str
+    kind = "reduce"
+
+    def label(self) -> str:
+        return f"{self.how} {self.over}"
+
+    def own_axes(self) -> tuple[str, ...]:
+        return (self.over,)
+
+    def infer(self, args):
+        if self.how not in ("sum", "max", "min", "mean"):
+            raise DiagramError(f"reduce: unknown reduction {self.how!r}; use sum, max, min or mean")
+        (x,) = args
+        _require_axis(x, self.over, f"{self.how} over {self.over}")
+        return tuple(a for a in x.axes if a.name != self.over), x.dtype
+
+
+@dataclass(frozen=True)
+class Softmax(Op):
+    """softmax along one axis, woven over the rest."""
+
+    over: str
+    kind = "softmax"
+
+    def label(self) -> str:
+        return f"softmax {self.over}"
+
+    def own_axes(self) -> tuple[str, ...]:
+        return (self.over,)
+
+    def infer(self, args):
+        (x,) = args
+        _require_axis(x, self.over, f"softmax over {self.over}")
+        return x.axes, x.dtype
+
+
+@dataclass(frozen=True)
+class Norm(Op):
+    """layernorm ((x − mean)/√(var + eps)) or rmsnorm (x/√(mean x² + eps)) along one axis."""
+
+    how: str
+    over: str
+    eps: float
+    kind = "norm"
+
+    def label(self) -> str:
+        return f"{self.how} {self.over}"
+
+    def own_axes(self) -> tuple[str, ...]:
+        return (self.over,)
+
+    def infer(self, args):
+        if self.how not in ("layernorm", "rmsnorm"):
+            raise DiagramError(f"norm: unknown normalisation {self.how!r}")
+        (x,) = args
+        _require_axis(x, self.over, f"{self.how} over {self.over}")
+        return x.axes, x.dtype
+
+
+@dataclass(frozen=True)
+class Rename(Op):
+    """Relabel axes (a free view): self-attention reads one token axis as queries q and keys x."""
+
+    mapping: tuple[tuple[str, str], ...]
+    kind = "rename"
+
+    def label(self) -> str:
+        return ", ".join(f"{a}→{b}" for a, b in self.mapping)
+
+    def infer(self, args):
+        (x,) = args
+        m = dict(self.mapping)
+        for old in m:
+            _require_axis(x, old, f"rename {old}→{m[old]}")
+        new = tuple(Axis(m.get(a.name, a.name), a.size) for a in x.axes)
+        seen = set()
+        for a in new:
+            if a.name in seen:
+                raise DiagramError(f"rename {self.label()}: axis {a.name!r} would appear twice")
+            seen.add(a.name)
+        return new, x.dtype
+
+
+# -------------------------------------------------------------------------- values
+
+
+class Value:
+    """An array in a diagram: axes and dtype, produced by ``op`` from ``args``.
+
+    Values are immutable and hashable (the hash is computed once, so large
+    diagrams with shared sub-graphs stay cheap). Arithmetic operators build maps:
+    ``S * 0.125``, ``X + Y``, ``-X``.
+    """
+
+    __slots__ = ("op", "args", "axes", "dtype", "name", "_hash")
+
+    def __init__(self, op: Op, args: tuple["Value", ...], axes: tuple[Axis, ...], dtype: str,
+                 name: str | None = None):
+        object.__setattr__(self, "op", op)
+        object.__setattr__(self, "args", tuple(args))
+        object.__setattr__(self, "axes", tuple(axes))
+        object.__setattr__(self, "dtype", dtype)
+        object.__setattr__(self, "name", name)
+        object.__setattr__(self, "_hash", hash((op, self.args, self.axes, dtype, name)))
+
+    def __setattr__(self, key, value):
+        raise AttributeError("napkin values are immutable")
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __eq__(self, other) -> bool:
+        if self is other:
+            return True
+        if not isinstance(other, Value) or self._hash != other._hash:
+            return False
+        return (self.op == other.op and self.axes == other.axes and self.dtype == other.dtype
+                and self.name == other.name and self.args == other.args)
+
+    # -- views
+    @property
+    def axis_names(self) -> tuple[str, ...]:
+        """Names of the axes, in order."""
+        return tuple(a.name for a in self.axes)
+
+    def axis(self, name: str) -> Axis:
+        """The axis called ``name``; DiagramError if this value does not carry it."""
+        for a in self.axes:
+            if a.name == name:
+                return a
+        raise DiagramError(f"{self.label()} has no axis {name!r}; it carries {list(self.axis_names)}")
+
+    @property
+    def is_input(self) -> bool:
+        return isinstance(self.op, InputOp)
+
+    def label(self) -> str:
+        """Name and axes, e.g. ``Q[q,d]``."""
+        return f"{self.name or self.op.kind}[{','.join(self.axis_names)}]"
+
+    def named(self, name: str) -> "Value":
+        """The same value under another name."""
+        return Value(self.op, self.args, self.axes, self.dtype, check_name(name, "array"))
+
+    def __repr__(self) -> str:
+        return f"<{self.label()} {self.dtype} = {self.op.label()}>"
+
+    # -- arithmetic builds maps
+    def __add__(self, other):
+        return _binary_or_scalar("add", "shift", self, other, lambda c: c)
+
+    __radd__ = __add__
+
+    def __sub__(self, other):
+        return _binary_or_scalar("sub", "shift", self, other, lambda c: -c)
+
+    def __rsub__(self, other):
+        return (-self) + other
+
+    def __mul__(self, other):
+        return _binary_or_scalar("mul", "scale", self, other, lambda c: c)
+
+    __rmul__ = __mul__
+
+    def __truediv__(self, other):
+        return _binary_or_scalar("div", "scale", self, other, lambda c: 1.0 / c)
+
+    def __neg__(self):
+        return map_fn("neg", self)
+
+
+def _fmt_param(p) -> str:
+    if isinstance(p, sympy.Basic):
+        return str(p).replace("sqrt", "√")
+    return f"{p:.4g}"
+
+
+def _as_param(p):
+    if isinstance(p, sympy.Basic):
+        return p if p.free_symbols else float(p)
+    if isinstance(p, bool) or not isinstance(p, (int, float)):
+        raise DiagramError(f"scalar parameter {p!r} is not a number or a sympy expression")
+    return float(p)
+
+
+def _binary_or_scalar(binary: str, unary: str, x: Value, other, convert):
+    if isinstance(other, Value):
+        return map_fn(binary, x, other)
+    if isinstance(other, (int, float, sympy.Basic)) and not isinstance(other, bool):
+        return map_fn(unary, x, params=(convert(other),))
+    return NotImplemented
+
+
+def _describe_args(args) -> str:
+    return ", ".join(v.label() for v in args)
+
+
+def _require_axis(x: Value, name: str, where: str) -> None:
+    if name not in x.axis_names:
+        raise DiagramError(f"{where}: input {x.label()} has no axis {name!r}")
+
+
+def _common_dtype(args: Sequence[Value], where: str) -> str:
+    dts = {v.dtype for v in args}
+    if len(dts) > 1:
+        detail = ", ".join(f"{v.label()} is {v.dtype}" for v in args)
+        raise DiagramError(f"{where}: inputs have different dtypes ({detail}); cast them to one dtype")
+    return args[0].dtype
+
+
+def _union_axes(args: Sequence[Value], where: str) -> tuple[Axis, ...]:
+    """Axes of all inputs by name, in order of first appearance; sizes must agree."""
+    seen: dict[str, tuple[Axis, Value]] = {}
+    order = []
+    for v in args:
+        for a in v.axes:
+            if a.name in seen:
+                other, owner = seen[a.name]
+                if other.size != a.size:
+                    raise DiagramError(
+                        f"{where}: axis {a.name!r} has size {other.size} in {owner.label()} "
+                        f"but {a.size} in {v.label()}"
+                    )
+            else:
+                seen[a.name] = (a, v)
+                order.append(a)
+    return tuple(order)
+
+
+def apply(op: Op, args: Sequence[Value], name: str | None = None) -> Value:
+    """Apply an operation to values, checking them; the one place values are built."""
+    args = tuple(args)
+    for v in args:
+        if not isinstance(v, Value):
+            raise DiagramError(f"{op.kind}: expected napkin arrays as inputs, got {type(v).__name__}")
+    if name is not None:
+        check_name(name, "array")
+    axes, dt = op.infer(args)
+    return Value(op, args, axes, dt, name)
+
+
+# ------------------------------------------------------------------------- builders
+
+
+def array(name: str, *axes: Axis, dtype: str = "bf16") -> Value:
+    """A named input array carrying ``axes`` (an Axis each, or a tuple of them).
+
+    >>> from napkin.diagrams import axes
+    >>> a, b = axes("a b")
+    >>> array("A", a, b).label()
+    'A[a,b]'
+    """
+    if len(axes) == 1 and isinstance(axes[0], (tuple, list)):
+        axes = tuple(axes[0])
+    check_name(name, "array")
+    names = set()
+    for a in axes:
+        if not isinstance(a, Axis):
+            raise DiagramError(f"array {name!r}: expected Axis objects, got {a!r}")
+        if a.name in names:
+            raise DiagramError(f"array {name!r}: axis {a.name!r} appears twice")
+        names.add(a.name)
+    try:
+        dt = lookup_dtype(dtype).name
+    except NapkinError as e:
+        raise DiagramError(f"array {name!r}: {e}") from None
+    return Value(InputOp(), (), tuple(axes), dt, name)
+
+
+def contract(*xs: Value, over, out=None, name: str | None = None) -> Value:
+    """Multiply ``xs`` (broadcast by axis name) and sum over the axes ``over``.
+
+    >>> from napkin.diagrams import axes
+    >>> a, b, c = axes("a b c")
+    >>> C = contract(array("A", a, b), array("B", b, c), over=b)
+    >>> C.axis_names
+    ('a', 'c')
+    """
+    return apply(Contract(as_axis_names(over), None if out is None else as_axis_names(out)), xs, name)
+
+
+def map_fn(fn: str, *xs: Value, params: Sequence[float] = (), index_axes=(), name: str | None = None) -> Value:
+    """Apply the whitelisted elementwise function ``fn`` (see ``functions.FUNCTIONS``)."""
+    return apply(Map(fn, tuple(_as_param(p) for p in params), as_axis_names(index_axes)), xs, name)
+
+
+def reduce(x: Value, over, how: str = "sum", name: str | None = None) -> Value:
+    """Reduce ``x`` over one axis with ``how`` in sum, max, min, mean."""
+    return apply(Reduce(how, as_axis_name(over)), (x,), name)
+
+
+def sum_over(x: Value, over, name: str | None = None) -> Value:
+    """Σ over one axis."""
+    return reduce(x, over, "sum", name)
+
+
+def max_over(x: Value, over, name: str | None = None) -> Value:
+    """max over one axis."""
+    return reduce(x, over, "max", name)
+
+
+def mean_over(x: Value, over, name: str | None = None) -> Value:
+    """mean over one axis."""
+    return reduce(x, over, "mean", name)
+
+
+def softmax(x: Value, over, name: str | None = None) -> Value:
+    """softmax along ``over``, woven over every other axis.
+
+    A lone softmax cannot be streamed along ``over`` (it needs the whole row);
+    a softmax followed by a contraction over the same axis can.
+    """
+    return apply(Softmax(as_axis_name(over)), (x,), name)
+
+
+def layernorm(x: Value, over, eps: float = 1e-5, name: str | None = None) -> Value:
+    """(x − mean)/√(var + eps) along ``over`` (no affine: multiply and add a weight and bias)."""
+    return apply(Norm("layernorm", as_axis_name(over), float(eps)), (x,), name)
+
+
+def rmsnorm(x: Value, over, eps: float = 1e-6, name: str | None = None) -> Value:
+    """x/√(mean(x²) + eps) along ``over``."""
+    return apply(Norm("rmsnorm", as_axis_name(over), float(eps)), (x,), name)
+
+
+def rename(x: Value, name: str | None = None, **mapping) -> Value:
+    """Relabel axes: ``rename(X, q=Axis("x"))`` or ``rename(X, q="x")``."""
+    pairs = tuple((old, as_axis_name(new)) for old, new in mapping.items())
+    return apply(Rename(pairs), (x,), name)
+
+
+def _unary(fn: str, doc: str):
+    def build(x: Value, name: str | None = None) -> Value:
+        return map_fn(fn, x, name=name)
+
+    build.__name__ = fn
+    build.__doc__ = doc
+    return build
+
+
+exp = _unary("exp", "eˣ elementwise.")
+log = _unary("log", "ln x elementwise.")
+tanh = _unary("tanh", "tanh elementwise.")
+gelu = _unary("gelu", "GELU (erf form, as torch's default) elementwise.")
+silu = _unary("silu", "SiLU x·σ(x) elementwise.")
+relu = _unary("relu", "max(x, 0) elementwise.")
+square = _unary("square", "x² elementwise.")
+
+
+def scale(x: Value, c: float, name: str | None = None) -> Value:
+    """c·x."""
+    return map_fn("scale", x, params=(c,), name=name)
+
+
+def softcap(x: Value, cap: float, name: str | None = None) -> Value:
+    """cap·tanh(x/cap): logit soft-capping (Gemma 2)."""
+    return map_fn("softcap", x, params=(cap,), name=name)
+
+
+def causal(scores: Value, q, x, offset: int = 0, name: str | None = None) -> Value:
+    """Mask keys after the query: keep ``x ≤ q + offset`` (−inf elsewhere)."""
+    return map_fn("causal", scores, params=(offset,), index_axes=(q, x), name=name)
+
+
+def sliding_window(scores: Value, q, x, window: int, name: str | None = None) -> Value:
+    """Keep the last ``window`` keys up to the query: ``q − window < x ≤ q``."""
+    if int(window) < 1:
+        raise DiagramError(f"sliding_window: window must be ≥ 1, got {window}")
+    return map_fn("sliding_window", scores, params=(window,), index_axes=(q, x), name=name)
+
+
+def alibi(scores: Value, h, q, x, name: str | None = None) -> Value:
+    """ALiBi bias: ``s − m_h·|q − x|`` with per-head slopes ``m_h = 2^(−8(h+1)/H)``."""
+    return map_fn("alibi", scores, index_axes=(h, q, x), name=name)
