@@ -439,7 +439,7 @@ def _load_builtin(key: str) -> GPU:
     if key not in _CACHE:
         fname = _PROFILE_FILES[key]
         try:
-            text = resources.files("napkin.perfmodel").joinpath("profiles", fname).read_text("utf-8")
+            text = resources.files("napkin.perfmodel").joinpath("profiles").joinpath(fname).read_text("utf-8")
         except (FileNotFoundError, OSError) as e:
             raise HardwareError(f"built-in profile {fname} is missing from the package: {e}") from None
         _CACHE[key] = GPU.from_json(text, where=f"profiles/{fname}")
