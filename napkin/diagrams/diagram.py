@@ -73,9 +73,8 @@ class Diagram:
         self._check_axes()
 
     def __setattr__(self, key, value):
-        if key in type(self).__slots__ and key != "__dict__":
-            raise AttributeError("diagrams are immutable")
-        object.__setattr__(self, key, value)  # only cached_property results land here
+        # cached_property stores into __dict__ directly, so refusing every assignment is safe.
+        raise AttributeError("diagrams are immutable")
 
     # ------------------------------------------------------------------ identity
     def __hash__(self) -> int:
@@ -246,14 +245,25 @@ class Diagram:
                 f"diagram {self.name!r} has no axis {', '.join(map(repr, unknown))}; "
                 f"its axes are {list(self.axes)}"
             )
+        input_axes = {a.name for v in self.inputs for a in v.axes}
+        derived = {n: all_sizes.pop(n) for n in list(all_sizes) if n not in input_axes}
         for n, s in all_sizes.items():
             if isinstance(s, bool) or not isinstance(s, (int, sympy.Basic)) and not hasattr(s, "__index__"):
                 raise DiagramError(f"axis {n!r}: size {s!r} is not an integer")
         new_axes = {n: Axis(n, all_sizes[n]) for n in all_sizes}
-        return self._rebuilt({
+        out = self._rebuilt({
             id(v): Value(InputOp(), (), tuple(new_axes.get(a.name, a) for a in v.axes), v.dtype, v.name)
             for v in self.inputs
         })
+        for n, size in derived.items():
+            # A renamed axis takes its size from the input axis it relabels; a different size is an error.
+            if out.axes[n].size != size:
+                raise DiagramError(
+                    f"diagram {self.name!r}: axis {n!r} is a relabelling (rename) of an input axis and has "
+                    f"size {out.axes[n].size}, not {size}; bind the input axis instead "
+                    f"(input axes: {sorted(input_axes)})"
+                )
+        return out
 
     def with_dtype(self, dtype: str) -> "Diagram":
         """The same diagram with every input (and so every array) in ``dtype``."""

@@ -81,6 +81,12 @@ class ArrayOps:
             return self.m.full_like(x, value)
         return self.m.full_like(x, value, dtype=x.dtype)
 
+    def cast_like(self, idx, x):
+        """Integer positions ``idx`` as floats of ``x``'s dtype (so float64 references stay float64)."""
+        if self.name == "torch":
+            return idx.to(x.dtype)
+        return idx.astype(x.dtype)
+
     def neg_inf(self, x):
         """-inf shaped like x."""
         return self.full_like(x, -math.inf)
@@ -158,7 +164,7 @@ for _fn in [
     ),
     ElementwiseFn(
         "alibi", 1,
-        lambda m, xs, p, i, n: xs[0] - _alibi_slope(i[0], n[0], m) * m.abs(i[1] - i[2]),
+        lambda m, xs, p, i, n: xs[0] - _alibi_slope(m.cast_like(i[0], xs[0]), n[0], m) * m.abs(i[1] - i[2]),
         "({x0} - exp2f(-8.0f * (float)({i0} + 1) / (float)({n0})) * fabsf((float)({i1} - {i2})))",
         index_arity=3, flops=4, sfu=1,
         doc="ALiBi: s − m_h·|q − x| with head slopes m_h = 2^(−8(h+1)/H)",

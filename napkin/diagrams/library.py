@@ -224,9 +224,9 @@ def transformer_block() -> Diagram:
 
     Xn = (rmsnorm(X, over=e, name="N1") * g1).named("Xn")
     Q = contract(Xn, Wq, over=e, out=(h, q, d), name="Qp")
-    Xk = rename(Xn, q="x", name="Xk")
-    K = contract(Xk, Wk, over=e, out=(h, "x", d), name="Kp")
-    V = contract(Xk, Wv, over=e, out=(h, "x", d), name="Vp")
+    # Keys and values are the same tokens read along a second axis x: a free relabelling.
+    K = rename(contract(Xn, Wk, over=e, out=(h, q, d), name="Kp"), q="x", name="K")
+    V = rename(contract(Xn, Wv, over=e, out=(h, q, d), name="Vp"), q="x", name="V")
     O = attention_core(Q, K, V, is_causal=True)
     A = contract(O, Wo, over=(h, d), out=(q, e), name="A")
     X2 = (X + A).named("X2")

@@ -1,0 +1,201 @@
+"""The ``napkin`` command line.
+
+    napkin list                                   the built-in diagrams
+    napkin show NAME [-s q=4096 ...]              a diagram's inputs, boxes, outputs and sizes
+    napkin render NAME [-s ...] -o file.svg       draw it (SVG, or graphviz DOT with --format dot)
+
+NAME is a built-in diagram (``attention``) or a diagram in a user file
+(``path/file.py:name``). Every mistake a user can make ends in one line
+``error: ...`` on stderr and exit status 2.
+
+Adding a command: write a function with the shared options of
+:mod:`napkin.cli_common` and register it under ``@app.command()`` then
+``@handle_errors``. Import heavy modules (torch, cupy, the performance model)
+inside the function, never at the top of this file: ``napkin --help`` and
+``napkin list`` must not import torch.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from . import __version__
+from .cli_common import (DEFAULT_DTYPE, DEFAULT_GPU, DtypeOpt, GpuOpt, JsonOpt, NameArg, SizesOpt,  # noqa: F401
+                         UsageError, console, format_sizes, handle_errors, load_bound, parse_sizes,
+                         print_error, print_json)
+from .errors import NapkinError
+
+app = typer.Typer(
+    name="napkin",
+    help="Neural circuit diagrams to IO-aware GPU algorithms: list, show and render diagrams.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"napkin {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: Annotated[
+        bool,
+        typer.Option("--version", callback=_version, is_eager=True, help="Print the version and exit."),
+    ] = False,
+) -> None:
+    """Neural circuit diagrams to IO-aware GPU algorithms.
+
+    NAME is a built-in diagram (see `napkin list`) or path/file.py:name.
+    Bind axis sizes with -s name=value (repeatable).
+    """
+
+
+# ----------------------------------------------------------------------------- list
+
+@app.command("list")
+@handle_errors
+def list_(json_out: JsonOpt = False) -> None:
+    """List the built-in diagrams: name, family, description, default sizes."""
+    from .diagrams import library
+
+    entries = library.entries()
+    if json_out:
+        print_json([{"name": e.name, "family": e.family, "description": e.description,
+                     "default_sizes": dict(e.default_sizes)} for e in entries])
+        return
+    from rich.table import Table
+    from rich.text import Text
+
+    table = Table(title="built-in diagrams", title_justify="left", header_style="bold")
+    table.add_column("name", style="cyan", no_wrap=True)
+    table.add_column("family")
+    table.add_column("description")
+    table.add_column("default sizes")
+    for e in entries:
+        table.add_row(Text(e.name), Text(e.family), Text(e.description), Text(format_sizes(e.default_sizes)))
+    console().print(table)
+    console().print(Text("Use one as NAME, or a diagram of your own as path/file.py:name."))
+
+
+# ----------------------------------------------------------------------------- show
+
+@app.command()
+@handle_errors
+def show(name: NameArg, size: SizesOpt = None, json_out: JsonOpt = False) -> None:
+    """Print a diagram: inputs, boxes (with the axes each is woven over), outputs and sizes.
+
+    Without -s a built-in diagram keeps its sizes symbolic.
+    """
+    diagram = load_bound(name, size, use_defaults=False)
+    if json_out:
+        print_json({
+            "name": diagram.name,
+            "description": diagram.description,
+            "sizes": {n: (s if isinstance(s, int) else str(s)) for n, s in diagram.sizes.items()},
+            "inputs": [{"name": v.name, "axes": list(v.axis_names), "dtype": v.dtype} for v in diagram.inputs],
+            "outputs": [{"name": n, "axes": list(v.axis_names), "dtype": v.dtype}
+                        for n, v in zip(diagram.output_names, diagram.outputs)],
+            "summary": diagram.summary(),
+        })
+        return
+    from rich.panel import Panel
+    from rich.text import Text
+
+    title = Text(diagram.name, style="bold cyan")
+    body = Text(diagram.summary())
+    console().print(Panel(body, title=title, title_align="left", expand=False))
+    sizes = diagram.sizes
+    bound = {n: s for n, s in sizes.items() if isinstance(s, int)}
+    if len(bound) == len(sizes):
+        console().print(Text("sizes: ", style="bold") + Text(format_sizes(sizes)))
+    elif bound:
+        console().print(Text("sizes: ", style="bold") + Text(format_sizes(bound))
+                        + Text(f"  (symbolic: {', '.join(n for n in sizes if n not in bound)})"))
+    else:
+        console().print(Text("sizes: ", style="bold") + Text("symbolic (bind with -s name=value)"))
+
+
+# ----------------------------------------------------------------------------- render
+
+FormatOpt = Annotated[
+    Optional[str],
+    typer.Option("--format", "-f", metavar="svg|dot",
+                 help="Output format; default: from the -o suffix (.dot/.gv → dot), else svg.",
+                 show_default=False),
+]
+OutOpt = Annotated[
+    Optional[Path],
+    typer.Option("--output", "-o", metavar="FILE",
+                 help="File to write ('-' for stdout); default: NAME.svg (or NAME.dot).", show_default=False),
+]
+
+
+def _render_text(diagram, fmt: str) -> str:
+    """The drawing as text; a missing renderer or graphviz package is a one-line error."""
+    try:
+        if fmt == "svg":
+            return diagram.to_svg()
+        from .diagrams.dot import to_dot_source
+
+        return to_dot_source(diagram)
+    except ModuleNotFoundError as e:
+        if e.name == "graphviz":
+            raise UsageError("render --format dot needs the graphviz Python package: "
+                             "python3 -m pip install graphviz") from None
+        if e.name and e.name.startswith("napkin."):
+            raise UsageError(f"render --format {fmt}: this napkin has no {e.name} module") from None
+        raise
+    except ImportError as e:
+        if "napkin.diagrams" in str(e):
+            raise UsageError(f"render --format {fmt}: the renderer is not available ({e})") from None
+        raise
+
+
+@app.command()
+@handle_errors
+def render(name: NameArg, size: SizesOpt = None, output: OutOpt = None, fmt: FormatOpt = None) -> None:
+    """Draw a diagram as a neural circuit diagram (SVG) or as graphviz DOT source."""
+    if fmt is not None:
+        fmt = fmt.lower()
+        if fmt not in ("svg", "dot"):
+            raise UsageError(f"render: unknown format {fmt!r}; use svg or dot")
+    elif output is not None and output.suffix.lower() in (".dot", ".gv"):
+        fmt = "dot"
+    else:
+        fmt = "svg"
+    diagram = load_bound(name, size, use_defaults=False)
+    text = _render_text(diagram, fmt)
+    if output is not None and str(output) == "-":
+        typer.echo(text, nl=not text.endswith("\n"))
+        return
+    path = output if output is not None else Path(f"{diagram.name}.{fmt}")
+    try:
+        path.write_text(text, encoding="utf-8")
+    except OSError as e:
+        raise UsageError(f"render: cannot write {str(path)!r}: {e.strerror or e}") from None
+    from rich.text import Text
+
+    console().print(Text(f"wrote {path} ({fmt}, {len(text.encode('utf-8')) / 1024:.1f} KiB)"))
+
+
+# ----------------------------------------------------------------------------- entry point
+
+def main(argv: list[str] | None = None) -> None:
+    """Console-script entry point (``napkin``) and ``python -m napkin``."""
+    try:
+        app(args=argv, prog_name="napkin")
+    except NapkinError as e:  # errors raised outside a command (callbacks); commands handle their own
+        print_error(str(e))
+        raise SystemExit(2) from None
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()
