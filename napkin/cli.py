@@ -3,6 +3,8 @@
     napkin list                                   the built-in diagrams
     napkin show NAME [-s q=4096 ...]              a diagram's inputs, boxes, outputs and sizes
     napkin render NAME [-s ...] -o file.svg       draw it (SVG, or graphviz DOT with --format dot)
+    napkin cost NAME [-s ...] [--group q=128]     per level H, M, FLOPs and predicted time
+    napkin derive NAME [-s ...] [--gpu h100]      the Napkin derivation and the chosen schedule
 
 NAME is a built-in diagram (``attention``) or a diagram in a user file
 (``path/file.py:name``). Every mistake a user can make ends in one line
@@ -30,7 +32,7 @@ from .errors import NapkinError
 
 app = typer.Typer(
     name="napkin",
-    help="Neural circuit diagrams to IO-aware GPU algorithms: list, show and render diagrams.",
+    help="Neural circuit diagrams to IO-aware GPU algorithms: list, show, render, cost, derive.",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
@@ -184,6 +186,95 @@ def render(name: NameArg, size: SizesOpt = None, output: OutOpt = None, fmt: For
     from rich.text import Text
 
     console().print(Text(f"wrote {path} ({fmt}, {len(text.encode('utf-8')) / 1024:.1f} KiB)"))
+
+
+# ----------------------------------------------------------------------------- cost, derive
+
+GroupOpt = Annotated[
+    Optional[list[str]],
+    typer.Option("--group", "-g", metavar="AXIS=SIZE[@LEVEL]",
+                 help="Tile (group) an axis, at SMEM unless a level is named: q=128 or q=16@RF (repeatable).",
+                 show_default=False),
+]
+StreamOpt = Annotated[
+    Optional[list[str]],
+    typer.Option("--stream", metavar="AXIS=SIZE[@LEVEL]",
+                 help="Stream an axis in chunks: x=64 (repeatable).", show_default=False),
+]
+SymbolicOpt = Annotated[bool, typer.Option("--symbolic", help="Also print H and M as sympy formulas.")]
+
+
+def _progress():
+    """A callback that prints derive's progress lines dimmed on stderr."""
+    from .cli_common import err_console
+
+    def say(message: str) -> None:
+        err_console().print(f"[dim]… {message}[/dim]")
+
+    return say
+
+
+@app.command()
+@handle_errors
+def cost(name: NameArg, size: SizesOpt = None, gpu: GpuOpt = DEFAULT_GPU, dtype: DtypeOpt = DEFAULT_DTYPE,
+         group: GroupOpt = None, stream: StreamOpt = None, symbolic: SymbolicOpt = False,
+         json_out: JsonOpt = False) -> None:
+    """Per level H (transfers), M (memory), FLOPs and predicted time of a schedule.
+
+    --group/--stream pin relabellings; whatever is not given is chosen by derive.
+    Sizes default to the library's example sizes.
+    """
+    from .perfmodel.report import cost_report, format_cost_report, parse_relabels
+
+    diagram = load_bound(name, size, use_defaults=True)
+    fixed = parse_relabels(group, stream)
+    rep = cost_report(diagram, gpu, dtype, fixed, symbolic=symbolic, progress=None if json_out else _progress())
+    if json_out:
+        print_json(rep)
+        return
+    typer.echo(format_cost_report(rep))
+
+
+@app.command()
+@handle_errors
+def derive(name: NameArg, size: SizesOpt = None, gpu: GpuOpt = DEFAULT_GPU, dtype: DtypeOpt = DEFAULT_DTYPE,
+           group: GroupOpt = None, stream: StreamOpt = None,
+           top: Annotated[int, typer.Option("--top", help="How many ranked candidates to show.")] = 5,
+           json_out: JsonOpt = False,
+           svg: Annotated[Optional[Path], typer.Option("--svg", metavar="FILE",
+                          help="Also draw the chosen schedule (wires coloured by level).")] = None,
+           pseudocode: Annotated[bool, typer.Option("--pseudocode", help="Print the chosen schedule as "
+                                 "pseudocode with the memory held per column.")] = False) -> None:
+    """Derive the IO-aware algorithm: naive → fuse → group → stream, then the tile search."""
+    from .perfmodel.derive import derive as run_derive
+    from .perfmodel.report import _check_fixed_axes, parse_relabels
+
+    diagram = load_bound(name, size, use_defaults=True)
+    fixed = parse_relabels(group, stream)
+    _check_fixed_axes(diagram, fixed)
+    der = run_derive(diagram, gpu, dtype, fixed=fixed, top=top, progress=None if json_out else _progress())
+    if svg is not None:
+        from .perfmodel.view import scheduled_svg
+
+        try:
+            svg.write_text(scheduled_svg(der.best), encoding="utf-8")
+        except OSError as e:
+            raise UsageError(f"derive: cannot write {str(svg)!r}: {e.strerror or e}") from None
+    if json_out:
+        out = der.to_dict()
+        if pseudocode:
+            from .perfmodel.view import pseudocode as code
+
+            out["pseudocode"] = code(der.best)
+        print_json(out)
+        return
+    typer.echo(str(der))
+    if pseudocode:
+        from .perfmodel.view import pseudocode as code
+
+        typer.echo("\n" + code(der.best))
+    if svg is not None:
+        typer.echo(f"wrote {svg}")
 
 
 # ----------------------------------------------------------------------------- entry point

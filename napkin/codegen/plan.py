@@ -1,0 +1,93 @@
+"""Kernel plans: what lowering produces and the runtime launches.
+
+Lowering a scheduled diagram gives a :class:`Program`: an ordered tuple of
+:class:`KernelLaunch` (CUDA source, entry point, grid, block, shared memory and the
+launch arguments by name) plus the intermediate buffers to allocate. A program is
+a plain value that can be printed and written to a ``.cu`` file without a GPU.
+
+A code-generation **family** (row-wise, tiled contraction, streamed attention,
+fallback) implements :class:`Family`: it recognises the diagrams it can run fast,
+proposes the tile configurations its template supports as schedules (the
+performance model ranks them), and lowers one schedule to launches.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Mapping, Protocol
+
+from ..diagrams.diagram import Diagram
+from ..perfmodel.schedule import Schedule
+
+
+@dataclass(frozen=True)
+class Arg:
+    """One launch argument: a tensor (by array name) or a scalar value."""
+
+    kind: str  # "tensor", "int" (32-bit), "i64" (long long) or "float"
+    name: str
+    value: int | float | None = None
+    dtype: str | None = None  # napkin dtype name of a tensor argument
+    axes: tuple[str, ...] = ()  # axis names of a tensor argument, in memory order (contiguous)
+
+
+@dataclass(frozen=True)
+class KernelLaunch:
+    """One generated kernel and how to launch it."""
+
+    name: str  # CUDA entry point (extern "C")
+    source: str  # CUDA C++ that includes "napkin.cuh"
+    grid: tuple[int, int, int]
+    block: tuple[int, int, int]
+    shared_bytes: int
+    args: tuple[Arg, ...]
+    template: str  # template file it came from
+    tunables: tuple[tuple[str, object], ...] = ()
+    model_smem_bytes: int | None = None  # shared memory the performance model assumed
+    model_regs_per_thread: int | None = None  # register budget the model assumed
+
+    @property
+    def threads(self) -> int:
+        return self.block[0] * self.block[1] * self.block[2]
+
+
+@dataclass(frozen=True)
+class Buffer:
+    """An intermediate array that lives in HBM between two kernels."""
+
+    name: str
+    axes: tuple[str, ...]
+    shape: tuple[int, ...]
+    dtype: str
+
+
+@dataclass(frozen=True)
+class Program:
+    """Every launch of a lowered diagram, in order, with its intermediates."""
+
+    diagram: Diagram
+    schedule: Schedule
+    family: str
+    launches: tuple[KernelLaunch, ...]
+    buffers: tuple[Buffer, ...] = ()
+    sizes: Mapping[str, int] = field(default_factory=dict)
+    notes: tuple[str, ...] = ()  # how lowering got here (families tried, model footprints used)
+
+    def source(self) -> str:
+        """All kernels' source, concatenated (the device library still #included)."""
+        return "\n\n".join(k.source for k in self.launches)
+
+
+class Family(Protocol):
+    """A code-generation family: recognise, propose tile configurations, lower."""
+
+    name: str
+
+    def matches(self, diagram: Diagram) -> bool:
+        """True if this family can generate a kernel for the (bound) diagram."""
+
+    def candidates(self, diagram: Diagram, gpu, dtype: str) -> list[Schedule]:
+        """Schedules (tile configurations) its template supports for these sizes."""
+
+    def lower(self, diagram: Diagram, schedule: Schedule, arch: str) -> Program:
+        """Generate the launches for one schedule."""
