@@ -1,0 +1,143 @@
+// hopper.cuh — the sm_90 (Hopper) path: asynchronous-proxy fences, mbarriers, bulk copies
+// (the TMA engine) and the warpgroup mma (wgmma) ordering instructions.
+//
+// NAPKIN_HAS_HOPPER is 1 when compiling device code for sm_90 or newer, else 0; everything below
+// exists only then, so a kernel for sm_80 that includes this file compiles and must simply not
+// call it. NAPKIN_HAS_WGMMA is 1 only for the arch-specific target sm_90a, which wgmma needs.
+//
+// Provides (sm_90+):
+//   fence_proxy_async()                 orders this thread's ordinary shared-memory writes before
+//                                       later reads by the async proxy (TMA stores, wgmma
+//                                       operands); call it in each writing thread, then a barrier
+//   mbarrier_init(bar, count)           a 64-bit shared-memory barrier expecting `count` arrivals
+//   fence_mbarrier_init()               makes initialised barriers visible (before the
+//                                       __syncthreads that follows the init)
+//   mbarrier_arrive(bar)                one arrival; returns the phase token
+//   mbarrier_arrive_expect_tx(bar, bytes)
+//                                       one arrival that also announces `bytes` of async copies
+//   mbarrier_try_wait_parity(bar, parity), mbarrier_wait(bar, parity)
+//                                       test / wait for the completion of phase `parity` (0, 1, 0..)
+//   bulk_copy_g2s(smem, gmem, bytes, bar)
+//                                       TMA copy global -> shared; completes `bytes` on bar
+//                                       (bytes a multiple of 16, both addresses 16-byte aligned)
+//   bulk_copy_s2g(gmem, smem, bytes), bulk_commit(), bulk_wait_read<N>(), bulk_wait<N>()
+//                                       TMA copy shared -> global and its bulk-group completion
+// Provides (sm_90a):
+//   wgmma_fence(), wgmma_commit(), wgmma_wait<N>()
+//                                       the ordering around warpgroup mma instructions
+#ifndef NAPKIN_HOPPER_CUH
+#define NAPKIN_HOPPER_CUH
+
+#include "types.cuh"
+#include "memory.cuh"
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define NAPKIN_HAS_HOPPER 1
+#else
+#define NAPKIN_HAS_HOPPER 0
+#endif
+
+#if NAPKIN_HAS_HOPPER && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define NAPKIN_HAS_WGMMA 1
+#else
+#define NAPKIN_HAS_WGMMA 0
+#endif
+
+#if NAPKIN_HAS_HOPPER
+
+namespace napkin {
+
+NAPKIN_DEVICE void fence_proxy_async() {
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+
+NAPKIN_DEVICE void mbarrier_init(u64* bar, u32 count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(count)
+               : "memory");
+}
+
+NAPKIN_DEVICE void fence_mbarrier_init() {
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+}
+
+NAPKIN_DEVICE u64 mbarrier_arrive(u64* bar) {
+  u64 state;
+  asm volatile("mbarrier.arrive.shared::cta.b64 %0, [%1];\n"
+               : "=l"(state)
+               : "r"(smem_addr(bar))
+               : "memory");
+  return state;
+}
+
+NAPKIN_DEVICE u64 mbarrier_arrive_expect_tx(u64* bar, u32 bytes) {
+  u64 state;
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 %0, [%1], %2;\n"
+               : "=l"(state)
+               : "r"(smem_addr(bar)), "r"(bytes)
+               : "memory");
+  return state;
+}
+
+// Whether the phase with the given parity has completed (may wait a short while in hardware).
+NAPKIN_DEVICE bool mbarrier_try_wait_parity(u64* bar, u32 parity) {
+  u32 done;
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+      "selp.u32 %0, 1, 0, p;\n"
+      "}\n"
+      : "=r"(done)
+      : "r"(smem_addr(bar)), "r"(parity)
+      : "memory");
+  return done != 0;
+}
+
+NAPKIN_DEVICE void mbarrier_wait(u64* bar, u32 parity) {
+  while (!mbarrier_try_wait_parity(bar, parity)) {
+  }
+}
+
+NAPKIN_DEVICE void bulk_copy_g2s(void* smem, const void* gmem, u32 bytes, u64* bar) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n"
+      ::"r"(smem_addr(smem)), "l"(gmem), "r"(bytes), "r"(smem_addr(bar))
+      : "memory");
+}
+
+NAPKIN_DEVICE void bulk_copy_s2g(void* gmem, const void* smem, u32 bytes) {
+  asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;\n" ::"l"(gmem),
+               "r"(smem_addr(smem)), "r"(bytes)
+               : "memory");
+}
+
+NAPKIN_DEVICE void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
+
+// Waits until at most N bulk groups still read their shared-memory source.
+template <int N>
+NAPKIN_DEVICE void bulk_wait_read() {
+  asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(N) : "memory");
+}
+
+// Waits until at most N bulk groups are still incomplete (writes visible).
+template <int N>
+NAPKIN_DEVICE void bulk_wait() {
+  asm volatile("cp.async.bulk.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+#if NAPKIN_HAS_WGMMA
+NAPKIN_DEVICE void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+NAPKIN_DEVICE void wgmma_commit() {
+  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+}
+template <int N>
+NAPKIN_DEVICE void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+#endif  // NAPKIN_HAS_WGMMA
+
+}  // namespace napkin
+
+#endif  // NAPKIN_HAS_HOPPER
+
+#endif  // NAPKIN_HOPPER_CUH

@@ -1,0 +1,222 @@
+// memory.cuh — moving tiles between global memory, shared memory and registers.
+//
+// Provides:
+//   Vec16<T>, load16 / store16           one 16-byte (uint4) access
+//   load_vec / store_vec                 16 bytes of a row with a bounds-checked scalar fallback
+//                                        for the row's tail and for unaligned addresses
+//   smem_addr                            a shared-memory pointer as the 32-bit address PTX wants
+//   cp_async16                           cp.async.cg 16-byte copy global -> shared; the bytes past
+//                                        src_bytes are zero-filled (src_bytes = 0: all zeros, and
+//                                        the source is not read)
+//   cp_async_commit / cp_async_wait<N> / cp_async_wait_all / pipeline_wait<STAGES>
+//                                        commit groups for multi-stage pipelines
+//   load_tile_async / load_tile          a ROWS x COLS tile global -> shared, zero outside the
+//                                        valid rows x cols
+//   store_tile                           a ROWS x COLS tile shared -> global, only the valid part
+//
+// A multi-stage pipeline with one commit group per stage reads:
+//   for (s = 0; s < STAGES - 1; ++s) { if (s < n) load(s % STAGES, s); cp_async_commit(); }
+//   for (k = 0; k < n; ++k) {
+//     pipeline_wait<STAGES>();                   // stage k has landed; slot (k-1) % STAGES is free
+//     if (k + STAGES - 1 < n) load((k + STAGES - 1) % STAGES, k + STAGES - 1);
+//     cp_async_commit();                         // commit even when empty: keeps the count
+//     compute(k % STAGES);
+//   }
+#ifndef NAPKIN_MEMORY_CUH
+#define NAPKIN_MEMORY_CUH
+
+#include "types.cuh"
+
+namespace napkin {
+
+// 16 bytes of T, aligned so that it moves as one uint4.
+template <typename T>
+struct __align__(16) Vec16 {
+  static constexpr int size = 16 / static_cast<int>(sizeof(T));
+  T x[16 / sizeof(T)];
+};
+
+NAPKIN_DEVICE uint4 load16(const void* p) { return *reinterpret_cast<const uint4*>(p); }
+NAPKIN_DEVICE void store16(void* p, uint4 v) { *reinterpret_cast<uint4*>(p) = v; }
+
+// v = row[col .. col + size); elements at index >= limit read as `fill`. One 16-byte load when the
+// whole vector is inside the row and its address is 16-byte aligned, scalar loads otherwise.
+template <typename T>
+NAPKIN_DEVICE void load_vec(Vec16<T>& v, const T* row, int col, int limit, T fill) {
+  constexpr int N = Vec16<T>::size;
+  const T* p = row + col;
+  if (col + N <= limit && is_aligned(p, 16)) {
+    *reinterpret_cast<uint4*>(v.x) = load16(p);
+  } else {
+#pragma unroll
+    for (int i = 0; i < N; ++i) v.x[i] = (col + i < limit) ? p[i] : fill;
+  }
+}
+
+// row[col .. col + size) = v, writing only the elements at index < limit.
+template <typename T>
+NAPKIN_DEVICE void store_vec(T* row, int col, int limit, const Vec16<T>& v) {
+  constexpr int N = Vec16<T>::size;
+  T* p = row + col;
+  if (col + N <= limit && is_aligned(p, 16)) {
+    store16(p, *reinterpret_cast<const uint4*>(v.x));
+  } else {
+#pragma unroll
+    for (int i = 0; i < N; ++i) {
+      if (col + i < limit) p[i] = v.x[i];
+    }
+  }
+}
+
+// p rounded down to a multiple of 16 bytes.
+NAPKIN_DEVICE const void* align_down16(const void* p) {
+  return reinterpret_cast<const void*>(reinterpret_cast<u64>(p) & ~static_cast<u64>(15));
+}
+
+// The 32-bit shared-state-space address of a pointer into shared memory.
+NAPKIN_DEVICE u32 smem_addr(const void* p) {
+  return static_cast<u32>(__cvta_generic_to_shared(p));
+}
+
+// Asynchronous 16-byte copy global -> shared (both 16-byte aligned). The first src_bytes (0..16)
+// come from gmem, the rest of the 16 bytes are written as zeros; with src_bytes = 0 nothing is
+// read. Completes at the cp_async_wait of the commit group it was issued in.
+NAPKIN_DEVICE void cp_async16(void* smem, const void* gmem, int src_bytes = 16) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(smem)),
+               "l"(gmem), "r"(src_bytes)
+               : "memory");
+#else
+  const unsigned char* s = static_cast<const unsigned char*>(gmem);
+  unsigned char* d = static_cast<unsigned char*>(smem);
+  for (int i = 0; i < 16; ++i) d[i] = i < src_bytes ? s[i] : 0;
+#endif
+}
+
+// Closes the group of cp.async copies issued since the last commit.
+NAPKIN_DEVICE void cp_async_commit() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+#endif
+}
+
+// Waits until at most N committed groups are still in flight (this thread's copies only).
+template <int N>
+NAPKIN_DEVICE void cp_async_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+#endif
+}
+
+// Waits for every copy this thread issued.
+NAPKIN_DEVICE void cp_async_wait_all() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.wait_all;\n" ::: "memory");
+#endif
+}
+
+// In a STAGES-deep pipeline with one commit group per stage: waits for the oldest stage, then a
+// block barrier makes it visible to every thread (and frees the slot computed on last).
+template <int STAGES>
+NAPKIN_DEVICE void pipeline_wait() {
+  static_assert(STAGES >= 2, "a pipeline needs at least two stages");
+  cp_async_wait<STAGES - 2>();
+  __syncthreads();
+}
+
+// The zero of T.
+template <typename T>
+NAPKIN_DEVICE T zero() { return Traits<T>::from_float(0.f); }
+
+// Starts the copy of a ROWS x COLS tile from global memory (row stride g_ld elements, of which
+// `rows` x `cols` from the tile's origin exist) into shared memory (row stride s_ld elements; the
+// smem rows must be 16-byte aligned). Elements outside the valid part become zero. NTHREADS
+// threads share the work, tid in [0, NTHREADS). Whole, aligned 16-byte chunks go through
+// cp.async (a chunk that straddles `cols` copies its valid prefix and zero-fills the rest, one
+// wholly outside is zero-filled); a chunk whose global address is not 16-byte aligned is copied
+// with scalar loads and ordinary shared stores (visible after the next __syncthreads, like the
+// rest).
+template <typename T, int ROWS, int COLS, int NTHREADS>
+NAPKIN_DEVICE void load_tile_async(T* smem, int s_ld, const T* gmem, int g_ld, int rows, int cols,
+                                   int tid) {
+  constexpr int V = Vec16<T>::size;
+  static_assert(COLS % V == 0, "tile columns must be a whole number of 16-byte chunks");
+  constexpr int PER_ROW = COLS / V;
+  constexpr int CHUNKS = ROWS * PER_ROW;
+  constexpr int ITERS = (CHUNKS + NTHREADS - 1) / NTHREADS;
+#pragma unroll
+  for (int it = 0; it < ITERS; ++it) {
+    const int c = it * NTHREADS + tid;
+    if (CHUNKS % NTHREADS != 0 && c >= CHUNKS) break;
+    const int r = c / PER_ROW;
+    const int col = (c % PER_ROW) * V;
+    T* s = smem + r * s_ld + col;
+    const T* g = gmem + static_cast<i64>(r) * g_ld + col;
+    const bool inside = r < rows && col < cols;
+    if (inside && !is_aligned(g, 16)) {
+#pragma unroll
+      for (int i = 0; i < V; ++i) s[i] = (col + i < cols) ? g[i] : zero<T>();
+    } else {
+      // Valid prefix from global, zero-fill for the rest; a chunk wholly outside reads nothing
+      // and is pointed at the (16-byte aligned down) tile origin.
+      const int n = inside ? (cols - col < V ? cols - col : V) : 0;
+      const void* src = inside ? static_cast<const void*>(g) : align_down16(gmem);
+      cp_async16(s, src, n * static_cast<int>(sizeof(T)));
+    }
+  }
+}
+
+// The same tile copy done synchronously through registers with 16-byte loads (no cp.async);
+// the caller still needs a __syncthreads before other threads read the tile.
+template <typename T, int ROWS, int COLS, int NTHREADS>
+NAPKIN_DEVICE void load_tile(T* smem, int s_ld, const T* gmem, int g_ld, int rows, int cols,
+                             int tid) {
+  constexpr int V = Vec16<T>::size;
+  static_assert(COLS % V == 0, "tile columns must be a whole number of 16-byte chunks");
+  constexpr int PER_ROW = COLS / V;
+  constexpr int CHUNKS = ROWS * PER_ROW;
+  constexpr int ITERS = (CHUNKS + NTHREADS - 1) / NTHREADS;
+#pragma unroll
+  for (int it = 0; it < ITERS; ++it) {
+    const int c = it * NTHREADS + tid;
+    if (CHUNKS % NTHREADS != 0 && c >= CHUNKS) break;
+    const int r = c / PER_ROW;
+    const int col = (c % PER_ROW) * V;
+    Vec16<T> v;
+    if (r < rows) {
+      load_vec(v, gmem + static_cast<i64>(r) * g_ld, col, cols, zero<T>());
+    } else {
+#pragma unroll
+      for (int i = 0; i < V; ++i) v.x[i] = zero<T>();
+    }
+    store16(smem + r * s_ld + col, *reinterpret_cast<const uint4*>(v.x));
+  }
+}
+
+// Writes the valid `rows` x `cols` part of a ROWS x COLS shared-memory tile (row stride s_ld,
+// 16-byte aligned rows) to global memory (row stride g_ld); nothing outside it is written.
+template <typename T, int ROWS, int COLS, int NTHREADS>
+NAPKIN_DEVICE void store_tile(T* gmem, int g_ld, const T* smem, int s_ld, int rows, int cols,
+                              int tid) {
+  constexpr int V = Vec16<T>::size;
+  static_assert(COLS % V == 0, "tile columns must be a whole number of 16-byte chunks");
+  constexpr int PER_ROW = COLS / V;
+  constexpr int CHUNKS = ROWS * PER_ROW;
+  constexpr int ITERS = (CHUNKS + NTHREADS - 1) / NTHREADS;
+#pragma unroll
+  for (int it = 0; it < ITERS; ++it) {
+    const int c = it * NTHREADS + tid;
+    if (CHUNKS % NTHREADS != 0 && c >= CHUNKS) break;
+    const int r = c / PER_ROW;
+    const int col = (c % PER_ROW) * V;
+    if (r < rows && col < cols) {
+      Vec16<T> v;
+      *reinterpret_cast<uint4*>(v.x) = load16(smem + r * s_ld + col);
+      store_vec(gmem + static_cast<i64>(r) * g_ld, col, cols, v);
+    }
+  }
+}
+
+}  // namespace napkin
+
+#endif  // NAPKIN_MEMORY_CUH

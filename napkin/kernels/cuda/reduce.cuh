@@ -1,0 +1,72 @@
+// reduce.cuh — reductions across the threads of a warp, of an mma quad, and of a block.
+//
+// Provides the operators SumOp and MaxOp (with their identities), and
+//   warp_reduce<Op>, warp_sum, warp_max   all 32 lanes (butterfly __shfl_xor_sync; every lane
+//                                         gets the result)
+//   quad_reduce<Op>, quad_sum, quad_max   the 4 lanes 4g..4g+3 that hold one row of an mma
+//                                         accumulator fragment
+//   block_reduce<Op>, block_sum, block_max
+//                                         the whole block, through 32 floats of shared scratch;
+//                                         every thread gets the result; the block's thread count
+//                                         must be a multiple of 32 and every thread must call it
+#ifndef NAPKIN_REDUCE_CUH
+#define NAPKIN_REDUCE_CUH
+
+#include "types.cuh"
+
+namespace napkin {
+
+struct SumOp {
+  NAPKIN_DEVICE static float identity() { return 0.f; }
+  NAPKIN_DEVICE float operator()(float a, float b) const { return a + b; }
+};
+
+struct MaxOp {
+  NAPKIN_DEVICE static float identity() { return neg_inf(); }
+  NAPKIN_DEVICE float operator()(float a, float b) const { return fmaxf(a, b); }
+};
+
+// Reduces over the aligned group of WIDTH lanes (a power of two up to 32) holding this lane.
+template <typename Op, int WIDTH>
+NAPKIN_DEVICE float xor_reduce(float v) {
+  Op op;
+#pragma unroll
+  for (int offset = WIDTH / 2; offset > 0; offset /= 2) {
+    v = op(v, __shfl_xor_sync(0xffffffffu, v, offset));
+  }
+  return v;
+}
+
+template <typename Op>
+NAPKIN_DEVICE float warp_reduce(float v) { return xor_reduce<Op, 32>(v); }
+NAPKIN_DEVICE float warp_sum(float v) { return warp_reduce<SumOp>(v); }
+NAPKIN_DEVICE float warp_max(float v) { return warp_reduce<MaxOp>(v); }
+
+template <typename Op>
+NAPKIN_DEVICE float quad_reduce(float v) { return xor_reduce<Op, 4>(v); }
+NAPKIN_DEVICE float quad_sum(float v) { return quad_reduce<SumOp>(v); }
+NAPKIN_DEVICE float quad_max(float v) { return quad_reduce<MaxOp>(v); }
+
+// Block-wide reduction. `scratch` is 32 floats of shared memory; it may be reused as soon as the
+// call returns (the function ends with a barrier).
+template <typename Op>
+NAPKIN_DEVICE float block_reduce(float v, float* scratch) {
+  const int tid = threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z);
+  const int nwarps = (blockDim.x * blockDim.y * blockDim.z) / 32;
+  const int lane = tid & 31;
+  const int warp = tid >> 5;
+  v = warp_reduce<Op>(v);
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  v = lane < nwarps ? scratch[lane] : Op::identity();
+  v = warp_reduce<Op>(v);
+  __syncthreads();
+  return v;
+}
+
+NAPKIN_DEVICE float block_sum(float v, float* scratch) { return block_reduce<SumOp>(v, scratch); }
+NAPKIN_DEVICE float block_max(float v, float* scratch) { return block_reduce<MaxOp>(v, scratch); }
+
+}  // namespace napkin
+
+#endif  // NAPKIN_REDUCE_CUH

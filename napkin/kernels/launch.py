@@ -1,0 +1,384 @@
+"""Launching compiled kernels on torch tensors, and checking those tensors first.
+
+A :class:`CompiledKernel` is called like CuPy's raw kernels, ``kernel(grid, block, args,
+shared_mem=0)``, with torch CUDA tensors and Python or NumPy scalars as ``args``:
+
+- a tensor passes its data pointer in place (no copy; its strides are the kernel's business,
+  :func:`check_tensor` is the place to insist on contiguity);
+- ``int`` becomes a 32-bit ``int`` (an error if it does not fit: pass ``numpy.int64`` for a
+  ``long long`` parameter), ``float`` a 32-bit ``float``, ``bool`` a ``bool``; NumPy scalars pass
+  as they are; ``None`` is a null pointer.
+
+The launch runs on torch's current stream of the tensors' device, raises the kernel's dynamic
+shared-memory limit when ``shared_mem`` is above the 48 KB default, and turns launch failures into
+:class:`~napkin.errors.LaunchError`. With ``sync=True`` (or ``NAPKIN_SYNC_LAUNCH=1``) it also waits
+for the kernel, so a fault inside it is reported at the launch that caused it.
+
+Importing this module needs neither torch nor CuPy.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from napkin.errors import LaunchError
+
+#: Dynamic shared memory a kernel may use without raising its limit.
+DEFAULT_DYNAMIC_SMEM = 48 * 1024
+
+_INT32_MIN, _INT32_MAX = -(2 ** 31), 2 ** 31 - 1
+
+
+# ---- tensor checks -------------------------------------------------------------------------
+
+def _torch_dtype(dtype: Any):
+    import torch
+
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    from napkin.dtypes import torch_dtype
+
+    return torch_dtype(dtype)
+
+
+def _format_shape(shape: Sequence[Any]) -> str:
+    items = ["*" if s is None or s == -1 else str(s) for s in shape]
+    return "(" + ", ".join(items) + ("," if len(items) == 1 else "") + ")"
+
+
+def same_device(actual, expected) -> bool:
+    """Whether torch device ``actual`` is ``expected`` (a torch.device, ``'cuda:1'``, an index,
+    or ``'cuda'`` meaning the current CUDA device)."""
+    import torch
+
+    if isinstance(expected, int):
+        expected = torch.device("cuda", expected)
+    expected = torch.device(expected)
+    if actual.type != expected.type:
+        return False
+    if expected.index is None:
+        if expected.type != "cuda":
+            return True
+        try:
+            current = torch.cuda.current_device()
+        except Exception:  # noqa: BLE001 - no CUDA here: treat index 0 as current
+            current = 0
+        return (actual.index if actual.index is not None else current) == current
+    return (actual.index if actual.index is not None else 0) == expected.index
+
+
+def check_tensor(t, name: str, *, dtype=None, shape: Sequence[Any] | None = None, device=None,
+                 contiguous: bool = True, align: int | None = None):
+    """Check that ``t`` is what a kernel argument called ``name`` must be, and return it.
+
+    ``dtype``: a torch dtype or a napkin dtype name (``"bf16"``); ``shape``: a sequence whose
+    entries are sizes, or None / -1 for any size; ``device``: a CUDA device the tensor must be on
+    (default: any CUDA device); ``contiguous``: refuse strided views; ``align``: bytes the data
+    pointer must be a multiple of. Each failure raises :class:`LaunchError` naming ``name``.
+    """
+    import torch
+
+    if not isinstance(t, torch.Tensor):
+        raise LaunchError(f"{name}: expected a torch tensor, got {type(t).__name__}")
+    if dtype is not None:
+        want = _torch_dtype(dtype)
+        if t.dtype != want:
+            raise LaunchError(f"{name}: dtype is {t.dtype}, expected {want}")
+    if shape is not None:
+        shape = tuple(shape)
+        ok = len(shape) == t.dim() and all(
+            s is None or s == -1 or int(s) == n for s, n in zip(shape, t.shape))
+        if not ok:
+            raise LaunchError(f"{name}: shape is {_format_shape(tuple(t.shape))}, "
+                              f"expected {_format_shape(shape)}")
+    if contiguous and not t.is_contiguous():
+        raise LaunchError(f"{name}: is not contiguous (shape {_format_shape(tuple(t.shape))}, "
+                          f"strides {tuple(t.stride())}); pass {name}.contiguous()")
+    if align and t.device.type != "meta" and t.data_ptr() % align:
+        raise LaunchError(f"{name}: data pointer is not {align}-byte aligned")
+    if t.device.type != "cuda":
+        raise LaunchError(f"{name}: is a {t.device.type.upper()} tensor; kernels need CUDA tensors "
+                          f"(move it with {name}.cuda())")
+    if device is not None and not same_device(t.device, device):
+        raise LaunchError(f"{name}: is on {t.device}, expected {device}")
+    return t
+
+
+# ---- launching -----------------------------------------------------------------------------
+
+def _dims(value, what: str) -> tuple[int, int, int]:
+    if isinstance(value, int):
+        value = (value,)
+    try:
+        dims = tuple(int(v) for v in value)
+    except (TypeError, ValueError):
+        raise LaunchError(f"{what} must be an int or a tuple of 1 to 3 ints, got {value!r}") from None
+    if not 1 <= len(dims) <= 3 or any(d < 1 for d in dims):
+        raise LaunchError(f"{what} must be 1 to 3 positive sizes, got {value!r}")
+    return (dims + (1, 1))[:3]
+
+
+def _check_dims(grid, block) -> None:
+    threads = block[0] * block[1] * block[2]
+    if threads > 1024 or block[2] > 64:
+        raise LaunchError(f"block {block} has {threads} threads; at most 1024 (and z <= 64)")
+    if grid[0] > 2 ** 31 - 1 or grid[1] > 65535 or grid[2] > 65535:
+        raise LaunchError(f"grid {grid} is too large (x < 2^31, y and z <= 65535)")
+
+
+def _sync_default() -> bool:
+    return os.environ.get("NAPKIN_SYNC_LAUNCH", "") not in ("", "0", "false", "False")
+
+
+@dataclass(frozen=True)
+class KernelAttributes:
+    """What the driver reports for a loaded kernel."""
+
+    registers: int
+    static_shared_bytes: int
+    local_bytes: int
+    const_bytes: int
+    max_threads_per_block: int
+
+
+class CompiledModule:
+    """A compiled cubin, loaded lazily into each device's context it is used on."""
+
+    def __init__(self, cubin: bytes, *, arch: str, key: str = "", filename: str = "kernel.cu"):
+        self.cubin = cubin
+        self.arch = arch
+        self.key = key
+        self.filename = filename
+        self._loaded: dict[int, Any] = {}
+        self._functions: dict[tuple[str, int], Any] = {}
+        self._kernels: dict[str, CompiledKernel] = {}
+        self._lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        return f"CompiledModule({self.filename!r}, arch={self.arch!r}, {len(self.cubin)} bytes)"
+
+    def kernel(self, name: str) -> CompiledKernel:
+        with self._lock:
+            k = self._kernels.get(name)
+            if k is None:
+                k = self._kernels[name] = CompiledKernel(self, name)
+            return k
+
+    __getitem__ = kernel
+
+    def function(self, name: str, device: int):
+        """CuPy's Function for kernel ``name`` on CUDA device ``device`` (loading the module)."""
+        import cupy
+
+        with self._lock:
+            fn = self._functions.get((name, device))
+            if fn is not None:
+                return fn
+            with cupy.cuda.Device(device):
+                module = self._loaded.get(device)
+                if module is None:
+                    module = cupy.cuda.function.Module()
+                    try:
+                        module.load(self.cubin)
+                    except Exception as e:
+                        raise LaunchError(
+                            f"cannot load the cubin built for {self.arch} on CUDA device "
+                            f"{device}: {e}") from e
+                    self._loaded[device] = module
+                try:
+                    fn = module.get_function(name)
+                except Exception as e:
+                    raise LaunchError(
+                        f"no kernel {name!r} in {self.filename} (is it declared extern \"C\"?): "
+                        f"{e}") from e
+            self._functions[(name, device)] = fn
+            return fn
+
+
+_device_props: dict[int, dict] = {}
+
+
+def _smem_optin(device: int) -> int:
+    props = _device_props.get(device)
+    if props is None:
+        import cupy
+
+        props = _device_props[device] = cupy.cuda.runtime.getDeviceProperties(device)
+    return int(props.get("sharedMemPerBlockOptin", DEFAULT_DYNAMIC_SMEM))
+
+
+class CompiledKernel:
+    """One kernel of a :class:`CompiledModule`, callable as ``k(grid, block, args, shared_mem)``."""
+
+    def __init__(self, module: CompiledModule, name: str):
+        self.module = module
+        self.name = name
+        self._smem_limit: dict[int, int] = {}
+
+    def __repr__(self) -> str:
+        return f"CompiledKernel({self.name!r}, arch={self.module.arch!r})"
+
+    @property
+    def arch(self) -> str:
+        return self.module.arch
+
+    def attributes(self, device: int | None = None) -> KernelAttributes:
+        """Registers, static shared memory and limits of this kernel as loaded on ``device``."""
+        import cupy
+        from cupy.cuda import driver
+
+        device = _current_device() if device is None else int(device)
+        fn = self.module.function(self.name, device)
+        with cupy.cuda.Device(device):
+            get = lambda attr: int(driver.funcGetAttribute(attr, fn.ptr))
+            return KernelAttributes(
+                registers=get(driver.CU_FUNC_ATTRIBUTE_NUM_REGS),
+                static_shared_bytes=get(driver.CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES),
+                local_bytes=get(driver.CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES),
+                const_bytes=get(driver.CU_FUNC_ATTRIBUTE_CONST_SIZE_BYTES),
+                max_threads_per_block=get(driver.CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK),
+            )
+
+    def _raise_smem_limit(self, fn, device: int, shared_mem: int) -> None:
+        if shared_mem <= max(DEFAULT_DYNAMIC_SMEM, self._smem_limit.get(device, 0)):
+            return
+        from cupy.cuda import driver
+
+        optin = _smem_optin(device)
+        if shared_mem > optin:
+            raise LaunchError(f"{self.name}: {shared_mem} bytes of dynamic shared memory asked "
+                              f"for; device {device} allows at most {optin} per block")
+        try:
+            driver.funcSetAttribute(
+                fn.ptr, driver.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, int(shared_mem))
+        except Exception as e:
+            raise LaunchError(f"{self.name}: cannot raise the dynamic shared-memory limit to "
+                              f"{shared_mem} bytes (static shared memory counts too): {e}") from e
+        self._smem_limit[device] = shared_mem
+
+    def __call__(self, grid, block, args: Sequence[Any], shared_mem: int = 0, *, stream=None,
+                 sync: bool | None = None) -> None:
+        import cupy
+
+        grid3, block3 = _dims(grid, "grid"), _dims(block, "block")
+        _check_dims(grid3, block3)
+        if shared_mem < 0:
+            raise LaunchError(f"{self.name}: shared_mem must be >= 0, got {shared_mem}")
+        device = _launch_device(args)
+        kargs = [_kernel_arg(a, i, device, self.name) for i, a in enumerate(args)]
+        fn = self.module.function(self.name, device)
+        with cupy.cuda.Device(device):
+            self._raise_smem_limit(fn, device, int(shared_mem))
+            cstream = _cupy_stream(stream, device)
+            try:
+                fn(grid3, block3, kargs, shared_mem=int(shared_mem), stream=cstream)
+            except Exception as e:
+                raise LaunchError(f"launch of {self.name} failed (grid {grid3}, block {block3}, "
+                                  f"{shared_mem} bytes dynamic shared memory): {e}") from e
+            if _sync_default() if sync is None else sync:
+                try:
+                    cstream.synchronize()
+                except Exception as e:
+                    raise LaunchError(f"{self.name} failed while running (grid {grid3}, block "
+                                      f"{block3}): {e}") from e
+
+    launch = __call__
+
+
+def launch(kernel: CompiledKernel, grid, block, args: Sequence[Any], shared_mem: int = 0, *,
+           stream=None, sync: bool | None = None) -> None:
+    """Launch ``kernel``; the same as ``kernel(grid, block, args, shared_mem, ...)``."""
+    kernel(grid, block, args, shared_mem, stream=stream, sync=sync)
+
+
+def _current_device() -> int:
+    import torch
+
+    return torch.cuda.current_device()
+
+
+def _launch_device(args: Sequence[Any]) -> int:
+    import torch
+
+    for a in args:
+        if isinstance(a, torch.Tensor) and a.is_cuda:
+            return a.device.index if a.device.index is not None else torch.cuda.current_device()
+    return torch.cuda.current_device()
+
+
+class _StreamHandle:
+    """A raw CUDA stream handle offered through the CUDA stream protocol."""
+
+    __slots__ = ("handle",)
+
+    def __init__(self, handle: int):
+        self.handle = handle
+
+    def __cuda_stream__(self) -> tuple[int, int]:
+        return (0, self.handle)
+
+
+_streams: dict[int, Any] = {}
+
+
+def _external_stream(handle: int):
+    """CuPy's view of the CUDA stream ``handle`` (kept per handle; the handle is all it holds)."""
+    s = _streams.get(handle)
+    if s is None:
+        import cupy
+
+        from_external = getattr(cupy.cuda.Stream, "from_external", None)
+        if from_external is not None:
+            s = from_external(_StreamHandle(handle))
+        else:  # CuPy before 14
+            s = cupy.cuda.ExternalStream(handle)
+        _streams[handle] = s
+    return s
+
+
+def _cupy_stream(stream, device: int):
+    import torch
+
+    if stream is None:
+        return _external_stream(torch.cuda.current_stream(device).cuda_stream)
+    if isinstance(stream, torch.cuda.Stream):
+        return _external_stream(stream.cuda_stream)
+    if isinstance(stream, int):
+        return _external_stream(stream)
+    return stream
+
+
+def _kernel_arg(a: Any, i: int, device: int, kernel: str):
+    import numpy
+    import torch
+
+    if isinstance(a, torch.Tensor):
+        if not a.is_cuda:
+            raise LaunchError(f"{kernel}: argument {i} is a {a.device.type.upper()} tensor; "
+                              f"kernels need CUDA tensors")
+        if a.device.index != device:
+            raise LaunchError(f"{kernel}: argument {i} is on {a.device}, the launch is on "
+                              f"cuda:{device}")
+        return numpy.uint64(a.data_ptr())
+    if a is None:
+        return numpy.uint64(0)
+    if isinstance(a, (bool, numpy.bool_)):
+        return numpy.bool_(a)
+    if isinstance(a, numpy.generic):
+        return a
+    if isinstance(a, int):
+        if not _INT32_MIN <= a <= _INT32_MAX:
+            raise LaunchError(f"{kernel}: argument {i} = {a} does not fit a 32-bit int; pass "
+                              f"numpy.int64({a}) for a long long parameter")
+        return numpy.int32(a)
+    if isinstance(a, float):
+        return numpy.float32(a)
+    iface = getattr(a, "__cuda_array_interface__", None)
+    if iface is not None:
+        return numpy.uint64(iface["data"][0])
+    raise LaunchError(f"{kernel}: argument {i} has unsupported type {type(a).__name__}; pass "
+                      f"CUDA tensors, ints, floats, bools or NumPy scalars")
