@@ -69,6 +69,7 @@ g_a*g_c + g_a*s_b + g_c*s_b
 from __future__ import annotations
 
 import dataclasses
+from fractions import Fraction
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -148,6 +149,13 @@ class _Sym:
         return keep[0] if len(keep) == 1 else sympy.Max(*keep)
 
     zero = sympy.Integer(0)
+
+
+def _exact(x):
+    """A Fraction from mask skipping as an int when whole, else a float."""
+    if isinstance(x, Fraction):
+        return int(x) if x.denominator == 1 else float(x)
+    return x
 
 
 def _prod(values, one=1):
@@ -384,6 +392,13 @@ class _KernelModel:
         self.ss = plan.stream[1] if plan.stream else None
         self.N = {a: ar.groups(n[a], g) for a, g in self.G.items()}
         self.steps = ar.groups(n[self.s], self.ss) if self.s else one
+        # Fully masked (query tile, key chunk) pairs are skipped (napkin.perfmodel.masks): numeric only.
+        if ar.symbolic:
+            self.f_steps = self.f_loads = self.f_warp_loads = self.f_area = one
+        else:
+            from .masks import visit_fractions
+
+            self.f_steps, self.f_loads, self.f_warp_loads, self.f_area = visit_fractions(plan, n)
         self.n_groups = _prod(self.N.values(), one)
         # R_a: how many RF tiles along a over the whole kernel (block groups × warp tiles per group)
         self.R = {}
@@ -426,6 +441,8 @@ class _KernelModel:
         H_l2_bytes = ar.zero
         for v in (*p.inputs, *p.stores):
             t = self.size(v.axis_names) * self.f_l2(v.axis_names)
+            if self.s in v.axis_names and self.f_loads != 1:
+                t = _exact(t * self.f_loads)
             H_l2 = H_l2 + t
             H_l2_bytes = H_l2_bytes + t * _bytes_of(v.dtype)
             per_group_l2 = per_group_l2 + self._full_tile_l2(v.axis_names)
@@ -439,6 +456,8 @@ class _KernelModel:
                 if lvl != "SMEM":
                     continue
                 t = self.size(a.axis_names) * self.f_smem(a.axis_names)
+                if self.s in a.axis_names and self.f_warp_loads != 1:
+                    t = _exact(t * self.f_warp_loads)
                 H_sm = H_sm + t
                 H_sm_bytes = H_sm_bytes + t * _bytes_of(a.dtype)
                 per_group_sm = per_group_sm + self._full_tile_smem(a.axis_names)
@@ -455,8 +474,11 @@ class _KernelModel:
                 continue
             mapping, shape = tc
             A, B = b.args
-            tA = self.size(A.axis_names) * self._mma_side(mapping["n"], shape[1]) * self.redundancy(b)
-            tB = self.size(B.axis_names) * self._mma_side(mapping["m"], shape[0]) * self.redundancy(b)
+            red = self.redundancy(b)
+            if p.box_phase.get(id(b)) == "body" and self.f_area != 1:
+                red = _exact(red * self.f_area)  # skipped (fully masked) tiles issue no mma
+            tA = self.size(A.axis_names) * self._mma_side(mapping["n"], shape[1]) * red
+            tB = self.size(B.axis_names) * self._mma_side(mapping["m"], shape[0]) * red
             H_tc = H_tc + tA + tB
             H_tc_bytes = H_tc_bytes + tA * _bytes_of(A.dtype) + tB * _bytes_of(B.dtype)
         return {
@@ -538,6 +560,8 @@ class _KernelModel:
         fl = {"tensor": ar.zero, "cuda": ar.zero, "sfu": ar.zero}
         for b in p.columns:
             red = self.redundancy(b)
+            if p.box_phase.get(id(b)) == "body" and self.f_area != 1:
+                red = _exact(red * self.f_area)
             op = b.op
             kind = op.kind
             if kind == "contract":
@@ -563,11 +587,13 @@ class _KernelModel:
                 fl["sfu"] = fl["sfu"] + sz * red
                 if id(b) in p.online:
                     rows = self.size([a for a in b.axis_names if a != op.over])
-                    fl["sfu"] = fl["sfu"] + rows * self.steps * red
-                    fl["cuda"] = fl["cuda"] + rows * self.steps * red
+                    steps = _exact(self.steps * self.f_steps) if self.f_steps != 1 else self.steps
+                    base = self.redundancy(b)
+                    fl["sfu"] = fl["sfu"] + rows * steps * base
+                    fl["cuda"] = fl["cuda"] + rows * steps * base
                     for c in p.online[id(b)]:
                         oc = self.size(c.axis_names) * self.redundancy(c)
-                        fl["cuda"] = fl["cuda"] + oc * self.steps + oc
+                        fl["cuda"] = fl["cuda"] + oc * steps + oc
             elif kind == "norm":
                 sz = self.size(b.axis_names)
                 rows = self.size([a for a in b.axis_names if a != op.over])

@@ -42,6 +42,7 @@ import numpy as np
 from ..diagrams.functions import ArrayOps, get_function
 from ..errors import ScheduleError
 from .legality import KernelPlan, analyze
+from .masks import skippable_mask, visited
 from .schedule import Schedule
 
 __all__ = ["InterpretResult", "KernelRun", "interpret"]
@@ -123,6 +124,7 @@ class _Run:
         self.G = {a: int(g) for a, g in plan.groups.items()}
         self.W = {a: int(w) for a, w in plan.rf_groups.items()}
         self.res_by_key = {r.key: r for r in plan.residents}
+        self.mask = skippable_mask(plan, n)
 
     # -- context
     def extent(self, a: str, ranges: dict) -> int:
@@ -272,6 +274,10 @@ class _Run:
             self.writes += int(out.size) * self.rf_mult(b.axis_names, ranges)
 
     # -- one kernel
+    def _q_range(self, ranges: dict) -> tuple[int, int]:
+        q_axis = self.mask[0]
+        return ranges.get(q_axis, (0, self.n[q_axis]))
+
     def run(self) -> KernelRun:
         p = self.p
         s = self.s
@@ -317,14 +323,17 @@ class _Run:
                         online[id(b)] = {"max": np.full(rows, -np.inf), "sum": np.zeros(rows)}
                         live[f"{self.name(b)}.max"] = online[id(b)]["max"]
                         live[f"{self.name(b)}.sum"] = online[id(b)]["sum"]
-                for i, chunk in enumerate(chunks):
+                first = True
+                for chunk in chunks:
+                    if self.mask is not None and not visited(self.mask[2:], self._q_range(ranges), chunk):
+                        continue  # every score of this tile is masked: the kernel skips it
                     rs = {**ranges, s: chunk}
                     for a in p.inputs:
                         if p.phase[id(a)] == "chunk":
                             env[id(a)] = self.load(a, rs)
                             live[self.name(a)] = env[id(a)]
                     for b in body_cols:
-                        self.run_box(b, env, acc, online, rs, i == 0, "body")
+                        self.run_box(b, env, acc, online, rs, first, "body")
                         live[self.name(b)] = env[id(b)]
                         if id(b) in online:
                             live[f"{self.name(b)}.max"] = online[id(b)]["max"]
@@ -339,6 +348,7 @@ class _Run:
                     for b in body_cols:
                         if p.phase[id(b)] in ("chunk", "online"):
                             live.pop(self.name(b), None)
+                    first = False
                 # finalise accumulators
                 for b in body_cols:
                     if p.phase[id(b)] != "acc":
