@@ -1,0 +1,515 @@
+"""The fast configuration is found, not hand-picked.
+
+:func:`tune` ranks the schedules a code-generation family proposes with the performance model
+(:func:`napkin.codegen.select.rank_candidates`), compiles and measures the top ``k`` (default 4)
+on the GPU, and keeps the fastest. The choice is cached on disk, keyed by GPU name, a hash of the
+diagram's structure, the sizes and the dtype, in ``$NAPKIN_CACHE_DIR/autotune.json`` (default
+``~/.cache/napkin/autotune.json``); writes are atomic (a temporary file renamed over the cache)
+and a corrupt cache is moved aside and rebuilt, never fatal.
+
+Every measured candidate keeps the model's prediction next to the measurement, so the model's
+miss ``(pred − meas)/meas`` is on record for calibration (:func:`calibration_records`), and the
+Spearman rank correlation between predicted and measured order (:func:`spearman`, numpy only)
+says whether the model ranks configurations the way the GPU does.
+
+>>> round(spearman([1, 2, 3, 4], [10, 20, 40, 30]), 3)
+0.8
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as _dt
+import hashlib
+import json
+import math
+import os
+import tempfile
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
+
+__all__ = [
+    "DEFAULT_TOP_K",
+    "AutotuneError",
+    "AutotuneCacheWarning",
+    "AutotuneCache",
+    "Candidate",
+    "TuneResult",
+    "cache_path",
+    "cache_key",
+    "diagram_hash",
+    "schedule_signature",
+    "schedule_id",
+    "describe_schedule",
+    "rankdata",
+    "spearman",
+    "tune",
+    "calibration_records",
+]
+
+DEFAULT_TOP_K = 4
+CACHE_VERSION = 1
+
+
+class AutotuneError(RuntimeError):
+    """No candidate could be compiled and measured."""
+
+
+class AutotuneCacheWarning(UserWarning):
+    """The autotune cache was unreadable and has been moved aside."""
+
+
+# ----------------------------------------------------------------------------- statistics
+
+
+def rankdata(values: Sequence[float]) -> np.ndarray:
+    """1-based ranks, ties sharing the average of the ranks they span.
+
+    >>> rankdata([10, 30, 20, 20]).tolist()
+    [1.0, 4.0, 2.5, 2.5]
+    """
+    a = np.asarray(values, dtype=float)
+    if a.ndim != 1:
+        raise ValueError("rankdata needs a 1-d sequence")
+    order = np.argsort(a, kind="mergesort")
+    ranks = np.empty(len(a), dtype=float)
+    sorted_a = a[order]
+    i = 0
+    n = len(a)
+    while i < n:
+        j = i
+        while j + 1 < n and sorted_a[j + 1] == sorted_a[i]:
+            j += 1
+        ranks[order[i:j + 1]] = (i + j) / 2.0 + 1.0
+        i = j + 1
+    return ranks
+
+
+def spearman(x: Sequence[float], y: Sequence[float]) -> float:
+    """Spearman's rank correlation: the Pearson correlation of the ranks (ties averaged).
+    NaN when fewer than two pairs or when either side is constant."""
+    xa, ya = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
+    if xa.shape != ya.shape or xa.ndim != 1:
+        raise ValueError(f"spearman needs two 1-d sequences of one length, got {xa.shape} and {ya.shape}")
+    keep = np.isfinite(xa) & np.isfinite(ya)
+    xa, ya = xa[keep], ya[keep]
+    if len(xa) < 2:
+        return math.nan
+    rx, ry = rankdata(xa), rankdata(ya)
+    rx -= rx.mean()
+    ry -= ry.mean()
+    den = math.sqrt(float((rx * rx).sum()) * float((ry * ry).sum()))
+    if den == 0:
+        return math.nan
+    return float((rx * ry).sum() / den)
+
+
+# ----------------------------------------------------------------------------- keys
+
+
+def cache_path() -> Path:
+    """``$NAPKIN_CACHE_DIR/autotune.json``, else ``~/.cache/napkin/autotune.json``."""
+    base = os.environ.get("NAPKIN_CACHE_DIR")
+    root = Path(base).expanduser() if base else Path.home() / ".cache" / "napkin"
+    return root / "autotune.json"
+
+
+def diagram_hash(diagram) -> str:
+    """A stable hash (16 hex digits) of the diagram's structure — inputs with their axes and dtypes,
+    every box with its operation and parameters, the outputs — without the axis sizes (those are a
+    separate part of the cache key) and the same in every process."""
+    parts = []
+    for v in diagram.inputs:
+        parts.append(f"in {v.name}[{','.join(v.axis_names)}] {v.dtype}")
+    for v in diagram.nodes:
+        args = ",".join(diagram.name_of(a) for a in v.args)
+        parts.append(f"box {diagram.name_of(v)}[{','.join(v.axis_names)}] {v.op!r} ({args}) {v.dtype}")
+    for n, v in zip(diagram.output_names, diagram.outputs):
+        parts.append(f"out {n}[{','.join(v.axis_names)}]")
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
+
+
+def _sizes_str(sizes: Mapping[str, Any] | None) -> str:
+    return ",".join(f"{k}={int(v)}" for k, v in sorted((sizes or {}).items()))
+
+
+def cache_key(gpu_name: str, diagram, sizes: Mapping[str, int] | None, dtype: str) -> str:
+    """``<gpu name>|<diagram hash>|<sizes a=..,b=..>|<dtype>``."""
+    return f"{gpu_name}|{diagram_hash(diagram)}|{_sizes_str(sizes)}|{dtype}"
+
+
+def schedule_signature(schedule) -> dict:
+    """A JSON-able description of a schedule's kernels (boxes, relabels, placement) and dtype."""
+    kernels = []
+    for k in schedule.kernels:
+        kernels.append({
+            "name": k.name,
+            "boxes": list(k.boxes),
+            "relabels": [[r.axis, str(r.size), r.level, r.kind] for r in k.relabels],
+            "placement": [list(p) for p in k.placement],
+        })
+    sig = {"kernels": kernels, "dtype": str(getattr(schedule, "dtype", ""))}
+    notes = tuple(str(n) for n in (getattr(schedule, "notes", ()) or ()))
+    if notes:  # codegen may tell apart candidates with equal relabels here (warps, stages)
+        sig["notes"] = list(notes)
+    return sig
+
+
+def schedule_id(schedule) -> str:
+    """12 hex digits identifying a schedule (its signature's hash)."""
+    text = json.dumps(schedule_signature(schedule), sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
+def describe_schedule(schedule) -> str:
+    """One line: each kernel with its relabellings, ``fused[q→g_q=128@SMEM, x→s_x=64@SMEM]``."""
+    out = []
+    for k in schedule.kernels:
+        rel = ", ".join(str(r) for r in k.relabels)
+        out.append(f"{k.name}[{rel}]")
+    return "; ".join(out)
+
+
+# ----------------------------------------------------------------------------- the cache
+
+
+class AutotuneCache:
+    """The persistent JSON cache: ``{"version": 1, "entries": {key: entry}}``."""
+
+    def __init__(self, path: str | Path | None = None):
+        self.path = Path(path) if path is not None else cache_path()
+
+    # -- reading
+    def load(self) -> dict[str, dict]:
+        """Every entry; a missing file is empty; an unreadable one is moved aside (with a warning)."""
+        try:
+            text = self.path.read_text("utf-8")
+        except FileNotFoundError:
+            return {}
+        except OSError as e:
+            warnings.warn(f"autotune cache {self.path} unreadable ({e}); ignoring it", AutotuneCacheWarning, 2)
+            return {}
+        try:
+            data = json.loads(text)
+            if not isinstance(data, dict) or not isinstance(data.get("entries"), dict):
+                raise ValueError("not an autotune cache (no 'entries' object)")
+            if data.get("version") != CACHE_VERSION:
+                raise ValueError(f"version {data.get('version')!r}, expected {CACHE_VERSION}")
+            entries = {k: v for k, v in data["entries"].items() if isinstance(v, dict)}
+        except ValueError as e:
+            aside = self._move_aside()
+            warnings.warn(f"autotune cache {self.path} is corrupt ({e}); moved to {aside} and starting afresh",
+                          AutotuneCacheWarning, 2)
+            return {}
+        return entries
+
+    def get(self, key: str) -> dict | None:
+        entry = self.load().get(key)
+        if entry is not None and not isinstance(entry.get("best"), dict):
+            return None
+        return entry
+
+    def __contains__(self, key: str) -> bool:
+        return self.get(key) is not None
+
+    def __len__(self) -> int:
+        return len(self.load())
+
+    # -- writing
+    def put(self, key: str, entry: dict) -> None:
+        """Add or replace one entry (read-modify-write under a file lock, atomic rename)."""
+        json.dumps(entry)  # fail before touching the file if the entry is not JSON-able
+        with self._lock():
+            entries = self.load()
+            entries[key] = entry
+            self._write({"version": CACHE_VERSION, "entries": entries})
+
+    def remove(self, key: str) -> None:
+        with self._lock():
+            entries = self.load()
+            if entries.pop(key, None) is not None:
+                self._write({"version": CACHE_VERSION, "entries": entries})
+
+    def clear(self) -> None:
+        with self._lock():
+            self._write({"version": CACHE_VERSION, "entries": {}})
+
+    def _write(self, data: dict) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=self.path.name + ".", suffix=".tmp", dir=self.path.parent)
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                json.dump(data, f, indent=1, sort_keys=True)
+                f.write("\n")
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, self.path)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
+
+    def _move_aside(self) -> Path:
+        stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S-%f")
+        aside = self.path.with_name(f"{self.path.name}.corrupt-{stamp}")
+        try:
+            os.replace(self.path, aside)
+        except OSError:
+            pass
+        return aside
+
+    @contextlib.contextmanager
+    def _lock(self):
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            import fcntl
+        except ImportError:  # pragma: no cover - not POSIX
+            yield
+            return
+        with open(self.path.with_name(self.path.name + ".lock"), "a+") as lf:
+            fcntl.flock(lf.fileno(), fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(lf.fileno(), fcntl.LOCK_UN)
+
+
+# ----------------------------------------------------------------------------- tuning
+
+
+@dataclass
+class Candidate:
+    """One ranked schedule: the model's prediction and, if measured, the measurement."""
+
+    rank: int                      # 0 = the model's favourite
+    schedule: Any = field(repr=False)
+    id: str
+    desc: str
+    pred_s: float
+    meas_s: float | None = None
+    error: str | None = None
+
+    @property
+    def miss(self) -> float | None:
+        """(pred − meas) / meas: the model's signed relative miss (negative: too optimistic)."""
+        if self.meas_s is None or not self.meas_s > 0 or not math.isfinite(self.pred_s):
+            return None
+        return (self.pred_s - self.meas_s) / self.meas_s
+
+    def to_dict(self) -> dict:
+        return {"rank": self.rank, "id": self.id, "desc": self.desc, "pred_s": _num(self.pred_s),
+                "meas_s": _num(self.meas_s), "miss": _num(self.miss), "error": self.error}
+
+
+def _num(x):
+    if x is None:
+        return None
+    x = float(x)
+    return x if math.isfinite(x) else None
+
+
+@dataclass
+class TuneResult:
+    """The chosen schedule, its time and prediction, and every candidate looked at."""
+
+    key: str
+    schedule: Any
+    seconds: float | None            # measured time of the chosen schedule (from the cache on a hit)
+    pred_s: float | None
+    candidates: list[Candidate]
+    from_cache: bool = False
+    compiled: Any = field(default=None, repr=False)   # the chosen kernel when it was built here
+    spearman: float | None = None    # over the measured candidates
+    n_ranked: int = 0
+
+    def to_dict(self) -> dict:
+        return {"key": self.key, "best": describe_schedule(self.schedule) if self.schedule is not None else None,
+                "best_id": schedule_id(self.schedule) if self.schedule is not None else None,
+                "seconds": _num(self.seconds), "pred_s": _num(self.pred_s), "from_cache": self.from_cache,
+                "spearman": _num(self.spearman), "n_ranked": self.n_ranked,
+                "candidates": [c.to_dict() for c in self.candidates]}
+
+
+def _codegen_family(diagram) -> str | None:
+    """The code-generation family ``napkin.codegen.compile`` would use first for the diagram."""
+    try:
+        from ..codegen.lower import choose_family
+
+        return choose_family(diagram)[0].name
+    except Exception:
+        pass
+    try:
+        from ..diagrams import library
+
+        if diagram.name in library.names():
+            return library.entry(diagram.name).family
+    except Exception:
+        pass
+    from .baselines import family_of
+
+    fam = family_of(diagram)
+    return {"matmul": "contraction", "mlp": "contraction"}.get(fam, fam)
+
+
+def _prepare(diagram, sizes: dict, dtype: str):
+    """The bound diagram in ``dtype``, as codegen prepares it (axes that follow another stay so)."""
+    try:
+        from ..codegen.lower import prepare
+    except ImportError:
+        d = diagram.bind(sizes) if sizes else diagram
+        return d.with_dtype(dtype) if dtype and d.dtypes != {dtype} else d
+    return prepare(diagram, sizes=sizes or None, dtype=dtype)
+
+
+def _default_gpu_name(gpu) -> str:
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            return torch.cuda.get_device_name(torch.cuda.current_device())
+    except ImportError:  # pragma: no cover
+        pass
+    return str(getattr(gpu, "name", gpu))
+
+
+def _default_measure(diagram, dtype, warmup: int, reps: int) -> Callable[[Any], float]:
+    from .timing import diagram_inputs, make_rotating_inputs, time_fn
+
+    sets: list = []
+
+    def measure(kernel) -> float:
+        if not sets:
+            sets.extend(make_rotating_inputs(lambda i: diagram_inputs(diagram, dtype, seed=i), max_sets=8))
+        return time_fn(kernel, warmup=warmup, reps=reps, rotate=sets, max_time_s=2.0).median_s
+
+    return measure
+
+
+def tune(
+    diagram,
+    *,
+    gpu: Any,
+    sizes: Mapping[str, int] | None = None,
+    dtype: str = "bf16",
+    k: int = DEFAULT_TOP_K,
+    family: str | None = None,
+    cache: AutotuneCache | None = None,
+    use_cache: bool = True,
+    force: bool = False,
+    gpu_name: str | None = None,
+    rank: Callable[[], Sequence[tuple[Any, float]]] | None = None,
+    build: Callable[[Any], Any] | None = None,
+    measure: Callable[[Any], float] | None = None,
+    warmup: int = 5,
+    reps: int = 30,
+    keep_compiled: bool = True,
+) -> TuneResult:
+    """Rank with the model, measure the top ``k``, keep the fastest, cache the choice.
+
+    gpu:      what codegen and the model are told (a profile name such as ``"h100"`` or a GPU);
+    gpu_name: the cache's GPU key (default: the CUDA device's name);
+    rank:     ``() -> [(schedule, predicted_seconds)]`` best first (default:
+              ``napkin.codegen.select.rank_candidates(bound diagram, family, gpu, dtype)``);
+    build:    ``schedule -> callable kernel`` (default: ``napkin.codegen.compile``);
+    measure:  ``kernel -> seconds`` (default: CUDA-event median on rotated random inputs).
+    A candidate whose build or measurement fails is recorded with its error and skipped; if none
+    succeeds, AutotuneError. On a cache hit nothing is measured: the cached schedule is looked up
+    among the ranked candidates by its id (re-tuned if the model no longer proposes it).
+    """
+    if k < 1:
+        raise ValueError(f"k must be >= 1, got {k}")
+    sizes = dict(sizes or {})
+    bound = _prepare(diagram, sizes, dtype)
+    fam = family if family is not None else _codegen_family(bound)
+    cache = cache if cache is not None else AutotuneCache()
+    key = cache_key(gpu_name or _default_gpu_name(gpu), bound, bound.sizes, dtype)
+
+    if rank is None:
+        from ..codegen.select import rank_candidates
+
+        def rank():
+            return rank_candidates(bound, fam, gpu, dtype)
+    if build is None:
+        from ..codegen import compile as _compile
+
+        def build(schedule):
+            if isinstance(fam, str):
+                return _compile(diagram, gpu=gpu, sizes=sizes, dtype=dtype, schedule=schedule, family=fam)
+            return _compile(diagram, gpu=gpu, sizes=sizes, dtype=dtype, schedule=schedule)
+    if measure is None:
+        measure = _default_measure(bound, dtype, warmup, reps)
+
+    ranked = [(s, float(p)) for s, p in rank()]
+    if not ranked:
+        raise AutotuneError(f"the model proposed no schedule for {bound.name} {_sizes_str(bound.sizes)} {dtype}")
+    cands = [Candidate(i, s, schedule_id(s), describe_schedule(s), p) for i, (s, p) in enumerate(ranked)]
+
+    if use_cache and not force:
+        entry = cache.get(key)
+        if entry is not None:
+            want = entry["best"].get("id")
+            for c in cands:
+                if c.id == want:
+                    stored = [Candidate(int(d.get("rank", -1)), None, str(d.get("id")), str(d.get("desc", "")),
+                                        float(d["pred_s"]) if d.get("pred_s") is not None else math.nan,
+                                        d.get("meas_s"), d.get("error"))
+                              for d in entry.get("candidates", []) if isinstance(d, dict)]
+                    return TuneResult(key, c.schedule, entry["best"].get("meas_s"), c.pred_s, stored,
+                                      from_cache=True, spearman=entry.get("spearman"),
+                                      n_ranked=int(entry.get("n_ranked", len(cands))))
+
+    best_kernel = None
+    best: Candidate | None = None
+    for c in cands[:k]:
+        try:
+            kernel = build(c.schedule)
+            c.meas_s = float(measure(kernel))
+            if not (c.meas_s > 0 and math.isfinite(c.meas_s)):
+                raise ValueError(f"measured {c.meas_s!r} s")
+        except Exception as e:  # a candidate that fails must not stop the search
+            c.meas_s = None
+            c.error = f"{type(e).__name__}: {' '.join(str(e).split())[:300]}"
+            continue
+        if best is None or c.meas_s < best.meas_s:
+            best, best_kernel = c, (kernel if keep_compiled else None)
+        elif not keep_compiled:
+            del kernel
+    measured = [c for c in cands[:k] if c.meas_s is not None]
+    if best is None:
+        errs = "; ".join(f"#{c.rank} {c.desc}: {c.error}" for c in cands[:k])
+        raise AutotuneError(f"no candidate of {bound.name} could be built and measured: {errs}")
+    rho = spearman([c.pred_s for c in measured], [c.meas_s for c in measured]) if len(measured) >= 2 else math.nan
+
+    entry = {
+        "gpu": key.split("|", 1)[0], "diagram": bound.name, "diagram_hash": diagram_hash(bound),
+        "sizes": {n: int(v) for n, v in bound.sizes.items()}, "dtype": dtype, "family": fam,
+        "best": {"id": best.id, "desc": best.desc, "signature": schedule_signature(best.schedule),
+                 "pred_s": _num(best.pred_s), "meas_s": best.meas_s, "model_rank": best.rank},
+        "candidates": [c.to_dict() for c in cands[:k]],
+        "spearman": _num(rho), "n_ranked": len(cands), "k": k,
+        "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+    }
+    if use_cache:
+        cache.put(key, entry)
+    return TuneResult(key, best.schedule, best.meas_s, best.pred_s, cands[:k], from_cache=False,
+                      compiled=best_kernel, spearman=_num(rho), n_ranked=len(cands))
+
+
+def calibration_records(cache: AutotuneCache | None = None) -> list[dict]:
+    """Every measured candidate in the cache as a flat record (gpu, diagram, sizes, dtype, schedule,
+    pred_s, meas_s, miss) — the model's misses, for calibration."""
+    cache = cache if cache is not None else AutotuneCache()
+    out = []
+    for key, e in cache.load().items():
+        for c in e.get("candidates", []):
+            if not isinstance(c, dict) or c.get("meas_s") is None or c.get("pred_s") is None:
+                continue
+            out.append({"key": key, "gpu": e.get("gpu"), "diagram": e.get("diagram"), "sizes": e.get("sizes"),
+                        "dtype": e.get("dtype"), "family": e.get("family"), "schedule": c.get("desc"),
+                        "rank": c.get("rank"), "pred_s": c["pred_s"], "meas_s": c["meas_s"],
+                        "miss": (c["pred_s"] - c["meas_s"]) / c["meas_s"] if c["meas_s"] else None})
+    return out
