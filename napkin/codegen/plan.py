@@ -79,7 +79,13 @@ class Program:
 
 
 class Family(Protocol):
-    """A code-generation family: recognise, propose tile configurations, lower."""
+    """A code-generation family: recognise, propose tile configurations, lower.
+
+    Optional hooks lowering and selection use when a family has them: ``explain(diagram)``
+    (None when it takes the diagram, else why not) and ``launch_estimate(diagram, schedule,
+    gpu)`` (a dict of ``blocks``, ``threads``, ``regs``, ``smem``, ``in_flight_bytes_per_thread``,
+    ``idle_lanes`` for the launch a schedule stands for; see :mod:`napkin.codegen.select`).
+    """
 
     name: str
 

@@ -1,0 +1,218 @@
+"""``napkin.codegen.compile``: a diagram in, a callable on torch CUDA tensors out.
+
+>>> import napkin.codegen as cg                                  # doctest: +SKIP
+>>> ln = cg.compile("layernorm", sizes={"r": 4096, "x": 4096})   # doctest: +SKIP
+>>> Y = ln(X, gamma, beta)                                       # doctest: +SKIP
+
+:func:`compile` binds the sizes, lowers the diagram (family and schedule chosen by
+:mod:`napkin.codegen.lower` and :mod:`napkin.codegen.select` unless given) and compiles every
+launch with :func:`napkin.kernels.compile_kernel` (one NVRTC compilation per program, cached on
+disk). The :class:`CompiledDiagram` checks its tensors (dtype, shape from the bound axes,
+device, contiguity; a :class:`~napkin.errors.LaunchError` names the argument), allocates the
+intermediates and outputs (or writes into the ``out`` tensors given) and launches every kernel
+on the current CUDA stream.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Mapping
+
+from ..errors import LaunchError
+from .plan import Program
+
+__all__ = ["compile", "CompiledDiagram"]
+
+
+class CompiledDiagram:
+    """A lowered, compiled diagram; call it with torch CUDA tensors.
+
+    Attributes: ``diagram`` (bound), ``program``, ``schedule``, ``family``, ``source`` (all
+    kernels with the device library inlined: one self-contained .cu), ``arch``, ``gpu``.
+    """
+
+    def __init__(self, program: Program, *, arch: str | None = None, gpu=None, kernels=None):
+        self.program = program
+        self.diagram = program.diagram
+        self.schedule = program.schedule
+        self.family = program.family
+        self.gpu = gpu
+        self.arch = arch
+        self._kernels = kernels
+        self._shapes = {v.name: tuple(a.bound_size for a in v.axes) for v in self.diagram.inputs}
+        self._dtypes = {v.name: v.dtype for v in self.diagram.inputs}
+        self._out_shapes = {n: tuple(a.bound_size for a in v.axes)
+                            for n, v in zip(self.diagram.output_names, self.diagram.outputs)}
+        self._out_dtypes = {n: v.dtype for n, v in zip(self.diagram.output_names, self.diagram.outputs)}
+
+    # ------------------------------------------------------------------ views
+    @property
+    def source(self) -> str:
+        from ..kernels.library import inline_library
+
+        return inline_library(self.program.source(), filename=f"{self.diagram.name}.cu", line_directives=False)
+
+    @property
+    def input_names(self) -> tuple[str, ...]:
+        return self.diagram.input_names
+
+    @property
+    def output_names(self) -> tuple[str, ...]:
+        return self.diagram.output_names
+
+    @property
+    def launches(self):
+        return self.program.launches
+
+    def __repr__(self) -> str:
+        return (f"CompiledDiagram({self.diagram.name!r}, family={self.family!r}, "
+                f"{len(self.program.launches)} launch(es), arch={self.arch!r})")
+
+    def _compiled(self):
+        if self._kernels is None:
+            from ..kernels import compile_kernel
+
+            src = self.program.source()
+            self._kernels = [compile_kernel(src, k.name, arch=self.arch, filename=f"{self.diagram.name}.cu")
+                             for k in self.program.launches]
+            self.arch = self.arch or (self._kernels[0].arch if self._kernels else None)
+        return self._kernels
+
+    # ------------------------------------------------------------------ calling
+    def _bind_inputs(self, tensors, by_name) -> dict:
+        names = self.diagram.input_names
+        if len(tensors) > len(names):
+            raise LaunchError(f"{self.diagram.name} takes {len(names)} input(s) ({', '.join(names)}), "
+                              f"got {len(tensors)} by position")
+        got = dict(zip(names, tensors))
+        for n, t in by_name.items():
+            if n not in names:
+                raise LaunchError(f"{self.diagram.name} has no input {n!r}; inputs are {', '.join(names)}")
+            if n in got:
+                raise LaunchError(f"input {n} given twice (by position and by name)")
+            got[n] = t
+        missing = [n for n in names if n not in got]
+        if missing:
+            raise LaunchError(f"{self.diagram.name}: missing input(s) {', '.join(missing)} "
+                              f"(inputs in order: {', '.join(names)})")
+        return got
+
+    def _outputs(self, out, device) -> dict:
+        import torch
+
+        from ..dtypes import torch_dtype
+        from ..kernels import check_tensor
+
+        names = self.output_names
+        given: dict = {}
+        if out is None:
+            pass
+        elif isinstance(out, torch.Tensor):
+            if len(names) != 1:
+                raise LaunchError(f"{self.diagram.name} has {len(names)} outputs; pass out as a tuple or dict")
+            given = {names[0]: out}
+        elif isinstance(out, Mapping):
+            unknown = set(out) - set(names)
+            if unknown:
+                raise LaunchError(f"{self.diagram.name} has no output {sorted(unknown)}; outputs: {', '.join(names)}")
+            given = dict(out)
+        else:
+            seq = list(out)
+            if len(seq) != len(names):
+                raise LaunchError(f"out: expected {len(names)} tensor(s) ({', '.join(names)}), got {len(seq)}")
+            given = dict(zip(names, seq))
+        result = {}
+        for n in names:
+            if n in given:
+                result[n] = check_tensor(given[n], f"out[{n}]", dtype=self._out_dtypes[n], shape=self._out_shapes[n],
+                                         device=device)
+            else:
+                result[n] = torch.empty(self._out_shapes[n], dtype=torch_dtype(self._out_dtypes[n]), device=device)
+        return result
+
+    def __call__(self, *tensors, out=None, **by_name):
+        """Run the diagram on torch CUDA tensors (by position in ``diagram.inputs`` order, or by
+        name). Returns the output tensor, or a tuple of them in ``output_names`` order."""
+        import numpy
+        import torch
+
+        from ..dtypes import torch_dtype
+        from ..kernels import check_tensor
+
+        got = self._bind_inputs(tensors, by_name)
+        first = next(iter(got.values()), None)
+        device = first.device if isinstance(first, torch.Tensor) and first.is_cuda else "cuda"
+        env = {}
+        for n, t in got.items():
+            env[n] = check_tensor(t, n, dtype=self._dtypes[n], shape=self._shapes[n], device=device)
+        outs = self._outputs(out, device)
+        env.update(outs)
+        for b in self.program.buffers:
+            env[b.name] = torch.empty(b.shape, dtype=torch_dtype(b.dtype), device=device)
+        kernels = self._compiled()
+        for k, launch in zip(kernels, self.program.launches):
+            args = []
+            for a in launch.args:
+                if a.kind == "tensor":
+                    args.append(env[a.name])
+                elif a.kind == "i64":
+                    args.append(numpy.int64(a.value))
+                elif a.kind == "int":
+                    args.append(int(a.value))
+                else:
+                    args.append(float(a.value))
+            k(launch.grid, launch.block, args, launch.shared_bytes)
+        res = tuple(outs[n] for n in self.output_names)
+        return res[0] if len(res) == 1 else res
+
+    def empty_outputs(self, device="cuda", fill: float | None = None) -> dict:
+        """Output tensors of the right shapes and dtypes (filled with ``fill`` if given)."""
+        import torch
+
+        from ..dtypes import torch_dtype
+
+        out = {}
+        for n in self.output_names:
+            t = torch.empty(self._out_shapes[n], dtype=torch_dtype(self._out_dtypes[n]), device=device)
+            if fill is not None:
+                t.fill_(fill)
+            out[n] = t
+        return out
+
+    @property
+    def hbm_bytes(self) -> int:
+        """Bytes the inputs and outputs occupy (what a perfect kernel moves once)."""
+        from ..dtypes import dtype as lookup
+
+        d = self.diagram
+        total = 0
+        for v in (*d.inputs, *d.outputs):
+            total += math.prod(a.bound_size for a in v.axes) * lookup(v.dtype).bytes
+        return total
+
+
+def compile(diagram, *, gpu=None, sizes: Mapping[str, int] | None = None, dtype: str | None = None,
+            schedule=None, family: str | None = None) -> CompiledDiagram:
+    """Lower ``diagram`` (a Diagram or a library name) and compile it for the GPU at hand.
+
+    ``sizes`` binds axis sizes, ``dtype`` recasts every array, ``schedule`` fixes the schedule
+    (else :mod:`napkin.codegen.select` ranks the family's candidates), ``family`` names the
+    family (else the first that takes the diagram), ``gpu`` names the profile used for ranking
+    (default: the GPU at hand). Kernels compile at the first call (or here when a GPU exists).
+    """
+    from .lower import lower, prepare, resolve_gpu
+
+    d = prepare(diagram, sizes=sizes, dtype=dtype)
+    gpu_p = resolve_gpu(gpu)
+    arch = None
+    try:
+        from ..kernels.compile import detect_arch
+
+        arch = detect_arch()
+    except Exception:  # noqa: BLE001 - no GPU here: lower for the profile's arch, compile later
+        arch = None
+    program = lower(d, schedule, gpu=gpu_p, family=family, arch=arch or gpu_p.arch)
+    cd = CompiledDiagram(program, arch=arch, gpu=gpu_p)
+    if arch is not None:
+        cd._compiled()
+    return cd

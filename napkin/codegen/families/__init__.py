@@ -1,0 +1,146 @@
+"""The code-generation families, in the order lowering tries them.
+
+``rowwise`` (fused softmax/norms), ``contraction`` (tiled matmul with epilogue), ``attention``
+(streamed attention), then ``fallback`` (any valid diagram, one simple kernel per box).
+
+Each family lives in its own module here and is imported lazily and tolerantly: a module that
+fails to import (not written yet, a syntax error, a missing dependency) is skipped and its error
+kept in :func:`import_errors`; the others still work. A family module exposes its family object
+as ``FAMILY`` (an object with ``name``, ``matches``, ``candidates`` and ``lower``, see
+:class:`napkin.codegen.plan.Family`); a module-level ``family`` object, or a class implementing
+those methods that can be built without arguments, is accepted too.
+
+>>> [f for f in ORDER]
+['rowwise', 'contraction', 'attention', 'fallback']
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import threading
+import traceback
+
+from ...errors import CodegenError
+
+#: The order in which lowering tries the families.
+ORDER = ("rowwise", "contraction", "attention", "fallback")
+
+_lock = threading.Lock()
+_loaded: dict[str, object] = {}
+_errors: dict[str, str] = {}
+_extra: dict[str, object] = {}
+_extra_order: list[tuple[str, str | None]] = []
+
+_METHODS = ("matches", "candidates", "lower")
+
+
+def _is_family(obj) -> bool:
+    return (not inspect.isclass(obj) and isinstance(getattr(obj, "name", None), str)
+            and all(callable(getattr(obj, m, None)) for m in _METHODS))
+
+
+def _family_of(module, name: str):
+    for attr in ("FAMILY", "family"):
+        obj = getattr(module, attr, None)
+        if _is_family(obj):
+            return obj
+    for obj in vars(module).values():
+        if _is_family(obj) and obj.name == name:
+            return obj
+    for obj in vars(module).values():
+        if (inspect.isclass(obj) and obj.__module__ == module.__name__
+                and all(callable(getattr(obj, m, None)) for m in _METHODS)):
+            try:
+                inst = obj()
+            except TypeError:
+                continue
+            if _is_family(inst):
+                return inst
+    return None
+
+
+def _load(name: str):
+    with _lock:
+        if name in _extra:
+            return _extra[name]
+        if name in _loaded:
+            return _loaded[name]
+        if name in _errors:
+            return None
+    try:
+        module = importlib.import_module(f"{__name__}.{name}")
+        fam = _family_of(module, name)
+        if fam is None:
+            raise CodegenError(f"module napkin.codegen.families.{name} defines no family object "
+                               "(expose it as FAMILY)")
+    except Exception as e:  # noqa: BLE001 - any failure of one family must not break the others
+        with _lock:
+            _errors[name] = f"{type(e).__name__}: {e}\n{traceback.format_exc(limit=3)}"
+        return None
+    with _lock:
+        _loaded[name] = fam
+    return fam
+
+
+def names() -> list[str]:
+    """Every family name lowering knows, in order (registered extras included)."""
+    out = list(ORDER)
+    for name, before in _extra_order:
+        if name in out:
+            continue
+        if before in out:
+            out.insert(out.index(before), name)
+        else:
+            out.append(name)
+    return out
+
+
+def get(name: str):
+    """The family called ``name``; CodegenError if it is unknown or failed to import."""
+    if not isinstance(name, str):
+        if _is_family(name):
+            return name
+        raise CodegenError(f"expected a family name, got {name!r}")
+    if name not in names():
+        raise CodegenError(f"unknown code-generation family {name!r}; families: {', '.join(names())}")
+    fam = _load(name)
+    if fam is None:
+        err = _errors.get(name, "").splitlines()
+        raise CodegenError(f"family {name!r} is not available: {err[0] if err else 'failed to import'}")
+    return fam
+
+
+def available() -> list:
+    """The families that imported, in lowering order."""
+    return [f for f in (_load(n) for n in names()) if f is not None]
+
+
+def import_errors() -> dict[str, str]:
+    """Family name → why it could not be imported (after an attempt to load it)."""
+    for n in names():
+        _load(n)
+    return dict(_errors)
+
+
+def register(family, *, before: str | None = "fallback") -> None:
+    """Add a family object (tests, plug-ins); it is tried before ``before`` (default: fallback)."""
+    if not _is_family(family):
+        raise CodegenError(f"{family!r} is not a family (needs name, matches, candidates, lower)")
+    with _lock:
+        _extra[family.name] = family
+        _extra_order[:] = [(n, b) for n, b in _extra_order if n != family.name] + [(family.name, before)]
+
+
+def unregister(name: str) -> None:
+    """Remove a family added with :func:`register`."""
+    with _lock:
+        _extra.pop(name, None)
+        _extra_order[:] = [(n, b) for n, b in _extra_order if n != name]
+
+
+def reset() -> None:
+    """Forget loaded families and import errors (they are imported again on next use)."""
+    with _lock:
+        _loaded.clear()
+        _errors.clear()

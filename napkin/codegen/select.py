@@ -1,0 +1,311 @@
+"""Choosing a schedule: a family proposes tile configurations, the performance model ranks them.
+
+Each candidate schedule is costed by the performance model (:func:`model_work`: the transfers H
+per level and the FLOPs from :func:`napkin.perfmodel.cost.cost`), turned into a runtime by
+:func:`napkin.perfmodel.roofline.predict` with the launch's blocks and occupancy, and the
+candidates are ranked by that predicted time. :func:`rank_candidates` returns the whole ranking
+so that autotuning can measure the top few.
+
+When the cost model is not available (not importable, or it fails on a schedule for a reason
+other than the schedule being illegal), :func:`local_work` estimates the same quantities from
+the diagram: every kernel reads its inputs and writes its outputs once, contractions cost 2 FLOPs
+per multiply-add, elementwise maps their whitelist cost. Either way, a family may add what the
+roofline cannot see (``launch_estimate``: blocks, threads, registers, shared memory, bytes in
+flight per thread, idle lanes), which feeds wave quantisation, occupancy and a latency floor
+(Little's law: a rate of bytes in flight per SM over the memory latency).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Mapping
+
+from ..diagrams.diagram import Diagram
+from ..diagrams.functions import get_function
+from ..dtypes import dtype as lookup_dtype
+from ..errors import CodegenError, HardwareError, NapkinError, ScheduleError
+from ..perfmodel.schedule import Schedule
+
+__all__ = ["rank_candidates", "choose_schedule", "predict_schedule", "model_work", "local_work",
+           "model_footprint", "Ranked", "MEMORY_LATENCY_S"]
+
+#: Latency of an HBM access under load, seconds (used for the bytes-in-flight floor).
+MEMORY_LATENCY_S = 800e-9
+
+#: Why the cost model was not used for the last schedule (for diagnostics), or None.
+last_cost_problem: str | None = None
+
+
+@dataclass(frozen=True)
+class Ranked:
+    """One candidate with its prediction (``source``: "cost" or "local")."""
+
+    schedule: Schedule
+    seconds: float
+    source: str
+    detail: str = ""
+
+
+def _gpu(gpu):
+    from .lower import resolve_gpu
+
+    return resolve_gpu(gpu)
+
+
+def _family(family):
+    from . import families
+
+    return families.get(family) if isinstance(family, str) else family
+
+
+# ----------------------------------------------------------------------------- the cost model
+
+
+def _cost_fn():
+    try:
+        from ..perfmodel.cost import cost  # written alongside; may not exist yet
+    except ImportError as e:
+        return None, f"napkin.perfmodel.cost is not available ({e})"
+    return cost, None
+
+
+def _num(x) -> float | None:
+    try:
+        v = float(x)
+    except (TypeError, ValueError):
+        return None
+    return v if math.isfinite(v) else None
+
+
+def model_cost(schedule: Schedule, gpu):
+    """The performance model's Cost of ``schedule`` (``cost(schedule, gpu, sizes=..., l2_caching=...)``),
+    or None when the model is not available or cannot cost it. An illegal schedule raises
+    ScheduleError."""
+    global last_cost_problem
+    cost, why = _cost_fn()
+    if cost is None:
+        last_cost_problem = why
+        return None
+    sizes = {n: s for n, s in schedule.diagram.sizes.items() if isinstance(s, int)}
+    try:
+        c = cost(schedule, gpu, sizes=sizes, l2_caching=True)
+    except ScheduleError:
+        raise
+    except Exception as e:  # noqa: BLE001 - a model still being written must not stop lowering
+        last_cost_problem = f"cost({schedule.diagram.name}) failed: {type(e).__name__}: {e}"
+        return None
+    last_cost_problem = None
+    return c
+
+
+def _levels(c) -> Mapping:
+    lv = getattr(c, "levels", None)
+    return lv if isinstance(lv, Mapping) else {}
+
+
+def model_work(schedule: Schedule, gpu):
+    """A roofline :class:`~napkin.perfmodel.roofline.Work` from the cost model, or None."""
+    from ..perfmodel.roofline import Work
+
+    c = model_cost(schedule, gpu)
+    if c is None:
+        return None
+    by = {}
+    for name, lv in _levels(c).items():
+        if name not in ("HBM", "L2", "SMEM"):
+            continue
+        h = _num(getattr(lv, "H_bytes", None))
+        if h is not None:
+            by[name] = h
+    if "HBM" not in by:
+        global last_cost_problem
+        last_cost_problem = "cost model gave no numeric HBM transfer"
+        return None
+    flops = getattr(c, "flops", None)
+    fl: dict[str, float] = {}
+    if isinstance(flops, Mapping):
+        for k, v in flops.items():
+            n = _num(v)
+            if n is not None and (k in ("tensor", "cuda", "sfu") or str(k).startswith("tensor:")):
+                fl[k] = n
+    else:
+        n = _num(flops)
+        if n is not None:
+            fl["cuda"] = n
+    return Work(flops=fl, bytes=by, dtype=_work_dtype(schedule.dtype))
+
+
+def model_footprint(schedule: Schedule, gpu) -> list[dict[str, float]] | None:
+    """Per kernel of ``schedule``, the memory the cost model assumed per block:
+    ``{"SMEM": bytes, "RF": bytes, "RF_elements": values}``; None where the model is unavailable."""
+    try:
+        c = model_cost(schedule, gpu)
+    except NapkinError:
+        return None
+    if c is None:
+        return None
+    out = []
+    for kc in getattr(c, "per_kernel", ()) or ():
+        lv = getattr(kc, "levels", {}) or {}
+        d = {}
+        if "SMEM" in lv and _num(getattr(lv["SMEM"], "M_bytes", None)) is not None:
+            d["SMEM"] = _num(lv["SMEM"].M_bytes)
+        if "RF" in lv:
+            b, e = _num(getattr(lv["RF"], "M_bytes", None)), _num(getattr(lv["RF"], "M_elements", None))
+            if b is not None:
+                d["RF"] = b
+            if e is not None:
+                d["RF_elements"] = e
+        out.append(d)
+    return out or None
+
+
+# ----------------------------------------------------------------------------- local estimate
+
+
+def _work_dtype(dt: str) -> str:
+    return dt if dt in ("fp16", "bf16", "fp8", "tf32") else "tf32" if dt == "fp32" else "fp16"
+
+
+def _size(v, sizes) -> int:
+    return math.prod(sizes[a] for a in v.axis_names)
+
+
+def local_work(schedule: Schedule, *, tensor_cores: bool = False):
+    """A simple estimate: each kernel reads its HBM inputs and writes its outputs once."""
+    from ..perfmodel.roofline import Work
+
+    d = schedule.diagram
+    sizes = {n: a.bound_size for n, a in d.axes.items()}
+    hbm = 0.0
+    try:
+        from ..perfmodel.legality import analyze
+
+        for plan in analyze(schedule):
+            for v in (*plan.inputs, *plan.stores):
+                hbm += _size(v, sizes) * lookup_dtype(v.dtype).bytes
+    except ScheduleError:
+        raise
+    except Exception:  # noqa: BLE001 - legality being rewritten: count per box instead
+        hbm = 0.0
+        for v in d.nodes:
+            if v.op.kind == "rename":
+                continue
+            for a in (*v.args, v):
+                hbm += _size(a, sizes) * lookup_dtype(a.dtype).bytes
+    flops = {"tensor": 0.0, "cuda": 0.0, "sfu": 0.0}
+    for v in d.nodes:
+        n = _size(v, sizes)
+        kind = v.op.kind
+        if kind == "contract":
+            inner = math.prod(sizes[a] for a in v.op.over)
+            flops["tensor" if tensor_cores else "cuda"] += 2.0 * n * inner * max(1, len(v.args) - 1)
+        elif kind == "map":
+            f = get_function(v.op.fn)
+            flops["cuda"] += f.flops * n
+            flops["sfu"] += f.sfu * n
+        elif kind == "softmax":
+            flops["cuda"] += 4.0 * n
+            flops["sfu"] += n
+        elif kind in ("norm", "reduce"):
+            flops["cuda"] += 4.0 * _size(v.args[0], sizes)
+    return Work(flops={k: v for k, v in flops.items() if v}, bytes={"HBM": hbm},
+                dtype=_work_dtype(schedule.dtype))
+
+
+# ----------------------------------------------------------------------------- prediction
+
+
+def predict_schedule(diagram: Diagram, family, schedule: Schedule, gpu) -> Ranked:
+    """Predicted time of one candidate (cost model where it can, else the local estimate)."""
+    from ..perfmodel.occupancy import occupancy
+    from ..perfmodel.roofline import LAUNCH_OVERHEAD_S, predict
+
+    gpu = _gpu(gpu)
+    fam = _family(family)
+    work = model_work(schedule, gpu)
+    source = "cost"
+    if work is None:
+        work = local_work(schedule, tensor_cores=getattr(fam, "name", "") in ("contraction", "attention")
+                          and schedule.dtype in ("bf16", "fp16"))
+        source = "local"
+    est = None
+    if hasattr(fam, "launch_estimate"):
+        try:
+            est = fam.launch_estimate(diagram, schedule, gpu)
+        except (NapkinError, KeyError, ValueError):
+            est = None
+    blocks = bps = None
+    floor = 0.0
+    detail = ""
+    if est:
+        blocks = est.get("blocks")
+        threads = est.get("threads")
+        if threads and est.get("regs"):
+            try:
+                occ = occupancy(gpu, int(threads), int(min(est["regs"], gpu.max_regs_per_thread)),
+                                int(est.get("smem") or 0))
+                bps = occ.blocks_per_sm
+            except HardwareError:
+                bps = None
+            if bps == 0:
+                raise ScheduleError(f"{getattr(fam, 'name', fam)}: a block of {threads} threads does not fit an SM")
+            if bps and est.get("in_flight_bytes_per_thread"):
+                in_flight = bps * threads * est["in_flight_bytes_per_thread"] * gpu.sms
+                floor = work.bytes.get("HBM", 0.0) / (in_flight / MEMORY_LATENCY_S)
+        idle = float(est.get("idle_lanes") or 0.0)
+        if idle:
+            floor *= 1.0 / max(0.05, 1.0 - idle)
+        detail = f"blocks {blocks}, {bps} per SM" if blocks else ""
+    p = predict(gpu, work, blocks=blocks, blocks_per_sm=bps)
+    seconds = max(p.seconds, floor + p.launch_overhead_s)
+    extra = max(0, len(schedule.kernels) - 1) * LAUNCH_OVERHEAD_S
+    return Ranked(schedule, seconds + extra, source, detail)
+
+
+def rank(diagram: Diagram, family, gpu, dtype: str | None = None) -> list[Ranked]:
+    """Every candidate of ``family`` for ``diagram`` with its prediction, fastest first."""
+    gpu = _gpu(gpu)
+    fam = _family(family)
+    dtype = dtype or next(iter(sorted(diagram.dtypes)), "bf16")
+    cands = list(fam.candidates(diagram, gpu, dtype))
+    if not cands:
+        raise CodegenError(f"family {fam.name} proposes no schedule for {diagram.name!r}")
+    out: list[tuple[Ranked, int]] = []
+    illegal = []
+    for i, s in enumerate(cands):
+        try:
+            out.append((predict_schedule(diagram, fam, s, gpu), i))
+        except ScheduleError as e:
+            illegal.append(str(e))
+    if not out:
+        # the model refused every candidate: rank them by the local estimate alone
+        for i, s in enumerate(cands):
+            r = Ranked(s, _local_seconds(s, gpu), "local", "model refused: " + (illegal[0] if illegal else ""))
+            out.append((r, i))
+    out.sort(key=lambda t: (t[0].seconds, t[1]))
+    return [r for r, _ in out]
+
+
+def _local_seconds(schedule: Schedule, gpu) -> float:
+    from ..perfmodel.roofline import predict
+
+    try:
+        return predict(gpu, local_work(schedule)).seconds
+    except NapkinError:
+        return math.inf
+
+
+def rank_candidates(diagram: Diagram, family, gpu, dtype: str | None = None) -> list[tuple[Schedule, float]]:
+    """``[(schedule, predicted seconds), ...]`` for every candidate of ``family``, fastest first.
+
+    ``family`` is a family object or name, ``gpu`` a GPU profile or name (None: the GPU at hand,
+    else h100). Ties keep the family's own order of preference.
+    """
+    return [(r.schedule, r.seconds) for r in rank(diagram, family, gpu, dtype)]
+
+
+def choose_schedule(diagram: Diagram, family, gpu, dtype: str | None = None) -> Schedule:
+    """The candidate with the lowest predicted time."""
+    return rank(diagram, family, gpu, dtype)[0].schedule
