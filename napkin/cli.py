@@ -5,6 +5,10 @@
     napkin render NAME [-s ...] -o file.svg       draw it (SVG, or graphviz DOT with --format dot)
     napkin cost NAME [-s ...] [--group q=128]     per level H, M, FLOPs and predicted time
     napkin derive NAME [-s ...] [--gpu h100]      the Napkin derivation and the chosen schedule
+    napkin generate NAME [-s ...] -o file.cu      the kernel as one self-contained CUDA file (no GPU)
+    napkin verify NAME [-s ...]                   run it against the PyTorch reference (GPU)
+    napkin bench NAME [-s ...] [--sweep]          time it next to cuBLAS/SDPA/Flex and the model (GPU)
+    napkin calibrate [-o profile.json]            measure this GPU's rates into a profile (GPU)
 
 NAME is a built-in diagram (``attention``) or a diagram in a user file
 (``path/file.py:name``). Every mistake a user can make ends in one line
@@ -32,7 +36,7 @@ from .errors import NapkinError
 
 app = typer.Typer(
     name="napkin",
-    help="Neural circuit diagrams to IO-aware GPU algorithms: list, show, render, cost, derive.",
+    help="Neural circuit diagrams to IO-aware GPU algorithms: list, show, render, cost, derive, generate, verify, bench, calibrate.",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
@@ -275,6 +279,168 @@ def derive(name: NameArg, size: SizesOpt = None, gpu: GpuOpt = DEFAULT_GPU, dtyp
         typer.echo("\n" + code(der.best))
     if svg is not None:
         typer.echo(f"wrote {svg}")
+
+
+# ----------------------------------------------------------------------------- generate, verify, bench
+
+def _require_gpu(command: str) -> None:
+    """One clear error when a command needs CUDA and this machine has none."""
+    try:
+        import torch
+    except ImportError:
+        raise UsageError(f"{command} needs PyTorch with CUDA; it is not installed") from None
+    if not torch.cuda.is_available():
+        raise UsageError(f"{command} needs a CUDA GPU and this machine has none "
+                         "(generate, cost and derive work without one)")
+    try:
+        import cupy  # noqa: F401
+    except ImportError:
+        raise UsageError(f"{command} compiles kernels with CuPy: python3 -m pip install cupy-cuda13x") from None
+
+
+@app.command()
+@handle_errors
+def generate(name: NameArg, size: SizesOpt = None, gpu: GpuOpt = DEFAULT_GPU, dtype: DtypeOpt = DEFAULT_DTYPE,
+             output: OutOpt = None) -> None:
+    """Write the kernel for the derived schedule as one self-contained .cu (no GPU needed).
+
+    The device library is inlined, so `nvcc -cubin -gencode=arch=compute_90a,code=sm_90a FILE.cu`
+    compiles it as it stands.
+    """
+    from .codegen.generate import generate_source
+
+    diagram = load_bound(name, size, use_defaults=True)
+    text = generate_source(diagram, gpu=gpu, dtype=dtype)
+    if output is not None and str(output) == "-":
+        typer.echo(text, nl=not text.endswith("\n"))
+        return
+    path = output if output is not None else Path(f"{diagram.name}.cu")
+    try:
+        path.write_text(text, encoding="utf-8")
+    except OSError as e:
+        raise UsageError(f"generate: cannot write {str(path)!r}: {e.strerror or e}") from None
+    header = text.split("\n\n", 1)[0]
+    typer.echo(header)
+    typer.echo(f"wrote {path} ({len(text.encode('utf-8')) / 1024:.1f} KiB)")
+
+
+@app.command()
+@handle_errors
+def verify(name: NameArg, size: SizesOpt = None, gpu: GpuOpt = DEFAULT_GPU, dtype: DtypeOpt = DEFAULT_DTYPE,
+           seed: Annotated[Optional[int], typer.Option("--seed", help="Seed of the random inputs.")] = None,
+           json_out: JsonOpt = False) -> None:
+    """Check the generated kernel against the float64 PyTorch reference (GPU).
+
+    Fresh random inputs over a sweep of shapes (the given sizes, sizes that are not tile
+    multiples, tiny odd sizes), outputs poisoned with NaN first; prints the relative error of
+    every output and exits 1 if any misses its tolerance (1e-2 for bf16/fp16, 1e-5 for fp32).
+    """
+    _require_gpu("verify")
+    from .codegen.verify import verify as run_verify
+
+    diagram = load_bound(name, size, use_defaults=True)
+    report = run_verify(diagram, dtype=dtype, gpu=gpu, seed=seed)
+    if json_out:
+        print_json({"ok": report.ok, "rows": [r.__dict__ if hasattr(r, "__dict__") else str(r)
+                                              for r in report.rows]})
+    else:
+        typer.echo(str(report))
+    if not report.ok:
+        raise typer.Exit(1)
+
+
+@app.command()
+@handle_errors
+def bench(name: NameArg, size: SizesOpt = None, gpu: Annotated[Optional[str], typer.Option(
+              "--gpu", metavar="GPU", help="Profile for codegen and the model (default: this device's).")] = None,
+          dtype: DtypeOpt = DEFAULT_DTYPE,
+          sweep: Annotated[bool, typer.Option("--sweep", help="Run the benchmark sweep of this diagram's "
+                                              "family and write JSON, plots and BENCHMARKS.md.")] = False,
+          quick: Annotated[bool, typer.Option("--quick", help="With --sweep: a short sweep.")] = False,
+          out: Annotated[Path, typer.Option("--out", metavar="DIR", help="With --sweep: results folder.")] =
+          Path("benchmarks/results"),
+          json_out: JsonOpt = False) -> None:
+    """Time the generated kernel next to the baselines (cuBLAS, SDPA backends, FlexAttention,
+    torch.compile) and the model's prediction: CUDA events, warm-up, medians, rotated inputs."""
+    from .diagrams import library
+
+    if name not in library.names():
+        raise UsageError(f"bench runs the built-in diagrams ({', '.join(library.names())}); "
+                         f"{name!r} is not one")
+    _require_gpu("bench")
+    from .bench import suite
+    from .bench.baselines import family_of
+
+    if sweep:
+        fam = family_of(library.get(name))
+        points = [p for p in suite.all_points(quick, (fam,)) if p.diagram == name] or suite.all_points(quick, (fam,))
+        args = {"quick": quick, "families": fam, "gpu": gpu, "profile": None, "top_k": 4, "spearman_k": 8,
+                "no_autotune": False, "no_compile": False, "retune": False, "reps": 50, "warmup": 10}
+        device, records, gpu_dir = suite.orchestrate(points, out, child_args=args)
+        from .bench import report as report_mod
+
+        rep = report_mod.generate(gpu_dir)
+        typer.echo(f"{len(records)} points on {device.get('name', '?')}; JSON, plots and {rep.markdown} in {gpu_dir}")
+        return
+    diagram = load_bound(name, size, use_defaults=True)
+    sizes = {n: int(a.size) for n, a in diagram.axes.items() if n in {x for v in diagram.inputs
+                                                                        for x in v.axis_names}}
+    fam = family_of(diagram)
+    labels = {"causal": True} if "causal" in name else {}
+    point = suite.Point(fam, name, sizes, dtype, labels)
+    cfg = suite.config_from_args(_SweepDefaults(gpu))
+    rec = suite.run_point(point, cfg)
+    if json_out:
+        print_json(rec)
+        return
+    from rich.table import Table
+
+    metric = point.metric
+    unit = "GB/s" if metric == "gbps" else "TFLOP/s"
+    t = Table(title=f"{name} {dtype} {format_sizes(sizes)}", title_justify="left")
+    for c in ("kernel", "median ms", unit, "napkin ×"):
+        t.add_column(c)
+    if rec.get("napkin_s"):
+        t.add_row("napkin", f"{rec['napkin_s'] * 1e3:.3f}", f"{rec['rates'].get('napkin', 0) or 0:.1f}", "1.00")
+    for b, v in rec.get("baselines", {}).items():
+        if isinstance(v, (int, float)):
+            rate = rec["rates"].get(b)
+            t.add_row(b, f"{v * 1e3:.3f}", f"{rate:.1f}" if rate else "—",
+                      f"{v / rec['napkin_s']:.2f}" if rec.get("napkin_s") else "—")
+        else:
+            t.add_row(b, "—", "—", str(v)[:60])
+    console().print(t)
+    if rec.get("pred_s"):
+        err = rec.get("pred_err")
+        console().print(f"model: predicted {rec['pred_s'] * 1e3:.3f} ms"
+                        + (f", |pred − meas|/meas = {abs(err) * 100:.0f}%" if err is not None else ""))
+    for k, v in rec.get("errors", {}).items():
+        console().print(f"[red]{k}: {v}[/red]")
+
+
+class _SweepDefaults:
+    """The sweep options bench passes to the suite for a single point."""
+
+    def __init__(self, gpu):
+        self.gpu, self.profile, self.no_compile, self.no_autotune = gpu, None, False, False
+        self.top_k, self.spearman_k, self.retune, self.reps, self.warmup = 4, 8, False, 50, 10
+
+
+@app.command()
+@handle_errors
+def calibrate(gpu: Annotated[Optional[str], typer.Option("--gpu", metavar="GPU",
+                             help="Datasheet profile to start from (default: matched to this device).")] = None,
+              output: Annotated[Path, typer.Option("--output", "-o", metavar="FILE",
+                                help="Where to write the calibrated profile JSON.")] = Path("calibrated.json")
+              ) -> None:
+    """Measure copy bandwidth, GEMM rate and exp rate on this GPU and write a profile that overrides
+    the datasheet values (use it with --gpu FILE)."""
+    _require_gpu("calibrate")
+    from .perfmodel.calibrate import calibrate as run_calibrate
+
+    prof = run_calibrate(gpu, output)
+    typer.echo(str(prof))
+    typer.echo(f"wrote {output}")
 
 
 # ----------------------------------------------------------------------------- entry point
