@@ -45,8 +45,8 @@ def att_cfg(c):
 
 def cases(quick: bool):
     """(label, diagram name, dtype, sizes, family, config or None, baseline kind)."""
-    mm = [(128, 256, 32, 64, 64, 4, 1), (256, 128, 32, 64, 64, 4, 1), (128, 128, 32, 64, 64, 4, 2),
-          (128, 256, 64, 64, 64, 3, 1), (128, 128, 64, 64, 64, 3, 2)]
+    mm = [(128, 256, 64, 64, 64, 3, 1), (256, 128, 64, 64, 64, 3, 1), (128, 256, 32, 64, 64, 4, 1),
+          (256, 128, 32, 64, 64, 4, 1), (128, 128, 32, 64, 64, 4, 2), (128, 128, 64, 64, 64, 3, 2)]
     out = []
     s4k = dict(a=4096, b=4096, c=4096)
     for c in mm:
@@ -54,6 +54,8 @@ def cases(quick: bool):
     out.append(("matmul 4096^3 (model's pick)", "matmul", "bf16", s4k, "contraction", None, "matmul"))
     for c in mm[:2] if quick else mm[:3]:
         out.append(("matmul 8192^3", "matmul", "bf16", dict(a=8192, b=8192, c=8192), "contraction", mm_cfg(c), "matmul"))
+    out.append(("matmul 8192^3 (model's pick)", "matmul", "bf16", dict(a=8192, b=8192, c=8192), "contraction", None,
+                "matmul"))
     out.append(("matmul_t 4096^3", "matmul_t", "bf16", s4k, "contraction", mm_cfg(mm[0]), "matmul_t"))
     out.append(("matmul fp16 4096^3", "matmul", "fp16", s4k, "contraction", mm_cfg(mm[0]), "matmul"))
     for c in mm[:2]:
@@ -64,23 +66,24 @@ def cases(quick: bool):
     for c in [(128, 128, 8, 32, 64, 2, 1), (128, 128, 16, 32, 64, 2, 1)]:
         out.append(("matmul fp32 4096^3", "matmul", "fp32", s4k, "contraction", mm_cfg(c, True), "matmul"))
 
-    a128 = [(128, 64, 32, 2, 128, 1), (128, 32, 32, 2, 128, 2), (128, 64, 16, 2, 128, 1), (64, 64, 16, 2, 128, 2)]
+    a128 = [(128, 64, 32, 2, 128, 2), (128, 32, 32, 2, 128, 2), (128, 64, 16, 2, 128, 1), (64, 64, 16, 2, 128, 2),
+            (128, 64, 32, 2, 128, 1, 64)]  # the last: S 64 keys wide in registers (spills a little)
     sh = dict(h=32, q=4096, x=4096, d=128)
-    for c in a128 if not quick else a128[:2]:
+    for c in a128 if not quick else a128[:2] + a128[4:]:
         out.append(("mha h32 4k d128", "mha", "bf16", sh, "attention", att_cfg(c), "sdpa"))
     out.append(("mha h32 4k d128 (model's pick)", "mha", "bf16", sh, "attention", None, "sdpa"))
     for c in [(128, 64, 32, 2, 64, 2), (128, 64, 16, 2, 64, 1)]:
         out.append(("mha h32 4k d64", "mha", "bf16", dict(h=32, q=4096, x=4096, d=64), "attention", att_cfg(c), "sdpa"))
-    for c in a128[1:3]:
+    for c in a128[:3]:
         out.append(("causal h32 4k d128", "attention_causal", "bf16", sh, "attention", att_cfg(c), "sdpa_causal"))
     out.append(("causal h32 4k d64", "attention_causal", "bf16", dict(h=32, q=4096, x=4096, d=64), "attention",
                 att_cfg((128, 64, 32, 2, 64, 2)), "sdpa_causal"))
     out.append(("mha fp16 h32 4k d128", "mha", "fp16", sh, "attention", att_cfg(a128[0]), "sdpa"))
     out.append(("gqa h8 j4 4k d128", "gqa", "bf16", dict(h=8, j=4, q=4096, x=4096, d=128), "attention",
-                att_cfg(a128[1]), "sdpa_gqa"))
+                att_cfg(a128[0]), "sdpa_gqa"))
     for n in ("attention_window", "attention_alibi", "attention_softcap"):
         out.append((f"{n} h16 4k d128", n, "bf16", dict(h=16, q=4096, x=4096, d=128), "attention",
-                    att_cfg(a128[1]), "reference"))
+                    att_cfg(a128[0]), "reference"))
     for c in [(64, 32, 16, 2, 256, 2), (64, 64, 16, 2, 256, 1)]:
         out.append(("mha h16 4k d256", "mha", "bf16", dict(h=16, q=4096, x=4096, d=256), "attention",
                     att_cfg(c), "sdpa"))
@@ -361,7 +364,7 @@ def main(argv=None):
             continue
         t = r["tunables"]
         tiles = (f"{t.get('BM')}x{t.get('BN')}x{t.get('BK')} s{t.get('stages')}" if "BM" in t else
-                 f"q{t.get('BQ')} x{t.get('BX')} w{t.get('WQ')}")
+                 f"q{t.get('BQ')} x{t.get('BX')}/{t.get('SX')} w{t.get('WQ')}")
         err = r.get("rel_err_vs_torch", r.get("rel_err_vs_reference_fp32", math.nan))
         print(f"{r['label']:34s} {tiles:24s} {r.get('registers', 0):4d} {r['ms']:8.3f} {r['tflops']:8.1f} "
               f"{r.get('torch_tflops', math.nan):8.1f} {r.get('speedup_vs_torch', math.nan):5.2f} {err:8.1e}")

@@ -1,0 +1,438 @@
+"""The tiled contraction family: matmul (batched, transposed operands) with a fused epilogue.
+
+A diagram belongs here when its only box that is not elementwise is a two-input contraction
+over one axis, ``C[batch.., a, c] = Σ_b A[.., a, b]·B[.., b, c]``, and every other box is a
+whitelisted map after it (bias, GELU, SiLU, scale, a residual add): the library's ``matmul``,
+``batched_matmul``, ``matmul_t`` and ``mlp``.
+
+Roles are read off the diagram: ``c`` is the output's last (contiguous) axis, the operand that
+carries it is ``B`` and the other ``A``; ``a`` is A's own axis (the last of them in the output
+if several); every other output axis is a batch axis (grid.y), broadcast where an operand lacks
+it. Each operand may be stored either way round — ``A[a,b]`` or ``A[b,a]``, ``B[b,c]`` or
+``B[c,b]`` (nn.Linear) — as its last axis says.
+
+Templates: ``matmul_mma.cu.jinja`` (bf16/fp16 on mma.sync m16n8k16, fp32 accumulation, ldmatrix,
+cp.async multi-stage pipeline, padded shared tiles) and ``matmul_simt.cu.jinja`` (fp32 FMA).
+Tile sizes come from the schedule: groups of ``a`` and ``c`` at SMEM (the block tile), the
+stream of ``b`` at SMEM (the chunk), groups of ``a`` and ``c`` at RF (the warp tile); the
+pipeline depth from a ``stages=N`` note (else the deepest that fits).
+
+>>> from napkin.diagrams import library
+>>> fam = ContractionFamily()
+>>> fam.matches(library.get("mlp")), fam.matches(library.get("softmax"))
+(True, False)
+>>> d = library.get("matmul_t").bind(a=1000, b=512, c=384)
+>>> s = fam.candidates(d, "h100", "bf16")[0]
+>>> prog = fam.lower(d, s, "sm_90a")
+>>> prog.launches[0].grid, prog.launches[0].block
+((16, 1, 1), (256, 1, 1))
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from ...diagrams.diagram import Diagram
+from ...diagrams.ops import Contract, Map, Value
+from ...errors import CodegenError
+from ...perfmodel.schedule import Schedule
+from ..plan import KernelLaunch, Program
+from ..render import Code, comment_lines, ident
+from .epilogue import (Param, check_epilogue, contiguous_strides, ctype, epilogue_code, int_param,
+                       render, short_hash, signature, tensor_param)
+
+__all__ = ["ContractionFamily", "MatmulProblem", "MatmulConfig", "analyze", "FAMILY"]
+
+#: Block tiles (g_a, g_c), stream (s_b), warp tiles (w_a, w_c), pipeline stages and the thread
+#: blocks per SM each configuration is meant to keep resident (its register budget:
+#: 65536 / (threads x blocks), enforced by __launch_bounds__) for the mma template.
+MMA_CONFIGS = (
+    # BM, BN, BK, WM, WN, STAGES, blocks/SM   (first = fastest measured on H200 at 4096^3/8192^3)
+    (128, 256, 64, 64, 64, 3, 1),
+    (128, 256, 32, 64, 64, 4, 1),
+    (256, 128, 64, 64, 64, 3, 1),
+    (256, 128, 32, 64, 64, 4, 1),
+    (128, 128, 64, 64, 64, 3, 2),
+    (128, 128, 32, 64, 64, 4, 2),
+    (64, 128, 32, 32, 64, 4, 2),
+    (64, 64, 32, 32, 32, 4, 4),
+)
+
+#: The fp32 SIMT template's configurations (8 x 8 micro-tile per thread).
+SIMT_CONFIGS = (
+    (128, 128, 8, 32, 64, 2, 1),
+    (128, 128, 16, 32, 64, 2, 1),
+    (64, 64, 8, 32, 64, 2, 2),
+)
+
+GROUP_M = 8
+SMEM_PAD = 8  # elements of padding per shared row (mma template)
+SIMT_PAD = 4
+
+
+@dataclass(frozen=True)
+class MatmulProblem:
+    """What the family read off a diagram."""
+
+    contraction: Value
+    A: Value
+    B: Value
+    out: Value
+    a: str
+    b: str
+    c: str
+    batch: tuple[str, ...]
+    a_kmajor: bool  # A's last axis is b ([a][b]); else a ([b][a])
+    b_kmajor: bool  # B's last axis is b ([c][b]); else c ([b][c])
+    dtype: str
+
+
+@dataclass(frozen=True)
+class MatmulConfig:
+    """One tile configuration of a template."""
+
+    simt: bool
+    BM: int
+    BN: int
+    BK: int
+    WM: int
+    WN: int
+    stages: int
+    blocks_per_sm: int = 1
+
+    @property
+    def threads(self) -> int:
+        return (self.BM // self.WM) * (self.BN // self.WN) * 32
+
+    def smem_bytes(self, p: MatmulProblem, elem: int) -> int:
+        """Dynamic shared memory the kernel asks for (padded tiles)."""
+        if self.simt:
+            return 2 * self.BK * ((self.BM + SIMT_PAD) + (self.BN + SIMT_PAD)) * 4
+        a_rows, a_cols = (self.BM, self.BK) if p.a_kmajor else (self.BK, self.BM)
+        b_rows, b_cols = (self.BN, self.BK) if p.b_kmajor else (self.BK, self.BN)
+        pipe = self.stages * (a_rows * (a_cols + SMEM_PAD) + b_rows * (b_cols + SMEM_PAD))
+        staging = self.BM * (self.BN + SMEM_PAD)
+        return max(pipe, staging) * elem
+
+    def model_smem_bytes(self, elem: int) -> int:
+        """Shared memory by the model's accounting: A and B chunks times the stages."""
+        return self.stages * (self.BM * self.BK + self.BK * self.BN) * elem
+
+    def model_regs(self) -> int:
+        """The register budget per thread: what keeps ``blocks_per_sm`` blocks resident."""
+        return min(255, 65536 // (self.threads * self.blocks_per_sm) // 8 * 8)
+
+
+def _reason_or_problem(diagram: Diagram) -> MatmulProblem | str:
+    contracts = [v for v in diagram.nodes if not isinstance(v.op, Map)]
+    if len(contracts) != 1 or not isinstance(contracts[0].op, Contract):
+        kinds = sorted({v.op.kind for v in contracts})
+        return f"needs exactly one non-elementwise box, a contraction (has {kinds or 'none'})"
+    C = contracts[0]
+    op: Contract = C.op
+    if len(C.args) != 2 or not all(a.is_input for a in C.args) or C.args[0] is C.args[1]:
+        return "the contraction must multiply two distinct diagram inputs"
+    if len(op.over) != 1:
+        return f"the contraction sums over {len(op.over)} axes; this family sums over one"
+    b = op.over[0]
+    reason = check_epilogue(diagram, C)
+    if reason:
+        return reason
+    out = diagram.outputs[0]
+    c = out.axis_names[-1]
+    x, y = C.args
+    carriers = [v for v in (x, y) if c in v.axis_names]
+    if len(carriers) != 1:
+        return f"the output's last axis {c!r} must belong to exactly one operand"
+    B = carriers[0]
+    A = y if B is x else x
+    if any(v.dtype != A.dtype for v in diagram.inputs):
+        return "inputs have different dtypes"
+    own_a = [n for n in A.axis_names if n != b and n not in B.axis_names]
+    if not own_a:
+        return f"operand {A.label()} has no axis of its own (rows)"
+    a = [n for n in out.axis_names if n in own_a][-1]
+    batch = tuple(n for n in out.axis_names if n not in (a, c))
+    if A.axis_names[-1] not in (a, b):
+        return f"operand {A.label()} must be stored with {a!r} or {b!r} last (contiguous)"
+    if B.axis_names[-1] not in (b, c):
+        return f"operand {B.label()} must be stored with {b!r} or {c!r} last (contiguous)"
+    for n in B.axis_names:
+        if n not in (b, c) and n not in batch:
+            return f"operand {B.label()}: axis {n!r} is neither contracted nor in the output"
+    return MatmulProblem(C, A, B, out, a, b, c, batch, A.axis_names[-1] == b,
+                         B.axis_names[-1] == b, A.dtype)
+
+
+def analyze(diagram: Diagram) -> MatmulProblem:
+    """The matmul structure of ``diagram``; a CodegenError says why it has none."""
+    p = _reason_or_problem(diagram)
+    if isinstance(p, str):
+        raise CodegenError(f"contraction family: diagram {diagram.name!r}: {p}")
+    return p
+
+
+def _gpu_key(gpu) -> str | None:
+    if gpu is None:
+        return None
+    return getattr(gpu, "key", None) or str(gpu)
+
+
+def _smem_limit(gpu=None, arch: str | None = None) -> int:
+    if gpu is not None:
+        try:
+            from ...perfmodel.hardware import get_gpu
+
+            lv = get_gpu(gpu).level("SMEM")
+            if lv.per_block_bytes:
+                return int(lv.per_block_bytes)
+        except Exception:  # noqa: BLE001 - unknown GPU: fall back on the arch
+            pass
+    if arch and arch.startswith("sm_8") and arch not in ("sm_80", "sm_87"):
+        return 99 * 1024
+    if arch and arch.startswith("sm_8"):
+        return 163 * 1024
+    return 227 * 1024
+
+
+def _elem(dtype: str) -> int:
+    return 4 if dtype == "fp32" else 2
+
+
+class ContractionFamily:
+    """Matmul with a fused elementwise epilogue: mma.sync for bf16/fp16, SIMT FMA for fp32."""
+
+    name = "contraction"
+
+    # ------------------------------------------------------------------ recognise
+    def why_not(self, diagram: Diagram) -> str | None:
+        """Why this family cannot run ``diagram``, or None if it can."""
+        p = _reason_or_problem(diagram)
+        if isinstance(p, str):
+            return p
+        if p.dtype not in ("bf16", "fp16", "fp32"):
+            return f"dtype {p.dtype} is not supported (bf16, fp16, fp32)"
+        return None
+
+    def matches(self, diagram: Diagram) -> bool:
+        return self.why_not(diagram) is None
+
+    # ------------------------------------------------------------------ propose
+    def configs(self, dtype: str) -> list[MatmulConfig]:
+        table = SIMT_CONFIGS if dtype == "fp32" else MMA_CONFIGS
+        return [MatmulConfig(dtype == "fp32", *c) for c in table]
+
+    def candidates(self, diagram: Diagram, gpu, dtype: str) -> list[Schedule]:
+        """One fused schedule per tile configuration that fits the GPU's shared memory."""
+        p = analyze(diagram)
+        dtype = dtype or p.dtype
+        limit = _smem_limit(gpu)
+        out = []
+        for cfg in self.configs(dtype):
+            if cfg.smem_bytes(p, _elem(dtype)) > limit:
+                continue
+            out.append(self.schedule(diagram, cfg, gpu=gpu, dtype=dtype))
+        return out
+
+    def schedule(self, diagram: Diagram, cfg: MatmulConfig, gpu="h100", dtype: str | None = None) -> Schedule:
+        """The fused schedule of one configuration: groups of a, c at SMEM and RF, stream of b."""
+        p = analyze(diagram)
+        s = Schedule.fused(diagram, groups={p.a: cfg.BM, p.c: cfg.BN}, streams={p.b: cfg.BK},
+                           rf_groups={p.a: cfg.WM, p.c: cfg.WN}, gpu=_gpu_key(gpu),
+                           dtype=dtype or p.dtype)
+        return s.replace(notes=(f"stages={cfg.stages}", f"blocks_per_sm={cfg.blocks_per_sm}"))
+
+    def launch_estimate(self, diagram: Diagram, schedule: Schedule, gpu=None) -> dict:
+        """What the roofline cannot see: blocks, threads, register budget, shared memory and the
+        bytes each thread keeps in flight (STAGES - 1 chunks ahead)."""
+        p = analyze(diagram)
+        cfg = self.config_of(p, schedule)
+        sz = diagram.sizes
+        nbatch = math.prod(sz[a] for a in p.batch) if p.batch else 1
+        blocks = math.ceil(sz[p.a] / cfg.BM) * math.ceil(sz[p.c] / cfg.BN) * nbatch
+        elem = _elem(p.dtype)
+        chunk = (cfg.BM + cfg.BN) * cfg.BK * elem
+        return dict(blocks=blocks, threads=cfg.threads, regs=cfg.model_regs(),
+                    smem=cfg.smem_bytes(p, elem),
+                    in_flight_bytes_per_thread=chunk * max(1, cfg.stages - 1) / cfg.threads)
+
+    # ------------------------------------------------------------------ lower
+    def config_of(self, p: MatmulProblem, schedule: Schedule, arch: str | None = None) -> MatmulConfig:
+        """The tile configuration a schedule asks for, checked against what the template supports."""
+        if len(schedule.kernels) != 1:
+            raise CodegenError("contraction family: the schedule must fuse every box into one kernel "
+                               f"(it has {len(schedule.kernels)})")
+        k = schedule.kernels[0]
+        simt = p.dtype == "fp32"
+        default = self.configs(p.dtype)[0]
+        sizes = {"BM": None, "BN": None, "BK": None, "WM": None, "WN": None}
+        for r in k.relabels:
+            if r.is_symbolic:
+                raise CodegenError(f"contraction family: {r} has no size; bind {r.symbol} first")
+            key = None
+            if r.kind == "group" and r.level == "SMEM":
+                key = {p.a: "BM", p.c: "BN"}.get(r.axis)
+            elif r.kind == "group" and r.level == "RF":
+                key = {p.a: "WM", p.c: "WN"}.get(r.axis)
+            elif r.kind == "stream" and r.level == "SMEM" and r.axis == p.b:
+                key = "BK"
+            if key is None:
+                if r.kind == "group" and r.axis in p.batch and r.size == 1:
+                    continue  # one batch element per block: what the grid does anyway
+                raise CodegenError(f"contraction family: the template cannot realise {r} "
+                                   f"(it groups {p.a}, {p.c} at SMEM and RF and streams {p.b} at SMEM)")
+            sizes[key] = int(r.size)
+        BM = sizes["BM"] or default.BM
+        BN = sizes["BN"] or default.BN
+        BK = sizes["BK"] or default.BK
+        WM = sizes["WM"] or min(default.WM, BM)
+        WN = sizes["WN"] or min(default.WN, BN)
+        stages = blocks = None
+        for note in schedule.notes:
+            if isinstance(note, str) and note.startswith("stages="):
+                stages = int(note.split("=", 1)[1])
+            if isinstance(note, str) and note.startswith("blocks_per_sm="):
+                blocks = int(note.split("=", 1)[1])
+        known = [c for c in self.configs(p.dtype) if (c.BM, c.BN, c.BK, c.WM, c.WN) == (BM, BN, BK, WM, WN)]
+        if blocks is None:
+            blocks = known[0].blocks_per_sm if known else 1
+        if stages is None:
+            if known:
+                stages = known[0].stages
+            elif simt:
+                stages = 2
+            else:
+                limit = _smem_limit(None, arch)
+                stages = 2
+                for st in (4, 3):
+                    if MatmulConfig(simt, BM, BN, BK, WM, WN, st).smem_bytes(p, 2) <= min(limit, 128 * 1024):
+                        stages = st
+                        break
+        cfg = MatmulConfig(simt, BM, BN, BK, WM, WN, stages, blocks)
+        self._check_config(cfg, p)
+        return cfg
+
+    def _check_config(self, cfg: MatmulConfig, p: MatmulProblem) -> None:
+        what = f"contraction family: tiles g_{p.a}={cfg.BM}, g_{p.c}={cfg.BN}, s_{p.b}={cfg.BK}, " \
+               f"w_{p.a}={cfg.WM}, w_{p.c}={cfg.WN}"
+        if cfg.BM % cfg.WM or cfg.BN % cfg.WN:
+            raise CodegenError(f"{what}: warp tiles must divide the block tile")
+        if not 32 <= cfg.threads <= 1024:
+            raise CodegenError(f"{what}: gives {cfg.threads} threads per block (32 to 1024)")
+        if cfg.simt:
+            if (cfg.WM, cfg.WN) not in ((32, 64), (64, 32)):
+                raise CodegenError(f"{what}: the fp32 template's warp tiles are 32x64 or 64x32")
+            if cfg.BK not in (4, 8, 16, 32):
+                raise CodegenError(f"{what}: the fp32 template streams b in chunks of 4, 8, 16 or 32")
+            for rows, cols in ((cfg.BM, cfg.BK), (cfg.BN, cfg.BK)):
+                if (rows * cols // 4) % cfg.threads:
+                    raise CodegenError(f"{what}: a {rows}x{cols} chunk does not split evenly over "
+                                       f"{cfg.threads} threads")
+            if cfg.stages != 2:
+                raise CodegenError(f"{what}: the fp32 template is double-buffered (stages=2)")
+        else:
+            if cfg.WM % 16 or cfg.WN % 16 or cfg.BK % 32:
+                raise CodegenError(f"{what}: mma pieces are 16x16 and the operand fragments are "
+                                   f"double-buffered per 16-deep slice: warp tiles must be multiples "
+                                   f"of 16 and s_{p.b} of 32")
+            if cfg.WM * cfg.WN > 64 * 64:
+                raise CodegenError(f"{what}: a warp tile over 64x64 does not fit in registers")
+            if cfg.BK > 128 or cfg.BM > 256 or cfg.BN > 256:
+                raise CodegenError(f"{what}: tiles too large (g <= 256, s <= 128)")
+            if not 2 <= cfg.stages <= 6:
+                raise CodegenError(f"{what}: stages must be 2 to 6, got {cfg.stages}")
+
+    def lower(self, diagram: Diagram, schedule: Schedule, arch: str) -> Program:
+        p = analyze(diagram)
+        if not diagram.is_bound:
+            raise CodegenError(f"contraction family: bind the sizes of {diagram.name!r} first")
+        cfg = self.config_of(p, schedule, arch)
+        launch = self._launch(diagram, p, cfg, arch)
+        return Program(diagram, schedule, self.name, (launch,), (), dict(diagram.sizes))
+
+    def _launch(self, d: Diagram, p: MatmulProblem, cfg: MatmulConfig, arch: str) -> KernelLaunch:
+        T = p.dtype
+        sz = d.sizes
+        M, N, K = sz[p.a], sz[p.c], sz[p.b]
+        sA, sB, sY = contiguous_strides(p.A), contiguous_strides(p.B), contiguous_strides(p.out)
+        lda = sA[p.a] if p.a_kmajor else sA[p.b]
+        ldb = sB[p.c] if p.b_kmajor else sB[p.b]
+        ldy = sY[p.a]
+        out_name = d.output_names[0]
+        params: list[Param] = [
+            tensor_param(p.A, "A", T),
+            tensor_param(p.B, "B", T),
+            tensor_param(p.out, "Y", T, const=False, name=out_name),
+            int_param("M", M), int_param("N", N), int_param("K", K),
+            int_param("lda", lda), int_param("ldb", ldb), int_param("ldy", ldy),
+        ]
+        batch = []
+        nbatch = 1
+        for ax in p.batch:
+            n = sz[ax]
+            nbatch *= n
+            names = dict(idx=ident(ax, "i_"), size=ident(ax, "n_"), sA=ident(ax, "sA_"),
+                         sB=ident(ax, "sB_"), sY=ident(ax, "sY_"))
+            params += [int_param(names["size"], n),
+                       int_param(names["sA"], sA.get(ax, 0), f"stride of {p.A.label()} along {ax}"),
+                       int_param(names["sB"], sB.get(ax, 0), f"stride of {p.B.label()} along {ax}"),
+                       int_param(names["sY"], sY[ax], f"stride of the output along {ax}")]
+            batch.append(names)
+        if nbatch > 65535:
+            raise CodegenError(f"contraction family: {nbatch} batch elements; at most 65535")
+        index_vars = {ax: ident(ax, "i_") for ax in (p.a, p.c, *p.batch)}
+        epi = epilogue_code(d, p.contraction, p.out, index_vars=index_vars, ctype_name=T)
+        params += epi.params
+
+        elem = _elem(T)
+        smem = cfg.smem_bytes(p, elem)
+        limit = _smem_limit(None, arch)
+        if smem > limit:
+            raise CodegenError(f"contraction family: the tiles need {smem} bytes of shared memory; "
+                               f"{arch} allows {limit} per block")
+        layout = ("k" if p.a_kmajor else "m") + ("k" if p.b_kmajor else "n")
+        tag = short_hash(T, layout, [str(x) for x in epi.lines], p.batch, cfg)
+        kind = "simt" if cfg.simt else "mma"
+        kname = Code(f"napkin_mm_{kind}_{T}_{cfg.BM}x{cfg.BN}x{cfg.BK}_w{cfg.WM}x{cfg.WN}"
+                     f"_s{cfg.stages}_{layout}_{tag}")
+        legend = comment_lines(self._legend(d, p, cfg, epi.boxes))
+        ctx = dict(
+            kname=kname, T=ctype(T), BM=cfg.BM, BN=cfg.BN, BK=cfg.BK, WM=cfg.WM, WN=cfg.WN,
+            STAGES=cfg.stages, GROUP_M=GROUP_M, MIN_BLOCKS=cfg.blocks_per_sm, A_KMAJOR=p.a_kmajor, B_KMAJOR=p.b_kmajor,
+            params=signature(params), batch=batch, legend=legend,
+            idx_a=index_vars[p.a], idx_c=index_vars[p.c],
+            epi_body=epi.body("    "), epi_result=epi.result, epi_identity=epi.is_identity,
+        )
+        template = "matmul_simt.cu.jinja" if cfg.simt else "matmul_mma.cu.jinja"
+        source = render(template, **ctx)
+        tiles = math.ceil(M / cfg.BM) * math.ceil(N / cfg.BN)
+        tunables = (("BM", cfg.BM), ("BN", cfg.BN), ("BK", cfg.BK), ("WM", cfg.WM), ("WN", cfg.WN),
+                    ("stages", cfg.stages), ("blocks_per_sm", cfg.blocks_per_sm), ("a_kmajor", p.a_kmajor),
+                    ("b_kmajor", p.b_kmajor))
+        return KernelLaunch(
+            name=str(kname), source=source, grid=(tiles, nbatch, 1), block=(cfg.threads, 1, 1),
+            shared_bytes=smem, args=tuple(x.arg for x in params), template=template,
+            tunables=tunables, model_smem_bytes=cfg.model_smem_bytes(elem),
+            model_regs_per_thread=cfg.model_regs(),
+        )
+
+    @staticmethod
+    def _legend(d: Diagram, p: MatmulProblem, cfg: MatmulConfig, boxes) -> list[str]:
+        lines = [
+            "(sizes are kernel arguments: one kernel serves every shape)",
+            f"diagram {d.name}: {p.A.label()} x {p.B.label()} -> {d.output_names[0]}"
+            f"[{','.join(p.out.axis_names)}], {p.dtype}",
+            f"  {p.a} -> M (rows, any size):    g_{p.a} = BM = {cfg.BM}, w_{p.a} = WM = {cfg.WM}",
+            f"  {p.c} -> N (columns, any size): g_{p.c} = BN = {cfg.BN}, w_{p.c} = WN = {cfg.WN}",
+            f"  {p.b} -> K (summed, any size):  s_{p.b} = BK = {cfg.BK}, stages = {cfg.stages}",
+            f"  A stored {'[a][b]' if p.a_kmajor else '[b][a]'}, B stored "
+            f"{'[c][b]' if p.b_kmajor else '[b][c]'}",
+        ]
+        for ax in p.batch:
+            lines.append(f"  {ax} -> batch (grid.y)")
+        lines.append("  epilogue: " + (", ".join(boxes) if boxes else "none"))
+        return lines
+
+
+FAMILY = ContractionFamily()

@@ -1,0 +1,367 @@
+"""Fused elementwise epilogues and score modifiers: whitelisted maps as per-element CUDA code.
+
+A chain (in general a small DAG) of elementwise :class:`~napkin.diagrams.ops.Map` boxes that
+follows a box a kernel computes in registers (the contraction of a matmul, the scores of
+attention) runs on each element while it is still in registers. This module turns such maps into
+C++ statements built only from the whitelisted expressions ``FUNCTIONS[fn].cuda`` (through
+:func:`napkin.codegen.render.map_expr`), so a diagram can never put its own code into a kernel:
+
+- the value the chain starts from is the variable ``acc`` (fp32);
+- an extra diagram input read by a map (a bias ``bias[c]``, a residual ``R[a,c]``) becomes a
+  kernel pointer argument ``x_<name>``, read at the element's position through its strides, in
+  fp32;
+- the index of an axis (for masks and ALiBi) is the C++ variable the caller names for it
+  (``index_vars``), its size an integer literal (sizes are bound at lowering);
+- scalar parameters become float literals (they are constants of the diagram).
+
+>>> from napkin.diagrams import library
+>>> d = library.get("mlp").bind(a=64, b=32, c=48)
+>>> H = d.value("H")
+>>> code = epilogue_code(d, H, d.outputs[0], index_vars={"a": "i_a", "c": "i_c"}, ctype_name="bf16")
+>>> code.lines[0]
+'const float e1 = napkin::to_float(x_bias[(long long)(i_c)]);'
+>>> [p.arg.name for p in code.params]
+['bias']
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from dataclasses import dataclass, field
+from typing import Mapping, Sequence
+
+from ...diagrams.diagram import Diagram
+from ...diagrams.functions import FUNCTIONS
+from ...diagrams.ops import Map, Value
+from ...errors import CodegenError
+from ..plan import Arg
+from ..render import Code, c_float, cuda_type, ident, map_expr
+from ..render import render as framework_render
+
+__all__ = [
+    "Param", "MapCode", "ScoreChain", "cuda_float", "short_hash", "ctype", "contiguous_strides",
+    "check_int32", "render", "tensor_param", "int_param", "float_param", "signature",
+    "epilogue_code", "epilogue_nodes", "check_epilogue", "score_chain",
+]
+
+
+# ------------------------------------------------------------------ small helpers
+
+def cuda_float(x: float) -> Code:
+    """A C++ float literal for ``x`` (``0.125f``, ``(-2.0f)``, ``INFINITY``); NaN is refused."""
+    if math.isnan(float(x)):
+        raise CodegenError("a NaN parameter cannot be written into a kernel")
+    return c_float(x)
+
+
+def short_hash(*parts: object) -> str:
+    """Eight hex digits that tell kernel variants apart in their names."""
+    h = hashlib.sha1("\x1f".join(map(str, parts)).encode("utf-8")).hexdigest()
+    return h[:8]
+
+
+def ctype(dtype: str) -> Code:
+    """The CUDA element type of a dtype the fused families run (bf16, fp16, fp32)."""
+    if dtype not in ("bf16", "fp16", "fp32"):
+        raise CodegenError(f"dtype {dtype!r} is not supported by the fused families (bf16, fp16, fp32)")
+    return cuda_type(dtype)
+
+
+def contiguous_strides(v: Value) -> dict[str, int]:
+    """Element strides of a contiguous (row-major in axis order) array, by axis name."""
+    strides: dict[str, int] = {}
+    s = 1
+    for a in reversed(v.axes):
+        strides[a.name] = s
+        s *= a.bound_size
+    return strides
+
+
+def check_int32(value: int, what: str) -> int:
+    """``value`` if it fits a 32-bit int kernel argument, else a CodegenError."""
+    if not -(2 ** 31) <= int(value) < 2 ** 31:
+        raise CodegenError(f"{what} = {value} does not fit a 32-bit kernel argument")
+    return int(value)
+
+
+def render(template: str, **context) -> str:
+    """Render a family template through the framework's whitelisted Jinja environment."""
+    return framework_render(template, **context)
+
+
+# ------------------------------------------------------------------ kernel parameters
+
+@dataclass(frozen=True)
+class Param:
+    """One kernel parameter: its launch :class:`Arg` and its C++ declaration."""
+
+    arg: Arg
+    decl: Code
+
+
+def tensor_param(v: Value, cname: str, ctype_name: str, *, const: bool = True,
+                 name: str | None = None) -> Param:
+    """A pointer parameter ``cname`` for the diagram array ``v``; the launch binds the tensor
+    called ``name`` (default ``v.name``: an input's name; pass an output's diagram name)."""
+    q = "const " if const else ""
+    return Param(Arg("tensor", name or v.name, dtype=v.dtype, axes=v.axis_names),
+                 Code(f"{q}{ctype(ctype_name)}* __restrict__ {ident(cname)}"))
+
+
+def int_param(cname: str, value: int, what: str | None = None) -> Param:
+    """An ``int`` parameter with its launch value."""
+    return Param(Arg("int", cname, value=check_int32(value, what or cname)), Code(f"int {ident(cname)}"))
+
+
+def float_param(cname: str, value: float) -> Param:
+    """A ``float`` parameter with its launch value."""
+    return Param(Arg("float", cname, value=float(value)), Code(f"float {ident(cname)}"))
+
+
+def signature(params: Sequence[Param]) -> Code:
+    """The parameter list of a kernel, one parameter a line."""
+    return Code(",\n    ".join(p.decl for p in params))
+
+
+# ------------------------------------------------------------------ elementwise code
+
+@dataclass
+class MapCode:
+    """Statements that compute maps per element.
+
+    ``lines`` are C++ statements (``const float e3 = ...;``) in the scope of ``acc`` (the start
+    value), the index variables given and the parameters ``params``; ``result`` names the
+    variable holding the final value.
+    """
+
+    lines: list[Code] = field(default_factory=list)
+    result: Code = Code("acc")
+    params: list[Param] = field(default_factory=list)
+    boxes: list[str] = field(default_factory=list)
+    extras: list[str] = field(default_factory=list)
+
+    def body(self, indent: str = "") -> Code:
+        """The statements, one a line (each but the first indented by ``indent``)."""
+        return Code(("\n" + indent).join(self.lines))
+
+    @property
+    def is_identity(self) -> bool:
+        return not self.lines and self.result == "acc"
+
+
+def _index_sizes(diagram: Diagram, op: Map, index_vars: Mapping[str, str], what: str):
+    idx, sizes = [], []
+    for a in op.index_axes:
+        if a not in index_vars:
+            raise CodegenError(f"map {op.fn} reads the index of axis {a!r}, which the {what} does not "
+                               "know per element")
+        idx.append(Code(index_vars[a]))
+        size = diagram.axes[a].size
+        if not isinstance(size, int):
+            raise CodegenError(f"map {op.fn} needs the size of axis {a!r}; bind it first")
+        sizes.append(size)
+    return idx, sizes
+
+
+def _params(diagram: Diagram, op: Map) -> tuple[float, ...]:
+    try:
+        params = op.param_values(diagram.sizes)
+    except Exception as e:  # noqa: BLE001 - a DiagramError for an unbound parameter
+        raise CodegenError(f"map {op.fn}: {e}") from None
+    for p in params:
+        if math.isnan(p):
+            raise CodegenError(f"map {op.fn}: parameter is NaN")
+    return params
+
+
+class _EpilogueBuilder:
+    def __init__(self, diagram: Diagram, start: Value, index_vars: Mapping[str, str], ctype_name: str,
+                 prefix: str):
+        self.d = diagram
+        self.index_vars = dict(index_vars)
+        self.ctype = ctype_name
+        self.prefix = prefix
+        self.code = MapCode()
+        self._memo: dict[int, Code] = {id(start): Code("acc")}
+        self._n = 0
+
+    def _var(self) -> Code:
+        self._n += 1
+        return Code(f"{self.prefix}{self._n}")
+
+    def _extra(self, v: Value) -> Code:
+        missing = [n for n in v.axis_names if n not in self.index_vars]
+        if missing:
+            raise CodegenError(f"epilogue input {v.label()} carries axes {missing} that the kernel's "
+                               "output does not; it cannot be read per output element")
+        strides = contiguous_strides(v)
+        cname = ident(v.name, "x_")
+        self.code.params.append(tensor_param(v, cname, self.ctype))
+        terms = []
+        for a in v.axis_names:
+            iv = self.index_vars[a]
+            if strides[a] == 1:
+                terms.append(f"(long long)({iv})")
+            else:
+                sname = ident(f"{v.name}_{a}", "s_") if len(f"{v.name}_{a}") <= 32 else \
+                    ident(f"e{len(self.code.params)}_{a}", "s_")
+                self.code.params.append(int_param(sname, strides[a], f"stride of {v.label()} along {a}"))
+                terms.append(f"(long long)({iv}) * {sname}")
+        off = " + ".join(terms) if terms else "0"
+        var = self._var()
+        self.code.lines.append(Code(f"const float {var} = napkin::to_float({cname}[{off}]);"))
+        self.code.extras.append(v.name)
+        return var
+
+    def emit(self, v: Value) -> Code:
+        if id(v) in self._memo:
+            return self._memo[id(v)]
+        if v.is_input:
+            var = self._extra(v)
+        elif isinstance(v.op, Map):
+            op: Map = v.op
+            xs = [self.emit(a) for a in v.args]
+            idx, sizes = _index_sizes(self.d, op, self.index_vars, "kernel")
+            expr = map_expr(op.fn, xs, _params(self.d, op), idx, sizes)
+            var = self._var()
+            self.code.lines.append(Code(f"const float {var} = {expr};"))
+            self.code.boxes.append(self.d.name_of(v))
+        else:
+            raise CodegenError(f"box {self.d.name_of(v)} ({v.op.kind}) is not elementwise; it "
+                               "cannot be fused as an epilogue")
+        self._memo[id(v)] = var
+        return var
+
+
+def epilogue_code(diagram: Diagram, start: Value, end: Value, *, index_vars: Mapping[str, str],
+                  ctype_name: str, prefix: str = "e") -> MapCode:
+    """Per-element statements computing ``end`` from ``start`` (held in ``acc``) through maps.
+
+    ``index_vars`` names the C++ variable of each output axis's index; ``ctype_name`` is the
+    dtype extra inputs are stored in.
+    """
+    b = _EpilogueBuilder(diagram, start, index_vars, ctype_name, prefix)
+    b.code.result = b.emit(end)
+    return b.code
+
+
+def epilogue_nodes(diagram: Diagram, start: Value) -> list[Value]:
+    """The boxes that come after ``start`` in the diagram's order."""
+    nodes = list(diagram.nodes)
+    return nodes[nodes.index(start) + 1:] if start in nodes else []
+
+
+def check_epilogue(diagram: Diagram, start: Value) -> str | None:
+    """Why the boxes other than ``start`` cannot be a fused epilogue of it, or None if they can.
+
+    They must all be whitelisted maps over (a subset of) ``start``'s axes whose inputs are
+    ``start``, other such maps, or diagram inputs carrying only ``start``'s axes; the diagram has
+    one output, computed from ``start`` and carrying exactly its axes.
+    """
+    outs = diagram.outputs
+    if len(outs) != 1:
+        return f"the diagram has {len(outs)} outputs; this family writes one"
+    start_axes = set(start.axis_names)
+    for v in diagram.nodes:
+        if v is start:
+            continue
+        if not isinstance(v.op, Map):
+            return f"box {diagram.name_of(v)} ({v.op.kind}) is not elementwise"
+        if v.op.fn not in FUNCTIONS:
+            return f"map {v.op.fn} is not whitelisted"
+        if not set(v.axis_names) <= start_axes:
+            return (f"map {diagram.name_of(v)} carries axes {list(v.axis_names)} beyond those of "
+                    f"{diagram.name_of(start)} {list(start.axis_names)}")
+    out = outs[0]
+    if out is not start and not _depends_on(out, start):
+        return "the output does not depend on the contraction"
+    if set(out.axis_names) != start_axes:
+        return f"the output carries axes {list(out.axis_names)}, not {list(start.axis_names)}"
+    return None
+
+
+def _depends_on(v: Value, target: Value) -> bool:
+    stack, seen = [v], set()
+    while stack:
+        u = stack.pop()
+        if u is target:
+            return True
+        if id(u) not in seen:
+            seen.add(id(u))
+            stack.extend(u.args)
+    return False
+
+
+# ------------------------------------------------------------------ score chains (attention)
+
+@dataclass
+class ScoreChain:
+    """The maps between the scores S = Q·Kᵀ and the softmax, arranged for a streamed kernel.
+
+    ``factor``: positive scales folded into the softmax's exp2 (``scale_log2 = factor·log2 e``);
+    ``full``: statements for every other map, masks included; ``nomask``: the same without the
+    masks (right wherever no mask fires); ``masks``: ``(fn, params, index_axes)`` of each mask;
+    ``masks_last``: no map other than a positive scale follows a mask, so masked scores reach the
+    softmax as -inf and key blocks wholly masked may be skipped.
+    """
+
+    factor: float
+    full: MapCode
+    nomask: MapCode
+    masks: list[tuple[str, tuple[float, ...], tuple[str, ...]]]
+    masks_last: bool
+    boxes: list[str]
+
+
+def score_chain(diagram: Diagram, maps: Sequence[Value], *, index_vars: Mapping[str, str]) -> ScoreChain:
+    """Fold positive scales into one factor; write the other maps as statements on ``acc``.
+
+    The chain is unary (each map reads the previous value only). A mask sets scores to -inf and
+    so commutes with a positive scale: ``mask(f·e) = f·mask(e)`` lets the factor travel to the
+    softmax; any other map sees the true value (the pending factor is applied first).
+    """
+    factor = 1.0
+    masks: list[tuple[str, tuple[float, ...], tuple[str, ...]]] = []
+    full, nomask = MapCode(), MapCode()
+    boxes: list[str] = []
+    other_after_mask = False
+    cur_full, cur_nomask = Code("acc"), Code("acc")
+    n = 0
+    for v in maps:
+        op = v.op
+        if not isinstance(op, Map) or len(v.args) != 1:
+            raise CodegenError(f"score modifier {diagram.name_of(v)} is not a unary map")
+        f = FUNCTIONS.get(op.fn)
+        if f is None:
+            raise CodegenError(f"map {op.fn} is not whitelisted")
+        params = _params(diagram, op)
+        boxes.append(diagram.name_of(v))
+        if op.fn == "scale" and params[0] > 0:
+            factor *= params[0]
+            continue
+        idx, sizes = _index_sizes(diagram, op, index_vars, "attention kernel")
+        n += 1
+        var = Code(f"s{n}")
+        if f.is_mask:
+            masks.append((op.fn, tuple(params), tuple(op.index_axes)))
+            full.lines.append(Code(f"const float {var} = {map_expr(op.fn, [cur_full], params, idx, sizes)};"))
+            cur_full = var
+            continue
+        if masks:
+            other_after_mask = True
+        if factor != 1.0:
+            lit = cuda_float(factor)
+            fv = Code(f"{var}f")
+            full.lines.append(Code(f"const float {fv} = {cur_full} * {lit};"))
+            nomask.lines.append(Code(f"const float {fv} = {cur_nomask} * {lit};"))
+            cur_full = cur_nomask = fv
+            factor = 1.0
+        full.lines.append(Code(f"const float {var} = {map_expr(op.fn, [cur_full], params, idx, sizes)};"))
+        nomask.lines.append(Code(f"const float {var} = {map_expr(op.fn, [cur_nomask], params, idx, sizes)};"))
+        cur_full = cur_nomask = var
+    full.result, nomask.result = cur_full, cur_nomask
+    full.boxes = nomask.boxes = boxes
+    if factor <= 0:
+        raise CodegenError("the softmax scale must be positive")
+    return ScoreChain(factor, full, nomask, masks, not other_after_mask, boxes)

@@ -1,0 +1,170 @@
+"""The tiled contraction family: lowering on the CPU, and every template configuration built with
+nvcc for sm_80 and sm_90a (marked ``nvcc``): no spills, registers within the configuration's
+budget, shared memory within the schedule's footprint (plus row padding) and the arch's limit.
+
+The builds run in parallel in one module-scoped fixture (one nvcc per configuration and arch).
+"""
+
+from __future__ import annotations
+
+import os
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from napkin.codegen.families.contraction import FAMILY, MMA_CONFIGS, SIMT_CONFIGS, MatmulConfig
+from napkin.diagrams import Axis, Diagram, array, contract, library
+from napkin.diagrams.ops import map_fn
+from napkin.errors import CodegenError
+from napkin.perfmodel.schedule import Schedule
+
+SMEM_LIMIT = {"sm_80": 163 * 1024, "sm_90a": 227 * 1024}
+
+
+def mm_layout(a_first: bool, b_first: bool, dtype="bf16", name="mm_layout") -> Diagram:
+    """C[a,c] = Σ_b A·B with A stored [a][b] or [b][a] and B [b][c] or [c][b]."""
+    a, b, c = Axis("a"), Axis("b"), Axis("c")
+    A = array("A", *((a, b) if a_first else (b, a)), dtype=dtype)
+    B = array("B", *((b, c) if b_first else (c, b)), dtype=dtype)
+    return Diagram(name, contract(A, B, over=b, out=(a, c), name="C"))
+
+
+def mm_epilogue(dtype="bf16") -> Diagram:
+    """Y = silu(A·Bᵀ · 0.5 + bias) + R: scale, broadcast bias, SiLU and a residual."""
+    a, b, c = Axis("a"), Axis("b"), Axis("c")
+    A, B, bias, R = array("A", a, b, dtype=dtype), array("B", c, b, dtype=dtype), array("bias", c, dtype=dtype), \
+        array("R", a, c, dtype=dtype)
+    H = contract(A, B, over=b, out=(a, c), name="H")
+    Y = map_fn("add", map_fn("silu", map_fn("add", map_fn("scale", H, params=(0.5,)), bias)), R, name="Y")
+    return Diagram("mm_epilogue", Y)
+
+
+SIZES = dict(a=1000, b=520, c=776, n=3)
+
+
+def bound(d: Diagram, dtype: str) -> Diagram:
+    d = d.with_dtype(dtype)
+    return d.bind(**{k: v for k, v in SIZES.items() if k in d.axes})
+
+
+def case(name: str, d: Diagram, dtype: str, cfg: tuple, arch: str):
+    simt = dtype == "fp32"
+    return (name, bound(d, dtype), MatmulConfig(simt, *cfg), arch)
+
+
+CASES = (
+    [case(f"mlp-bf16-{c[0]}x{c[1]}x{c[2]}", library.get("mlp"), "bf16", c, "sm_90a") for c in MMA_CONFIGS]
+    + [case(f"mlp-bf16-{c[0]}x{c[1]}x{c[2]}", library.get("mlp"), "bf16", c, "sm_80")
+       for c in (MMA_CONFIGS[0], MMA_CONFIGS[4], MMA_CONFIGS[6])]
+    + [
+        case("matmul-fp16-kn", library.get("matmul"), "fp16", MMA_CONFIGS[2], "sm_90a"),
+        case("A[b,a]B[b,c]-bf16", mm_layout(False, True), "bf16", MMA_CONFIGS[0], "sm_90a"),
+        case("A[b,a]B[b,c]-bf16", mm_layout(False, True), "bf16", MMA_CONFIGS[2], "sm_80"),
+        case("A[b,a]B[c,b]-bf16", mm_layout(False, False), "bf16", MMA_CONFIGS[1], "sm_90a"),
+        case("batched-fp16", library.get("batched_matmul"), "fp16", MMA_CONFIGS[4], "sm_90a"),
+        case("epilogue-bf16", mm_epilogue(), "bf16", MMA_CONFIGS[0], "sm_90a"),
+    ]
+    + [case(f"mlp-fp32-{c[0]}x{c[1]}x{c[2]}", library.get("mlp"), "fp32", c, "sm_90a") for c in SIMT_CONFIGS]
+    + [case("A[b,a]-batched-fp32", library.get("batched_matmul"), "fp32", SIMT_CONFIGS[0], "sm_80"),
+       case("A[b,a]B[c,b]-fp32", mm_layout(False, False), "fp32", SIMT_CONFIGS[2], "sm_80")]
+)
+
+
+# ---------------------------------------------------------------------------- CPU tests
+
+def test_library_diagrams_match():
+    for name in ("matmul", "batched_matmul", "matmul_t", "mlp"):
+        assert FAMILY.matches(library.get(name)), (name, FAMILY.why_not(library.get(name)))
+    for name in ("softmax", "layernorm", "attention", "mha", "transformer_block"):
+        assert not FAMILY.matches(library.get(name)), name
+
+
+def test_roles_and_layouts():
+    from napkin.codegen.families.contraction import analyze
+
+    p = analyze(library.get("matmul_t"))
+    assert (p.a, p.b, p.c, p.a_kmajor, p.b_kmajor) == ("a", "b", "c", True, True)
+    p = analyze(library.get("batched_matmul"))
+    assert p.batch == ("n",) and not p.b_kmajor
+    p = analyze(mm_layout(False, True))
+    assert not p.a_kmajor and not p.b_kmajor
+
+
+def test_lower_reads_tiles_from_the_schedule():
+    d = bound(library.get("mlp"), "bf16")
+    s = Schedule.fused(d, groups={"a": 64, "c": 128}, streams={"b": 32}, rf_groups={"a": 32, "c": 64})
+    k = FAMILY.lower(d, s, "sm_90a").launches[0]
+    assert "constexpr int BM = 64;" in k.source and "constexpr int BN = 128;" in k.source
+    assert "constexpr int BK = 32;" in k.source and "constexpr int WM = 32;" in k.source
+    assert k.block == (128, 1, 1)
+    assert k.grid == ((1000 + 63) // 64 * ((776 + 127) // 128), 1, 1)
+    assert [a.name for a in k.args if a.kind == "tensor"] == ["X", "W", "Y", "bias"]
+    assert k.model_smem_bytes == 4 * (64 * 32 + 32 * 128) * 2
+
+
+def test_candidates_are_schedules_with_the_tiles():
+    d = bound(library.get("matmul"), "bf16")
+    cands = FAMILY.candidates(d, "h100", "bf16")
+    assert len(cands) == len(MMA_CONFIGS)
+    for s, cfg in zip(cands, MMA_CONFIGS):
+        rel = {(r.axis, r.level, r.kind): r.size for r in s.kernels[0].relabels}
+        assert rel[("a", "SMEM", "group")] == cfg[0] and rel[("c", "SMEM", "group")] == cfg[1]
+        assert rel[("b", "SMEM", "stream")] == cfg[2]
+        assert rel[("a", "RF", "group")] == cfg[3] and rel[("c", "RF", "group")] == cfg[4]
+        k = FAMILY.lower(d, s, "sm_90a").launches[0]
+        assert k.model_smem_bytes is not None and k.shared_bytes <= 227 * 1024
+    # every configuration fits the A100's 163 KiB per block too
+    for s in FAMILY.candidates(d, "a100-80gb", "bf16"):
+        assert FAMILY.lower(d, s, "sm_80").launches[0].shared_bytes <= 163 * 1024
+
+
+def test_refusals():
+    d = bound(library.get("matmul"), "bf16")
+    bad = Schedule.fused(d, groups={"a": 96, "c": 128}, streams={"b": 32}, rf_groups={"a": 64, "c": 64})
+    with pytest.raises(CodegenError, match="divide"):
+        FAMILY.lower(d, bad, "sm_90a")
+    sym = Schedule.fused(d, groups={"a": None, "c": 128}, streams={"b": 32})
+    with pytest.raises(CodegenError, match="bind"):
+        FAMILY.lower(d, sym, "sm_90a")
+    big = Schedule.fused(d, groups={"a": 128, "c": 256}, streams={"b": 64}, rf_groups={"a": 64, "c": 64})
+    with pytest.raises(CodegenError, match="shared memory"):
+        FAMILY.lower(d, big.replace(notes=("stages=4",)), "sm_80")
+
+
+def test_fp32_simt_source():
+    d = bound(library.get("matmul_t"), "fp32")
+    k = FAMILY.lower(d, FAMILY.candidates(d, "h100", "fp32")[0], "sm_90a").launches[0]
+    assert k.template == "matmul_simt.cu.jinja" and "fmaf" in k.source and "mma" not in k.name
+
+
+# ---------------------------------------------------------------------------- nvcc builds
+
+@pytest.fixture(scope="module")
+def builds():
+    from napkin.kernels.nvcc import nvcc_compile
+
+    def build(c):
+        name, d, cfg, arch = c
+        launch = FAMILY.lower(d, FAMILY.schedule(d, cfg), arch).launches[0]
+        return launch, nvcc_compile(launch.source, arch)
+
+    with ThreadPoolExecutor(max(2, os.cpu_count() or 2)) as ex:
+        results = list(ex.map(build, CASES))
+    return {i: r for i, r in enumerate(results)}
+
+
+@pytest.mark.nvcc
+@pytest.mark.parametrize("i", range(len(CASES)), ids=[f"{c[0]}-{c[3]}" for c in CASES])
+def test_builds_without_spills(builds, i):
+    name, d, cfg, arch = CASES[i]
+    launch, usage = builds[i]
+    k = usage[launch.name]
+    print(f"{name} {arch}: {k.registers} registers (budget {launch.model_regs_per_thread}), "
+          f"{launch.shared_bytes} B shared (model {launch.model_smem_bytes})")
+    assert not k.spills, f"{name} {arch}: {k.spill_stores} B spill stores, {k.spill_loads} B spill loads"
+    assert k.stack_bytes == 0
+    assert k.registers <= launch.model_regs_per_thread
+    assert k.shared_bytes == 0  # all shared memory is the dynamic amount the launch asks for
+    assert launch.shared_bytes <= SMEM_LIMIT[arch]
+    assert launch.shared_bytes <= launch.model_smem_bytes * 1.25 or launch.shared_bytes <= \
+        cfg.BM * (cfg.BN + 8) * (4 if cfg.simt else 2)  # padding of 8 per row, or the staging tile
