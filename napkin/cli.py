@@ -179,17 +179,24 @@ def render(name: NameArg, size: SizesOpt = None, output: OutOpt = None, fmt: For
         fmt = "svg"
     diagram = load_bound(name, size, use_defaults=False)
     text = _render_text(diagram, fmt)
+    path = _write_output("render", text, output, Path(f"{diagram.name}.{fmt}"))
+    if path is not None:
+        from rich.text import Text
+
+        console().print(Text(f"wrote {path} ({fmt}, {len(text.encode('utf-8')) / 1024:.1f} KiB)"))
+
+
+def _write_output(command: str, text: str, output: Optional[Path], default: Path) -> Optional[Path]:
+    """Write ``text`` to ``output`` (``-``: stdout, None: ``default``); the path written, or None."""
     if output is not None and str(output) == "-":
         typer.echo(text, nl=not text.endswith("\n"))
-        return
-    path = output if output is not None else Path(f"{diagram.name}.{fmt}")
+        return None
+    path = output if output is not None else default
     try:
         path.write_text(text, encoding="utf-8")
     except OSError as e:
-        raise UsageError(f"render: cannot write {str(path)!r}: {e.strerror or e}") from None
-    from rich.text import Text
-
-    console().print(Text(f"wrote {path} ({fmt}, {len(text.encode('utf-8')) / 1024:.1f} KiB)"))
+        raise UsageError(f"{command}: cannot write {str(path)!r}: {e.strerror or e}") from None
+    return path
 
 
 # ----------------------------------------------------------------------------- cost, derive
@@ -260,10 +267,7 @@ def derive(name: NameArg, size: SizesOpt = None, gpu: GpuOpt = DEFAULT_GPU, dtyp
     if svg is not None:
         from .perfmodel.view import scheduled_svg
 
-        try:
-            svg.write_text(scheduled_svg(der.best), encoding="utf-8")
-        except OSError as e:
-            raise UsageError(f"derive: cannot write {str(svg)!r}: {e.strerror or e}") from None
+        _write_output("derive", scheduled_svg(der.best), svg, svg)
     if json_out:
         out = der.to_dict()
         if pseudocode:
@@ -311,17 +315,10 @@ def generate(name: NameArg, size: SizesOpt = None, gpu: GpuOpt = DEFAULT_GPU, dt
 
     diagram = load_bound(name, size, use_defaults=True)
     text = generate_source(diagram, gpu=gpu, dtype=dtype)
-    if output is not None and str(output) == "-":
-        typer.echo(text, nl=not text.endswith("\n"))
-        return
-    path = output if output is not None else Path(f"{diagram.name}.cu")
-    try:
-        path.write_text(text, encoding="utf-8")
-    except OSError as e:
-        raise UsageError(f"generate: cannot write {str(path)!r}: {e.strerror or e}") from None
-    header = text.split("\n\n", 1)[0]
-    typer.echo(header)
-    typer.echo(f"wrote {path} ({len(text.encode('utf-8')) / 1024:.1f} KiB)")
+    path = _write_output("generate", text, output, Path(f"{diagram.name}.cu"))
+    if path is not None:
+        typer.echo(text.split("\n\n", 1)[0])  # the header comment: schedule and launches
+        typer.echo(f"wrote {path} ({len(text.encode('utf-8')) / 1024:.1f} KiB)")
 
 
 @app.command()
