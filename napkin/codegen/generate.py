@@ -21,16 +21,7 @@ __all__ = ["generate_source", "program_header"]
 
 def _summary_lines(diagram) -> list[str]:
     """The diagram in lines built from checked names and op labels (never its description)."""
-    d = diagram
-    lines = [f"diagram {d.name}: axes " + ", ".join(f"{n}={a.size}" for n, a in d.axes.items())]
-    for v in d.inputs:
-        lines.append(f"  input  {v.name}[{','.join(v.axis_names)}] {v.dtype}")
-    for v in d.nodes:
-        args = ", ".join(d.name_of(a) for a in v.args)
-        lines.append(f"  box    {d.name_of(v)}[{','.join(v.axis_names)}] = {v.op.label()}({args})")
-    for n, v in zip(d.output_names, d.outputs):
-        lines.append(f"  output {n}[{','.join(v.axis_names)}] {v.dtype}")
-    return lines
+    return diagram.summary(description=False).splitlines()
 
 
 def program_header(program, *, gpu_name: str = "", arch: str = "") -> str:

@@ -331,9 +331,13 @@ class Diagram:
         return Diagram(f"{self.name}_{other.name}", outs, self.inputs)
 
     # ------------------------------------------------------------------ views
-    def summary(self) -> str:
-        """A text summary: inputs, each box with its output, outputs, axes."""
-        lines = [f"diagram {self.name}" + (f" — {self.description}" if self.description else "")]
+    def summary(self, description: bool = True) -> str:
+        """A text summary: inputs, each box with its output, outputs, axes.
+
+        ``description=False`` leaves out the free-text description, so every word comes from
+        checked names and box labels (generated CUDA quotes the summary in a comment).
+        """
+        lines = [f"diagram {self.name}" + (f" — {self.description}" if description and self.description else "")]
         lines.append("  axes:    " + ", ".join(f"{n}={s}" for n, s in self.sizes.items()))
         for v in self.inputs:
             lines.append(f"  input    {v.name}[{','.join(v.axis_names)}] {v.dtype}")
