@@ -4,7 +4,9 @@ BENCHMARKS.md, and print a short table last.
 
     python3 benchmarks/run_all.py --quick --out $OUT/bench      # a short sweep (about 7 minutes at most)
     python3 benchmarks/run_all.py                               # the full sweep into benchmarks/results/
-    python3 benchmarks/run_all.py --report-only --out DIR       # redo plots and BENCHMARKS.md from DIR's JSON
+    python3 benchmarks/run_all.py --report-only --out DIR       # redo plots, BENCHMARKS.md and the calibrated
+                                                                # profile from DIR's JSON (re-predicting every
+                                                                # point with the current model, offline)
     python3 benchmarks/run_all.py --list [--quick]              # the points, their FLOPs and bytes (no GPU)
 
 Results land in ``<out>/<gpu>/<family>.json`` with ``plots/*.png`` and ``BENCHMARKS.md`` beside
@@ -91,11 +93,22 @@ def print_tables(records, rep) -> None:
         s.add_row(tr.target.id, str(tr.n_pass), f"{tr.n_measured}/{len(tr.rows)}", _fmt(tr.worst, ".2f"))
     for fam, a in sorted(rep.accuracy.items()):
         med = a["median_err"]
+        cv = a.get("median_err_cv")
         rho = a["spearman"]
         s.add_row(f"model {fam}", report_mod.model_error_verdict(med).split(" ")[0],
-                  f"{a['n_points']} pts", f"median err {_fmt(med * 100 if med is not None else None, '.0f')}%, "
+                  f"{a['n_points']} pts", f"median err {_fmt(med * 100 if med is not None else None, '.0f')}% datasheet, "
+                  f"{_fmt(cv * 100 if cv is not None else None, '.0f')}% calibrated (leave-one-out), "
                   f"spearman {_fmt(rho, '.2f')} (n={a['spearman_n']})")
     con.print(s)
+
+
+def print_accuracy(rep) -> None:
+    """The model's accuracy per family (re-predicted by the current model where possible)."""
+    for fam, a in sorted(rep.accuracy.items()):
+        med, cv, rho = a["median_err"], a.get("median_err_cv"), a["spearman"]
+        print(f"  model {fam}: median |pred-meas|/meas {_fmt(med * 100 if med is not None else None, '.1f')}% "
+              f"(datasheet), {_fmt(cv * 100 if cv is not None else None, '.1f')}% (calibrated, leave-one-out); "
+              f"Spearman {_fmt(rho, '.2f')} over {a['spearman_n']} configs")
 
 
 def main(argv=None) -> int:
@@ -109,7 +122,9 @@ def main(argv=None) -> int:
     if a.report_only:
         reps = report_mod.generate_all(out)
         for r in reps:
-            print(f"wrote {r.markdown} and {len(r.plots)} plot(s)")
+            extra = f", {report_mod.CALIBRATED_PROFILE}" if (r.markdown.parent / report_mod.CALIBRATED_PROFILE).exists() else ""
+            print(f"wrote {r.markdown}, {len(r.plots)} plot(s){extra}")
+            print_accuracy(r)
         return 0 if reps else 1
     try:
         import torch

@@ -1,18 +1,19 @@
 """Choosing a schedule: a family proposes tile configurations, the performance model ranks them.
 
-Each candidate schedule is costed by the performance model (:func:`model_work`: the transfers H
-per level and the FLOPs from :func:`napkin.perfmodel.cost.cost`), turned into a runtime by
-:func:`napkin.perfmodel.roofline.predict` with the launch's blocks and occupancy, and the
-candidates are ranked by that predicted time. :func:`rank_candidates` returns the whole ranking
-so that autotuning can measure the top few.
+Each candidate schedule is costed by the performance model (the transfers H per level and the
+FLOPs from :func:`napkin.perfmodel.cost.cost`) and turned into a runtime by
+:func:`napkin.perfmodel.predict.predict_schedule` with the launch the family says its kernel has
+(:func:`launch_shape`), and the candidates are ranked by that predicted time.
+:func:`rank_candidates` returns the whole ranking so that autotuning can measure the top few.
 
 When the cost model is not available (not importable, or it fails on a schedule for a reason
 other than the schedule being illegal), :func:`local_work` estimates the same quantities from
 the diagram: every kernel reads its inputs and writes its outputs once, contractions cost 2 FLOPs
 per multiply-add, elementwise maps their whitelist cost. Either way, a family may add what the
 roofline cannot see (``launch_estimate``: blocks, threads, registers, shared memory, bytes in
-flight per thread, idle lanes), which feeds wave quantisation, occupancy and a latency floor
-(Little's law: a rate of bytes in flight per SM over the memory latency).
+flight per thread, idle lanes; and how the template issues its work, :data:`FAMILY_EXECUTION`),
+which feeds wave quantisation, occupancy and the latency floor of the one prediction path in
+:mod:`napkin.perfmodel.predict`.
 """
 
 from __future__ import annotations
@@ -24,13 +25,14 @@ from typing import Mapping
 from ..diagrams.diagram import Diagram
 from ..diagrams.functions import get_function
 from ..dtypes import dtype as lookup_dtype
-from ..errors import CodegenError, HardwareError, NapkinError, ScheduleError
+from ..errors import CodegenError, NapkinError, ScheduleError
 from ..perfmodel.schedule import Schedule
 
-__all__ = ["rank_candidates", "choose_schedule", "predict_schedule", "model_work", "local_work",
-           "model_footprint", "Ranked", "MEMORY_LATENCY_S"]
+__all__ = ["rank_candidates", "choose_schedule", "predict_schedule", "launch_shape", "model_work", "local_work",
+           "model_footprint", "Ranked", "MEMORY_LATENCY_S", "FAMILY_EXECUTION"]
 
-#: Latency of an HBM access under load, seconds (used for the bytes-in-flight floor).
+#: The default latency of the bytes-in-flight floor (kept here for compatibility; the floor, and
+#: the profile's ``memory_latency_s`` that overrides this, live in napkin.perfmodel.predict).
 MEMORY_LATENCY_S = 800e-9
 
 #: Why the cost model was not used for the last schedule (for diagnostics), or None.
@@ -216,52 +218,92 @@ def local_work(schedule: Schedule, *, tensor_cores: bool = False):
 
 # ----------------------------------------------------------------------------- prediction
 
+#: How napkin's own kernel templates issue their work, per family, where the roofline cannot see
+#: it (a family's ``launch_estimate`` may set any of these keys itself, which wins):
+#:
+#: * ``tensor_path="mma.sync"``: the contraction and attention templates issue warp-level
+#:   ``mma.sync`` (m16n8k16), also on sm_90, whose rate is ``GPU.mma_sync_fraction`` of the
+#:   datasheet (647 / 989.4 TFLOP/s measured on an H200);
+#: * ``overlap_operands=False``: their warps load operands from SMEM (``ldmatrix``) and issue the
+#:   mma from one instruction stream, 2 warps per scheduler: ncu on an H200 shows 0.37 issued
+#:   instructions per cycle per scheduler and stalls on fixed-latency dependencies, so the operand
+#:   loads do not hide behind the mma;
+#: * ``overlap_compute=False`` (attention): the FlashAttention-2-style template runs the online
+#:   softmax (exp on the SFU, max/sum/rescale on CUDA cores) between its two mma in the same warp,
+#:   so tensor, CUDA-core and SFU times add.
+FAMILY_EXECUTION: dict[str, dict] = {
+    "contraction": {"tensor_path": "mma.sync", "overlap_operands": False},
+    "attention": {"tensor_path": "mma.sync", "overlap_operands": False, "overlap_compute": False},
+}
 
-def predict_schedule(diagram: Diagram, family, schedule: Schedule, gpu) -> Ranked:
-    """Predicted time of one candidate (cost model where it can, else the local estimate)."""
-    from ..perfmodel.occupancy import occupancy
-    from ..perfmodel.roofline import LAUNCH_OVERHEAD_S, predict
+#: The dtypes whose contraction and attention kernels use mma.sync (fp32 contractions run the SIMT
+#: template).
+MMA_SYNC_DTYPES = ("fp16", "bf16")
+
+
+def launch_shape(diagram: Diagram, family, schedule: Schedule, gpu):
+    """The :class:`~napkin.perfmodel.predict.LaunchShape` of the kernel ``family`` generates for
+    ``schedule``: its ``launch_estimate`` (blocks, threads, registers, shared memory, bytes in
+    flight per thread, idle lanes) plus how it issues its work (:data:`FAMILY_EXECUTION`, or the
+    estimate's own ``tensor_path`` / ``overlap_compute`` / ``overlap_operands``). None when the
+    family gives no estimate with blocks, threads and registers."""
+    from ..perfmodel.predict import LaunchShape
 
     gpu = _gpu(gpu)
     fam = _family(family)
-    work = model_work(schedule, gpu)
-    source = "cost"
-    if work is None:
-        work = local_work(schedule, tensor_cores=getattr(fam, "name", "") in ("contraction", "attention")
-                          and schedule.dtype in ("bf16", "fp16"))
-        source = "local"
-    est = None
-    if hasattr(fam, "launch_estimate"):
-        try:
-            est = fam.launch_estimate(diagram, schedule, gpu)
-        except (NapkinError, KeyError, ValueError):
-            est = None
-    blocks = bps = None
-    floor = 0.0
+    if not hasattr(fam, "launch_estimate"):
+        return None
+    try:
+        est = fam.launch_estimate(diagram, schedule, gpu)
+    except (NapkinError, KeyError, ValueError):
+        return None
+    if not est or not est.get("blocks") or not est.get("threads") or not est.get("regs"):
+        return None
+    facts = dict(FAMILY_EXECUTION.get(getattr(fam, "name", ""), {}))
+    if schedule.dtype not in MMA_SYNC_DTYPES:
+        facts.pop("tensor_path", None)
+        facts.pop("overlap_operands", None)
+    for k in ("tensor_path", "overlap_compute", "overlap_operands"):
+        if est.get(k) is not None:
+            facts[k] = est[k]
+    return LaunchShape(blocks=int(est["blocks"]), threads=int(est["threads"]), regs_per_thread=int(est["regs"]),
+                       smem_bytes=int(est.get("smem") or 0),
+                       in_flight_bytes_per_thread=est.get("in_flight_bytes_per_thread") or None,
+                       idle_lanes=float(est.get("idle_lanes") or 0.0), **facts)
+
+
+def predict_schedule(diagram: Diagram, family, schedule: Schedule, gpu, *, efficiency=None) -> Ranked:
+    """Predicted time of one candidate: the cost model's transfers and FLOPs with the family's
+    launch (:func:`launch_shape`) through :func:`napkin.perfmodel.predict.predict_schedule`, the
+    one prediction path (roofline, occupancy, waves, latency floor, the profile's calibrated
+    fractions for this family); the local estimate where the cost model is unavailable."""
+    from ..perfmodel.predict import predict_kernel, predict_schedule as model_predict
+    from ..perfmodel.predict import LaunchAssumptions, family_efficiency
+    from ..perfmodel.roofline import LAUNCH_OVERHEAD_S, Efficiency
+
+    gpu = _gpu(gpu)
+    fam = _family(family)
+    name = getattr(fam, "name", None)
+    shape = launch_shape(diagram, fam, schedule, gpu)
+    eff = efficiency if efficiency is not None else Efficiency()
     detail = ""
-    if est:
-        blocks = est.get("blocks")
-        threads = est.get("threads")
-        if threads and est.get("regs"):
-            try:
-                occ = occupancy(gpu, int(threads), int(min(est["regs"], gpu.max_regs_per_thread)),
-                                int(est.get("smem") or 0))
-                bps = occ.blocks_per_sm
-            except HardwareError:
-                bps = None
-            if bps == 0:
-                raise ScheduleError(f"{getattr(fam, 'name', fam)}: a block of {threads} threads does not fit an SM")
-            if bps and est.get("in_flight_bytes_per_thread"):
-                in_flight = bps * threads * est["in_flight_bytes_per_thread"] * gpu.sms
-                floor = work.bytes.get("HBM", 0.0) / (in_flight / MEMORY_LATENCY_S)
-        idle = float(est.get("idle_lanes") or 0.0)
-        if idle:
-            floor *= 1.0 / max(0.05, 1.0 - idle)
-        detail = f"blocks {blocks}, {bps} per SM" if blocks else ""
-    p = predict(gpu, work, blocks=blocks, blocks_per_sm=bps)
-    seconds = max(p.seconds, floor + p.launch_overhead_s)
+    c = model_cost(schedule, gpu)
+    if c is not None and not getattr(c, "is_symbolic", False) and _num(getattr(_levels(c).get("HBM"), "H_bytes", None)) is not None:
+        # without launch facts from the family: the plain roofline per kernel (no assumed launch
+        # that could refuse a schedule the family can run)
+        p = model_predict(schedule, gpu, the_cost=c, launch=shape, family=name, efficiency=eff,
+                          assume=None if shape is None else LaunchAssumptions())
+        k = p.kernels[0]
+        if shape is not None:
+            detail = f"blocks {k.blocks}, {k.blocks_per_sm} per SM, {p.bound}-bound"
+        return Ranked(schedule, p.seconds, "cost", detail)
+    work = local_work(schedule, tensor_cores=name in ("contraction", "attention")
+                      and schedule.dtype in MMA_SYNC_DTYPES)
+    kp = predict_kernel(gpu, work, shape, name=name or "kernel", efficiency=family_efficiency(gpu, name, eff))
+    if shape is not None:
+        detail = f"blocks {kp.blocks}, {kp.blocks_per_sm} per SM, {kp.bound}-bound"
     extra = max(0, len(schedule.kernels) - 1) * LAUNCH_OVERHEAD_S
-    return Ranked(schedule, seconds + extra, source, detail)
+    return Ranked(schedule, kp.seconds + extra, "local", detail)
 
 
 def rank(diagram: Diagram, family, gpu, dtype: str | None = None) -> list[Ranked]:

@@ -121,6 +121,18 @@ class GPU:
     smem_reserved_per_block: int = 1024  # bytes the driver reserves per block (sm_80 and later)
     measured: dict[str, float] = field(default_factory=dict)  # raw calibration results
     notes: str = ""
+    # What napkin's kernels reach beyond the datasheet (see the performance model's predict module).
+    #: Fraction of ``tensor_flops`` the warp-level ``mma.sync`` path reaches. 1.0 where mma.sync is
+    #: the full tensor path (Ampere); on Hopper the datasheet rate needs wgmma, and a pure
+    #: mma.sync m16n8k16 bf16 loop reached 647 of 989.4 TFLOP/s on one H200 (the profile's notes).
+    mma_sync_fraction: float = 1.0
+    #: Latency of an HBM load under load, seconds: the Little's-law floor of a kernel with few
+    #: bytes in flight (estimate; calibratable).
+    memory_latency_s: float = 800e-9
+    #: Calibrated efficiency fractions per code-generation family ({"attention": {"tensor": 0.9}}),
+    #: multiplying :class:`~napkin.perfmodel.roofline.Efficiency` for that family's kernels
+    #: (written by :mod:`napkin.perfmodel.calibration`; empty on datasheet profiles).
+    efficiency: dict[str, dict[str, float]] = field(default_factory=dict)
 
     # ------------------------------------------------------------------ levels
     def level_names(self) -> tuple[str, ...]:
@@ -213,6 +225,7 @@ class GPU:
         d["tensor_flops"] = dict(self.tensor_flops)
         d["cuda_core_flops"] = dict(self.cuda_core_flops)
         d["measured"] = dict(self.measured)
+        d["efficiency"] = {k: dict(v) for k, v in self.efficiency.items()}
         return d
 
     def to_json(self) -> str:
@@ -262,12 +275,15 @@ class GPU:
                 kw["mma_shapes"] = shapes
             if "measured" in kw:
                 kw["measured"] = {str(k): float(v) for k, v in dict(kw["measured"]).items()}
+            if "efficiency" in kw:
+                kw["efficiency"] = {str(f): {str(k): float(v) for k, v in dict(fr).items()}
+                                    for f, fr in dict(kw["efficiency"]).items()}
             for k in ("sms", "regs_per_sm_bytes", "max_warps_per_sm", "max_threads_per_block",
                       "max_regs_per_thread", "max_blocks_per_sm", "reg_alloc_unit",
                       "smem_alloc_unit", "smem_reserved_per_block"):
                 if k in kw:
                     kw[k] = int(kw[k])
-            for k in ("clock_hz", "sfu_ops_per_clk_per_sm"):
+            for k in ("clock_hz", "sfu_ops_per_clk_per_sm", "mma_sync_fraction", "memory_latency_s"):
                 if k in kw:
                     kw[k] = float(kw[k])
             for k in ("has_wgmma", "has_tma"):
@@ -313,6 +329,14 @@ class GPU:
                     raise HardwareError(f"{where}: rate for {k!r} must be positive")
         if "HBM" not in [n.upper() for n in names]:
             raise HardwareError(f"{where}: profile needs an HBM level")
+        if not (0 < self.mma_sync_fraction <= 1):
+            raise HardwareError(f"{where}: mma_sync_fraction must be in (0, 1], got {self.mma_sync_fraction!r}")
+        if not (self.memory_latency_s > 0):
+            raise HardwareError(f"{where}: memory_latency_s must be positive")
+        for fam, fr in self.efficiency.items():
+            for k, v in fr.items():
+                if not (0 < v <= 1.5):
+                    raise HardwareError(f"{where}: efficiency[{fam!r}][{k!r}] must be in (0, 1.5], got {v!r}")
 
     # ------------------------------------------------------------------ overrides
     def with_overrides(self, **measured: Any) -> "GPU":
@@ -325,8 +349,10 @@ class GPU:
             (level name case-insensitive, e.g. ``hbm_bandwidth=4.22e12``): that level's field,
             with its ``assumption`` set to say it was measured (``<level>_assumption`` sets it);
           * ``tensor_<dtype>`` / ``cuda_<dtype>`` (e.g. ``tensor_bf16=791e12``): one rate;
-          * ``sfu_rate``: exp/s for the whole chip, stored as sfu_ops_per_clk_per_sm.
-        Unknown keys raise HardwareError.
+          * ``sfu_rate``: exp/s for the whole chip, stored as sfu_ops_per_clk_per_sm;
+          * ``efficiency``: calibrated per-family fractions, merged per family.
+        A new fp16/bf16 tensor rate rescales ``mma_sync_fraction`` (unless given) so that the
+        mma.sync path keeps its absolute rate. Unknown keys raise HardwareError.
         """
         fields = {f.name for f in dataclasses.fields(self)}
         kw: dict[str, Any] = {}
@@ -335,6 +361,7 @@ class GPU:
         cuda = dict(self.cuda_core_flops)
         shapes = dict(self.mma_shapes)
         meas = dict(self.measured)
+        eff = {k: dict(v) for k, v in self.efficiency.items()}
         level_names = {n.upper(): n for n in self.level_names()}
         for key, value in measured.items():
             low = key.lower()
@@ -346,6 +373,8 @@ class GPU:
                 shapes.update({k: tuple(int(x) for x in v) for k, v in dict(value).items()})
             elif key == "measured":
                 meas.update({k: float(v) for k, v in dict(value).items()})
+            elif key == "efficiency":
+                eff.update({str(f): {str(k): float(v) for k, v in dict(fr).items()} for f, fr in dict(value).items()})
             elif key == "levels":
                 kw["levels"] = tuple(value)
             elif key in fields:
@@ -382,8 +411,15 @@ class GPU:
                     lv = dataclasses.replace(lv, **upd)
                 new_levels.append(lv)
             levels = tuple(new_levels)
+        if "mma_sync_fraction" not in kw and self.mma_sync_fraction < 1:
+            # the mma.sync ceiling is a hardware fact of its own: a measured full-path rate
+            # (e.g. cuBLAS through wgmma) replacing the datasheet one must not move it
+            for dt in ("bf16", "fp16"):
+                if dt in tensor and dt in self.tensor_flops and tensor[dt] != self.tensor_flops[dt]:
+                    kw["mma_sync_fraction"] = min(1.0, self.mma_sync_fraction * self.tensor_flops[dt] / tensor[dt])
+                    break
         kw.update(levels=levels, tensor_flops=tensor, cuda_core_flops=cuda,
-                  mma_shapes=shapes, measured=meas)
+                  mma_shapes=shapes, measured=meas, efficiency=eff)
         try:
             gpu = dataclasses.replace(self, **kw)
         except (TypeError, ValueError) as e:

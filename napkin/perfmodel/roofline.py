@@ -6,8 +6,13 @@ on a :class:`~napkin.perfmodel.hardware.GPU`. Every assumption is a visible, ove
 parameter:
 
 * each term's time is its amount over the profile's rate times an :class:`Efficiency` fraction;
+  tensor-core work issued through warp-level ``mma.sync`` (``tensor_path="mma.sync"``) runs at
+  the profile's ``mma_sync_fraction`` of its tensor rate (on Hopper the datasheet rate needs
+  wgmma);
 * compute units overlap each other and transfers overlap compute (``Efficiency.overlap_*``), so
-  the body time is the largest term, whose name is the ``bound``;
+  the body time is the largest term, whose name is the ``bound``; a kernel that runs them in one
+  instruction stream says so (``overlap_compute=False``: tensor, CUDA-core and SFU times add;
+  ``overlap_operands=False``: the SMEM-to-register operand loads add to the compute time);
 * wave quantisation: ``blocks`` spread over ``sms * blocks_per_sm`` slots take
   ``ceil(blocks / slots)`` waves where the even spread assumed by the rates would take
   ``blocks / slots``; the body time is scaled by their ratio;
@@ -32,13 +37,19 @@ from ..dtypes import dtype as _dtype
 from ..errors import HardwareError
 from .hardware import GPU
 
-__all__ = ["Efficiency", "TYPICAL", "Work", "Prediction", "predict", "with_efficiency", "LAUNCH_OVERHEAD_S"]
+__all__ = ["Efficiency", "TYPICAL", "Work", "Prediction", "predict", "with_efficiency", "LAUNCH_OVERHEAD_S",
+           "TENSOR_PATHS"]
 
 #: Default fixed cost of one kernel launch, seconds (back-to-back launches on one stream cost
 #: a few microseconds each; pass ``launch_overhead_s`` to predict to change it).
 LAUNCH_OVERHEAD_S = 3e-6
 
 _COMPUTE_KINDS = ("tensor", "cuda", "sfu")
+_FRACTIONS = ("tensor", "cuda", "sfu", "hbm", "l2", "smem", "rf")
+
+#: How tensor-core work is issued: "peak" reaches the profile's tensor rate (the datasheet's path:
+#: wgmma on Hopper, mma.sync on Ampere); "mma.sync" reaches ``gpu.mma_sync_fraction`` of it.
+TENSOR_PATHS = ("peak", "mma.sync")
 
 
 @dataclass(frozen=True)
@@ -55,6 +66,12 @@ class Efficiency:
             False adds them (no warp specialisation, no ping-pong scheduling).
     overlap_memory: transfers overlap compute (time = max of compute and every level); False adds
             the compute time and the slowest level's time (no pipelining).
+    overlap_operands: the SMEM level's transfers (operands loaded from shared memory into
+            registers, ``ldmatrix``) overlap the compute that consumes them; False adds the SMEM
+            time to the compute time: the warps issue their operand loads and their mma from one
+            instruction stream and too few warps are resident to hide either (what ncu shows for
+            napkin's mma.sync kernels on an H200: 2 warps per scheduler, 0.37 issued instructions
+            per cycle, stalls on fixed-latency dependencies).
 
     The defaults (all 1.0, full overlap) are the napkin model: it predicts what the hardware
     numbers allow. With a datasheet profile, :data:`TYPICAL` gives fractions measured on one H200;
@@ -70,6 +87,7 @@ class Efficiency:
     rf: float = 1.0
     overlap_compute: bool = True
     overlap_memory: bool = True
+    overlap_operands: bool = True
 
     def __post_init__(self) -> None:
         for k in ("tensor", "cuda", "sfu", "hbm", "l2", "smem", "rf"):
@@ -87,6 +105,16 @@ class Efficiency:
         """The fraction for a memory level by name (1.0 for levels without a field, e.g. TC)."""
         attr = name.lower()
         return getattr(self, attr) if attr in ("hbm", "l2", "smem", "rf") else 1.0
+
+    def scaled(self, factors: Mapping[str, float]) -> "Efficiency":
+        """A copy with some fractions multiplied by ``factors`` ({"tensor": 0.9, "hbm": 0.8}): how
+        calibrated per-family factors (``GPU.efficiency``) apply on top of these fractions."""
+        changes = {}
+        for k, f in factors.items():
+            if k not in _FRACTIONS:
+                raise HardwareError(f"unknown efficiency fraction {k!r}; known: {', '.join(_FRACTIONS)}")
+            changes[k] = getattr(self, k) * float(f)
+        return replace(self, **changes) if changes else self
 
 
 #: Fractions measured on one H200 against its datasheet (DESIGN §4.5): cuBLAS bf16 GEMM 8192^3
@@ -180,6 +208,7 @@ class Prediction:
     tflops: float                      # flops / seconds / 1e12
     gbps: float                        # HBM bytes / seconds / 1e9
     efficiency: Efficiency
+    tensor_path: str = "peak"          # "mma.sync": the tensor term ran at gpu.mma_sync_fraction
 
     @property
     def terms(self) -> dict[str, float]:
@@ -207,14 +236,20 @@ def predict(
     blocks_per_sm: int | None = None,
     efficiency: Efficiency = Efficiency(),
     launch_overhead_s: float = LAUNCH_OVERHEAD_S,
+    *,
+    tensor_path: str = "peak",
 ) -> Prediction:
     """Predicted runtime of ``work`` on ``gpu`` (see the module docstring for the assumptions).
 
     ``blocks`` (thread blocks launched) and ``blocks_per_sm`` (resident at once, e.g. from
     :func:`~napkin.perfmodel.occupancy.occupancy`; default 1) turn on wave quantisation.
+    ``tensor_path`` (:data:`TENSOR_PATHS`) says how the tensor-core work is issued.
     """
     if launch_overhead_s < 0:
         raise HardwareError("launch_overhead_s must be non-negative")
+    if tensor_path not in TENSOR_PATHS:
+        raise HardwareError(f"unknown tensor path {tensor_path!r}; known: {', '.join(TENSOR_PATHS)}")
+    path = float(getattr(gpu, "mma_sync_fraction", 1.0)) if tensor_path == "mma.sync" else 1.0
     eff = efficiency
     compute: dict[str, float] = {"tensor": 0.0, "cuda": 0.0, "sfu": 0.0}
     for k, v in work.flops.items():
@@ -222,7 +257,7 @@ def predict(
             continue
         if k.startswith("tensor"):
             dt = k.split(":", 1)[1] if ":" in k else work.dtype
-            compute["tensor"] += v / (gpu.tensor_rate(dt) * eff.tensor)
+            compute["tensor"] += v / (gpu.tensor_rate(dt) * path * eff.tensor)
         elif k == "cuda":
             compute["cuda"] += v / (gpu.cuda_core_rate(work.cuda_dtype) * eff.cuda)
         elif k == "sfu":
@@ -233,7 +268,11 @@ def predict(
         transfer[lv.name] = b / (lv.bandwidth * eff.level(lv.name))
 
     compute_time = max(compute.values()) if eff.overlap_compute else sum(compute.values())
-    memory_time = max(transfer.values(), default=0.0)
+    if not eff.overlap_operands and "SMEM" in transfer:
+        compute_time += transfer["SMEM"]
+        memory_time = max((v for k, v in transfer.items() if k != "SMEM"), default=0.0)
+    else:
+        memory_time = max(transfer.values(), default=0.0)
     body = max(compute_time, memory_time) if eff.overlap_memory else compute_time + memory_time
     terms = {**compute, **transfer}
     bound = max(terms, key=lambda k: terms[k]) if any(v > 0 for v in terms.values()) else "none"
@@ -265,7 +304,7 @@ def predict(
         seconds=seconds, flops=flops, hbm_bytes=hbm_bytes,
         tflops=(flops / seconds / 1e12) if seconds > 0 else 0.0,
         gbps=(hbm_bytes / seconds / 1e9) if seconds > 0 else 0.0,
-        efficiency=eff,
+        efficiency=eff, tensor_path=tensor_path,
     )
 
 
