@@ -302,10 +302,17 @@ def _require_gpu(command: str) -> None:
         raise UsageError(f"{command} compiles kernels with CuPy: python3 -m pip install cupy-cuda13x") from None
 
 
+CudaOutOpt = Annotated[
+    Optional[Path],
+    typer.Option("--output", "-o", metavar="FILE",
+                 help="File to write ('-' for stdout); default: NAME.cu.", show_default=False),
+]
+
+
 @app.command()
 @handle_errors
 def generate(name: NameArg, size: SizesOpt = None, gpu: GpuOpt = DEFAULT_GPU, dtype: DtypeOpt = DEFAULT_DTYPE,
-             output: OutOpt = None) -> None:
+             output: CudaOutOpt = None) -> None:
     """Write the kernel for the derived schedule as one self-contained .cu (no GPU needed).
 
     The device library is inlined, so `nvcc -cubin -gencode=arch=compute_90a,code=sm_90a FILE.cu`

@@ -116,11 +116,14 @@ class CompiledDiagram:
             if unknown:
                 raise LaunchError(f"{self.diagram.name} has no output {sorted(unknown)}; outputs: {', '.join(names)}")
             given = dict(out)
-        else:
+        elif isinstance(out, (tuple, list)):
             seq = list(out)
             if len(seq) != len(names):
                 raise LaunchError(f"out: expected {len(names)} tensor(s) ({', '.join(names)}), got {len(seq)}")
             given = dict(zip(names, seq))
+        else:  # a NumPy array, a number: never iterated into rows
+            raise LaunchError(f"out: expected a torch tensor, or a tuple, list or dict of them, got "
+                              f"{type(out).__name__}")
         result = {}
         for n in names:
             if n in given:

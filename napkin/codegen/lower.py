@@ -120,12 +120,19 @@ def choose_family(diagram: Diagram, family=None) -> list:
             raise CodegenError(f"family {fam.name} cannot generate diagram {diagram.name!r}: {why}")
         return [fam]
     out = []
+    why: dict[str, str] = {}
     for fam in families.available():
-        if _explain(fam, diagram) is None:
+        reason = _explain(fam, diagram)
+        if reason is None:
             out.append(fam)
+        else:
+            why[fam.name] = reason
     if not out:
         errs = families.import_errors()
+        # the last family (the fallback) takes any valid diagram: its reason is the one that matters
+        last = next(reversed(why.items()), None)
         raise CodegenError(f"no code-generation family takes diagram {diagram.name!r}"
+                           + (f": {last[0]}: {last[1]}" if last else "")
                            + (f" (families that failed to import: {', '.join(errs)})" if errs else ""))
     return out
 
@@ -157,6 +164,9 @@ def check_program(program: Program) -> Program:
             raise CodegenError(f"launch {k.name}: its source does not define it")
         if k.threads > 1024 or k.threads < 1 or min(k.grid) < 1:
             raise CodegenError(f"launch {k.name}: grid {k.grid} block {k.block} cannot be launched")
+        if k.grid[0] > 2 ** 31 - 1 or k.grid[1] > 65535 or k.grid[2] > 65535:
+            raise CodegenError(f"launch {k.name}: grid {k.grid} is beyond CUDA's limits (x < 2^31, "
+                               "y and z <= 65535)")
         for a in k.args:
             if a.kind == "tensor" and a.name not in known:
                 raise CodegenError(f"launch {k.name}: argument {a.name!r} is neither an input, an output "

@@ -45,7 +45,7 @@ def load_user_file(path: str) -> dict[str, object]:
     module = importlib.util.module_from_spec(spec)
     try:
         spec.loader.exec_module(module)
-    except Exception as e:
+    except (Exception, SystemExit) as e:  # a user file that calls sys.exit is a failing file too
         tb = traceback.extract_tb(e.__traceback__)
         where = next((f"line {fr.lineno}" for fr in reversed(tb) if fr.filename == str(p)), "")
         raise UserFileError(

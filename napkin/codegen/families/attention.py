@@ -36,8 +36,8 @@ from ...perfmodel.schedule import Schedule
 from ..plan import KernelLaunch, Program
 from ..render import Code, comment, comment_lines, ident
 from .contraction import _gpu_key, _smem_limit
-from .epilogue import (Param, contiguous_strides, ctype, float_param, int_param, render, score_chain,
-                       short_hash, signature, tensor_param)
+from .epilogue import (Param, check_index_size, contiguous_strides, ctype, float_param, int_param, render,
+                       score_chain, short_hash, signature, stride_param, tensor_param)
 
 __all__ = ["AttentionFamily", "AttentionProblem", "AttentionConfig", "analyze", "FAMILY", "CONFIGS",
            "PLAIN_CONFIGS"]
@@ -207,6 +207,21 @@ def analyze(diagram: Diagram) -> AttentionProblem:
     return p
 
 
+def loader_problem(cfg: "AttentionConfig") -> str | None:
+    """Why the template's K/V loader cannot split a chunk of this configuration, or None. Each
+    thread keeps one column of 16-byte pieces (d/8 of them a row) and walks the chunk's rows:
+    d/8 must divide the threads and the rows must split evenly (d = 48, 80, 96... cannot; nor
+    d = 16 with 256 threads and 64-key chunks)."""
+    per_row = cfg.D // 8
+    if cfg.D % 8 or cfg.threads % per_row:
+        return (f"head dimension {cfg.D}: {per_row} 16-byte pieces a row do not divide the "
+                f"{cfg.threads} threads (the template takes d = 16, 32, 64, 128 or 256)")
+    step = cfg.threads // per_row
+    if cfg.BX % step:
+        return f"a chunk of {cfg.BX} keys does not split over {step}-row steps of {cfg.threads} threads"
+    return None
+
+
 def _dbound(D: int) -> int:
     for bound in sorted(CONFIGS):
         if D <= bound:
@@ -232,6 +247,10 @@ class AttentionFamily:
         sd, sv = diagram.axes[p.d].size, diagram.axes[p.dv].size
         if isinstance(sd, int) and isinstance(sv, int) and sd != sv:
             return f"head dimensions differ ({p.d}={sd}, {p.dv}={sv})"
+        if isinstance(sd, int):
+            problems = [loader_problem(c) for c in self.configs(sd)]
+            if all(problems):
+                return problems[0]
         return None
 
     def matches(self, diagram: Diagram) -> bool:
@@ -264,7 +283,7 @@ class AttentionFamily:
             raise CodegenError("attention family: bind the head dimension before asking for candidates")
         limit = _smem_limit(gpu)
         return [self.schedule(diagram, c, gpu=gpu, dtype=dtype) for c in self.configs(D, self.is_plain(diagram))
-                if c.smem_bytes() <= limit]
+                if c.smem_bytes() <= limit and loader_problem(c) is None]
 
     def schedule(self, diagram: Diagram, cfg: AttentionConfig, gpu="h100", dtype: str | None = None) -> Schedule:
         p = analyze(diagram)
@@ -336,6 +355,9 @@ class AttentionFamily:
             raise CodegenError(f"{what}: stages must be 2 to 4")
         if WQ * (D + cfg.SX) > 32 * (128 + 64):
             raise CodegenError(f"{what}: the warp's S and O tiles do not fit in registers")
+        problem = loader_problem(cfg)
+        if problem:
+            raise CodegenError(f"{what}: {problem}")
         return cfg
 
     def lower(self, diagram: Diagram, schedule: Schedule, arch: str) -> Program:
@@ -354,23 +376,38 @@ class AttentionFamily:
         sz = d.sizes
         Nq, Nx = sz[p.q], sz[p.x]
         sQ, sK, sV, sO = (contiguous_strides(v) for v in (p.Q, p.K, p.V, p.O))
+        # query and key positions are 32-bit ints, summed with tiles and mask offsets (< 2^30)
+        check_index_size(Nq, f"axis {p.q!r} of {p.Q.label()}", 2 ** 30 + 2 ** 16, "attention")
+        check_index_size(Nx, f"axis {p.x!r} of {p.K.label()}", 2 ** 30 + 2 ** 16, "attention")
         params: list[Param] = [
             tensor_param(p.Q, "Q", T), tensor_param(p.K, "K", T), tensor_param(p.V, "V", T),
             tensor_param(p.O, "O", T, const=False, name=d.output_names[0]),
             int_param("Nq", Nq), int_param("Nx", Nx),
-            int_param("sQ_q", sQ[p.q]), int_param("sK_x", sK[p.x]), int_param("sV_x", sV[p.x]),
-            int_param("sO_q", sO[p.q]),
+            int_param("sQ_q", sQ[p.q], f"row stride of {p.Q.label()}"),
+            int_param("sK_x", sK[p.x], f"row stride of {p.K.label()}"),
+            int_param("sV_x", sV[p.x], f"row stride of {p.V.label()}"),
+            int_param("sO_q", sO[p.q], f"row stride of {d.output_names[0]}[{','.join(p.O.axis_names)}]"),
         ]
         woven = []
         nz = 1
+        # the fixed stride names above are prefix + axis name too: a woven axis called q or x
+        # (the query axis being named otherwise) takes another prefix, never a duplicate parameter
+        fixed = {str(x.decl).split()[-1] for x in params}
+
+        def woven_name(ax: str, prefix: str) -> Code:
+            name = ident(ax, prefix)
+            return name if name not in fixed else ident(ax, prefix[:-1] + "w_")
+
         for ax in p.woven:
             n = sz[ax]
             nz *= n
-            names = dict(idx=ident(ax, "i_"), size=ident(ax, "n_"), sQ=ident(ax, "sQ_"),
-                         sK=ident(ax, "sK_"), sV=ident(ax, "sV_"), sO=ident(ax, "sO_"))
-            params += [int_param(names["size"], n), int_param(names["sQ"], sQ[ax]),
-                       int_param(names["sK"], sK.get(ax, 0)), int_param(names["sV"], sV.get(ax, 0)),
-                       int_param(names["sO"], sO[ax])]
+            names = dict(idx=ident(ax, "i_"), size=ident(ax, "n_"), sQ=woven_name(ax, "sQ_"),
+                         sK=woven_name(ax, "sK_"), sV=woven_name(ax, "sV_"), sO=woven_name(ax, "sO_"))
+            params += [int_param(names["size"], n),
+                       stride_param(names["sQ"], sQ[ax], f"stride of {p.Q.label()} along {ax}"),
+                       stride_param(names["sK"], sK.get(ax, 0), f"stride of {p.K.label()} along {ax}"),
+                       stride_param(names["sV"], sV.get(ax, 0), f"stride of {p.V.label()} along {ax}"),
+                       stride_param(names["sO"], sO[ax], f"stride of the output along {ax}")]
             woven.append(names)
         if nz > 65535:
             raise CodegenError(f"attention family: {nz} woven combinations (heads x batch); at most 65535")
@@ -388,7 +425,9 @@ class AttentionFamily:
                 always_mask = True
             else:
                 for fn, prm, axes in chain.masks:
-                    if fn == "causal" and axes == (p.q, p.x) and float(prm[0]).is_integer():
+                    if abs(float(prm[0])) >= 2 ** 30:  # block skipping adds offsets in 32-bit ints
+                        always_mask = True
+                    elif fn == "causal" and axes == (p.q, p.x) and float(prm[0]).is_integer():
                         off = int(prm[0])
                         causal = off if causal is None else min(causal, off)
                     elif fn == "sliding_window" and axes == (p.q, p.x) and float(prm[0]).is_integer():

@@ -39,8 +39,8 @@ from ...errors import CodegenError
 from ...perfmodel.schedule import Schedule
 from ..plan import KernelLaunch, Program
 from ..render import Code, comment_lines, ident
-from .epilogue import (Param, check_epilogue, contiguous_strides, ctype, epilogue_code, int_param,
-                       render, short_hash, signature, tensor_param)
+from .epilogue import (Param, check_epilogue, check_index_size, contiguous_strides, ctype, epilogue_code,
+                       int_param, render, short_hash, signature, stride_param, tensor_param)
 
 __all__ = ["ContractionFamily", "MatmulProblem", "MatmulConfig", "analyze", "FAMILY"]
 
@@ -360,12 +360,18 @@ class ContractionFamily:
         ldb = sB[p.c] if p.b_kmajor else sB[p.b]
         ldy = sY[p.a]
         out_name = d.output_names[0]
+        # sizes index in 32-bit ints, and a tile past the last element must still fit (M + BM - 1)
+        check_index_size(M, f"axis {p.a!r} of {p.A.label()}", cfg.BM, "contraction")
+        check_index_size(N, f"axis {p.c!r} of {p.B.label()}", cfg.BN, "contraction")
+        check_index_size(K, f"axis {p.b!r} of {p.A.label()}", cfg.BK, "contraction")
         params: list[Param] = [
             tensor_param(p.A, "A", T),
             tensor_param(p.B, "B", T),
             tensor_param(p.out, "Y", T, const=False, name=out_name),
             int_param("M", M), int_param("N", N), int_param("K", K),
-            int_param("lda", lda), int_param("ldb", ldb), int_param("ldy", ldy),
+            int_param("lda", lda, f"row stride of {p.A.label()}"),
+            int_param("ldb", ldb, f"row stride of {p.B.label()}"),
+            int_param("ldy", ldy, f"row stride of {out_name}[{','.join(p.out.axis_names)}]"),
         ]
         batch = []
         nbatch = 1
@@ -375,9 +381,9 @@ class ContractionFamily:
             names = dict(idx=ident(ax, "i_"), size=ident(ax, "n_"), sA=ident(ax, "sA_"),
                          sB=ident(ax, "sB_"), sY=ident(ax, "sY_"))
             params += [int_param(names["size"], n),
-                       int_param(names["sA"], sA.get(ax, 0), f"stride of {p.A.label()} along {ax}"),
-                       int_param(names["sB"], sB.get(ax, 0), f"stride of {p.B.label()} along {ax}"),
-                       int_param(names["sY"], sY[ax], f"stride of the output along {ax}")]
+                       stride_param(names["sA"], sA.get(ax, 0), f"stride of {p.A.label()} along {ax}"),
+                       stride_param(names["sB"], sB.get(ax, 0), f"stride of {p.B.label()} along {ax}"),
+                       stride_param(names["sY"], sY[ax], f"stride of the output along {ax}")]
             batch.append(names)
         if nbatch > 65535:
             raise CodegenError(f"contraction family: {nbatch} batch elements; at most 65535")

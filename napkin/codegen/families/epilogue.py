@@ -41,7 +41,8 @@ from ..render import render as framework_render
 
 __all__ = [
     "Param", "MapCode", "ScoreChain", "cuda_float", "short_hash", "ctype", "contiguous_strides",
-    "check_int32", "render", "tensor_param", "int_param", "float_param", "signature",
+    "check_int32", "check_index_size", "stride_param", "render", "tensor_param", "int_param",
+    "float_param", "signature",
     "epilogue_code", "epilogue_nodes", "check_epilogue", "score_chain",
 ]
 
@@ -114,13 +115,47 @@ def int_param(cname: str, value: int, what: str | None = None) -> Param:
     return Param(Arg("int", cname, value=check_int32(value, what or cname)), Code(f"int {ident(cname)}"))
 
 
+def stride_param(cname: str, value: int, what: str | None = None) -> Param:
+    """An element stride the kernel only multiplies in 64 bits (``(long long)i * s``): an ``int``
+    where it fits, else a ``long long`` (arrays past 2^31 elements along one woven axis)."""
+    value = int(value)
+    if -(2 ** 31) <= value < 2 ** 31:
+        return int_param(cname, value, what)
+    return Param(Arg("i64", cname, value=value), Code(f"long long {ident(cname)}"))
+
+
+#: The largest axis size a kernel indexing in 32-bit ints can take.
+INT32_MAX = 2 ** 31 - 1
+
+
+def check_index_size(size: int, what: str, headroom: int = 0, family: str = "") -> int:
+    """``size`` if ``size + headroom`` fits the 32-bit ints a kernel indexes an axis with (a tile
+    of ``headroom`` past the last element is computed), else a CodegenError naming ``what`` (the
+    array and its axis) and the size. Lowering then hands the diagram to the fallback family,
+    whose indices are 64-bit."""
+    limit = INT32_MAX - int(headroom)
+    if int(size) > limit:
+        who = f"the {family} kernel" if family else "this kernel"
+        raise CodegenError(f"{what} has size {size}: {who} indexes it with 32-bit ints and takes at "
+                           f"most {limit} (the fallback family indexes in 64 bits)")
+    return int(size)
+
+
 def float_param(cname: str, value: float) -> Param:
     """A ``float`` parameter with its launch value."""
     return Param(Arg("float", cname, value=float(value)), Code(f"float {ident(cname)}"))
 
 
 def signature(params: Sequence[Param]) -> Code:
-    """The parameter list of a kernel, one parameter a line."""
+    """The parameter list of a kernel, one parameter a line; two parameters of one name (names
+    built from diagram names that happen to meet) are refused before any CUDA exists."""
+    seen: set[str] = set()
+    for p in params:
+        name = str(p.decl).split()[-1]
+        if name in seen:
+            raise CodegenError(f"kernel parameter {name!r} would be declared twice (diagram names "
+                               "collide with generated names); rename an axis or an array")
+        seen.add(name)
     return Code(",\n    ".join(p.decl for p in params))
 
 
@@ -204,9 +239,11 @@ class _EpilogueBuilder:
             if strides[a] == 1:
                 terms.append(f"(long long)({iv})")
             else:
-                sname = ident(f"{v.name}_{a}", "s_") if len(f"{v.name}_{a}") <= 32 else \
-                    ident(f"e{len(self.code.params)}_{a}", "s_")
-                self.code.params.append(int_param(sname, strides[a], f"stride of {v.label()} along {a}"))
+                sname = ident(f"{v.name}_{a}", "s_") if len(f"{v.name}_{a}") <= 32 else None
+                used = {str(p.decl).split()[-1] for p in self.code.params}
+                if sname is None or sname in used:  # too long, or R[a_c] meeting R_a[c]: s_R_a_c
+                    sname = ident(f"e{len(self.code.params)}_{a}", "s_")
+                self.code.params.append(stride_param(sname, strides[a], f"stride of {v.label()} along {a}"))
                 terms.append(f"(long long)({iv}) * {sname}")
         off = " + ".join(terms) if terms else "0"
         var = self._var()
