@@ -444,6 +444,11 @@ def calibrate(gpu: Annotated[Optional[str], typer.Option("--gpu", metavar="GPU",
 
     prof = run_calibrate(gpu, output)
     typer.echo(str(prof))
+    units = {"copy_bandwidth": ("TB/s", 1e12), "gemm_bf16": ("TFLOP/s", 1e12), "gemm_fp16": ("TFLOP/s", 1e12),
+             "sfu_rate": ("Gexp/s", 1e9), "hbm_bytes": ("GiB", 2**30), "l2_bytes": ("MiB", 2**20)}
+    for key, value in sorted(prof.measured.items()):
+        unit, scale = units.get(key, ("", 1))
+        typer.echo(f"  measured {key}: {value / scale:,.2f} {unit}".rstrip())
     typer.echo(f"wrote {output}")
 
 
