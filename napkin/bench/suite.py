@@ -240,150 +240,27 @@ def all_points(quick: bool = False, families: Sequence[str] = FAMILIES) -> list[
 # ----------------------------------------------------------------------------- the model
 
 
-def _is_number(x) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(float(x)) and x > 0
-
-
-def _seconds_of(obj) -> float | None:
-    """Seconds from a Prediction-like object, a number, or a list of them."""
-    if obj is None:
-        return None
-    if _is_number(obj):
-        return float(obj)
-    if isinstance(obj, (list, tuple)):
-        parts = [_seconds_of(o) for o in obj]
-        return float(sum(parts)) if parts and all(p is not None for p in parts) else None
-    for attr in ("seconds", "predicted_s", "time_s", "runtime_s", "total_s"):
-        v = getattr(obj, attr, None)
-        if callable(v):
-            try:
-                v = v()
-            except TypeError:
-                continue
-        if _is_number(v):
-            return float(v)
-    return None
-
-
-def _work_from_kernel_cost(kc, dtype: str):
-    """A roofline Work from one kernel's cost: FLOPs by unit and bytes by level."""
-    from ..perfmodel.roofline import Work
-
-    flops: dict[str, float] = {}
-    raw = getattr(kc, "flops", None)
-    if isinstance(raw, dict):
-        alias = {"tc": "tensor", "tensor_core": "tensor", "cuda_core": "cuda", "exp": "sfu"}
-        for k, v in raw.items():
-            key = alias.get(str(k).lower(), str(k).lower())
-            if key.split(":", 1)[0] in ("tensor", "cuda", "sfu") and _is_number(v):
-                flops[key] = flops.get(key, 0.0) + float(v)
-    elif _is_number(raw):
-        flops["tensor"] = float(raw)
-    for attr, key in (("tensor_flops", "tensor"), ("cuda_flops", "cuda"), ("sfu_ops", "sfu"), ("sfu", "sfu")):
-        v = getattr(kc, attr, None)
-        if _is_number(v) and key not in flops:
-            flops[key] = float(v)
-    by: dict[str, float] = {}
-    levels = getattr(kc, "levels", None) or {}
-    for name, lv in dict(levels).items():
-        hb = getattr(lv, "H_bytes", None)
-        if hb is None and isinstance(lv, dict):
-            hb = lv.get("H_bytes")
-        if _is_number(hb):
-            by[str(name)] = float(hb)
-    return Work(flops=flops, bytes=by, dtype=dtype)
-
-
-def model_prediction(schedule, gpu, sizes=None, program=None, *, family=None, diagram=None) -> dict:
+def model_prediction(schedule, gpu, sizes=None, *, family=None, diagram=None) -> dict:
     """The model's predicted time for ``schedule`` on ``gpu``: ``{"pred_s", "bound", "how"}``.
 
-    With ``family`` and ``diagram`` (a compiled kernel's), the prediction the code generator
-    ranked the schedule by (:func:`napkin.codegen.select.predict_schedule`: the cost model's
-    transfers and FLOPs through :func:`napkin.perfmodel.roofline.predict` with the launch's blocks
-    and occupancy) — the same number the autotuner records for each candidate. Otherwise, or when
-    that fails, the cost model (:func:`napkin.perfmodel.cost.cost`) turned into seconds by the
-    roofline, one launch per kernel. ``bound`` comes from the latter. Raises when neither works.
+    With ``family`` and ``diagram`` (a compiled kernel's), the prediction code generation ranked
+    the schedule by (:func:`napkin.codegen.select.predict_schedule`, which knows the template's
+    launch: threads, registers, shared memory, bytes in flight) — the number the autotuner records
+    for each candidate. ``bound`` and ``cost_roofline_s`` come from
+    :func:`napkin.perfmodel.predict.predict_schedule` on the same schedule with the model's own
+    launch assumptions (the only prediction when no family is given).
     """
-    out: dict = {}
-    errors = []
+    from ..perfmodel.predict import predict_schedule as model_predict
+
+    plain = model_predict(schedule, gpu, sizes=sizes)
+    out = {"pred_s": plain.seconds, "bound": plain.bound, "how": "perfmodel.predict.predict_schedule"}
     if family is not None and diagram is not None:
-        try:
-            from ..codegen.select import predict_schedule
+        from ..codegen.select import predict_schedule as codegen_predict
 
-            r = predict_schedule(diagram, family, schedule, gpu)
-            out = {"pred_s": float(r.seconds), "bound": None,
-                   "how": f"codegen.select.predict_schedule ({getattr(r, 'source', '?')})"}
-        except Exception as e:  # fall back to the cost model alone
-            errors.append(_err_text(e))
-    try:
-        c = _cost_prediction(schedule, gpu, sizes, program)
-        if out:
-            out["bound"] = c["bound"]
-            out["cost_roofline_s"] = c["pred_s"]
-        else:
-            out = c
-    except Exception as e:
-        if not out:
-            raise TypeError("; ".join(errors + [_err_text(e)])) from e
+        r = codegen_predict(diagram, family, schedule, gpu)
+        out.update(pred_s=float(r.seconds), cost_roofline_s=plain.seconds,
+                   how=f"codegen.select.predict_schedule ({r.source})")
     return out
-
-
-def _cost_prediction(schedule, gpu, sizes=None, program=None) -> dict:
-    """The cost result however it offers seconds: a prediction on it, Work to predict, or
-    per-kernel FLOPs and bytes by level (blocks from the program's launches or the cost's groups)."""
-    from ..perfmodel.cost import cost
-    from ..perfmodel.hardware import get_gpu
-    from ..perfmodel.roofline import Prediction, Work, predict
-
-    g = get_gpu(gpu)
-    c = cost(schedule, g, sizes=sizes) if sizes else cost(schedule, g)
-    dtype = str(getattr(schedule, "dtype", "bf16"))
-    # 1. the cost result predicts itself
-    for attr in ("predict", "prediction", "predictions"):
-        v = getattr(c, attr, None)
-        if v is None:
-            continue
-        if callable(v):
-            try:
-                v = v(g)
-            except TypeError:
-                v = v()
-        s = _seconds_of(v)
-        if s is not None:
-            bound = getattr(v, "bound", None) if isinstance(v, Prediction) else None
-            return {"pred_s": s, "bound": bound, "how": f"cost.{attr}"}
-    s = _seconds_of(c)
-    if s is not None:
-        return {"pred_s": s, "bound": getattr(c, "bound", None), "how": "cost.seconds"}
-    # 2. the cost result offers roofline Work
-    for attr in ("work", "to_work", "works"):
-        v = getattr(c, attr, None)
-        if v is None:
-            continue
-        if callable(v):
-            v = v()
-        works = v if isinstance(v, (list, tuple)) else [v]
-        if works and all(isinstance(w, Work) for w in works):
-            preds = [predict(g, w) for w in works]
-            worst = max(preds, key=lambda p: p.seconds)
-            return {"pred_s": sum(p.seconds for p in preds), "bound": worst.bound, "how": f"predict(cost.{attr})"}
-    # 3. per-kernel FLOPs and bytes
-    per = getattr(c, "per_kernel", None)
-    if per:
-        launches = list(getattr(program, "launches", ()) or ())
-        preds = []
-        for i, kc in enumerate(per):
-            w = _work_from_kernel_cost(kc, dtype)
-            blocks = None
-            if i < len(launches):
-                gr = launches[i].grid
-                blocks = int(gr[0] * gr[1] * gr[2])
-            elif _is_number(getattr(kc, "groups", None)):
-                blocks = int(kc.groups)
-            preds.append(predict(g, w, blocks=blocks) if blocks else predict(g, w))
-        worst = max(preds, key=lambda p: p.seconds)
-        return {"pred_s": sum(p.seconds for p in preds), "bound": worst.bound, "how": "predict(per-kernel cost)"}
-    raise TypeError(f"cannot read a time or FLOPs/bytes off the cost result {type(c).__name__}")
 
 
 # ----------------------------------------------------------------------------- running one point
@@ -567,7 +444,7 @@ def run_point(point: Point, cfg: SuiteConfig, *, calibration: bool = False) -> d
     sched = getattr(kernel, "schedule", None) if kernel is not None else None  # predicted even if it failed to run
     if sched is not None:
         try:
-            p = model_prediction(sched, cfg.profile or cfg.gpu, dict(point.sizes), getattr(kernel, "program", None),
+            p = model_prediction(sched, cfg.profile or cfg.gpu, dict(point.sizes),
                                  family=getattr(kernel, "family", None), diagram=getattr(kernel, "diagram", None))
             rec["pred_s"] = p["pred_s"]
             rec["pred_bound"] = p.get("bound")
@@ -580,7 +457,7 @@ def run_point(point: Point, cfg: SuiteConfig, *, calibration: bool = False) -> d
             rec["errors"]["prediction"] = _err_text(e)
         if cfg.calibrated_profile:
             try:
-                p = model_prediction(sched, cfg.calibrated_profile, dict(point.sizes), getattr(kernel, "program", None),
+                p = model_prediction(sched, cfg.calibrated_profile, dict(point.sizes),
                                      family=getattr(kernel, "family", None), diagram=getattr(kernel, "diagram", None))
                 rec["pred_calibrated_s"] = p["pred_s"]
                 if rec["napkin_s"]:

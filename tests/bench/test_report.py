@@ -298,12 +298,6 @@ def test_run_all_lists_points_without_a_gpu():
 # ----------------------------------------------------------------------------- suite: the model adapter
 
 
-def _fake_cost_module(monkeypatch, result):
-    mod = types.ModuleType("napkin.perfmodel.cost")
-    mod.cost = lambda schedule, gpu, sizes=None, **kw: result
-    monkeypatch.setitem(sys.modules, "napkin.perfmodel.cost", mod)
-
-
 def _schedule():
     from napkin.diagrams import library
     from napkin.perfmodel.schedule import Schedule
@@ -312,31 +306,22 @@ def _schedule():
     return Schedule.fused(d, groups={"a": 128, "c": 128}, streams={"b": 64})
 
 
-def test_model_prediction_reads_seconds_work_or_per_kernel_costs(monkeypatch):
-    from napkin.perfmodel.hardware import get_gpu
-    from napkin.perfmodel.roofline import Work, predict
+def test_model_prediction_is_the_models_own():
+    from napkin.codegen.select import predict_schedule as codegen_predict
+    from napkin.perfmodel.predict import predict_schedule as model_predict
 
     sched = _schedule()
-    _fake_cost_module(monkeypatch, types.SimpleNamespace(seconds=1.5e-3, bound="HBM"))
-    assert suite.model_prediction(sched, "h100")["pred_s"] == 1.5e-3
-
-    w = Work(flops={"tensor": 2 * 4096**3}, bytes={"HBM": 3 * 4096 * 4096 * 2}, dtype="bf16")
-    _fake_cost_module(monkeypatch, types.SimpleNamespace(work=lambda: w))
     p = suite.model_prediction(sched, "h100")
-    assert p["pred_s"] == pytest.approx(predict(get_gpu("h100"), w).seconds) and p["bound"] == "tensor"
+    plain = model_predict(sched, "h100")
+    assert p["pred_s"] == pytest.approx(plain.seconds) and p["bound"] == plain.bound
+    from napkin.codegen import families
 
-    kc = types.SimpleNamespace(name="fused", flops={"tensor": 2 * 4096**3},
-                               levels={"HBM": types.SimpleNamespace(H_bytes=3 * 4096 * 4096 * 2)})
-    _fake_cost_module(monkeypatch, types.SimpleNamespace(per_kernel=[kc, kc]))
-    p = suite.model_prediction(sched, "h100")
-    assert p["pred_s"] == pytest.approx(2 * predict(get_gpu("h100"), w).seconds)
-    program = types.SimpleNamespace(launches=[types.SimpleNamespace(grid=(133, 1, 1))] * 2)
-    p2 = suite.model_prediction(sched, "h100", program=program)  # 133 blocks on 132 SMs: two waves
-    assert p2["pred_s"] > p["pred_s"]
-
-    _fake_cost_module(monkeypatch, object())
-    with pytest.raises(TypeError):
-        suite.model_prediction(sched, "h100")
+    fam = families.get("contraction")
+    ranked = fam.candidates(sched.diagram, "h100", "bf16")[0]
+    q = suite.model_prediction(ranked, "h100", family=fam, diagram=sched.diagram)
+    assert q["pred_s"] == pytest.approx(codegen_predict(sched.diagram, fam, ranked, "h100").seconds)
+    assert q["cost_roofline_s"] == pytest.approx(model_predict(ranked, "h100").seconds)
+    assert q["how"].startswith("codegen.select.predict_schedule")
 
 
 # ----------------------------------------------------------------------------- suite: baselines on the CPU
