@@ -496,7 +496,11 @@ class RowwiseFamily:
         cfg = config_from_schedule(shape, schedule)
         blocks = -(-shape.nrows // cfg.rows_per_block)
         bytes_per_value = lookup_dtype(shape.dtype).bytes
-        row_inputs = sum(1 for v in diagram.inputs if shape.x in v.axis_names)
+        # only inputs that are read fresh from HBM for every row (they carry x and every row
+        # axis) count as bytes in flight: a broadcast input (gamma[x], beta[x], a bias b[h,x]) is
+        # read by every block and stays in L2, so its loads neither wait on HBM nor add HBM bytes
+        row_inputs = sum(1 for v in diagram.inputs
+                         if shape.x in v.axis_names and set(shape.row_axes) <= set(v.axis_names))
         in_flight_thread = cfg.chunks_per_thread * 16 * max(1, row_inputs)
         idle = 1.0 - (-(-shape.xsize // cfg.vec)) / (cfg.chunks_per_thread * cfg.threads_per_row)
         return dict(blocks=blocks, threads=cfg.threads, regs=regs_estimate(shape, cfg),
