@@ -508,10 +508,18 @@ def nb_attention():
             kv_shared = c_shared.H("L2") - 2*d*h*j*q
             assert sympy.simplify(kv_one / kv_shared - g_j) == 0
 
+            # Decoding: one new token attends to every cached key, so the decoding diagram has no mask
+            # (the library's causal GQA aligns the mask top-left, right for prefill, not for one token).
+            from napkin.diagrams import Axis, Diagram, array
+            from napkin.diagrams.library import attention_core
+            ax = {n: Axis(n) for n in "hjqxd"}
+            gqa_decode = Diagram("gqa_decode", attention_core(
+                array("Q", ax["h"], ax["j"], ax["q"], ax["d"]), array("K", ax["h"], ax["x"], ax["d"]),
+                array("V", ax["h"], ax["x"], ax["d"])))
             decode = dict(h=8, j=4, q=1, x=8192, d=128)              # one new token, 8 K/V heads shared by 4
             rows = []
             for gj in (1, decode["j"]):
-                s = Schedule.fused(gqa, groups={"h": 1, "j": gj, "q": 1}, streams={"x": 64}, gpu=None)
+                s = Schedule.fused(gqa_decode, groups={"h": 1, "j": gj, "q": 1}, streams={"x": 64}, gpu=None)
                 rows.append([f"g_j = {gj}", f"{cost(s, sizes=decode, l2_caching=False).H('L2'):,}"])
             table(["decoding, " + ", ".join(f"{k}={v}" for k, v in decode.items()), "H (values)"], rows)
         '''),
