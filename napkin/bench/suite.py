@@ -144,9 +144,11 @@ class Point:
     def flops(self) -> float:
         s = self.sizes
         if self.family == "attention":
-            return attention_flops(s["h"], s["q"], s["x"], s["d"], bool(self.labels.get("causal")))
+            # every axis beside q, x and d counts heads (h, GQA's j, a batch): none for one head
+            heads = math.prod(v for k, v in s.items() if k not in ("q", "x", "d"))
+            return attention_flops(heads, s["q"], s["x"], s["d"], bool(self.labels.get("causal")))
         if self.family in ("matmul", "mlp"):
-            return gemm_flops(s["a"], s["c"], s["b"])
+            return gemm_flops(s["a"], s["c"], s["b"]) * math.prod(v for k, v in s.items() if k not in "abc")
         if self.family == "rowwise":
             return float(_ROWWISE_FLOPS_PER_ELEMENT.get(self.diagram, 5) * s["r"] * s["x"])
         return 0.0

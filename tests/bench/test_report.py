@@ -306,6 +306,15 @@ def _schedule():
     return Schedule.fused(d, groups={"a": 128, "c": 128}, streams={"b": 64})
 
 
+def test_point_flops_count_every_head_axis():
+    one = suite.Point("attention", "attention", {"q": 64, "x": 80, "d": 16}, "bf16")
+    assert one.flops == 4 * 64 * 80 * 16
+    gqa = suite.Point("attention", "gqa", {"h": 2, "j": 3, "q": 64, "x": 64, "d": 16}, "bf16", {"causal": True})
+    assert gqa.flops == 2 * 2 * 3 * 64 * 64 * 16
+    batched = suite.Point("matmul", "batched_matmul", {"n": 4, "a": 8, "b": 16, "c": 32}, "bf16")
+    assert batched.flops == 2 * 4 * 8 * 16 * 32
+
+
 def test_model_prediction_is_the_models_own():
     from napkin.codegen.select import predict_schedule as codegen_predict
     from napkin.perfmodel.predict import predict_schedule as model_predict
