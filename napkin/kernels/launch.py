@@ -7,7 +7,9 @@ shared_mem=0)``, with torch CUDA tensors and Python or NumPy scalars as ``args``
   :func:`check_tensor` is the place to insist on contiguity);
 - ``int`` becomes a 32-bit ``int`` (an error if it does not fit: pass ``numpy.int64`` for a
   ``long long`` parameter), ``float`` a 32-bit ``float``, ``bool`` a ``bool``; NumPy scalars pass
-  as they are; ``None`` is a null pointer.
+  as they are; ``None`` is a null pointer;
+- a :class:`~napkin.kernels.tma.TensorMap` passes its 128 bytes by value (such a launch goes
+  through the driver's ``cuLaunchKernel``, which CuPy's launcher cannot do).
 
 The launch runs on torch's current stream of the tensors' device, raises the kernel's dynamic
 shared-memory limit when ``shared_mem`` is above the 48 KB default, and turns launch failures into
@@ -26,6 +28,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from napkin.errors import LaunchError
+
+from .tma import TensorMap, launch_raw
 
 #: Dynamic shared memory a kernel may use without raising its limit.
 DEFAULT_DYNAMIC_SMEM = 48 * 1024
@@ -275,7 +279,12 @@ class CompiledKernel:
             self._raise_smem_limit(fn, device, int(shared_mem))
             cstream = _cupy_stream(stream, device)
             try:
-                fn(grid3, block3, kargs, shared_mem=int(shared_mem), stream=cstream)
+                if any(isinstance(a, TensorMap) for a in kargs):
+                    launch_raw(int(fn.ptr), grid3, block3, int(shared_mem), int(cstream.ptr), kargs, self.name)
+                else:
+                    fn(grid3, block3, kargs, shared_mem=int(shared_mem), stream=cstream)
+            except LaunchError:
+                raise
             except Exception as e:
                 raise LaunchError(f"launch of {self.name} failed (grid {grid3}, block {block3}, "
                                   f"{shared_mem} bytes dynamic shared memory): {e}") from e
@@ -366,6 +375,8 @@ def _kernel_arg(a: Any, i: int, device: int, kernel: str):
         return numpy.uint64(a.data_ptr())
     if a is None:
         return numpy.uint64(0)
+    if isinstance(a, TensorMap):
+        return a
     if isinstance(a, (bool, numpy.bool_)):
         return numpy.bool_(a)
     if isinstance(a, numpy.generic):

@@ -22,9 +22,23 @@
 //                                       (bytes a multiple of 16, both addresses 16-byte aligned)
 //   bulk_copy_s2g(gmem, smem, bytes), bulk_commit(), bulk_wait_read<N>(), bulk_wait<N>()
 //                                       TMA copy shared -> global and its bulk-group completion
+//   TensorMap                           a CUDA tensor map (CUtensorMap: 128 opaque bytes the host
+//                                       encodes); pass it as `const __grid_constant__ TensorMap`
+//   prefetch_tensormap(map)             fetch the map's descriptor ahead of the first copy
+//   tma_load_2d(smem, map, x, y, bar)   TMA tensor copy of the box at element coordinates (x
+//                                       innermost, y) into shared memory, completing on bar; parts
+//                                       of the box outside the tensor read as zero
+//   named_barrier_sync(id, threads)     a barrier among `threads` threads (bar.sync id; id 0 is
+//                                       __syncthreads), for warp-specialised kernels
 // Provides (sm_90a):
 //   wgmma_fence(), wgmma_commit(), wgmma_wait<N>()
 //                                       the ordering around warpgroup mma instructions
+//   wgmma_desc_sw128(addr, lbo, sbo)    the 64-bit shared-memory matrix descriptor of an operand
+//                                       stored in 128-byte swizzled rows (what TMA writes with
+//                                       CU_TENSOR_MAP_SWIZZLE_128B); byte offsets as in PTX
+//   setmaxnreg_inc<N>(), setmaxnreg_dec<N>()
+//                                       move registers between warpgroups (needs a register cap at
+//                                       entry: __launch_bounds__(threads, 1))
 #ifndef NAPKIN_HOPPER_CUH
 #define NAPKIN_HOPPER_CUH
 
@@ -125,7 +139,46 @@ NAPKIN_DEVICE void bulk_wait() {
   asm volatile("cp.async.bulk.wait_group %0;\n" ::"n"(N) : "memory");
 }
 
+// The host's CUtensorMap: 128 bytes, 64-byte aligned (cuda.h is not available under NVRTC).
+struct alignas(64) TensorMap {
+  unsigned long long opaque[16];
+};
+
+NAPKIN_DEVICE void prefetch_tensormap(const TensorMap* map) {
+  asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<u64>(map)) : "memory");
+}
+
+NAPKIN_DEVICE void tma_load_2d(void* smem, const TensorMap* map, int x, int y, u64* bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+      " [%0], [%1, {%2, %3}], [%4];\n"
+      ::"r"(smem_addr(smem)), "l"(reinterpret_cast<u64>(map)), "r"(x), "r"(y), "r"(smem_addr(bar))
+      : "memory");
+}
+
+NAPKIN_DEVICE void named_barrier_sync(int id, int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
 #if NAPKIN_HAS_WGMMA
+// Descriptor bits: [0,14) start address >> 4, [16,30) leading-dimension byte offset >> 4,
+// [32,46) stride-dimension byte offset >> 4, [62,64) swizzle mode (1 = 128 bytes). The swizzle is
+// a function of the address bits, so the operand's 1024-byte swizzle atoms must be 1024-aligned;
+// a start address inside an atom (a 16-deep k slice of a K-major row) is then still valid.
+NAPKIN_DEVICE u64 wgmma_desc_sw128(u32 addr, u32 lbo, u32 sbo) {
+  return static_cast<u64>((addr & 0x3FFFF) >> 4) | (static_cast<u64>((lbo & 0x3FFFF) >> 4) << 16) |
+         (static_cast<u64>((sbo & 0x3FFFF) >> 4) << 32) | (static_cast<u64>(1) << 62);
+}
+
+template <int N>
+NAPKIN_DEVICE void setmaxnreg_inc() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
+}
+template <int N>
+NAPKIN_DEVICE void setmaxnreg_dec() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
+}
+
 NAPKIN_DEVICE void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 NAPKIN_DEVICE void wgmma_commit() {
   asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
