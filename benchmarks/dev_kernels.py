@@ -31,10 +31,30 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 # ------------------------------------------------------------------ the cases
 
-def mm_cfg(c, simt=False):
+def mm_cfg(c, simt=False, wgmma=False):
     from napkin.codegen.families.contraction import MatmulConfig
 
-    return MatmulConfig(simt, *c)
+    return MatmulConfig(simt, *c, wgmma=wgmma)
+
+
+def wgmma_cases():
+    """The Hopper template: every configuration at 4096^3 and 8192^3, each operand layout, the MLP."""
+    from napkin.codegen.families.contraction import WGMMA_CONFIGS
+
+    s4k, s8k = dict(a=4096, b=4096, c=4096), dict(a=8192, b=8192, c=8192)
+    out = []
+    for c in WGMMA_CONFIGS:
+        out.append(("wgmma matmul 4096^3", "matmul", "bf16", s4k, "contraction", mm_cfg(c, wgmma=True), "matmul"))
+        out.append(("wgmma matmul 8192^3", "matmul", "bf16", s8k, "contraction", mm_cfg(c, wgmma=True), "matmul"))
+        out.append(("wgmma mlp 4096x4096x16384", "mlp", "bf16", dict(a=4096, b=4096, c=16384), "contraction",
+                    mm_cfg(c, wgmma=True), "mlp"))
+    c0 = mm_cfg(WGMMA_CONFIGS[0], wgmma=True)
+    out.append(("wgmma matmul_t 4096^3", "matmul_t", "bf16", s4k, "contraction", c0, "matmul_t"))
+    out.append(("wgmma matmul fp16 4096^3", "matmul", "fp16", s4k, "contraction", c0, "matmul"))
+    out.append(("wgmma matmul 1000x520x776", "matmul", "bf16", dict(a=1000, b=520, c=776), "contraction", c0,
+                "matmul"))
+    out.append(("wgmma mlp 8192x4096x16384", "mlp", "bf16", dict(a=8192, b=4096, c=16384), "contraction", c0, "mlp"))
+    return out
 
 
 def att_cfg(c):
@@ -47,7 +67,7 @@ def cases(quick: bool):
     """(label, diagram name, dtype, sizes, family, config or None, baseline kind)."""
     mm = [(128, 256, 64, 64, 64, 3, 1), (256, 128, 64, 64, 64, 3, 1), (128, 256, 32, 64, 64, 4, 1),
           (256, 128, 32, 64, 64, 4, 1), (128, 128, 32, 64, 64, 4, 2), (128, 128, 64, 64, 64, 3, 2)]
-    out = []
+    out = wgmma_cases()
     s4k = dict(a=4096, b=4096, c=4096)
     for c in mm:
         out.append(("matmul 4096^3", "matmul", "bf16", s4k, "contraction", mm_cfg(c), "matmul"))
@@ -363,7 +383,7 @@ def main(argv=None):
             print(f"{r['label']:34s} ERROR {r['error'][:90]}")
             continue
         t = r["tunables"]
-        tiles = (f"{t.get('BM')}x{t.get('BN')}x{t.get('BK')} s{t.get('stages')}" if "BM" in t else
+        tiles = (f"{t.get('BM')}x{t.get('BN')}x{t.get('BK')} s{t.get('stages')} {t.get('engine', '')}" if "BM" in t else
                  f"q{t.get('BQ')} x{t.get('BX')}/{t.get('SX')} w{t.get('WQ')}")
         err = r.get("rel_err_vs_torch", r.get("rel_err_vs_reference_fp32", math.nan))
         print(f"{r['label']:34s} {tiles:24s} {r.get('registers', 0):4d} {r['ms']:8.3f} {r['tflops']:8.1f} "

@@ -20,7 +20,8 @@ sys.path.insert(0, str(ROOT))
 CASES = [
     ("rowwise", "softmax", {"r": 5, "x": 1000}, "bf16"),
     ("rowwise", "layernorm", {"r": 3, "x": 4100}, "bf16"),
-    ("contraction", "matmul", {"a": 77, "b": 72, "c": 40}, "bf16"),
+    ("contraction", "matmul", {"a": 77, "b": 72, "c": 40}, "bf16"),  # wgmma + TMA on sm_90
+    ("contraction", "matmul", {"a": 77, "b": 72, "c": 42}, "bf16"),  # 84-byte rows: mma.sync
     ("contraction", "mlp", {"a": 65, "b": 64, "c": 136}, "bf16"),
     ("attention", "attention_causal", {"h": 2, "q": 77, "x": 77, "d": 64}, "bf16"),
     ("attention", "gqa", {"h": 1, "j": 2, "q": 45, "x": 45, "d": 128}, "bf16"),

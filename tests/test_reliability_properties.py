@@ -488,7 +488,7 @@ def test_smuggled_names_never_reach_the_fused_families_cuda(name):
 
 
 def test_every_value_of_the_fused_templates_goes_through_the_whitelist(monkeypatch):
-    """matmul_mma, matmul_simt and attention_fwd rendered with one context value at a time swapped
+    """matmul_wgmma, matmul_mma, matmul_simt and attention_fwd rendered with one context value at a time swapped
     for hostile plain text: every swap is refused (the rowwise and fallback templates are checked
     in tests/codegen/test_injection.py)."""
     import napkin.codegen.families.attention as att
@@ -507,11 +507,13 @@ def test_every_value_of_the_fused_templates_goes_through_the_whitelist(monkeypat
 
     monkeypatch.setattr(con, "render", spy)
     monkeypatch.setattr(att, "render", spy)
-    lower(library.get("mlp").bind(a=64, b=32, c=48), gpu="h100", dtype="bf16", family="contraction")
+    lower(library.get("mlp").bind(a=64, b=32, c=48), gpu="h100", dtype="bf16", family="contraction")  # wgmma
+    lower(library.get("mlp").bind(a=64, b=30, c=48), gpu="h100", dtype="bf16", family="contraction")  # 60-byte rows
     lower(library.get("batched_matmul").bind(n=2, a=64, b=32, c=48), gpu="h100", dtype="fp32",
           family="contraction")
     lower(library.get("attention_alibi").bind(h=2, q=40, x=40, d=64), gpu="h100", family="attention")
-    assert {"matmul_mma.cu.jinja", "matmul_simt.cu.jinja", "attention_fwd.cu.jinja"} <= set(seen)
+    assert {"matmul_wgmma.cu.jinja", "matmul_mma.cu.jinja", "matmul_simt.cu.jinja",
+            "attention_fwd.cu.jinja"} <= set(seen)
     def variants(ctx):
         """(what, context with one value replaced by f(value)) for every Code value, including
         those inside the lists of per-axis dicts (batch, woven)."""

@@ -39,6 +39,7 @@ class CompiledDiagram:
         self.gpu = gpu
         self.arch = arch
         self._kernels = kernels
+        self._without_tma_program: CompiledDiagram | None = None
         self._shapes = {v.name: tuple(a.bound_size for a in v.axes) for v in self.diagram.inputs}
         self._dtypes = {v.name: v.dtype for v in self.diagram.inputs}
         self._out_shapes = {n: tuple(a.bound_size for a in v.axes)
@@ -141,6 +142,7 @@ class CompiledDiagram:
 
         from ..dtypes import torch_dtype
         from ..kernels import check_tensor
+        from ..kernels.tma import tensor_map
 
         got = self._bind_inputs(tensors, by_name)
         first = next(iter(got.values()), None)
@@ -148,6 +150,8 @@ class CompiledDiagram:
         env = {}
         for n, t in got.items():
             env[n] = check_tensor(t, n, dtype=self._dtypes[n], shape=self._shapes[n], device=device)
+        if not self._tma_can_read(env):
+            return self.without_tma()(**env, out=out)
         outs = self._outputs(out, device)
         env.update(outs)
         for b in self.program.buffers:
@@ -158,6 +162,8 @@ class CompiledDiagram:
             for a in launch.args:
                 if a.kind == "tensor":
                     args.append(env[a.name])
+                elif a.kind == "tmap":
+                    args.append(tensor_map(env[a.name], a.value))
                 elif a.kind == "i64":
                     args.append(numpy.int64(a.value))
                 elif a.kind == "int":
@@ -167,6 +173,28 @@ class CompiledDiagram:
             k(launch.grid, launch.block, args, launch.shared_bytes)
         res = tuple(outs[n] for n in self.output_names)
         return res[0] if len(res) == 1 else res
+
+    def _tma_can_read(self, env) -> bool:
+        """Whether every tensor the program copies with TMA starts on a 16-byte boundary."""
+        return all(env[a.name].data_ptr() % 16 == 0 for k in self.program.launches for a in k.args
+                   if a.kind == "tmap")
+
+    def without_tma(self) -> "CompiledDiagram":
+        """The same diagram lowered with the model's best schedule that copies no tile with TMA
+        (the wgmma template needs 16-byte aligned operands; a contiguous view one element into its
+        storage is still a valid argument, so it runs here instead)."""
+        if self._without_tma_program is None:
+            from .lower import lower
+            from .select import rank
+
+            plain = [r.schedule for r in rank(self.diagram, self.family, self.gpu)
+                     if "engine=wgmma" not in r.schedule.notes]
+            if not plain:
+                raise LaunchError(f"{self.diagram.name}: the inputs are not 16-byte aligned and no "
+                                  "schedule without TMA copies exists; pass aligned tensors (.clone())")
+            program = lower(self.diagram, plain[0], gpu=self.gpu, family=self.family, arch=self.arch)
+            self._without_tma_program = CompiledDiagram(program, arch=self.arch, gpu=self.gpu)
+        return self._without_tma_program
 
     def empty_outputs(self, device="cuda", fill: float | None = None) -> dict:
         """Output tensors of the right shapes and dtypes (filled with ``fill`` if given)."""

@@ -168,10 +168,10 @@ def check_program(program: Program) -> Program:
             raise CodegenError(f"launch {k.name}: grid {k.grid} is beyond CUDA's limits (x < 2^31, "
                                "y and z <= 65535)")
         for a in k.args:
-            if a.kind == "tensor" and a.name not in known:
+            if a.kind in ("tensor", "tmap") and a.name not in known:
                 raise CodegenError(f"launch {k.name}: argument {a.name!r} is neither an input, an output "
                                    "nor a buffer of the program")
-            if a.kind not in ("tensor", "int", "i64", "float"):
+            if a.kind not in ("tensor", "tmap", "int", "i64", "float"):
                 raise CodegenError(f"launch {k.name}: argument {a.name!r} has unknown kind {a.kind!r}")
     return program
 

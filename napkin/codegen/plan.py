@@ -24,9 +24,9 @@ from ..perfmodel.schedule import Schedule
 class Arg:
     """One launch argument: a tensor (by array name) or a scalar value."""
 
-    kind: str  # "tensor", "int" (32-bit), "i64" (long long) or "float"
+    kind: str  # "tensor", "tmap" (a TMA tensor map of a tensor), "int" (32-bit), "i64" or "float"
     name: str
-    value: int | float | None = None
+    value: int | float | tuple[int, ...] | None = None  # a tensor map's box (inner, outer)
     dtype: str | None = None  # napkin dtype name of a tensor argument
     axes: tuple[str, ...] = ()  # axis names of a tensor argument, in memory order (contiguous)
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from napkin.codegen.families.contraction import FAMILY, MMA_CONFIGS, SIMT_CONFIGS, MatmulConfig
+from napkin.codegen.families.contraction import FAMILY, MMA_CONFIGS, SIMT_CONFIGS, WGMMA_CONFIGS, MatmulConfig
 from napkin.diagrams import library
 
 try:
@@ -65,3 +65,78 @@ def test_operand_layouts(a_first, b_first, dtype):
 @pytest.mark.parametrize("dtype", ["bf16", "fp16", "fp32"])
 def test_epilogue_scale_bias_silu_residual(dtype):
     check(mm_epilogue(), dtype, [dict(a=1000, b=520, c=776), dict(a=45, b=64, c=24)])
+
+
+# ---------------------------------------------------------------------------- the wgmma template
+
+def _hopper():
+    import torch
+
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the wgmma template needs an sm_90 GPU")
+
+
+def wgmma_schedule(diagram, dtype, sizes, cfg=WGMMA_CONFIGS[0]):
+    d = diagram.with_dtype(dtype).bind(**sizes)
+    return FAMILY.schedule(d, MatmulConfig(False, *cfg, wgmma=True))
+
+
+#: Shapes for the TMA path: every axis a multiple of 8 elements (16-byte rows whichever way the
+#: operands are stored), none a tile multiple; b = 8 is a single, mostly out-of-bounds chunk.
+WGMMA_SHAPES = [dict(a=1000, b=520, c=776), dict(a=88, b=72, c=200), dict(a=296, b=8, c=64)]
+
+
+@pytest.mark.parametrize("cfg", WGMMA_CONFIGS, ids=lambda c: f"{c[0]}x{c[1]}-w{c[3]}-s{c[5]}")
+def test_every_wgmma_configuration(cfg):
+    _hopper()
+    for shape in WGMMA_SHAPES[:2]:
+        check(library.get("mlp"), "bf16", [shape], schedule=wgmma_schedule(library.get("mlp"), "bf16", shape, cfg))
+
+
+@pytest.mark.parametrize("a_first,b_first", [(True, True), (True, False), (False, True), (False, False)],
+                         ids=["A[a,b]B[b,c]", "A[a,b]B[c,b]", "A[b,a]B[b,c]", "A[b,a]B[c,b]"])
+@pytest.mark.parametrize("cfg", [WGMMA_CONFIGS[0], WGMMA_CONFIGS[1]], ids=["128x256", "256x128"])
+def test_wgmma_operand_layouts(a_first, b_first, cfg):
+    _hopper()
+    d = mm_layout(a_first, b_first)
+    for shape in WGMMA_SHAPES:
+        check(d, "bf16", [shape], schedule=wgmma_schedule(d, "bf16", shape, cfg))
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
+def test_wgmma_epilogue_and_fp16(dtype):
+    _hopper()
+    d = mm_epilogue()
+    for shape in (dict(a=1000, b=520, c=776), dict(a=45, b=64, c=24)):
+        check(d, dtype, [shape], schedule=wgmma_schedule(d, dtype, shape, WGMMA_CONFIGS[2]))
+
+
+def test_model_picks_wgmma_on_hopper():
+    _hopper()
+    from napkin.codegen.api import compile as compile_diagram
+
+    cd = compile_diagram("matmul", sizes=dict(a=1024, b=1024, c=1024))
+    assert cd.program.launches[0].template == "matmul_wgmma.cu.jinja"
+    # rows of 1030 elements are not 16-byte multiples: the mma.sync template takes it
+    cd = compile_diagram("matmul", sizes=dict(a=1024, b=1024, c=1030))
+    assert cd.program.launches[0].template == "matmul_mma.cu.jinja"
+    check(library.get("matmul"), "bf16", [dict(a=1024, b=1024, c=1030)])
+
+
+def test_wgmma_misaligned_views_run_without_tma():
+    """TMA copies need 16-byte aligned operands: a contiguous view one element into its storage
+    runs on the best schedule without TMA instead, and is right."""
+    _hopper()
+    import torch
+
+    from napkin.codegen.api import compile as compile_diagram
+
+    cd = compile_diagram("matmul", sizes=dict(a=256, b=64, c=128))
+    assert cd.program.launches[0].template == "matmul_wgmma.cu.jinja"
+    base = torch.randn(256 * 64 + 1, device="cuda").to(torch.bfloat16)
+    A = base[1:].view(256, 64)  # 2 bytes past an aligned address
+    B = torch.randn(64, 128, device="cuda").to(torch.bfloat16)
+    Y = cd(A, B)
+    assert cd.without_tma().program.launches[0].template == "matmul_mma.cu.jinja"
+    torch.testing.assert_close(Y.float(), A.float() @ B.float(), rtol=2e-2, atol=2e-1)
+    torch.testing.assert_close(cd(A.clone(), B).float(), Y.float(), rtol=2e-2, atol=2e-1)

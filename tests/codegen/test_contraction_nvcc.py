@@ -12,7 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from napkin.codegen.families.contraction import FAMILY, MMA_CONFIGS, SIMT_CONFIGS, MatmulConfig
+from napkin.codegen.families.contraction import FAMILY, MMA_CONFIGS, SIMT_CONFIGS, WGMMA_CONFIGS, MatmulConfig
 from napkin.diagrams import Axis, Diagram, array, contract, library
 from napkin.diagrams.ops import map_fn
 from napkin.errors import CodegenError
@@ -47,9 +47,9 @@ def bound(d: Diagram, dtype: str) -> Diagram:
     return d.bind(**{k: v for k, v in SIZES.items() if k in d.axes})
 
 
-def case(name: str, d: Diagram, dtype: str, cfg: tuple, arch: str):
+def case(name: str, d: Diagram, dtype: str, cfg: tuple, arch: str, wgmma: bool = False):
     simt = dtype == "fp32"
-    return (name, bound(d, dtype), MatmulConfig(simt, *cfg), arch)
+    return (name, bound(d, dtype), MatmulConfig(simt, *cfg, wgmma=wgmma), arch)
 
 
 CASES = (
@@ -64,6 +64,12 @@ CASES = (
         case("batched-fp16", library.get("batched_matmul"), "fp16", MMA_CONFIGS[4], "sm_90a"),
         case("epilogue-bf16", mm_epilogue(), "bf16", MMA_CONFIGS[0], "sm_90a"),
     ]
+    + [case(f"wgmma-mlp-bf16-{c[0]}x{c[1]}", library.get("mlp"), "bf16", c, "sm_90a", True) for c in WGMMA_CONFIGS]
+    + [case(f"wgmma-{n}-{dt}", d, dt, WGMMA_CONFIGS[i % len(WGMMA_CONFIGS)], "sm_90a", True)
+       for i, (n, d, dt) in enumerate([("A[a,b]B[b,c]", mm_layout(True, True), "bf16"),
+                                       ("A[b,a]B[b,c]", mm_layout(False, True), "fp16"),
+                                       ("A[b,a]B[c,b]", mm_layout(False, False), "bf16"),
+                                       ("epilogue", mm_epilogue(), "fp16")])]
     + [case(f"mlp-fp32-{c[0]}x{c[1]}x{c[2]}", library.get("mlp"), "fp32", c, "sm_90a") for c in SIMT_CONFIGS]
     + [case("A[b,a]-batched-fp32", library.get("batched_matmul"), "fp32", SIMT_CONFIGS[0], "sm_80"),
        case("A[b,a]B[c,b]-fp32", mm_layout(False, False), "fp32", SIMT_CONFIGS[2], "sm_80")]
@@ -105,7 +111,15 @@ def test_lower_reads_tiles_from_the_schedule():
 def test_candidates_are_schedules_with_the_tiles():
     d = bound(library.get("matmul"), "bf16")
     cands = FAMILY.candidates(d, "h100", "bf16")
-    assert len(cands) == len(MMA_CONFIGS)
+    assert len(cands) == len(WGMMA_CONFIGS) + len(MMA_CONFIGS)
+    for s, cfg in zip(cands, WGMMA_CONFIGS):
+        assert "engine=wgmma" in s.notes
+        k = FAMILY.lower(d, s, "sm_90a").launches[0]
+        assert k.template == "matmul_wgmma.cu.jinja" and (k.grid, k.block) == (
+            ((1000 + cfg[0] - 1) // cfg[0] * ((776 + cfg[1] - 1) // cfg[1]), 1, 1), (128 * (cfg[0] // cfg[3] + 1), 1, 1))
+        assert [a.kind for a in k.args[:3]] == ["tmap", "tmap", "tensor"]
+        assert "wgmma.mma_async.sync.aligned.m64n%dk16" % cfg[1] in k.source
+    cands = cands[len(WGMMA_CONFIGS):]
     for s, cfg in zip(cands, MMA_CONFIGS):
         rel = {(r.axis, r.level, r.kind): r.size for r in s.kernels[0].relabels}
         assert rel[("a", "SMEM", "group")] == cfg[0] and rel[("c", "SMEM", "group")] == cfg[1]
@@ -129,6 +143,37 @@ def test_refusals():
     big = Schedule.fused(d, groups={"a": 128, "c": 256}, streams={"b": 64}, rf_groups={"a": 64, "c": 64})
     with pytest.raises(CodegenError, match="shared memory"):
         FAMILY.lower(d, big.replace(notes=("stages=4",)), "sm_80")
+
+
+def test_wgmma_only_where_it_can_run():
+    d = bound(library.get("matmul"), "bf16")
+    assert FAMILY.wgmma_reason(d, "h200") is None
+    assert "sm_80" in FAMILY.wgmma_reason(d, "a100-80gb")
+    assert not any("engine=wgmma" in s.notes for s in FAMILY.candidates(d, "a100-80gb", "bf16"))
+    assert "fp32" in FAMILY.wgmma_reason(bound(library.get("matmul"), "fp32"), "h100")
+    assert "batch" in FAMILY.wgmma_reason(bound(library.get("batched_matmul"), "bf16"), "h100")
+    odd = library.get("matmul").bind(a=1000, b=520, c=770)  # B rows of 770 bf16: 1540 bytes
+    assert "16 bytes" in FAMILY.wgmma_reason(odd, "h100")
+    assert not any("engine=wgmma" in s.notes for s in FAMILY.candidates(odd, "h100", "bf16"))
+    s = FAMILY.schedule(d, MatmulConfig(False, *WGMMA_CONFIGS[0], wgmma=True))
+    with pytest.raises(CodegenError, match="wgmma"):
+        FAMILY.lower(d, s, "sm_80")
+    bad = MatmulConfig(False, 128, 256, 32, 64, 256, 4, 1, wgmma=True)
+    with pytest.raises(CodegenError, match="must be 64"):
+        FAMILY.lower(d, FAMILY.schedule(d, bad), "sm_90a")
+    bad = MatmulConfig(False, 256, 256, 64, 128, 256, 3, 1, wgmma=True)
+    with pytest.raises(CodegenError, match="accumulators"):
+        FAMILY.lower(d, FAMILY.schedule(d, bad), "sm_90a")
+
+
+def test_wgmma_ranked_first_on_hopper():
+    from napkin.codegen.select import rank_candidates
+
+    d = library.get("matmul").bind(a=4096, b=4096, c=4096)
+    ranked = rank_candidates(d, FAMILY, "h100")
+    assert "engine=wgmma" in ranked[0][0].notes
+    best_mma = min(t for s, t in ranked if "engine=wgmma" not in s.notes)
+    assert ranked[0][1] < best_mma  # the model sees the mma.sync path's lower tensor rate
 
 
 def test_fp32_simt_source():
@@ -166,5 +211,8 @@ def test_builds_without_spills(builds, i):
     assert k.registers <= launch.model_regs_per_thread
     assert k.shared_bytes == 0  # all shared memory is the dynamic amount the launch asks for
     assert launch.shared_bytes <= SMEM_LIMIT[arch]
+    if cfg.wgmma:  # the ring plus 1 KB of alignment slack and 128 B of barriers
+        assert launch.shared_bytes == launch.model_smem_bytes + 1024 + 128
+        return
     assert launch.shared_bytes <= launch.model_smem_bytes * 1.25 or launch.shared_bytes <= \
         cfg.BM * (cfg.BN + 8) * (4 if cfg.simt else 2)  # padding of 8 per row, or the staging tile

@@ -11,11 +11,15 @@ if several); every other output axis is a batch axis (grid.y), broadcast where a
 it. Each operand may be stored either way round — ``A[a,b]`` or ``A[b,a]``, ``B[b,c]`` or
 ``B[c,b]`` (nn.Linear) — as its last axis says.
 
-Templates: ``matmul_mma.cu.jinja`` (bf16/fp16 on mma.sync m16n8k16, fp32 accumulation, ldmatrix,
-cp.async multi-stage pipeline, padded shared tiles) and ``matmul_simt.cu.jinja`` (fp32 FMA).
+Templates: ``matmul_wgmma.cu.jinja`` (Hopper, sm_90a: TMA copies into swizzled shared tiles,
+warpgroup mma from shared memory, a producer warpgroup and consumer warpgroups; bf16/fp16 without
+batch axes and with 16-byte aligned rows), ``matmul_mma.cu.jinja`` (bf16/fp16 on mma.sync
+m16n8k16, fp32 accumulation, ldmatrix, cp.async multi-stage pipeline, padded shared tiles; any
+GPU from sm_80) and ``matmul_simt.cu.jinja`` (fp32 FMA).
 Tile sizes come from the schedule: groups of ``a`` and ``c`` at SMEM (the block tile), the
-stream of ``b`` at SMEM (the chunk), groups of ``a`` and ``c`` at RF (the warp tile); the
-pipeline depth from a ``stages=N`` note (else the deepest that fits).
+stream of ``b`` at SMEM (the chunk), groups of ``a`` and ``c`` at RF (the warp or warpgroup
+tile); the pipeline depth from a ``stages=N`` note (else the deepest that fits), the engine from
+an ``engine=wgmma`` note (else mma.sync).
 
 >>> from napkin.diagrams import library
 >>> fam = ContractionFamily()
@@ -24,8 +28,8 @@ pipeline depth from a ``stages=N`` note (else the deepest that fits).
 >>> d = library.get("matmul_t").bind(a=1000, b=512, c=384)
 >>> s = fam.candidates(d, "h100", "bf16")[0]
 >>> prog = fam.lower(d, s, "sm_90a")
->>> prog.launches[0].grid, prog.launches[0].block
-((16, 1, 1), (256, 1, 1))
+>>> prog.launches[0].template, prog.launches[0].grid, prog.launches[0].block
+('matmul_wgmma.cu.jinja', (16, 1, 1), (384, 1, 1))
 """
 
 from __future__ import annotations
@@ -39,7 +43,7 @@ from ...errors import CodegenError
 from ...perfmodel.schedule import Schedule
 from ..plan import KernelLaunch, Program
 from ..render import Code, comment_lines, ident
-from .epilogue import (Param, check_epilogue, check_index_size, contiguous_strides, ctype, epilogue_code,
+from .epilogue import (Param, check_epilogue, tensormap_param, check_index_size, contiguous_strides, ctype, epilogue_code,
                        int_param, render, short_hash, signature, stride_param, tensor_param)
 
 __all__ = ["ContractionFamily", "MatmulProblem", "MatmulConfig", "analyze", "FAMILY"]
@@ -57,6 +61,17 @@ MMA_CONFIGS = (
     (128, 128, 32, 64, 64, 4, 2),
     (64, 128, 32, 32, 64, 4, 2),
     (64, 64, 32, 32, 32, 4, 4),
+)
+
+#: The wgmma template's configurations (sm_90a): BM, BN, BK (always 64: one 128-byte swizzled
+#: row), WM (rows per consumer warpgroup), WN (= BN: one wgmma spans the block's columns), ring
+#: stages, blocks per SM. 128 x 256 is the largest tile whose accumulators (128 fp32 per consumer
+#: thread) leave the consumers room after setmaxnreg.
+WGMMA_CONFIGS = (
+    (128, 256, 64, 64, 256, 4, 1),
+    (256, 128, 64, 128, 128, 4, 1),
+    (128, 192, 64, 64, 192, 5, 1),
+    (128, 128, 64, 64, 128, 6, 1),
 )
 
 #: The fp32 SIMT template's configurations (8 x 8 micro-tile per thread).
@@ -100,13 +115,22 @@ class MatmulConfig:
     WN: int
     stages: int
     blocks_per_sm: int = 1
+    wgmma: bool = False  # the Hopper template: WM rows per consumer warpgroup, WN = BN
 
     @property
     def threads(self) -> int:
+        if self.wgmma:
+            return 128 * (self.BM // self.WM + 1)  # a producer warpgroup and the consumers
         return (self.BM // self.WM) * (self.BN // self.WN) * 32
+
+    @property
+    def engine(self) -> str:
+        return "simt" if self.simt else "wgmma" if self.wgmma else "mma"
 
     def smem_bytes(self, p: MatmulProblem, elem: int) -> int:
         """Dynamic shared memory the kernel asks for (padded tiles)."""
+        if self.wgmma:  # the ring, 1 KB to align it on a swizzle atom, 128 B of mbarriers
+            return self.stages * (self.BM + self.BN) * self.BK * elem + 1024 + 128
         if self.simt:
             return 2 * self.BK * ((self.BM + SIMT_PAD) + (self.BN + SIMT_PAD)) * 4
         a_rows, a_cols = (self.BM, self.BK) if p.a_kmajor else (self.BK, self.BM)
@@ -120,8 +144,14 @@ class MatmulConfig:
         return self.stages * (self.BM * self.BK + self.BK * self.BN) * elem
 
     def model_regs(self) -> int:
-        """The register budget per thread: what keeps ``blocks_per_sm`` blocks resident."""
+        """The register budget per thread: what keeps ``blocks_per_sm`` blocks resident (the wgmma
+        template's consumers get more of it from the producer with setmaxnreg)."""
         return min(255, 65536 // (self.threads * self.blocks_per_sm) // 8 * 8)
+
+    def consumer_regs(self) -> int:
+        """Registers per consumer thread after setmaxnreg (the producer keeps 40)."""
+        consumers = self.BM // self.WM
+        return min(240, (65536 - 128 * 40) // (128 * consumers) // 8 * 8)
 
 
 def _reason_or_problem(diagram: Diagram) -> MatmulProblem | str:
@@ -219,17 +249,56 @@ class ContractionFamily:
         return self.why_not(diagram) is None
 
     # ------------------------------------------------------------------ propose
-    def configs(self, dtype: str) -> list[MatmulConfig]:
+    def configs(self, dtype: str, engine: str | None = None) -> list[MatmulConfig]:
+        """The tile configurations of one engine (default: the dtype's mma.sync or SIMT template)."""
+        if engine == "wgmma":
+            return [MatmulConfig(False, *c, wgmma=True) for c in WGMMA_CONFIGS]
         table = SIMT_CONFIGS if dtype == "fp32" else MMA_CONFIGS
         return [MatmulConfig(dtype == "fp32", *c) for c in table]
 
+    def wgmma_reason(self, diagram: Diagram, gpu=None, arch: str | None = None,
+                     dtype: str | None = None) -> str | None:
+        """Why the Hopper (wgmma + TMA) template cannot run ``diagram``, or None if it can.
+
+        >>> from napkin.diagrams import library
+        >>> d = library.get("matmul").bind(a=1000, b=512, c=384)
+        >>> FAMILY.wgmma_reason(d, "h100"), FAMILY.wgmma_reason(d, "a100-80gb")
+        (None, 'a100-80gb (sm_80) has no wgmma (it needs sm_90a)')
+        """
+        p = _reason_or_problem(diagram)
+        if isinstance(p, str):
+            return p
+        dtype = dtype or p.dtype
+        if dtype not in ("bf16", "fp16"):
+            return f"dtype {dtype}: the wgmma template multiplies bf16 or fp16"
+        if gpu is not None:
+            from ...perfmodel.hardware import get_gpu
+
+            g = get_gpu(gpu)
+            if not g.has_wgmma:
+                return f"{g.key} ({g.arch}) has no wgmma (it needs sm_90a)"
+        if arch is not None and arch != "sm_90a":
+            return f"{arch} has no wgmma (it needs sm_90a)"
+        if p.batch:
+            return f"batch axes {list(p.batch)}: the wgmma template's tensor maps are two-dimensional"
+        for v in (p.A, p.B):
+            last = diagram.sizes.get(v.axis_names[-1])
+            if isinstance(last, int) and (last * _elem(dtype)) % 16:
+                return (f"operand {v.label()}: rows of {last} elements are not a multiple of 16 bytes "
+                        f"(TMA copies need it)")
+        return None
+
     def candidates(self, diagram: Diagram, gpu, dtype: str) -> list[Schedule]:
-        """One fused schedule per tile configuration that fits the GPU's shared memory."""
+        """One fused schedule per tile configuration that fits the GPU's shared memory (the wgmma
+        template's first where the GPU and the problem allow it)."""
         p = analyze(diagram)
         dtype = dtype or p.dtype
         limit = _smem_limit(gpu)
         out = []
-        for cfg in self.configs(dtype):
+        cfgs = self.configs(dtype)
+        if self.wgmma_reason(diagram, gpu, dtype=dtype) is None:
+            cfgs = self.configs(dtype, "wgmma") + cfgs
+        for cfg in cfgs:
             if cfg.smem_bytes(p, _elem(dtype)) > limit:
                 continue
             out.append(self.schedule(diagram, cfg, gpu=gpu, dtype=dtype))
@@ -241,7 +310,10 @@ class ContractionFamily:
         s = Schedule.fused(diagram, groups={p.a: cfg.BM, p.c: cfg.BN}, streams={p.b: cfg.BK},
                            rf_groups={p.a: cfg.WM, p.c: cfg.WN}, gpu=_gpu_key(gpu),
                            dtype=dtype or p.dtype)
-        return s.replace(notes=(f"stages={cfg.stages}", f"blocks_per_sm={cfg.blocks_per_sm}"))
+        notes = (f"stages={cfg.stages}", f"blocks_per_sm={cfg.blocks_per_sm}")
+        if cfg.wgmma:
+            notes += ("engine=wgmma",)
+        return s.replace(notes=notes)
 
     def launch_estimate(self, diagram: Diagram, schedule: Schedule, gpu=None) -> dict:
         """What the roofline cannot see: blocks, threads, register budget, shared memory and the
@@ -253,9 +325,14 @@ class ContractionFamily:
         blocks = math.ceil(sz[p.a] / cfg.BM) * math.ceil(sz[p.c] / cfg.BN) * nbatch
         elem = _elem(p.dtype)
         chunk = (cfg.BM + cfg.BN) * cfg.BK * elem
-        return dict(blocks=blocks, threads=cfg.threads, regs=cfg.model_regs(),
-                    smem=cfg.smem_bytes(p, elem),
-                    in_flight_bytes_per_thread=chunk * max(1, cfg.stages - 1) / cfg.threads)
+        est = dict(blocks=blocks, threads=cfg.threads, regs=cfg.model_regs(),
+                   smem=cfg.smem_bytes(p, elem),
+                   in_flight_bytes_per_thread=chunk * max(1, cfg.stages - 1) / cfg.threads)
+        if cfg.wgmma:
+            # the tensor cores read both operands from SMEM themselves while the next wgmma is
+            # issued: the datasheet tensor path, operand traffic overlapped
+            est.update(tensor_path="peak", overlap_operands=True)
+        return est
 
     # ------------------------------------------------------------------ lower
     def config_of(self, p: MatmulProblem, schedule: Schedule, arch: str | None = None) -> MatmulConfig:
@@ -289,11 +366,18 @@ class ContractionFamily:
         WM = sizes["WM"] or min(default.WM, BM)
         WN = sizes["WN"] or min(default.WN, BN)
         stages = blocks = None
+        engine = "simt" if simt else "mma"
         for note in schedule.notes:
             if isinstance(note, str) and note.startswith("stages="):
                 stages = int(note.split("=", 1)[1])
             if isinstance(note, str) and note.startswith("blocks_per_sm="):
                 blocks = int(note.split("=", 1)[1])
+            if isinstance(note, str) and note.startswith("engine="):
+                engine = note.split("=", 1)[1]
+        if engine == "wgmma":
+            return self._wgmma_config(p, schedule, arch, sizes, stages)
+        if engine not in ("mma", "simt"):
+            raise CodegenError(f"contraction family: unknown engine {engine!r} (wgmma, mma or simt)")
         known = [c for c in self.configs(p.dtype) if (c.BM, c.BN, c.BK, c.WM, c.WN) == (BM, BN, BK, WM, WN)]
         if blocks is None:
             blocks = known[0].blocks_per_sm if known else 1
@@ -311,6 +395,37 @@ class ContractionFamily:
                         break
         cfg = MatmulConfig(simt, BM, BN, BK, WM, WN, stages, blocks)
         self._check_config(cfg, p)
+        return cfg
+
+    def _wgmma_config(self, p: MatmulProblem, schedule: Schedule, arch: str | None, sizes: dict,
+                      stages: int | None) -> MatmulConfig:
+        why = self.wgmma_reason(schedule.diagram, arch=arch)
+        if why:
+            raise CodegenError(f"contraction family: the schedule asks for engine=wgmma, but {why}; "
+                               "drop the note to use the mma.sync template")
+        d = MatmulConfig(False, *WGMMA_CONFIGS[0], wgmma=True)
+        BM, BN = sizes["BM"] or d.BM, sizes["BN"] or d.BN
+        BK, WM, WN = sizes["BK"] or 64, sizes["WM"] or min(d.WM, BM), sizes["WN"] or BN
+        known = [c for c in self.configs(p.dtype, "wgmma") if (c.BM, c.BN, c.WM) == (BM, BN, WM)]
+        if stages is None:
+            stages = known[0].stages if known else 4
+        cfg = MatmulConfig(False, BM, BN, BK, WM, WN, stages, 1, wgmma=True)
+        what = f"contraction family (wgmma): tiles g_{p.a}={BM}, g_{p.c}={BN}, s_{p.b}={BK}, " \
+               f"w_{p.a}={WM}, w_{p.c}={WN}"
+        if BK != 64:
+            raise CodegenError(f"{what}: s_{p.b} must be 64 (one 128-byte swizzled row)")
+        if WN != BN or BN % 64 or not 64 <= BN <= 256:
+            raise CodegenError(f"{what}: w_{p.c} must equal g_{p.c}, a multiple of 64 up to 256 (one wgmma "
+                               "spans the block's columns)")
+        if WM not in (64, 128) or BM % WM or BM // WM not in (1, 2):
+            raise CodegenError(f"{what}: w_{p.a} is 64 or 128 rows per consumer warpgroup, 1 or 2 of them")
+        if WM * BN // 128 > 128:
+            raise CodegenError(f"{what}: {WM * BN // 128} fp32 accumulators per thread; at most 128 fit")
+        if not 2 <= stages <= 8:
+            raise CodegenError(f"{what}: stages must be 2 to 8, got {stages}")
+        smem, limit = cfg.smem_bytes(p, 2), _smem_limit(None, arch)
+        if smem > limit:
+            raise CodegenError(f"{what}: {stages} stages need {smem} bytes of shared memory; {limit} fit")
         return cfg
 
     def _check_config(self, cfg: MatmulConfig, p: MatmulProblem) -> None:
@@ -348,7 +463,7 @@ class ContractionFamily:
         if not diagram.is_bound:
             raise CodegenError(f"contraction family: bind the sizes of {diagram.name!r} first")
         cfg = self.config_of(p, schedule, arch)
-        launch = self._launch(diagram, p, cfg, arch)
+        launch = (self._launch_wgmma if cfg.wgmma else self._launch)(diagram, p, cfg, arch)
         return Program(diagram, schedule, self.name, (launch,), (), dict(diagram.sizes))
 
     def _launch(self, d: Diagram, p: MatmulProblem, cfg: MatmulConfig, arch: str) -> KernelLaunch:
@@ -423,6 +538,54 @@ class ContractionFamily:
             model_regs_per_thread=cfg.model_regs(),
         )
 
+    def _launch_wgmma(self, d: Diagram, p: MatmulProblem, cfg: MatmulConfig, arch: str) -> KernelLaunch:
+        T = p.dtype
+        sz = d.sizes
+        M, N, K = sz[p.a], sz[p.c], sz[p.b]
+        out_name = d.output_names[0]
+        check_index_size(M, f"axis {p.a!r} of {p.A.label()}", cfg.BM, "contraction")
+        check_index_size(N, f"axis {p.c!r} of {p.B.label()}", cfg.BN, "contraction")
+        check_index_size(K, f"axis {p.b!r} of {p.A.label()}", cfg.BK, "contraction")
+        # TMA boxes (innermost first): a K-major operand moves as one [rows][64] box per chunk, an
+        # MN-major one as [64 k][64 mn] boxes side by side
+        box_a = (64, cfg.BM) if p.a_kmajor else (64, 64)
+        box_b = (64, cfg.BN) if p.b_kmajor else (64, 64)
+        params: list[Param] = [
+            tensormap_param(p.A, "tmA", box_a),
+            tensormap_param(p.B, "tmB", box_b),
+            tensor_param(p.out, "Y", T, const=False, name=out_name),
+            int_param("M", M), int_param("N", N), int_param("K", K),
+            int_param("ldy", contiguous_strides(p.out)[p.a], f"row stride of {out_name}[{','.join(p.out.axis_names)}]"),
+        ]
+        index_vars = {ax: ident(ax, "i_") for ax in (p.a, p.c)}
+        epi = epilogue_code(d, p.contraction, p.out, index_vars=index_vars, ctype_name=T)
+        params += epi.params
+        layout = ("k" if p.a_kmajor else "m") + ("k" if p.b_kmajor else "n")
+        tag = short_hash(T, layout, [str(x) for x in epi.lines], cfg)
+        kname = Code(f"napkin_mm_wgmma_{T}_{cfg.BM}x{cfg.BN}x{cfg.BK}_w{cfg.WM}_s{cfg.stages}_{layout}_{tag}")
+        nacc = cfg.BN // 2
+        ctx = dict(
+            kname=kname, T=ctype(T), AB=Code("bf16" if T == "bf16" else "f16"), BM=cfg.BM, BN=cfg.BN,
+            WM=cfg.WM, STAGES=cfg.stages, GROUP_M=GROUP_M, A_KMAJOR=p.a_kmajor, B_KMAJOR=p.b_kmajor,
+            CONSUMER_REGS=cfg.consumer_regs(), NACC=nacc,
+            acc_operands=Code("{" + ", ".join(f"%{i}" for i in range(nacc)) + "}"),
+            acc_constraints=Code(", ".join(f'"+f"(d[{i}])' for i in range(nacc))),
+            params=signature(params), legend=comment_lines(self._legend(d, p, cfg, epi.boxes)),
+            idx_a=index_vars[p.a], idx_c=index_vars[p.c],
+            epi_body=epi.body("      "), epi_result=epi.result, epi_identity=epi.is_identity,
+        )
+        source = render("matmul_wgmma.cu.jinja", **ctx)
+        tiles = math.ceil(M / cfg.BM) * math.ceil(N / cfg.BN)
+        tunables = (("BM", cfg.BM), ("BN", cfg.BN), ("BK", cfg.BK), ("WM", cfg.WM), ("WN", cfg.WN),
+                    ("stages", cfg.stages), ("engine", "wgmma"), ("a_kmajor", p.a_kmajor),
+                    ("b_kmajor", p.b_kmajor))
+        return KernelLaunch(
+            name=str(kname), source=source, grid=(tiles, 1, 1), block=(cfg.threads, 1, 1),
+            shared_bytes=cfg.smem_bytes(p, 2), args=tuple(x.arg for x in params),
+            template="matmul_wgmma.cu.jinja", tunables=tunables, model_smem_bytes=cfg.model_smem_bytes(2),
+            model_regs_per_thread=cfg.consumer_regs(),
+        )
+
     @staticmethod
     def _legend(d: Diagram, p: MatmulProblem, cfg: MatmulConfig, boxes) -> list[str]:
         lines = [
@@ -432,6 +595,8 @@ class ContractionFamily:
             f"  {p.a} -> M (rows, any size):    g_{p.a} = BM = {cfg.BM}, w_{p.a} = WM = {cfg.WM}",
             f"  {p.c} -> N (columns, any size): g_{p.c} = BN = {cfg.BN}, w_{p.c} = WN = {cfg.WN}",
             f"  {p.b} -> K (summed, any size):  s_{p.b} = BK = {cfg.BK}, stages = {cfg.stages}",
+            *([f"  engine: wgmma + TMA, {cfg.BM // cfg.WM} consumer warpgroup(s) of {cfg.WM} rows, "
+               f"one producer warpgroup"] if cfg.wgmma else []),
             f"  A stored {'[a][b]' if p.a_kmajor else '[b][a]'}, B stored "
             f"{'[c][b]' if p.b_kmajor else '[b][c]'}",
         ]
