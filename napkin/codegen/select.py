@@ -221,8 +221,9 @@ def local_work(schedule: Schedule, *, tensor_cores: bool = False):
 #: How napkin's own kernel templates issue their work, per family, where the roofline cannot see
 #: it (a family's ``launch_estimate`` may set any of these keys itself, which wins):
 #:
-#: * ``tensor_path="mma.sync"``: the contraction and attention templates issue warp-level
-#:   ``mma.sync`` (m16n8k16), also on sm_90, whose rate is ``GPU.mma_sync_fraction`` of the
+#: * ``tensor_path="mma.sync"``: the contraction (except its wgmma configurations, whose
+#:   ``launch_estimate`` says ``tensor_path="peak"``, ``overlap_operands=True``) and attention
+#:   templates issue warp-level ``mma.sync`` (m16n8k16), also on sm_90, whose rate is ``GPU.mma_sync_fraction`` of the
 #:   datasheet (647 / 989.4 TFLOP/s measured on an H200);
 #: * ``overlap_operands=False``: their warps load operands from SMEM (``ldmatrix``) and issue the
 #:   mma from one instruction stream, 2 warps per scheduler: ncu on an H200 shows 0.37 issued
