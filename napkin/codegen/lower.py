@@ -235,7 +235,7 @@ def lower(diagram, schedule: Schedule | None = None, *, gpu=None, dtype: str | N
     last: Exception | None = None
     for fam in fams:
         try:
-            sched = _fit_schedule(schedule, d) if schedule is not None else choose_schedule(d, fam, gpu_p, dt)
+            sched = _fit_schedule(schedule, d) if schedule is not None else choose_schedule(d, fam, gpu_p, dt, arch=arch)
             prog = fam.lower(d, sched, arch)
             if not isinstance(prog, Program):
                 raise CodegenError(f"family {fam.name}: lower() returned {type(prog).__name__}, not a Program")

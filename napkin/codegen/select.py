@@ -349,6 +349,14 @@ def rank_candidates(diagram: Diagram, family, gpu, dtype: str | None = None) -> 
     return [(r.schedule, r.seconds) for r in rank(diagram, family, gpu, dtype)]
 
 
-def choose_schedule(diagram: Diagram, family, gpu, dtype: str | None = None) -> Schedule:
-    """The candidate with the lowest predicted time."""
-    return rank(diagram, family, gpu, dtype)[0].schedule
+def choose_schedule(diagram: Diagram, family, gpu, dtype: str | None = None, arch: str | None = None) -> Schedule:
+    """The candidate with the lowest predicted time (among those the family can build for
+    ``arch``, when it says: ``family.builds_for(schedule, arch)``)."""
+    ranked = rank(diagram, family, gpu, dtype)
+    fam = _family(family)
+    builds_for = getattr(fam, "builds_for", None)
+    if arch is not None and builds_for is not None:
+        usable = [r for r in ranked if builds_for(r.schedule, arch)]
+        if usable:
+            return usable[0].schedule
+    return ranked[0].schedule

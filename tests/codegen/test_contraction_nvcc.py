@@ -166,6 +166,14 @@ def test_wgmma_only_where_it_can_run():
         FAMILY.lower(d, FAMILY.schedule(d, bad), "sm_90a")
 
 
+def test_lowering_for_sm_80_with_a_hopper_profile_takes_mma_sync():
+    from napkin.codegen.lower import lower
+
+    d = library.get("matmul").bind(a=512, b=512, c=512)
+    assert lower(d, gpu="h100", arch="sm_90a").launches[0].template == "matmul_wgmma.cu.jinja"
+    assert lower(d, gpu="h100", arch="sm_80").launches[0].template == "matmul_mma.cu.jinja"
+
+
 def test_wgmma_ranked_first_on_hopper():
     from napkin.codegen.select import rank_candidates
 

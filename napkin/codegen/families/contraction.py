@@ -288,6 +288,11 @@ class ContractionFamily:
                         f"(TMA copies need it)")
         return None
 
+    def builds_for(self, schedule: Schedule, arch: str) -> bool:
+        """Whether ``schedule`` can be built for ``arch`` (its wgmma configurations need sm_90a:
+        a schedule ranked for an H100 but compiled for sm_80 takes the best mma.sync one)."""
+        return "engine=wgmma" not in schedule.notes or arch == "sm_90a"
+
     def candidates(self, diagram: Diagram, gpu, dtype: str) -> list[Schedule]:
         """One fused schedule per tile configuration that fits the GPU's shared memory (the wgmma
         template's first where the GPU and the problem allow it)."""
