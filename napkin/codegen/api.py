@@ -180,20 +180,21 @@ class CompiledDiagram:
                    if a.kind == "tmap")
 
     def without_tma(self) -> "CompiledDiagram":
-        """The same diagram lowered with the model's best schedule that copies no tile with TMA
-        (the wgmma template needs 16-byte aligned operands; a contiguous view one element into its
-        storage is still a valid argument, so it runs here instead)."""
+        """The same diagram lowered with the model's best schedule whose kernels copy no tile with
+        TMA (TMA needs 16-byte aligned operands; a contiguous view one element into its storage is
+        still a valid argument, so it runs here instead)."""
         if self._without_tma_program is None:
             from .lower import lower
             from .select import rank
 
-            plain = [r.schedule for r in rank(self.diagram, self.family, self.gpu)
-                     if "engine=wgmma" not in r.schedule.notes]
-            if not plain:
+            for r in rank(self.diagram, self.family, self.gpu):
+                program = lower(self.diagram, r.schedule, gpu=self.gpu, family=self.family, arch=self.arch)
+                if not any(a.kind == "tmap" for k in program.launches for a in k.args):
+                    self._without_tma_program = CompiledDiagram(program, arch=self.arch, gpu=self.gpu)
+                    break
+            else:
                 raise LaunchError(f"{self.diagram.name}: the inputs are not 16-byte aligned and no "
                                   "schedule without TMA copies exists; pass aligned tensors (.clone())")
-            program = lower(self.diagram, plain[0], gpu=self.gpu, family=self.family, arch=self.arch)
-            self._without_tma_program = CompiledDiagram(program, arch=self.arch, gpu=self.gpu)
         return self._without_tma_program
 
     def empty_outputs(self, device="cuda", fill: float | None = None) -> dict:

@@ -43,8 +43,8 @@ from ...errors import CodegenError
 from ...perfmodel.schedule import Schedule
 from ..plan import KernelLaunch, Program
 from ..render import Code, comment_lines, ident
-from .epilogue import (Param, check_epilogue, tensormap_param, check_index_size, contiguous_strides, ctype, epilogue_code,
-                       int_param, render, short_hash, signature, stride_param, tensor_param)
+from .epilogue import (Param, check_epilogue, check_index_size, contiguous_strides, ctype, epilogue_code,
+                       int_param, render, short_hash, signature, stride_param, tensor_param, tensormap_param)
 
 __all__ = ["ContractionFamily", "MatmulProblem", "MatmulConfig", "analyze", "FAMILY"]
 
@@ -291,7 +291,7 @@ class ContractionFamily:
     def builds_for(self, schedule: Schedule, arch: str) -> bool:
         """Whether ``schedule`` can be built for ``arch`` (its wgmma configurations need sm_90a:
         a schedule ranked for an H100 but compiled for sm_80 takes the best mma.sync one)."""
-        return "engine=wgmma" not in schedule.notes or arch == "sm_90a"
+        return "engine=wgmma" not in schedule.notes or self.wgmma_reason(schedule.diagram, arch=arch) is None
 
     def candidates(self, diagram: Diagram, gpu, dtype: str) -> list[Schedule]:
         """One fused schedule per tile configuration that fits the GPU's shared memory (the wgmma
