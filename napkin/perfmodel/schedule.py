@@ -112,16 +112,83 @@ class Relabel:
         return f"{self.axis} → {self.symbol}={self.size}@{self.level}"
 
 
+#: Instruction paths a kernel may name (``KernelOptions.engine``).
+ENGINES = ("wgmma", "mma.sync", "simt", "scalar")
+
+
+@dataclass(frozen=True)
+class KernelOptions:
+    """How one kernel runs beyond its tiles: the launch facts a family's template is built with.
+
+    Every field is optional (``None``: the family's default). Relabellings say the tiles and
+    streams per level; these say the rest, as typed fields (never note strings):
+
+    - ``engine``: the tensor-core or core instruction path (:data:`ENGINES`);
+    - ``stages``: pipeline depth (cp.async stages, or slots of a TMA ring);
+    - ``warps``: warps per block; ``warpgroups``: consumer warpgroups (wgmma);
+    - ``threads_per_row``: threads sharing one row (row-wise kernels);
+    - ``blocks_per_sm``: residency the register budget is sized for;
+    - ``regs_per_thread``: the register budget the kernel is compiled with.
+
+    >>> KernelOptions(engine="wgmma", stages=4).to_dict()
+    {'engine': 'wgmma', 'stages': 4}
+    """
+
+    engine: str | None = None
+    stages: int | None = None
+    warps: int | None = None
+    warpgroups: int | None = None
+    threads_per_row: int | None = None
+    blocks_per_sm: int | None = None
+    regs_per_thread: int | None = None
+
+    def __post_init__(self):
+        if self.engine is not None and self.engine not in ENGINES:
+            raise ScheduleError(f"unknown engine {self.engine!r}; engines are {', '.join(ENGINES)}")
+        for f in dataclasses.fields(self):
+            if f.name == "engine":
+                continue
+            v = getattr(self, f.name)
+            if v is None:
+                continue
+            if isinstance(v, bool) or not hasattr(v, "__index__") or int(v) < 1:
+                raise ScheduleError(f"kernel option {f.name} must be a positive integer, got {v!r}")
+            object.__setattr__(self, f.name, int(v))
+
+    def to_dict(self) -> dict:
+        """The fields that are set (a stable, JSON-able form)."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if getattr(self, f.name) is not None}
+
+    @classmethod
+    def from_dict(cls, data: Mapping) -> "KernelOptions":
+        known = {f.name for f in dataclasses.fields(cls)}
+        extra = sorted(set(data) - known)
+        if extra:
+            raise ScheduleError(f"unknown kernel option(s) {', '.join(extra)}; options are {', '.join(sorted(known))}")
+        return cls(**dict(data))
+
+    def __str__(self) -> str:
+        return ", ".join(f"{k}={v}" for k, v in self.to_dict().items())
+
+
 @dataclass(frozen=True)
 class Kernel:
-    """Boxes fused into one kernel (named by the arrays they compute) and how it runs."""
+    """Boxes fused into one kernel (named by the arrays they compute) and how it runs.
+
+    ``family`` names the code-generation family that builds it (None: not planned yet) and
+    ``options`` its typed launch options (:class:`KernelOptions`).
+    """
 
     name: str
     boxes: tuple[str, ...]
     relabels: tuple[Relabel, ...] = ()
     placement: tuple[tuple[str, str], ...] = ()  # (array name, level) overrides
+    family: str | None = None
+    options: KernelOptions = KernelOptions()
 
     def __post_init__(self):
+        if not isinstance(self.options, KernelOptions):
+            raise ScheduleError(f"kernel {self.name!r}: options must be KernelOptions, got {self.options!r}")
         object.__setattr__(self, "boxes", tuple(self.boxes))
         object.__setattr__(self, "relabels", tuple(self.relabels))
         if isinstance(self.placement, Mapping):
@@ -160,7 +227,9 @@ class Kernel:
 
     def __str__(self) -> str:
         rel = ", ".join(str(r) for r in self.relabels) or "no relabels"
-        return f"kernel {self.name}: {' '.join(self.boxes)} [{rel}]"
+        fam = f" {self.family}" if self.family else ""
+        opts = f" ({self.options})" if self.options.to_dict() else ""
+        return f"kernel {self.name}{fam}: {' '.join(self.boxes)} [{rel}]{opts}"
 
 
 def _parse_relabel_spec(spec: Mapping | None, kind: str, default_level: str) -> list[Relabel]:
