@@ -30,7 +30,7 @@ import typer
 
 from . import __version__
 from .cli_common import (DEFAULT_DTYPE, DEFAULT_GPU, DtypeOpt, GpuOpt, JsonOpt, NameArg, SizesOpt,  # noqa: F401
-                         UsageError, console, format_sizes, handle_errors, load_bound, parse_sizes,
+                         UsageError, console, format_sizes, handle_errors, load_bound, parse_sizes, print_warning,
                          print_error, print_json)
 from .errors import NapkinError
 
@@ -225,44 +225,76 @@ def _progress():
     return say
 
 
+def _plan(diagram, gpu: str, dtype: str, group, stream, *, quiet: bool, explain: bool = True):
+    """The derivation of ``diagram`` with the pinned relabellings (one planner for cost, derive
+    and generate)."""
+    from .codegen.planner import derive as run_derive
+    from .perfmodel.report import parse_relabels
+
+    fixed = parse_relabels(group, stream)
+    return run_derive(diagram, gpu, dtype, fixed=fixed, explain=explain, progress=None if quiet else _progress())
+
+
 @app.command()
 @handle_errors
 def cost(name: NameArg, size: SizesOpt = None, gpu: GpuOpt = DEFAULT_GPU, dtype: DtypeOpt = DEFAULT_DTYPE,
          group: GroupOpt = None, stream: StreamOpt = None, symbolic: SymbolicOpt = False,
+         explain: Annotated[bool, typer.Option("--explain", help="Also list every assumption of the "
+                            "prediction that is not a datasheet fact, with its value and source.")] = False,
          json_out: JsonOpt = False) -> None:
-    """Per level H (transfers), M (memory), FLOPs and predicted time of a schedule.
+    """Per level H (transfers), M (memory), FLOPs and predicted time of the derived plan.
 
     --group/--stream pin relabellings; whatever is not given is chosen by derive.
     Sizes default to the library's example sizes.
     """
-    from .perfmodel.report import cost_report, format_cost_report, parse_relabels
+    from .perfmodel.report import cost_report, format_cost_report
 
     diagram = load_bound(name, size, use_defaults=True)
-    fixed = parse_relabels(group, stream)
-    rep = cost_report(diagram, gpu, dtype, fixed, symbolic=symbolic, progress=None if json_out else _progress())
+    der = _plan(diagram, gpu, dtype, group, stream, quiet=json_out, explain=False)
+    rep = cost_report(der.plan, symbolic=symbolic)
+    if explain:
+        rep["assumptions"] = _assumptions(der.plan)
     if json_out:
         print_json(rep)
         return
     typer.echo(format_cost_report(rep))
+    if explain:
+        typer.echo("assumptions (not datasheet facts):")
+        for a in rep["assumptions"]:
+            typer.echo(f"  {a['name']} = {a['value']}  ({a['source']})")
+
+
+def _assumptions(plan) -> list[dict]:
+    """Every named assumption of the prediction (profile and family fields), JSON-safe."""
+    from .perfmodel.hardware import get_gpu
+    from .perfmodel import predict
+
+    explain_fn = getattr(predict, "explain_assumptions", None)
+    if explain_fn is None:
+        return []
+    rows = explain_fn(get_gpu(plan.gpu))
+    return [{"name": str(n), "value": v if isinstance(v, (int, float, str)) else str(v), "source": str(src)}
+            for n, v, src in rows]
 
 
 @app.command()
 @handle_errors
 def derive(name: NameArg, size: SizesOpt = None, gpu: GpuOpt = DEFAULT_GPU, dtype: DtypeOpt = DEFAULT_DTYPE,
            group: GroupOpt = None, stream: StreamOpt = None,
-           top: Annotated[int, typer.Option("--top", help="How many ranked candidates to show.")] = 5,
+           top: Annotated[int, typer.Option("--top", help="How many configurations of the costliest kernel "
+                                            "to show.")] = 5,
            json_out: JsonOpt = False,
            svg: Annotated[Optional[Path], typer.Option("--svg", metavar="FILE",
-                          help="Also draw the chosen schedule (wires coloured by level).")] = None,
-           pseudocode: Annotated[bool, typer.Option("--pseudocode", help="Print the chosen schedule as "
+                          help="Also draw the plan (wires coloured by level).")] = None,
+           pseudocode: Annotated[bool, typer.Option("--pseudocode", help="Print the plan as "
                                  "pseudocode with the memory held per column.")] = False) -> None:
-    """Derive the IO-aware algorithm: naive → fuse → group → stream, then the tile search."""
-    from .perfmodel.derive import derive as run_derive
-    from .perfmodel.report import _check_fixed_axes, parse_relabels
+    """Derive the plan: the method's steps (naive → fuse → group → stream), then the kernels, each
+    with the family that builds it, its tiles and options. `napkin generate` builds this plan."""
+    from .codegen.planner import derive as run_derive
+    from .perfmodel.report import parse_relabels
 
     diagram = load_bound(name, size, use_defaults=True)
     fixed = parse_relabels(group, stream)
-    _check_fixed_axes(diagram, fixed)
     der = run_derive(diagram, gpu, dtype, fixed=fixed, top=top, progress=None if json_out else _progress())
     if svg is not None:
         from .perfmodel.view import scheduled_svg
@@ -277,6 +309,8 @@ def derive(name: NameArg, size: SizesOpt = None, gpu: GpuOpt = DEFAULT_GPU, dtyp
         print_json(out)
         return
     typer.echo(str(der))
+    for note in der.plan.notes:
+        print_warning(note)
     if pseudocode:
         from .perfmodel.view import pseudocode as code
 
@@ -312,19 +346,32 @@ CudaOutOpt = Annotated[
 @app.command()
 @handle_errors
 def generate(name: NameArg, size: SizesOpt = None, gpu: GpuOpt = DEFAULT_GPU, dtype: DtypeOpt = DEFAULT_DTYPE,
-             output: CudaOutOpt = None) -> None:
-    """Write the kernel for the derived schedule as one self-contained .cu (no GPU needed).
+             group: GroupOpt = None, stream: StreamOpt = None, output: CudaOutOpt = None,
+             json_out: JsonOpt = False) -> None:
+    """Write the kernels of the derived plan as one self-contained .cu (no GPU needed).
 
     The device library is inlined, so `nvcc -cubin -gencode=arch=compute_90a,code=sm_90a FILE.cu`
-    compiles it as it stands.
+    compiles it as it stands. --json prints the plan (the same object `napkin derive --json`
+    prints under "plan") and the launches.
     """
-    from .codegen.generate import generate_source
+    from .codegen.generate import generate_program
 
     diagram = load_bound(name, size, use_defaults=True)
-    text = generate_source(diagram, gpu=gpu, dtype=dtype)
+    der = _plan(diagram, gpu, dtype, group, stream, quiet=json_out, explain=False)
+    text, program = generate_program(diagram, gpu=gpu, plan=der.plan)
+    if json_out and output is not None and str(output) == "-":
+        raise UsageError("generate --json prints the plan on stdout; give the .cu a file name with -o FILE")
     path = _write_output("generate", text, output, Path(f"{diagram.name}.cu"))
+    if json_out:
+        print_json({"plan": program.plan.to_dict(), "output": str(path) if path is not None else None,
+                    "launches": [{"name": k.name, "template": k.template, "grid": list(k.grid),
+                                  "block": list(k.block), "shared_bytes": k.shared_bytes} for k in program.launches],
+                    "buffers": [b.name for b in program.buffers]})
+        return
+    for note in program.plan.notes:
+        print_warning(note)
     if path is not None:
-        typer.echo(text.split("\n\n", 1)[0])  # the header comment: schedule and launches
+        typer.echo(text.split("\n\n", 1)[0])  # the header comment: plan and launches
         typer.echo(f"wrote {path} ({len(text.encode('utf-8')) / 1024:.1f} KiB)")
 
 

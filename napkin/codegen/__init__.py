@@ -3,7 +3,7 @@ run time and checked against PyTorch.
 
 - :func:`compile` (``napkin.codegen.api``): diagram → :class:`CompiledDiagram` callable on
   torch CUDA tensors;
-- ``napkin.codegen.lower.lower``: diagram → :class:`~napkin.codegen.plan.Program`
+- ``napkin.codegen.lower.lower``: diagram → :class:`~napkin.codegen.program.Program`
   (families tried in order: rowwise, contraction, attention, fallback);
 - :func:`rank_candidates` (``napkin.codegen.select``): a family's schedules ranked by the
   performance model;

@@ -4,8 +4,9 @@
 >>> ln = cg.compile("layernorm", sizes={"r": 4096, "x": 4096})   # doctest: +SKIP
 >>> Y = ln(X, gamma, beta)                                       # doctest: +SKIP
 
-:func:`compile` binds the sizes, lowers the diagram (family and schedule chosen by
-:mod:`napkin.codegen.lower` and :mod:`napkin.codegen.select` unless given) and compiles every
+:func:`compile` binds the sizes, derives the plan (:func:`napkin.codegen.planner.derive`: the
+partition into kernels, each kernel's family, tiles and options), builds it
+(:func:`napkin.codegen.lower.build`) and compiles every
 launch with :func:`napkin.kernels.compile_kernel` (one NVRTC compilation per program, cached on
 disk). The :class:`CompiledDiagram` checks its tensors (dtype, shape from the bound axes,
 device, contiguity; a :class:`~napkin.errors.LaunchError` names the argument), allocates the
@@ -19,7 +20,7 @@ import math
 from typing import Mapping
 
 from ..errors import LaunchError
-from .plan import Program
+from .program import Program
 
 __all__ = ["compile", "CompiledDiagram"]
 
@@ -27,12 +28,14 @@ __all__ = ["compile", "CompiledDiagram"]
 class CompiledDiagram:
     """A lowered, compiled diagram; call it with torch CUDA tensors.
 
-    Attributes: ``diagram`` (bound), ``program``, ``schedule``, ``family``, ``source`` (all
-    kernels with the device library inlined: one self-contained .cu), ``arch``, ``gpu``.
+    Attributes: ``diagram`` (bound), ``plan`` (what derive derived), ``program``, ``schedule``,
+    ``family``, ``source`` (all kernels with the device library inlined: one self-contained .cu),
+    ``arch``, ``gpu``.
     """
 
     def __init__(self, program: Program, *, arch: str | None = None, gpu=None, kernels=None):
         self.program = program
+        self.plan = program.plan
         self.diagram = program.diagram
         self.schedule = program.schedule
         self.family = program.family
@@ -184,17 +187,22 @@ class CompiledDiagram:
         TMA (TMA needs 16-byte aligned operands; a contiguous view one element into its storage is
         still a valid argument, so it runs here instead)."""
         if self._without_tma_program is None:
-            from .lower import lower
-            from .select import rank
+            from ..errors import NapkinError
+            from .lower import build
+            from .planner import derive
 
-            for r in rank(self.diagram, self.family, self.gpu):
-                program = lower(self.diagram, r.schedule, gpu=self.gpu, family=self.family, arch=self.arch)
-                if not any(a.kind == "tmap" for k in program.launches for a in k.args):
-                    self._without_tma_program = CompiledDiagram(program, arch=self.arch, gpu=self.gpu)
-                    break
-            else:
-                raise LaunchError(f"{self.diagram.name}: the inputs are not 16-byte aligned and no "
-                                  "schedule without TMA copies exists; pass aligned tensors (.clone())")
+            try:
+                plan = derive(self.diagram, self.gpu, arch=self.arch, exclude_engines=("wgmma",),
+                              families=sorted(set(self.plan.families)) if self.plan is not None else None,
+                              explain=False).plan
+                program = build(plan, arch=self.arch)
+            except NapkinError as e:
+                raise LaunchError(f"{self.diagram.name}: the inputs are not 16-byte aligned and no plan without "
+                                  f"TMA copies exists ({e}); pass aligned tensors (.clone())") from None
+            if any(a.kind == "tmap" for k in program.launches for a in k.args):
+                raise LaunchError(f"{self.diagram.name}: the inputs are not 16-byte aligned and no plan without "
+                                  "TMA copies exists; pass aligned tensors (.clone())")
+            self._without_tma_program = CompiledDiagram(program, arch=self.arch, gpu=self.gpu)
         return self._without_tma_program
 
     def empty_outputs(self, device="cuda", fill: float | None = None) -> dict:
@@ -224,17 +232,20 @@ class CompiledDiagram:
 
 
 def compile(diagram, *, gpu=None, sizes: Mapping[str, int] | None = None, dtype: str | None = None,
-            schedule=None, family: str | None = None) -> CompiledDiagram:
-    """Lower ``diagram`` (a Diagram or a library name) and compile it for the GPU at hand.
+            schedule=None, family: str | None = None, plan=None) -> CompiledDiagram:
+    """Derive ``diagram``'s plan (a Diagram or a library name) and compile it for the GPU at hand:
+    :func:`napkin.codegen.planner.derive` followed by :func:`napkin.codegen.lower.build`.
 
-    ``sizes`` binds axis sizes, ``dtype`` recasts every array, ``schedule`` fixes the schedule
-    (else :mod:`napkin.codegen.select` ranks the family's candidates), ``family`` names the
-    family (else the first that takes the diagram), ``gpu`` names the profile used for ranking
-    (default: the GPU at hand). Kernels compile at the first call (or here when a GPU exists).
+    ``sizes`` binds axis sizes, ``dtype`` recasts every array, ``gpu`` names the profile the plan
+    is ranked on (default: the GPU at hand). ``plan`` builds a plan derived before;
+    ``schedule`` runs a hand-written schedule as given; ``family`` restricts the families the
+    planner may use. Kernels compile at the first call (or here when a GPU exists).
     """
-    from .lower import lower, prepare, resolve_gpu
+    from .lower import build
+    from .planner import derive, plan_schedule
+    from .prepare import prepare
+    from .select import resolve_gpu
 
-    d = prepare(diagram, sizes=sizes, dtype=dtype)
     gpu_p = resolve_gpu(gpu)
     arch = None
     try:
@@ -243,7 +254,14 @@ def compile(diagram, *, gpu=None, sizes: Mapping[str, int] | None = None, dtype:
         arch = detect_arch()
     except Exception:  # noqa: BLE001 - no GPU here: lower for the profile's arch, compile later
         arch = None
-    program = lower(d, schedule, gpu=gpu_p, family=family, arch=arch or gpu_p.arch)
+    if plan is None:
+        d = prepare(diagram, sizes=sizes, dtype=dtype)
+        if schedule is not None:
+            plan = plan_schedule(d, schedule, gpu_p, family=family, arch=arch or gpu_p.arch)
+        else:
+            plan = derive(d, gpu_p, dtype, arch=arch or gpu_p.arch, explain=False,
+                          families=[family] if family is not None else None).plan
+    program = build(plan, arch=arch or plan.arch)
     cd = CompiledDiagram(program, arch=arch, gpu=gpu_p)
     if arch is not None:
         cd._compiled()

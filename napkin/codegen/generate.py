@@ -16,7 +16,7 @@ from typing import Mapping
 
 from .render import comment
 
-__all__ = ["generate_source", "program_header"]
+__all__ = ["generate_source", "generate_program", "program_header"]
 
 
 def _summary_lines(diagram) -> list[str]:
@@ -29,14 +29,21 @@ def program_header(program, *, gpu_name: str = "", arch: str = "") -> str:
     lines = [f"napkin generated CUDA: diagram {program.diagram.name}, family {program.family}, "
              f"dtype {program.schedule.dtype}, gpu {gpu_name}, arch {arch}", ""]
     lines += _summary_lines(program.diagram)
-    lines += ["", f"schedule ({len(program.schedule.kernels)} kernel(s)):"]
-    for k in program.schedule.kernels:
-        rel = ", ".join(str(r) for r in k.relabels) or "no relabels"
-        lines.append(f"  kernel {k.name}: {' '.join(k.boxes)} [{rel}]")
-        if k.placement:
-            lines.append("    placement: " + ", ".join(f"{a}@{lvl}" for a, lvl in k.placement))
-    for n in program.schedule.notes:
-        lines.append(f"  note: {n}")
+    plan = program.plan
+    if plan is not None:
+        n = len(plan.kernels)
+        lines += ["", f"plan ({n} kernel{'s' if n != 1 else ''}, {plan.seconds * 1e6:.1f} us predicted on "
+                      f"{plan.gpu}; napkin derive --json prints the same plan):"]
+        for pk in plan.kernels:
+            k = pk.kernel
+            rel = ", ".join(str(r) for r in k.relabels) or "no tiles"
+            lines.append(f"  kernel {k.name} [{k.family}]: {' '.join(k.boxes)}  {pk.seconds * 1e6:.1f} us predicted, "
+                         f"{pk.bound}-bound")
+            lines.append(f"    tiles: {rel}")
+            if k.options.to_dict():
+                lines.append(f"    options: {k.options}")
+            if k.placement:
+                lines.append("    placement: " + ", ".join(f"{a}@{lvl}" for a, lvl in k.placement))
     lines += ["", f"launches, in order ({len(program.launches)}):"]
     for i, k in enumerate(program.launches, 1):
         lines.append(f"  {i}. {k.name}  grid ({k.grid[0]}, {k.grid[1]}, {k.grid[2]})  block "
@@ -67,15 +74,25 @@ def program_header(program, *, gpu_name: str = "", arch: str = "") -> str:
     return "\n".join(("// " + comment(line)).rstrip() for line in lines) + "\n"
 
 
-def generate_source(diagram, *, sizes: Mapping[str, int] | None = None, gpu: str = "h100",
-                    dtype: str = "bf16", schedule=None, family: str | None = None) -> str:
-    """A self-contained ``.cu`` for ``diagram`` at ``sizes``, lowered for ``gpu``'s architecture
-    (no GPU needed): header comment, then the kernels with the device library inlined."""
+def generate_program(diagram, *, sizes: Mapping[str, int] | None = None, gpu: str = "h100",
+                     dtype: str = "bf16", schedule=None, family: str | None = None, plan=None):
+    """``(source, program)``: the self-contained ``.cu`` for ``diagram`` at ``sizes``, built from
+    its derived plan (or ``plan``, or a hand-written ``schedule``) for ``gpu``'s architecture (no
+    GPU needed), and the program it holds (``program.plan`` is the plan)."""
     from ..kernels.library import inline_library
     from ..perfmodel.hardware import get_gpu
-    from .lower import lower
+    from .lower import build, lower
 
     g = get_gpu(gpu)
-    program = lower(diagram, schedule, gpu=g, dtype=dtype, sizes=sizes, family=family, arch=g.arch)
+    if plan is not None:
+        program = build(plan)
+    else:
+        program = lower(diagram, schedule, gpu=g, dtype=dtype, sizes=sizes, family=family, arch=g.arch)
+    arch = program.plan.arch if program.plan is not None else g.arch
     body = inline_library(program.source(), filename=f"{program.diagram.name}.cu", line_directives=False)
-    return program_header(program, gpu_name=g.key, arch=g.arch) + "\n" + body
+    return program_header(program, gpu_name=g.key, arch=arch) + "\n" + body, program
+
+
+def generate_source(diagram, **kw) -> str:
+    """A self-contained ``.cu`` for ``diagram`` (see :func:`generate_program`)."""
+    return generate_program(diagram, **kw)[0]

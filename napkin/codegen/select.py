@@ -1,4 +1,8 @@
-"""Choosing a schedule: a family proposes tile configurations, the performance model ranks them.
+"""The one prediction function: a family's configuration of a kernel, timed by the performance model.
+
+The planner (:mod:`napkin.codegen.planner`) ranks every configuration the families declare with
+:func:`predict_schedule`; the benchmark records the same prediction next to each measurement, and
+``napkin cost`` and ``napkin derive`` print it. Nothing here chooses: the planner does.
 
 Each candidate schedule is costed by the performance model (the transfers H per level and the
 FLOPs from :func:`napkin.perfmodel.cost.cost`) and turned into a runtime by
@@ -28,8 +32,8 @@ from ..dtypes import dtype as lookup_dtype
 from ..errors import CodegenError, NapkinError, ScheduleError
 from ..perfmodel.schedule import Schedule
 
-__all__ = ["rank_candidates", "choose_schedule", "predict_schedule", "launch_shape", "model_work", "local_work",
-           "model_footprint", "Ranked", "MEMORY_LATENCY_S", "FAMILY_EXECUTION"]
+__all__ = ["rank_candidates", "predict_schedule", "launch_shape", "model_work", "local_work",
+           "model_footprint", "resolve_gpu", "Ranked", "MEMORY_LATENCY_S", "FAMILY_EXECUTION"]
 
 #: The default latency of the bytes-in-flight floor (kept here for compatibility; the floor, and
 #: the profile's ``memory_latency_s`` that overrides this, live in napkin.perfmodel.predict).
@@ -47,12 +51,32 @@ class Ranked:
     seconds: float
     source: str
     detail: str = ""
+    bound: str = ""
 
 
-def _gpu(gpu):
-    from .lower import resolve_gpu
+def resolve_gpu(gpu=None):
+    """A GPU profile: the one given (object, name or profile path), else the GPU at hand, else h100."""
+    from ..perfmodel.hardware import GPU, get_gpu, match_device_name
 
-    return resolve_gpu(gpu)
+    if isinstance(gpu, GPU):
+        return gpu
+    if gpu is not None:
+        return get_gpu(gpu)
+    try:
+        import sys
+
+        if "torch" in sys.modules:
+            torch = sys.modules["torch"]
+            if torch.cuda.is_available():
+                return get_gpu(match_device_name(torch.cuda.get_device_name()))
+    except NapkinError:
+        pass
+    except Exception:  # noqa: BLE001 - no device to ask
+        pass
+    return get_gpu("h100")
+
+
+_gpu = resolve_gpu
 
 
 def _family(family):
@@ -297,14 +321,14 @@ def predict_schedule(diagram: Diagram, family, schedule: Schedule, gpu, *, effic
         k = p.kernels[0]
         if shape is not None:
             detail = f"blocks {k.blocks}, {k.blocks_per_sm} per SM, {p.bound}-bound"
-        return Ranked(schedule, p.seconds, "cost", detail)
+        return Ranked(schedule, p.seconds, "cost", detail, p.bound)
     work = local_work(schedule, tensor_cores=name in ("contraction", "attention")
                       and schedule.dtype in MMA_SYNC_DTYPES)
     kp = predict_kernel(gpu, work, shape, name=name or "kernel", efficiency=family_efficiency(gpu, name, eff))
     if shape is not None:
         detail = f"blocks {kp.blocks}, {kp.blocks_per_sm} per SM, {kp.bound}-bound"
     extra = max(0, len(schedule.kernels) - 1) * LAUNCH_OVERHEAD_S
-    return Ranked(schedule, kp.seconds + extra, "local", detail)
+    return Ranked(schedule, kp.seconds + extra, "local", detail, kp.bound)
 
 
 def rank(diagram: Diagram, family, gpu, dtype: str | None = None) -> list[Ranked]:
@@ -347,16 +371,3 @@ def rank_candidates(diagram: Diagram, family, gpu, dtype: str | None = None) -> 
     else h100). Ties keep the family's own order of preference.
     """
     return [(r.schedule, r.seconds) for r in rank(diagram, family, gpu, dtype)]
-
-
-def choose_schedule(diagram: Diagram, family, gpu, dtype: str | None = None, arch: str | None = None) -> Schedule:
-    """The candidate with the lowest predicted time (among those the family can build for
-    ``arch``, when it says: ``family.builds_for(schedule, arch)``)."""
-    ranked = rank(diagram, family, gpu, dtype)
-    fam = _family(family)
-    builds_for = getattr(fam, "builds_for", None)
-    if arch is not None and builds_for is not None:
-        usable = [r for r in ranked if builds_for(r.schedule, arch)]
-        if usable:
-            return usable[0].schedule
-    return ranked[0].schedule

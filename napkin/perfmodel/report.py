@@ -1,12 +1,13 @@
-"""What ``napkin cost`` reports: per level H, M, FLOPs and the predicted time of one schedule.
+"""What ``napkin cost`` reports: per level H, M, FLOPs and the predicted time of a plan.
 
-The schedule is the one the user pinned (``--group q=128 --stream x=64``), with
-everything left open chosen by :func:`napkin.perfmodel.derive.derive`. The JSON form
-is a stable interface:
+The plan is the one :func:`napkin.codegen.planner.derive` derives (with the relabellings the user
+pinned, ``--group q=128 --stream x=64``); its predicted time is the plan's own, the one
+prediction function's, which ``napkin derive`` prints and the benchmark checks. The JSON form is
+a stable interface:
 
-``{"diagram", "gpu", "dtype", "sizes", "schedule", "levels": {HBM|L2|SMEM|RF|TC:
-{"H_elements", "H_bytes", "H_per_group_elements", "M_elements", "M_bytes"}},
-"flops", "flops_by_unit", "predicted_seconds", "tflops", "bound", "symbolic"?}``
+``{"diagram", "gpu", "dtype", "sizes", "plan", "schedule_text", "levels": {HBM|L2|SMEM|RF|TC:
+{"H_elements", "H_bytes", "H_per_group_elements", "M_elements", "M_bytes"}}, "flops",
+"flops_by_unit", "predicted_seconds", "tflops", "hbm_gbps", "bound", "kernels", "symbolic"?}``
 
 >>> parse_relabel("q=64@RF", "group")
 ('q', (64, 'RF', 'group'))
@@ -14,10 +15,13 @@ is a stable interface:
 
 from __future__ import annotations
 
-from typing import Callable, Iterable, Mapping
+from typing import Iterable, Mapping
 
 from ..errors import ScheduleError
-from .derive import Derivation, _symbolic, derive, schedule_dict
+from .cost import cost
+from .hardware import get_gpu
+from .method import symbolic_HM
+from .plan import Plan
 from .schedule import LEVELS
 
 
@@ -57,24 +61,27 @@ def _check_fixed_axes(diagram, fixed: Mapping) -> None:
                             f"its axes are {list(diagram.axes)}")
 
 
-def cost_report(diagram, gpu: str = "h100", dtype: str = "bf16", fixed: Mapping | None = None, *,
-                symbolic: bool = False, progress: Callable[[str], None] | None = None) -> dict:
-    """Cost the schedule the user pinned, completed by derive; a JSON-safe dict."""
-    fixed = dict(fixed or {})
-    _check_fixed_axes(diagram, fixed)
-    der: Derivation = derive(diagram, gpu, dtype, fixed=fixed, top=1, progress=progress)
-    best = der.best_candidate
-    c, p = best.cost, best.prediction
+def cost_report(plan: Plan, *, symbolic: bool = False) -> dict:
+    """Cost a plan per level and give its predicted time (the plan's); a JSON-safe dict."""
+    g = get_gpu(plan.gpu)
+    c = cost(plan.schedule, g)
+    flops = float(c.total_flops)
+    seconds = plan.seconds
+    slowest = max(plan.kernels, key=lambda k: k.seconds)
+    hbm = float(c.levels["HBM"].H_bytes)
     out = {
-        "diagram": der.diagram_name, "gpu": der.gpu.key, "gpu_name": der.gpu.name, "dtype": dtype,
-        "sizes": der.sizes, "schedule": schedule_dict(best.schedule), "schedule_text": best.describe(),
+        "diagram": plan.diagram.name, "gpu": g.key, "gpu_name": g.name, "dtype": plan.dtype,
+        "sizes": {n: int(v) for n, v in plan.diagram.sizes.items()}, "plan": plan.to_dict(),
+        "schedule_text": " | ".join(f"{k.name}: {k.describe()}" for k in plan.kernels),
         "levels": {k: v.to_dict() for k, v in c.levels.items()},
-        "flops": float(c.total_flops), "flops_by_unit": {k: float(v) for k, v in c.flops.items()},
-        "predicted_seconds": p.seconds, "tflops": p.tflops, "hbm_gbps": p.gbps, "bound": p.bound,
-        "kernels": p.to_dict()["kernels"],
+        "flops": flops, "flops_by_unit": {k: float(v) for k, v in c.flops.items()},
+        "predicted_seconds": seconds, "tflops": flops / seconds / 1e12 if seconds > 0 else 0.0,
+        "hbm_gbps": hbm / seconds / 1e9 if seconds > 0 else 0.0, "bound": slowest.bound,
+        "kernels": [{"name": k.name, "family": k.family, "predicted_seconds": k.seconds, "bound": k.bound}
+                    for k in plan.kernels],
     }
     if symbolic:
-        H, M = _symbolic(best.schedule)
+        H, M = symbolic_HM(plan.schedule)
         out["symbolic"] = {"H_L2": str(H), "M_SMEM": str(M)}
     return out
 
@@ -98,7 +105,7 @@ def format_cost_report(rep: dict) -> str:
     """The report as a plain-text table (the CLI prints it with rich)."""
     lines = [f"{rep['diagram']} on {rep['gpu_name']} ({rep['dtype']}); sizes "
              + ", ".join(f"{k}={v}" for k, v in rep["sizes"].items()),
-             f"schedule: {rep['schedule_text']}",
+             f"plan: {rep['schedule_text']}",
              f"{'level':<6} {'H elements':>16} {'H bytes':>12} {'M per block':>12}"]
     for name, lv in rep["levels"].items():
         lines.append(f"{name:<6} {_num(lv['H_elements']):>16} {_bytes(lv['H_bytes']):>12} "

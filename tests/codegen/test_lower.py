@@ -16,7 +16,7 @@ from napkin.codegen import select as sel
 from napkin.codegen.families import fallback, rowwise
 from napkin.codegen.generate import generate_source
 from napkin.codegen.lower import check_program, lower, prepare
-from napkin.codegen.plan import Program
+from napkin.codegen.program import Program
 from napkin.codegen.verify import VerifyReport, VerifyRow, default_shapes
 from napkin.diagrams import Axis, Diagram, array, causal, layernorm, library, scale, softmax
 from napkin.errors import CodegenError, DiagramError, NapkinError
@@ -307,7 +307,7 @@ def test_check_program_refuses_unknown_tensors():
     k = p.launches[0]
     import dataclasses
 
-    from napkin.codegen.plan import Arg
+    from napkin.codegen.program import Arg
 
     bad = dataclasses.replace(k, args=k.args + (Arg("tensor", "ghost"),))
     with pytest.raises(CodegenError, match="ghost"):

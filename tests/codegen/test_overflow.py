@@ -17,7 +17,7 @@ import pytest
 
 from napkin.codegen.generate import generate_source
 from napkin.codegen.lower import check_program, lower
-from napkin.codegen.plan import Arg, KernelLaunch, Program
+from napkin.codegen.program import Arg, KernelLaunch, Program
 from napkin.diagrams import Axis, Diagram, array, contract, library, reduce, softmax
 from napkin.errors import CodegenError
 

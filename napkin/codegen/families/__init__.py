@@ -7,7 +7,7 @@ Each family lives in its own module here and is imported lazily and tolerantly: 
 fails to import (not written yet, a syntax error, a missing dependency) is skipped and its error
 kept in :func:`import_errors`; the others still work. A family module exposes its family object
 as ``FAMILY`` (an object with ``name``, ``matches``, ``candidates`` and ``lower``, see
-:class:`napkin.codegen.plan.Family`); a module-level ``family`` object, or a class implementing
+:class:`napkin.codegen.program.Family`); a module-level ``family`` object, or a class implementing
 those methods that can be built without arguments, is accepted too.
 
 >>> [f for f in ORDER]

@@ -32,8 +32,8 @@ from dataclasses import dataclass
 from ...diagrams.diagram import Diagram
 from ...diagrams.ops import Contract, Map, Softmax, Value
 from ...errors import CodegenError
-from ...perfmodel.schedule import Schedule
-from ..plan import KernelLaunch, Program
+from ...perfmodel.schedule import KernelOptions, Schedule
+from ..program import KernelLaunch, Program
 from ..render import Code, comment, comment_lines, ident
 from .contraction import _gpu_key, _smem_limit
 from .epilogue import (Param, check_index_size, contiguous_strides, ctype, float_param, int_param, render,
@@ -256,6 +256,8 @@ class AttentionFamily:
     def matches(self, diagram: Diagram) -> bool:
         return self.why_not(diagram) is None
 
+    explain = why_not  # the family protocol's name: None if it takes the diagram, else why not
+
     def configs(self, D: int, plain: bool = False) -> list[AttentionConfig]:
         """The tile configurations for head dimension D, best first (``plain``: the diagram has
         no score modifier but the scale, which frees the registers of the mask code)."""
@@ -290,7 +292,9 @@ class AttentionFamily:
         streams = {p.x: cfg.BX} if cfg.SX == cfg.BX else {p.x: [(cfg.BX, "SMEM"), (cfg.SX, "RF")]}
         s = Schedule.fused(diagram, groups={p.q: cfg.BQ}, streams=streams, rf_groups={p.q: cfg.WQ},
                            gpu=_gpu_key(gpu), dtype=dtype or p.dtype)
-        return s.replace(notes=(f"stages={cfg.stages}", f"blocks_per_sm={cfg.blocks_per_sm}"))
+        opts = KernelOptions(engine="mma.sync", stages=cfg.stages, warps=cfg.threads // 32,
+                             blocks_per_sm=cfg.blocks_per_sm, regs_per_thread=cfg.model_regs())
+        return s.replace(kernels=(s.kernels[0].replace(family=self.name, options=opts),))
 
     def launch_estimate(self, diagram: Diagram, schedule: Schedule, gpu=None) -> dict:
         """Blocks, threads, register budget, shared memory and bytes in flight per thread (the
@@ -330,13 +334,10 @@ class AttentionFamily:
         BQ = BQ or default.BQ
         BX = BX or default.BX
         WQ = WQ or (default.WQ if BQ % default.WQ == 0 else 16)
-        stages = blocks = None
-        for note in schedule.notes:
-            if isinstance(note, str) and note.startswith("stages="):
-                stages = int(note.split("=", 1)[1])
-            if isinstance(note, str) and note.startswith("blocks_per_sm="):
-                blocks = int(note.split("=", 1)[1])
-        stages = stages or 2
+        opts = schedule.kernels[0].options
+        if opts.engine not in (None, "mma.sync"):
+            raise CodegenError(f"attention family: engine {opts.engine} is not built here (mma.sync)")
+        stages, blocks = opts.stages or 2, opts.blocks_per_sm
         if blocks is None:
             known = [c for c in self.configs(D, plain) if (c.BQ, c.BX, c.WQ) == (BQ, BX, WQ)]
             blocks = known[0].blocks_per_sm if known else 1

@@ -18,8 +18,8 @@ m16n8k16, fp32 accumulation, ldmatrix, cp.async multi-stage pipeline, padded sha
 GPU from sm_80) and ``matmul_simt.cu.jinja`` (fp32 FMA).
 Tile sizes come from the schedule: groups of ``a`` and ``c`` at SMEM (the block tile), the
 stream of ``b`` at SMEM (the chunk), groups of ``a`` and ``c`` at RF (the warp or warpgroup
-tile); the pipeline depth from a ``stages=N`` note (else the deepest that fits), the engine from
-an ``engine=wgmma`` note (else mma.sync).
+tile); the pipeline depth, the engine (``wgmma``, ``mma.sync`` or ``simt``) and the residency
+from the kernel's typed :class:`~napkin.perfmodel.schedule.KernelOptions`.
 
 >>> from napkin.diagrams import library
 >>> fam = ContractionFamily()
@@ -40,8 +40,8 @@ from dataclasses import dataclass
 from ...diagrams.diagram import Diagram
 from ...diagrams.ops import Contract, Map, Value
 from ...errors import CodegenError
-from ...perfmodel.schedule import Schedule
-from ..plan import KernelLaunch, Program
+from ...perfmodel.schedule import KernelOptions, Schedule
+from ..program import KernelLaunch, Program
 from ..render import Code, comment_lines, ident
 from .epilogue import (Param, check_epilogue, check_index_size, contiguous_strides, ctype, epilogue_code,
                        int_param, render, short_hash, signature, stride_param, tensor_param, tensormap_param)
@@ -125,7 +125,15 @@ class MatmulConfig:
 
     @property
     def engine(self) -> str:
-        return "simt" if self.simt else "wgmma" if self.wgmma else "mma"
+        return "simt" if self.simt else "wgmma" if self.wgmma else "mma.sync"
+
+    def options(self) -> KernelOptions:
+        """The typed options a schedule of this configuration carries."""
+        if self.wgmma:
+            return KernelOptions(engine="wgmma", stages=self.stages, warpgroups=self.BM // self.WM,
+                                 blocks_per_sm=self.blocks_per_sm, regs_per_thread=self.consumer_regs())
+        return KernelOptions(engine=self.engine, stages=self.stages, warps=self.threads // 32,
+                             blocks_per_sm=self.blocks_per_sm, regs_per_thread=self.model_regs())
 
     def smem_bytes(self, p: MatmulProblem, elem: int) -> int:
         """Dynamic shared memory the kernel asks for (padded tiles)."""
@@ -248,6 +256,8 @@ class ContractionFamily:
     def matches(self, diagram: Diagram) -> bool:
         return self.why_not(diagram) is None
 
+    explain = why_not  # the family protocol's name: None if it takes the diagram, else why not
+
     # ------------------------------------------------------------------ propose
     def configs(self, dtype: str, engine: str | None = None) -> list[MatmulConfig]:
         """The tile configurations of one engine (default: the dtype's mma.sync or SIMT template)."""
@@ -291,7 +301,8 @@ class ContractionFamily:
     def builds_for(self, schedule: Schedule, arch: str) -> bool:
         """Whether ``schedule`` can be built for ``arch`` (its wgmma configurations need sm_90a:
         a schedule ranked for an H100 but compiled for sm_80 takes the best mma.sync one)."""
-        return "engine=wgmma" not in schedule.notes or self.wgmma_reason(schedule.diagram, arch=arch) is None
+        engine = schedule.kernels[0].options.engine if len(schedule.kernels) == 1 else None
+        return engine != "wgmma" or self.wgmma_reason(schedule.diagram, arch=arch) is None
 
     def candidates(self, diagram: Diagram, gpu, dtype: str) -> list[Schedule]:
         """One fused schedule per tile configuration that fits the GPU's shared memory (the wgmma
@@ -315,10 +326,7 @@ class ContractionFamily:
         s = Schedule.fused(diagram, groups={p.a: cfg.BM, p.c: cfg.BN}, streams={p.b: cfg.BK},
                            rf_groups={p.a: cfg.WM, p.c: cfg.WN}, gpu=_gpu_key(gpu),
                            dtype=dtype or p.dtype)
-        notes = (f"stages={cfg.stages}", f"blocks_per_sm={cfg.blocks_per_sm}")
-        if cfg.wgmma:
-            notes += ("engine=wgmma",)
-        return s.replace(notes=notes)
+        return s.replace(kernels=(s.kernels[0].replace(family=self.name, options=cfg.options()),))
 
     def launch_estimate(self, diagram: Diagram, schedule: Schedule, gpu=None) -> dict:
         """What the roofline cannot see: blocks, threads, register budget, shared memory and the
@@ -370,19 +378,17 @@ class ContractionFamily:
         BK = sizes["BK"] or default.BK
         WM = sizes["WM"] or min(default.WM, BM)
         WN = sizes["WN"] or min(default.WN, BN)
-        stages = blocks = None
-        engine = "simt" if simt else "mma"
-        for note in schedule.notes:
-            if isinstance(note, str) and note.startswith("stages="):
-                stages = int(note.split("=", 1)[1])
-            if isinstance(note, str) and note.startswith("blocks_per_sm="):
-                blocks = int(note.split("=", 1)[1])
-            if isinstance(note, str) and note.startswith("engine="):
-                engine = note.split("=", 1)[1]
+        opts = k.options
+        stages, blocks = opts.stages, opts.blocks_per_sm
+        engine = opts.engine or ("simt" if simt else "mma.sync")
         if engine == "wgmma":
             return self._wgmma_config(p, schedule, arch, sizes, stages)
-        if engine not in ("mma", "simt"):
-            raise CodegenError(f"contraction family: unknown engine {engine!r} (wgmma, mma or simt)")
+        if engine not in ("mma.sync", "simt"):
+            raise CodegenError(f"contraction family: engine {engine!r} is not built here (wgmma, mma.sync "
+                               "or simt)")
+        if (engine == "simt") != simt:
+            raise CodegenError(f"contraction family: engine {engine} does not run {p.dtype} (fp32 runs simt, "
+                               "bf16/fp16 mma.sync or wgmma)")
         known = [c for c in self.configs(p.dtype) if (c.BM, c.BN, c.BK, c.WM, c.WN) == (BM, BN, BK, WM, WN)]
         if blocks is None:
             blocks = known[0].blocks_per_sm if known else 1
@@ -407,7 +413,7 @@ class ContractionFamily:
         why = self.wgmma_reason(schedule.diagram, arch=arch)
         if why:
             raise CodegenError(f"contraction family: the schedule asks for engine=wgmma, but {why}; "
-                               "drop the note to use the mma.sync template")
+                               "use engine mma.sync")
         d = MatmulConfig(False, *WGMMA_CONFIGS[0], wgmma=True)
         BM, BN = sizes["BM"] or d.BM, sizes["BN"] or d.BN
         BK, WM, WN = sizes["BK"] or 64, sizes["WM"] or min(d.WM, BM), sizes["WN"] or BN

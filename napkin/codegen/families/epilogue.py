@@ -35,7 +35,7 @@ from ...diagrams.diagram import Diagram
 from ...diagrams.functions import FUNCTIONS
 from ...diagrams.ops import Map, Value
 from ...errors import CodegenError
-from ..plan import Arg
+from ..program import Arg
 from ..render import Code, c_float, cuda_type, ident, map_expr
 from ..render import render as framework_render
 

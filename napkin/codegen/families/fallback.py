@@ -12,7 +12,7 @@ Correct first, for every dtype (bf16, fp16, fp32) and every size:
 
 Broadcasting is by axis name: every kernel indexes each input through that input's own strides,
 so an input that lacks an axis simply does not move along it. Intermediates live in HBM as fp32
-:class:`~napkin.codegen.plan.Buffer` s; inputs and outputs keep the diagram's dtype. All sizes
+:class:`~napkin.codegen.program.Buffer` s; inputs and outputs keep the diagram's dtype. All sizes
 are compile-time constants and every index is 64-bit.
 """
 
@@ -24,8 +24,8 @@ from ...diagrams.diagram import Diagram
 from ...diagrams.functions import get_function
 from ...diagrams.ops import Contract, Map, Norm, Reduce, Rename, Softmax, Value
 from ...errors import CodegenError
-from ...perfmodel.schedule import Kernel, Schedule
-from ..plan import Arg, Buffer, KernelLaunch, Program
+from ...perfmodel.schedule import Kernel, KernelOptions, Schedule
+from ..program import Arg, Buffer, KernelLaunch, Program
 from ..render import Code, c_i64, comment, cuda_type, ident, map_expr, render
 
 NAME = "fallback"
@@ -79,7 +79,8 @@ def fallback_schedule(diagram: Diagram, gpu=None, dtype: str | None = None) -> S
         # a thread reads its operands from HBM into registers: nothing is staged in SMEM
         touched = sorted({d.name_of(v) for b in boxes for v in (b, *b.args)})
         out.append(Kernel(f"k{i}_{label}", tuple(d.name_of(b) for b in boxes),
-                          placement=tuple((n, "RF") for n in touched)))
+                          placement=tuple((n, "RF") for n in touched), family=NAME,
+                          options=KernelOptions(engine="scalar", warps=WARPS)))
     key = getattr(gpu, "key", gpu)
     dts = sorted(d.dtypes)
     return Schedule(d, tuple(out), key if key is not None else "h100",

@@ -15,14 +15,14 @@ block reductions). Each thread loads ``CHUNKS_PER_THREAD`` 16-byte vectors of th
 and keeps the normaliser's input in registers (fp32); the statistics are reduced in fp32; the
 epilogue reads the registers, not HBM. Every input is read once and every output written once.
 
-The tunables travel in the schedule's notes (``rowwise THREADS_PER_ROW=128 ROWS_PER_BLOCK=1``)
-so that a schedule chosen by :mod:`napkin.codegen.select` lowers to the same kernel again.
+The tunables travel as the kernel's typed options (``threads_per_row``, ``warps``) and its row
+groups (``ROWS_PER_BLOCK`` is the product of the SMEM groups of the row axes), so that a planned
+kernel lowers to the same kernel again.
 """
 
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import dataclass, field
 
 from ...diagrams.diagram import Diagram
@@ -30,8 +30,8 @@ from ...diagrams.functions import get_function
 from ...diagrams.ops import Map, Norm, Softmax, Value
 from ...dtypes import dtype as lookup_dtype
 from ...errors import CodegenError
-from ...perfmodel.schedule import Kernel, Relabel, Schedule
-from ..plan import Arg, KernelLaunch, Program
+from ...perfmodel.schedule import Kernel, KernelOptions, Relabel, Schedule
+from ..program import Arg, KernelLaunch, Program
 from ..render import Code, c_i64, comment, cuda_type, ident, map_expr, render
 
 NAME = "rowwise"
@@ -49,7 +49,6 @@ BASE_REGS = 24
 #: Registers the template may use per thread in any launch (the hardware limit).
 MAX_REGS = 255
 _SUPPORTED = ("bf16", "fp16", "fp32")
-_NOTE = re.compile(r"^rowwise\b(.*)$")
 
 
 # ----------------------------------------------------------------------------- analysis
@@ -171,8 +170,10 @@ class Config:
     def block_mode(self) -> bool:
         return self.threads_per_row > 32
 
-    def note(self) -> str:
-        return f"rowwise THREADS_PER_ROW={self.threads_per_row} ROWS_PER_BLOCK={self.rows_per_block}"
+    def options(self, shape: "RowwiseShape") -> KernelOptions:
+        """The typed options a schedule of this configuration carries."""
+        return KernelOptions(threads_per_row=self.threads_per_row, warps=self.threads // 32,
+                             regs_per_thread=regs_estimate(shape, self))
 
 
 def make_config(shape: RowwiseShape, threads_per_row: int, rows_per_block: int) -> Config:
@@ -240,25 +241,20 @@ def configs(shape: RowwiseShape) -> list[Config]:
 
 
 def config_from_schedule(shape: RowwiseShape, schedule: Schedule) -> Config:
-    """The configuration a schedule names in its notes, or one that fits its row groups."""
-    for note in schedule.notes:
-        m = _NOTE.match(note)
-        if m:
-            vals = dict(re.findall(r"([A-Z_]+)=(\d+)", m.group(1)))
-            try:
-                return make_config(shape, int(vals["THREADS_PER_ROW"]), int(vals["ROWS_PER_BLOCK"]))
-            except KeyError:
-                raise CodegenError(f"rowwise: schedule note {note!r} lacks THREADS_PER_ROW or "
-                                   "ROWS_PER_BLOCK") from None
-    options = configs(shape)
-    if not options:
-        raise CodegenError(f"rowwise: no configuration keeps a row of {shape.xsize} {shape.dtype} values "
-                           "in registers")
+    """The configuration a schedule's kernel names (threads per row in its options, rows per block
+    in its row groups), or one that fits its row groups."""
     want = 1
     for k in schedule.kernels:
         for r in k.relabels_at("SMEM", "group"):
             if r.axis in shape.row_axes and isinstance(r.size, int):
                 want *= r.size
+    tpr = schedule.kernels[0].options.threads_per_row if len(schedule.kernels) == 1 else None
+    if tpr is not None:
+        return make_config(shape, tpr, want)
+    options = configs(shape)
+    if not options:
+        raise CodegenError(f"rowwise: no configuration keeps a row of {shape.xsize} {shape.dtype} values "
+                           "in registers")
     same = [c for c in options if c.rows_per_block == want]
     return _preferred(same or options)
 
@@ -294,8 +290,8 @@ def schedule_for(shape: RowwiseShape, cfg: Config, gpu: str | None) -> Schedule:
     boxes = tuple(d.name_of(v) for v in d.nodes)
     touched = {d.name_of(v) for v in (*d.inputs, *d.nodes)}
     placement = tuple((n, "RF") for n in sorted(touched))
-    kernel = Kernel(NAME, boxes, tuple(rel), placement)
-    return Schedule(d, (kernel,), gpu, shape.dtype, notes=(cfg.note(),))
+    kernel = Kernel(NAME, boxes, tuple(rel), placement, family=NAME, options=cfg.options(shape))
+    return Schedule(d, (kernel,), gpu, shape.dtype)
 
 
 # ----------------------------------------------------------------------------- lowering

@@ -72,6 +72,7 @@ class Program:
     buffers: tuple[Buffer, ...] = ()
     sizes: Mapping[str, int] = field(default_factory=dict)
     notes: tuple[str, ...] = ()  # how lowering got here (families tried, model footprints used)
+    plan: object = None  # the napkin.perfmodel.plan.Plan this program builds (None: one family's own)
 
     def source(self) -> str:
         """All kernels' source, concatenated (the device library still #included)."""

@@ -1,0 +1,552 @@
+"""The one planner: derive a :class:`~napkin.perfmodel.plan.Plan` (docs/architecture.md, "The planner").
+
+``derive`` searches what can run, and nothing else:
+
+1. **Partitions.** The diagram's boxes (renames are free views, never units) are split into
+   kernels. A kernel is a run of consecutive boxes of a topological order, which makes it convex
+   (no path leaves it and comes back), so every partition of the order into runs is a valid
+   launch sequence. Dynamic programming over the runs gives the cheapest partition of one order
+   in O(boxes × :data:`MAX_FUSED_BOXES`) kernel evaluations; two orders are searched (the
+   diagram's depth-first order, and the one that visits a box's last argument first, which keeps
+   a consumer's producers together: attention's ``S … P`` stays next to ``O`` even when ``V`` is
+   computed in between), and the cheaper plan wins. Each boundary is therefore fused or not as
+   the model says: a fusion is picked only where its kernel is predicted faster than the kernels
+   it replaces.
+2. **Kernels.** For one run of boxes, every family is asked whether it builds that sub-diagram
+   (``explain``: a cheap structural check, before anything is costed). A family that does
+   declares the configurations its template builds (``candidates``: a schedule with tiles per
+   level and typed :class:`~napkin.perfmodel.schedule.KernelOptions`), keeps those it can build
+   for the target arch (``builds_for``), and each is timed by the one prediction function
+   (:func:`napkin.codegen.select.predict_schedule`). The fastest configuration of any family is
+   the kernel's. The scalar ``fallback`` takes one box at a time, only as the last resort.
+3. **Memo.** Every run is analysed once (keyed by its boxes) across both orders.
+
+>>> from napkin.diagrams import library
+>>> der = derive(library.get("softmax"), "h100", "bf16", sizes={"r": 4096, "x": 4096})
+>>> der.plan.families
+('rowwise',)
+>>> der.plan.kernels[0].kernel.options.threads_per_row is not None
+True
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Callable, Mapping, Sequence
+
+from ..diagrams.diagram import Diagram
+from ..errors import CodegenError, NapkinError, ScheduleError
+from ..perfmodel.plan import FALLBACK, Plan, PlannedKernel
+from ..perfmodel.schedule import Kernel, Schedule
+from .partition import attach_renames, is_connected, kernel_problem, plan_units
+
+__all__ = ["derive", "Derivation", "KernelChoice", "Option", "MAX_FUSED_BOXES", "MAX_HEAVY_BOXES"]
+
+#: The most boxes one kernel may hold (the longest fusion any family builds: attention with its
+#: masks and score maps, or a norm with its prologue and epilogue maps).
+MAX_FUSED_BOXES = 12
+#: The most boxes that are not elementwise one kernel may hold (attention: two contractions and a
+#: softmax); longer runs are refused before any family is asked.
+MAX_HEAVY_BOXES = 3
+
+
+@dataclass(frozen=True)
+class Option:
+    """One configuration of one family for one kernel, with its predicted time."""
+
+    family: str
+    schedule: Schedule  # one kernel, over the kernel's sub-diagram
+    seconds: float
+    bound: str = ""
+
+    def describe(self) -> str:
+        k = self.schedule.kernels[0]
+        rel = ", ".join(f"{r.axis}→{r.symbol}={r.size}" + ("" if r.level == "SMEM" else f"@{r.level}")
+                        for r in k.relabels) or "whole"
+        opts = f" ({k.options})" if k.options.to_dict() else ""
+        return f"{self.family}: {rel}{opts}"
+
+
+@dataclass(frozen=True)
+class KernelChoice:
+    """What the planner found for one run of boxes: the ranked options, or why none runs it."""
+
+    boxes: tuple[str, ...]
+    ranked: tuple[Option, ...] = ()
+    refusals: tuple[tuple[str, str], ...] = ()  # (family or "planner", why it does not build this run)
+
+    @property
+    def best(self) -> Option | None:
+        return self.ranked[0] if self.ranked else None
+
+    @property
+    def seconds(self) -> float:
+        return self.ranked[0].seconds if self.ranked else math.inf
+
+    def refusal(self) -> str:
+        return "; ".join(f"{f}: {why}" for f, why in self.refusals) or "no family builds it"
+
+
+@dataclass(frozen=True)
+class Derivation:
+    """The result of :func:`derive`: the plan, the method's steps that lead to it, and why.
+
+    ``plan`` is what :func:`napkin.codegen.lower.lower` builds; ``steps`` narrate it as the
+    Napkin method does (naive → fuse → group → stream, each costed); ``decisions`` say for every
+    boundary between kernels why it was or was not fused; ``alternatives`` are the runner-up
+    configurations of the plan's costliest kernel.
+    """
+
+    plan: Plan
+    steps: tuple = ()
+    decisions: tuple[str, ...] = ()
+    alternatives: tuple[Option, ...] = ()
+    thresholds: dict = field(default_factory=dict)
+    hardware_notes: tuple[str, ...] = ()
+
+    @property
+    def best(self) -> Schedule:
+        """The plan as a schedule of the whole diagram."""
+        return self.plan.schedule
+
+    @property
+    def seconds(self) -> float:
+        return self.plan.seconds
+
+    def to_dict(self) -> dict:
+        """JSON-safe form: ``plan`` (the same object ``napkin generate --json`` prints), the steps,
+        the decisions and the alternatives."""
+        from ..perfmodel.method import step_dict
+
+        return {
+            "plan": self.plan.to_dict(),
+            "steps": [step_dict(s) for s in self.steps],
+            "decisions": list(self.decisions),
+            "alternatives": [{"kernel": o.describe(), "predicted_seconds": o.seconds} for o in self.alternatives],
+            "thresholds": self.thresholds, "hardware_notes": list(self.hardware_notes),
+        }
+
+    def __str__(self) -> str:
+        from ..perfmodel.method import format_steps
+
+        lines = [format_steps(self.plan, self.steps)]
+        lines.append(str(self.plan))
+        if self.decisions:
+            lines.append("fusion:")
+            lines += [f"   {d}" for d in self.decisions]
+        if self.alternatives:
+            lines.append("alternatives for the costliest kernel (predicted):")
+            lines += [f"   {o.seconds * 1e6:9.1f} µs  {o.describe()}" for o in self.alternatives]
+        t = self.thresholds
+        if t:
+            lines.append(f"compute-bound threshold: {t['flops_per_value']:.1f} FLOP per value moved "
+                         f"(matmul needs b ≥ {t['matmul_min_contraction']:.0f}, attention g_q ≥ "
+                         f"{t['attention_min_g_q']:.0f})")
+        lines += list(self.hardware_notes)
+        return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------- the search
+
+
+def _orders(diagram: Diagram) -> list[tuple[str, ...]]:
+    """Topological orders of the units searched: the diagram's own (depth-first, first argument
+    first) and the one that visits a box's last argument first."""
+    units = set(plan_units(diagram))
+    first = tuple(n for n in plan_units(diagram))
+    order: list[str] = []
+    seen: set[int] = set()
+    stack = [(v, False) for v in diagram.outputs]
+    while stack:
+        v, expanded = stack.pop()
+        if id(v) in seen or v.is_input:
+            continue
+        if expanded:
+            seen.add(id(v))
+            n = diagram.name_of(v)
+            if n in units:
+                order.append(n)
+            continue
+        stack.append((v, True))
+        for a in v.args:  # pushed in order, so the last argument is visited first
+            if id(a) not in seen:
+                stack.append((a, False))
+    second = tuple(order)
+    return [first] if second == first else [first, second]
+
+
+class _Planner:
+    """One derive call: the diagram, the target, the families, the memo of evaluated runs."""
+
+    def __init__(self, diagram: Diagram, gpu, arch: str, dtype: str, families: Sequence,
+                 fixed: Mapping[str, tuple[int, str, str]] | None, progress: Callable[[str], None] | None):
+        self.d = diagram
+        self.gpu = gpu
+        self.arch = arch
+        self.dtype = dtype
+        self.families = list(families)
+        self.fixed = dict(fixed or {})
+        self.say = progress or (lambda _m: None)
+        self.memo: dict[frozenset, KernelChoice] = {}
+        self.heavy = {self.d.name_of(v) for v in self.d.nodes if v.op.kind not in ("map", "rename")}
+        self.evaluated = 0
+
+    # -------------------------------------------------------------- one kernel
+    def _pinned_ok(self, sched: Schedule, sub: Diagram) -> bool:
+        """Whether a configuration carries every relabelling the user pinned on its axes."""
+        have = {(r.axis, int(r.size), r.level, r.kind) for r in sched.kernels[0].relabels}
+        for axis, (size, level, kind) in self.fixed.items():
+            if axis in sub.axes and (axis, size, level, kind) not in have:
+                return False
+        return True
+
+    def evaluate(self, boxes: tuple[str, ...]) -> KernelChoice:
+        key = frozenset(boxes)
+        if key in self.memo:
+            return self.memo[key]
+        choice = self._evaluate(boxes)
+        self.memo[key] = choice
+        return choice
+
+    def _evaluate(self, boxes: tuple[str, ...]) -> KernelChoice:
+        from .select import predict_schedule
+
+        if len(boxes) > 1 and sum(b in self.heavy for b in boxes) > MAX_HEAVY_BOXES:
+            return KernelChoice(boxes, refusals=(("planner", f"more than {MAX_HEAVY_BOXES} boxes that are "
+                                                  "not elementwise: no family fuses that many"),))
+        if not is_connected(self.d, boxes):
+            return KernelChoice(boxes, refusals=(("planner", "the boxes are not connected"),))
+        name = _kernel_name(self.d, boxes)
+        try:
+            sub, _ = kernel_problem(self.d, boxes, name)
+        except NapkinError as e:
+            return KernelChoice(boxes, refusals=(("planner", str(e)),))
+        self.evaluated += 1
+        options: list[Option] = []
+        refusals: list[tuple[str, str]] = []
+        for fam in self.families:
+            if fam.name == FALLBACK and len(boxes) > 1:
+                continue  # the last resort runs one box per kernel
+            why = _explain(fam, sub)
+            if why is not None:
+                refusals.append((fam.name, why))
+                continue
+            try:
+                cands = list(fam.candidates(sub, self.gpu, self.dtype))
+            except NapkinError as e:
+                refusals.append((fam.name, str(e)))
+                continue
+            builds_for = getattr(fam, "builds_for", None)
+            if builds_for is not None:
+                buildable = [s for s in cands if builds_for(s, self.arch)]
+                if cands and not buildable:
+                    refusals.append((fam.name, f"none of its configurations builds for {self.arch}"))
+                cands = buildable
+            if self.fixed:
+                pinned = [s for s in cands if self._pinned_ok(s, sub)]
+                if cands and not pinned:
+                    refusals.append((fam.name, "none of its configurations has the pinned tiles ("
+                                     + ", ".join(_pin_text(a, v) for a, v in self.fixed.items() if a in sub.axes)
+                                     + "); it builds " + "; ".join(sorted({_tiles(s) for s in cands})[:6])))
+                cands = pinned
+            got = 0
+            last_err = None
+            for s in cands:
+                s = _with_family(s, fam.name)
+                try:
+                    r = predict_schedule(sub, fam, s, self.gpu)
+                except ScheduleError as e:
+                    last_err = str(e)
+                    continue
+                if math.isfinite(r.seconds):
+                    options.append(Option(fam.name, s, r.seconds, r.bound))
+                    got += 1
+            if cands and not got:
+                refusals.append((fam.name, f"the model refuses every configuration ({last_err})"))
+        # the fallback last whatever its time; ties keep the family order, then the family's own
+        options.sort(key=lambda o: (o.family == FALLBACK, o.seconds))
+        return KernelChoice(boxes, tuple(options), tuple(refusals))
+
+    # -------------------------------------------------------------- partitions
+    def partition(self, order: tuple[str, ...]) -> tuple[tuple[int, float], list[KernelChoice]]:
+        """The cheapest split of ``order`` into runs (dynamic programming over run ends).
+
+        Cost is (boxes on the scalar fallback, predicted seconds), compared in that order: the
+        fallback is the last resort, so a plan that puts fewer boxes on it always wins."""
+        n = len(order)
+        inf = (n + 1, math.inf)
+        best: list[tuple[int, float]] = [(0, 0.0)] + [inf] * n
+        back: list[KernelChoice | None] = [None] * (n + 1)
+        for j in range(1, n + 1):
+            for i in range(max(0, j - MAX_FUSED_BOXES), j):
+                if not math.isfinite(best[i][1]):
+                    continue
+                c = self.evaluate(order[i:j])
+                if c.best is None:
+                    continue
+                slow = len(c.boxes) if c.best.family == FALLBACK else 0
+                t = (best[i][0] + slow, best[i][1] + c.seconds)
+                if t[0] < best[j][0] or (t[0] == best[j][0] and t[1] < best[j][1] * (1 - 1e-9)):
+                    best[j], back[j] = t, c
+        if not math.isfinite(best[n][1]):
+            return inf, []
+        runs: list[KernelChoice] = []
+        j = n
+        while j > 0:
+            c = back[j]
+            runs.append(c)
+            j -= len(c.boxes)
+        return best[n], runs[::-1]
+
+    def plan(self) -> tuple[Plan, list[KernelChoice]]:
+        orders = _orders(self.d)
+        results = []
+        for i, order in enumerate(orders):
+            self.say(f"partitions of {len(order)} boxes, order {i + 1} of {len(orders)}")
+            results.append(self.partition(order))
+        total, runs = min(results, key=lambda r: (r[0][0], r[0][1], len(r[1])))
+        if not runs:
+            raise ScheduleError(self._no_plan(orders[0]))
+        boxes = attach_renames(self.d, [c.boxes for c in runs])
+        kernels = []
+        for c, bx in zip(runs, boxes):
+            o = c.best
+            k0 = o.schedule.kernels[0]
+            name = _kernel_name(self.d, c.boxes)
+            kernel = Kernel(name, bx, k0.relabels, k0.placement, family=o.family, options=k0.options)
+            kernels.append(PlannedKernel(kernel, o.seconds, o.bound, _why_kernel(c)))
+        return Plan(self.d, self.gpu.key, self.arch, self.dtype, tuple(kernels)), runs
+
+    def _no_plan(self, order) -> str:
+        for b in order:
+            c = self.evaluate((b,))
+            if c.best is None:
+                pin = f" with the pinned tiling" if self.fixed else ""
+                return (f"derive found no kernel that runs box {b!r} of {self.d.name!r}{pin} on "
+                        f"{self.gpu.name} ({self.arch}): {c.refusal()}")
+        return f"derive found no plan for {self.d.name!r}"
+
+    def decisions(self, runs: list[KernelChoice]) -> list[str]:
+        """For every boundary between consecutive kernels, and every fused kernel: why."""
+        out = []
+        for c in runs:
+            if len(c.boxes) > 1:
+                apart = sum(self.evaluate((b,)).seconds for b in c.boxes)
+                apart_s = f"{apart * 1e6:.1f} µs one box per kernel" if math.isfinite(apart) else \
+                    "one box per kernel cannot run"
+                out.append(f"fused {'+'.join(c.boxes)}: {c.seconds * 1e6:.1f} µs against {apart_s}")
+        for a, b in zip(runs, runs[1:]):
+            if len(a.boxes) + len(b.boxes) > MAX_FUSED_BOXES:
+                out.append(f"kept {_short(a.boxes)} | {_short(b.boxes)} apart: more than {MAX_FUSED_BOXES} boxes")
+                continue
+            if not _reads(self.d, a.boxes, b.boxes):
+                continue
+            both = self.evaluate(a.boxes + b.boxes)
+            if both.best is None:
+                out.append(f"kept {_short(a.boxes)} | {_short(b.boxes)} apart: no family fuses them "
+                           f"({_first_reasons(both)})")
+            else:
+                out.append(f"kept {_short(a.boxes)} | {_short(b.boxes)} apart: fused would take "
+                           f"{both.seconds * 1e6:.1f} µs ({both.best.family}) against "
+                           f"{(a.seconds + b.seconds) * 1e6:.1f} µs apart")
+        return out
+
+
+# ----------------------------------------------------------------------------- helpers
+
+
+def _explain(fam, diagram) -> str | None:
+    if hasattr(fam, "explain"):
+        try:
+            return fam.explain(diagram)
+        except NapkinError as e:
+            return str(e)
+    try:
+        return None if fam.matches(diagram) else "it does not take this sub-diagram"
+    except NapkinError as e:
+        return str(e)
+
+
+def _with_family(s: Schedule, family: str) -> Schedule:
+    ks = tuple(k if k.family == family else k.replace(family=family) for k in s.kernels)
+    return s if ks == s.kernels else s.replace(kernels=ks)
+
+
+def _tiles(s: Schedule) -> str:
+    return ", ".join(f"{r.symbol}={r.size}" + ("" if r.level == "SMEM" else f"@{r.level}")
+                     for r in s.kernels[0].relabels) or "no tiles"
+
+
+def _pin_text(axis: str, spec) -> str:
+    size, level, kind = spec
+    return f"{kind} {axis}={size}@{level}"
+
+
+def _kernel_name(diagram: Diagram, boxes: Sequence[str]) -> str:
+    """A kernel is named by its main box: the last box that is not elementwise, else the last."""
+    values = {diagram.name_of(v): v for v in diagram.nodes}
+    main = [b for b in boxes if values[b].op.kind not in ("map", "rename")]
+    return (main or list(boxes))[-1]
+
+
+def _short(boxes: Sequence[str]) -> str:
+    return "+".join(boxes) if len(boxes) <= 3 else f"{boxes[0]}+…+{boxes[-1]}"
+
+
+def _reads(diagram: Diagram, first: Sequence[str], second: Sequence[str]) -> bool:
+    made = set(first)
+    for v in diagram.nodes:
+        if diagram.name_of(v) in second:
+            stack = list(v.args)
+            while stack:
+                a = stack.pop()
+                if a.is_input:
+                    continue
+                if diagram.name_of(a) in made:
+                    return True
+                if a.op.kind == "rename":
+                    stack += list(a.args)
+    return False
+
+
+def _first_reasons(c: KernelChoice) -> str:
+    reasons = [f"{f}: {why}" for f, why in c.refusals if f != FALLBACK]
+    return "; ".join(reasons[:3]) or c.refusal()
+
+
+def _why_kernel(c: KernelChoice) -> str:
+    best = c.best
+    text = f"{best.describe()} predicted fastest ({best.seconds * 1e6:.1f} µs, {best.bound}-bound)"
+    others = [o for o in c.ranked[1:] if o.describe() != best.describe()]
+    if others:
+        o = others[0]
+        text += f"; runner-up {o.describe()} at {o.seconds * 1e6:.1f} µs"
+    if best.family == FALLBACK:
+        text += "; on the scalar fallback because " + (_first_reasons(c) or "no other family takes it")
+    return text
+
+
+# ----------------------------------------------------------------------------- derive
+
+
+def derive(diagram, gpu=None, dtype: str | None = None, sizes: Mapping[str, int] | None = None, *,
+           arch: str | None = None, fixed: Mapping[str, tuple[int, str, str]] | None = None,
+           families: Sequence | None = None, exclude_engines: Sequence[str] = (), top: int = 5,
+           progress: Callable[[str], None] | None = None, explain: bool = True) -> Derivation:
+    """Derive the plan of ``diagram`` (a Diagram or library name) on ``gpu`` (a profile or name;
+    default: the GPU at hand, else h100), for ``arch`` (default: the profile's).
+
+    ``fixed`` pins relabellings (``{"q": (128, "SMEM", "group")}``): only configurations that
+    carry them are searched. ``families`` restricts the families (names or objects);
+    ``exclude_engines`` drops configurations on those engines (``("wgmma",)``). ``explain=False``
+    skips the method's steps and the fusion decisions (what :func:`napkin.codegen.compile` needs).
+    """
+    from . import families as fam_registry
+    from .prepare import prepare
+    from .select import resolve_gpu
+
+    d = prepare(diagram, sizes=sizes, dtype=dtype)
+    g = resolve_gpu(gpu)
+    arch = arch or g.arch
+    dt = dtype or _diagram_dtype(d)
+    fams = [fam_registry.get(f) for f in families] if families else fam_registry.available()
+    if exclude_engines:
+        fams = [_Without(f, tuple(exclude_engines)) for f in fams]
+    unknown = [a for a in (fixed or {}) if a not in d.axes]
+    if unknown:
+        raise ScheduleError(f"diagram {d.name!r} has no axis {unknown[0]!r} to group or stream; its axes are "
+                            f"{list(d.axes)}")
+    planner = _Planner(d, g, arch, dt, fams, fixed, progress)
+    plan, runs = planner.plan()
+    if plan.uses_fallback:
+        slow = [k.name for k in plan.kernels if k.family == FALLBACK]
+        plan = Plan(plan.diagram, plan.gpu, plan.arch, plan.dtype, plan.kernels,
+                    notes=(f"kernel(s) {', '.join(slow)} run on the scalar fallback (slow): no fast family "
+                           "builds them",))
+    if not explain:
+        return Derivation(plan)
+    from ..perfmodel.method import hardware_notes, method_steps, thresholds
+
+    costliest = max(runs, key=lambda c: c.seconds)
+    alternatives = tuple(costliest.ranked[:max(1, top)])
+    return Derivation(plan, method_steps(plan), tuple(planner.decisions(runs)), alternatives,
+                      thresholds(g, dt), hardware_notes(d, g))
+
+
+def _diagram_dtype(d: Diagram) -> str:
+    dts = sorted(d.dtypes)
+    return dts[0] if len(dts) == 1 else "bf16"
+
+
+class _Without:
+    """A family whose configurations on some engines are left out (the no-TMA rebuild)."""
+
+    def __init__(self, fam, engines: tuple[str, ...]):
+        self._fam, self._engines = fam, engines
+        self.name = fam.name
+
+    def __getattr__(self, item):
+        return getattr(self._fam, item)
+
+    def candidates(self, diagram, gpu, dtype):
+        return [s for s in self._fam.candidates(diagram, gpu, dtype)
+                if not any(k.options.engine in self._engines for k in s.kernels)]
+
+
+def plan_for(diagram, **kw) -> Plan:
+    """Just the plan (``derive(..., explain=False).plan``)."""
+    return derive(diagram, explain=False, **kw).plan
+
+
+__all__ += ["plan_for"]
+
+
+def plan_schedule(diagram, schedule: Schedule, gpu=None, *, family=None, dtype: str | None = None,
+                  sizes: Mapping[str, int] | None = None, arch: str | None = None) -> Plan:
+    """The plan that runs ``schedule`` as given (its partition, tiles and options): each kernel is
+    built by its own family, else by ``family``, else by the first family that takes its
+    sub-diagram. Each kernel is predicted by the one prediction function (inf where the model
+    refuses it). For a schedule a user wrote by hand; :func:`derive` plans everything else."""
+    from . import families as fam_registry
+    from .prepare import prepare
+    from .select import predict_schedule, resolve_gpu
+
+    d = prepare(diagram, sizes=sizes, dtype=dtype)
+    g = resolve_gpu(gpu)
+    arch = arch or g.arch
+    dt = dtype or schedule.dtype or _diagram_dtype(d)
+    if schedule.diagram != d:
+        try:
+            schedule = schedule.replace(diagram=d)
+        except ScheduleError as e:
+            raise CodegenError(f"the schedule given does not fit diagram {d.name!r}: {e}") from None
+    named = fam_registry.get(family) if family is not None else None
+    kernels = []
+    for k in schedule.kernels:
+        sub, kept = kernel_problem(d, k.boxes, k.name)
+        if k.family is not None:
+            fam = fam_registry.get(k.family)
+        elif named is not None:
+            fam = named
+        else:
+            fam = next((f for f in fam_registry.available() if _explain(f, sub) is None), None)
+            if fam is None:
+                raise CodegenError(f"no code-generation family builds kernel {k.name} of {d.name!r}")
+        why = _explain(fam, sub)
+        if why is not None:
+            raise CodegenError(f"family {fam.name} cannot generate kernel {k.name} of {d.name!r}: {why}")
+        kernel = k.replace(family=fam.name)
+        arrays = {sub.name_of(v) for v in (*sub.inputs, *sub.nodes)}
+        one = Schedule(sub, (kernel.replace(boxes=kept, placement=tuple(p for p in k.placement if p[0] in arrays)),),
+                       g.key, dt)
+        try:
+            r = predict_schedule(sub, fam, one, g)
+            seconds, bound = r.seconds, r.bound
+        except ScheduleError as e:
+            seconds, bound = math.inf, f"refused by the model: {e}"
+        kernels.append(PlannedKernel(kernel, seconds, bound, "as given"))
+    return Plan(d, g.key, arch, dt, tuple(kernels))
+
+
+__all__ += ["plan_schedule"]
