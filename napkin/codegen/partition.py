@@ -6,7 +6,8 @@ input (an HBM tensor: a diagram input or a buffer written by an earlier kernel) 
 it computes that the diagram outputs or a later kernel reads as an output. Names are kept, so a
 sub-diagram's inputs and outputs are the names of the HBM tensors the launches read and write.
 
-A rename is a free view: it is never a unit of a partition. A box that reads a rename of an array
+A rename is a free view: it is never a unit of a partition (except an output that shows a
+diagram input, which a kernel copies). A box that reads a rename of an array
 computed outside its kernel reads that array straight from HBM, seen with the renamed axes (the
 input keeps the HBM tensor's name). A rename that is a diagram output is computed by the kernel
 of the array it renames (it is in that sub-diagram, as a box and an output).
@@ -33,9 +34,18 @@ from ..diagrams.ops import Rename, Value, apply, array
 __all__ = ["plan_units", "kernel_problem", "attach_renames", "is_connected"]
 
 
+def _is_copy(diagram: Diagram, v: Value) -> bool:
+    """A rename that is a diagram output and shows a diagram input: a kernel must copy it."""
+    if not any(v is o for o in diagram.outputs):
+        return False
+    while isinstance(v.op, Rename):
+        v = v.args[0]
+    return v.is_input
+
+
 def _is_view(diagram: Diagram, v: Value) -> bool:
-    """A rename: a view, never a unit of a partition."""
-    return isinstance(v.op, Rename)
+    """A rename (a view, never a unit of a partition), unless a kernel must copy it."""
+    return isinstance(v.op, Rename) and not _is_copy(diagram, v)
 
 
 def plan_units(diagram: Diagram) -> tuple[str, ...]:

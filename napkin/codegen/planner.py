@@ -258,7 +258,12 @@ class _Planner:
                     r = predict_schedule(sub, fam, s, self.gpu)
                 except ScheduleError as e:
                     last_err = str(e)
-                    continue
+                    if fam.name != FALLBACK:
+                        continue
+                    # the last resort runs what the model cannot describe (a copy of a view):
+                    # it is timed by the plain estimate, every input read and output written once
+                    from .select import local_estimate
+                    r = local_estimate(s, self.gpu)
                 if math.isfinite(r.seconds):
                     options.append(Option(fam.name, s, r.seconds, r.bound))
                     got += 1

@@ -355,6 +355,19 @@ def rank(diagram: Diagram, family, gpu, dtype: str | None = None) -> list[Ranked
     return [r for r, _ in out]
 
 
+def local_estimate(schedule: Schedule, gpu) -> Ranked:
+    """The plain estimate of a schedule the cost model refuses (every input read, every output
+    written once; contractions on CUDA cores)."""
+    from ..perfmodel.roofline import LAUNCH_OVERHEAD_S
+
+    g = _gpu(gpu)
+    d = schedule.diagram
+    sizes = {n: a.bound_size for n, a in d.axes.items()}
+    moved = sum(_size(v, sizes) * lookup_dtype(v.dtype).bytes for v in (*d.inputs, *d.outputs))
+    seconds = moved / g.level("HBM").bandwidth + LAUNCH_OVERHEAD_S * len(schedule.kernels)
+    return Ranked(schedule, seconds, "local", "cost model refused it", "HBM (plain estimate)")
+
+
 def _local_seconds(schedule: Schedule, gpu) -> float:
     from ..perfmodel.roofline import predict
 

@@ -241,16 +241,19 @@ def configs(shape: RowwiseShape) -> list[Config]:
 
 
 def config_from_schedule(shape: RowwiseShape, schedule: Schedule) -> Config:
-    """The configuration a schedule's kernel names (threads per row in its options, rows per block
-    in its row groups), or one that fits its row groups."""
+    """The configuration a schedule's kernel names (threads per row and warps per block in its
+    options: a block of ``warps`` warps holds ``32·warps / threads_per_row`` rows), or one that
+    fits its row groups."""
     want = 1
     for k in schedule.kernels:
         for r in k.relabels_at("SMEM", "group"):
             if r.axis in shape.row_axes and isinstance(r.size, int):
                 want *= r.size
-    tpr = schedule.kernels[0].options.threads_per_row if len(schedule.kernels) == 1 else None
-    if tpr is not None:
-        return make_config(shape, tpr, want)
+    opts = schedule.kernels[0].options if len(schedule.kernels) == 1 else None
+    if opts is not None and opts.threads_per_row is not None:
+        tpr = opts.threads_per_row
+        rows = max(1, (opts.warps or 1) * 32 // tpr) if opts.warps and tpr <= 32 else (1 if tpr > 32 else want)
+        return make_config(shape, tpr, rows)
     options = configs(shape)
     if not options:
         raise CodegenError(f"rowwise: no configuration keeps a row of {shape.xsize} {shape.dtype} values "
