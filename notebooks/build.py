@@ -592,11 +592,11 @@ def nb_attention():
         md('''
             ## The same derivation, by program
 
-            `derive` runs these steps itself — naive, fuse, group, stream — and then searches the tile
-            sizes under the hardware's limits, keeping the schedule with the least predicted time.
+            `derive` searches what can run — the partitions into kernels and the configurations napkin's
+            families build, ranked by the model — and narrates its plan as the same steps (docs/architecture.md §5–6).
         '''),
         code('''
-            from napkin.perfmodel.derive import derive
+            from napkin.codegen.planner import derive
 
             der = derive(mha, "h100", sizes=sizes)
             print(der)
@@ -1027,14 +1027,14 @@ def nb_hopper():
             the schedule prediction `derive` ranks with.
         '''),
         code('''
-            from napkin.perfmodel.derive import derive
+            from napkin.codegen.planner import derive
             from napkin.perfmodel.predict import predict_schedule, LaunchAssumptions
 
             sizes = library.entry("mha").default_sizes
             mha = library.get("mha")
             der = derive(mha, a100, dtype="fp16", sizes=sizes)
             tiles = {r.axis: r.size for r in der.best.kernels[0].relabels if r.level == "SMEM"}
-            print("derived:", der.best_candidate.describe())
+            print("derived:", der.plan.kernels[0].describe())
 
             fa2_sched = Schedule.fused(mha, groups={"h": 1, "q": fa2.g_q // fa2.blocks_per_sm}, streams={"x": fa2.s_x}, gpu=a100.key, dtype="fp16")
             rows, model = [], {}
@@ -1044,8 +1044,8 @@ def nb_hopper():
                 k = pred.kernels[0]
                 if label == "FlashAttention-2":
                     warps_per_block = fa2.warps // fa2.blocks_per_sm
-                else:                              # the derived launch: the model's threads per block
-                    warps_per_block = LaunchAssumptions().threads_for(float(pred.cost.per_kernel[0].levels["RF"].M_bytes)) // 32
+                else:                              # the derived launch: the plan's warps per block
+                    warps_per_block = der.plan.kernels[0].kernel.options.warps
                 an_ = ampere_attention_analysis(a100, block_q=rel["q"], s_x=rel["x"], warps_per_block=warps_per_block)
                 model[label] = (an_, pred, warps_per_block)
                 rows.append([label, f"{rel['q']}×{rel['x']}, {warps_per_block} warps",
@@ -1067,7 +1067,7 @@ def nb_hopper():
                 f"- FlashAttention-2 fits **{fa2.warps} warps** per SM ({fa2.warps / a100.max_warps_per_sm:.1%} of the "
                 f"{a100.max_warps_per_sm}-warp limit), as {fa2.blocks_per_sm} blocks of {fa2.warps // fa2.blocks_per_sm}; "
                 f"its {fa2.regs_per_thread} registers per thread limit it, not SMEM.\\n"
-                f"- The derived algorithm ({der.best_candidate.describe()}) gets "
+                f"- The derived algorithm ({der.plan.kernels[0].describe()}) gets "
                 f"**{an_d.warps} warps** per SM by the warp analysis, "
                 f"{pred_d.kernels[0].blocks_per_sm * wd} by the schedule model's residency.\\n"
                 f"- The warp analysis charges every block's K/V chunks to HBM, so blocks that share an SM each "

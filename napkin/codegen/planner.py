@@ -49,6 +49,8 @@ MAX_FUSED_BOXES = 12
 #: The most boxes that are not elementwise one kernel may hold (attention: two contractions and a
 #: softmax); longer runs are refused before any family is asked.
 MAX_HEAVY_BOXES = 3
+#: Fusion decisions printed (``--json`` has them all).
+SHOWN_DECISIONS = 24
 
 
 @dataclass(frozen=True)
@@ -134,7 +136,9 @@ class Derivation:
         lines.append(str(self.plan))
         if self.decisions:
             lines.append("fusion:")
-            lines += [f"   {d}" for d in self.decisions]
+            lines += [f"   {d}" for d in self.decisions[:SHOWN_DECISIONS]]
+            if len(self.decisions) > SHOWN_DECISIONS:
+                lines.append(f"   … and {len(self.decisions) - SHOWN_DECISIONS} more (all of them in --json)")
         if self.alternatives:
             lines.append("alternatives for the costliest kernel (predicted):")
             lines += [f"   {o.seconds * 1e6:9.1f} µs  {o.describe()}" for o in self.alternatives]
