@@ -6,7 +6,10 @@ BENCHMARKS.md, and print a short table last.
     python3 benchmarks/run_all.py                               # the full sweep into benchmarks/results/
     python3 benchmarks/run_all.py --report-only --out DIR       # redo plots, BENCHMARKS.md and the calibrated
                                                                 # profile from DIR's JSON (re-predicting every
-                                                                # point with the current model, offline)
+                                                                # point with the current model, offline), and
+                                                                # the out-of-sample section of the summary
+                                                                # (--summary-md; default: the top-level
+                                                                # BENCHMARKS.md for benchmarks/results)
     python3 benchmarks/run_all.py --list [--quick]              # the points, their FLOPs and bytes (no GPU)
 
 Results land in ``<out>/<gpu>/<family>.json`` with ``plots/*.png`` and ``BENCHMARKS.md`` beside
@@ -45,6 +48,10 @@ def _parser() -> argparse.ArgumentParser:
                     help="kill and skip a point that runs longer than this (default 480)")
     ap.add_argument("--in-process", action="store_true", help="run the points in this process (no restarts)")
     ap.add_argument("--report-only", action="store_true", help="only regenerate plots and BENCHMARKS.md")
+    ap.add_argument("--summary-md", default=None, metavar="FILE",
+                    help="with --report-only: the Markdown file whose 'Model error out of sample' section is "
+                         "rewritten (default: BENCHMARKS.md at the repository root when --out is benchmarks/results, "
+                         "else <out>/BENCHMARKS.md when <out> holds one folder per GPU; 'none': no summary)")
     ap.add_argument("--list", action="store_true", help="list the points and exit")
     return ap
 
@@ -111,6 +118,34 @@ def print_accuracy(rep) -> None:
               f"Spearman {_fmt(rho, '.2f')} over {a['spearman_n']} configs")
 
 
+def summary_path(out: Path, summary_md: str | None) -> Path | None:
+    """Where the out-of-sample summary goes (see --summary-md)."""
+    if summary_md is not None:
+        return None if summary_md.lower() == "none" else Path(summary_md)
+    if out.resolve() == (ROOT / "benchmarks" / "results").resolve():
+        return ROOT / "BENCHMARKS.md"
+    if out.is_dir() and not any(out.glob("*.json")):
+        return out / "BENCHMARKS.md"
+    return None
+
+
+def print_out_of_sample(oos) -> None:
+    """One line per family and setting judged: the four numbers against their targets."""
+    if oos is None:
+        return
+    print("model error out of sample (every measured configuration; targets: median <= 15%, p90 <= 30%, "
+          "Spearman per point >= 0.8, first choice within 5% at >= 90% of points):")
+    for s in oos.rows():
+        if s.setting == "in-sample":
+            continue
+        mark = {m: ("ok" if s.passes(m) else "MISS") if s.passes(m) is not None else "n/a" for m in
+                ("median", "p90", "spearman", "first_choice")}
+        print(f"  {s.family:9s} {s.label:22s} median {_fmt(s.median * 100 if s.median is not None else None)}% "
+              f"[{mark['median']}]  p90 {_fmt(s.p90 * 100 if s.p90 is not None else None)}% [{mark['p90']}]  "
+              f"spearman {_fmt(s.spearman_median, '.2f')} [{mark['spearman']}]  first choice "
+              f"{_fmt(s.first_choice * 100 if s.first_choice is not None else None, '.0f')}% [{mark['first_choice']}]")
+
+
 def main(argv=None) -> int:
     a = _parser().parse_args(argv)
     families = suite._families(a.families)
@@ -120,11 +155,16 @@ def main(argv=None) -> int:
         _list(points)
         return 0
     if a.report_only:
-        reps = report_mod.generate_all(out)
+        summary = summary_path(out, a.summary_md)
+        reps = report_mod.generate_all(out, summary_md=summary)
         for r in reps:
             extra = f", {report_mod.CALIBRATED_PROFILE}" if (r.markdown.parent / report_mod.CALIBRATED_PROFILE).exists() else ""
             print(f"wrote {r.markdown}, {len(r.plots)} plot(s){extra}")
             print_accuracy(r)
+        if reps:
+            print_out_of_sample(reps[0].out_of_sample)
+            if summary is not None and reps[0].out_of_sample is not None:
+                print(f"wrote the out-of-sample section of {summary}")
         return 0 if reps else 1
     try:
         import torch

@@ -8,6 +8,11 @@
   FLOP and byte conventions, and the sweep that writes JSON;
 - :mod:`~napkin.bench.autotune`: the fast configuration is found, not hand-picked: rank schedules
   with the model, measure the best few, keep the fastest, cache it; Spearman rank correlation;
+- :mod:`~napkin.bench.calibration`: the recorded schedules resolved and re-predicted offline by
+  the model as it is now, one efficiency factor per code-generation family fitted on them,
+  leave-one-out errors (fitting to measurements is the benchmark's business: the model,
+  :mod:`napkin.perfmodel`, imports neither codegen nor bench);
+- :mod:`~napkin.bench.outofsample`: factors fitted on one GPU's results judged on another's;
 - :mod:`~napkin.bench.report`: plots and ``BENCHMARKS.md`` from the JSON results.
 
 Importing this package (or any of its modules) imports neither torch nor CuPy; they are loaded by
@@ -16,4 +21,4 @@ the functions that measure.
 
 from __future__ import annotations
 
-__all__ = ["timing", "baselines", "suite", "report", "autotune"]
+__all__ = ["timing", "baselines", "suite", "report", "autotune", "calibration", "outofsample"]

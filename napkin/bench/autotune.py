@@ -1,7 +1,8 @@
 """The fast configuration is found, not hand-picked.
 
 :func:`tune` ranks the schedules a code-generation family proposes with the performance model
-(:func:`napkin.codegen.select.rank_candidates`), compiles and measures the top ``k`` (default 4)
+(:func:`model_ranking`: each predicted by :func:`napkin.codegen.select.predict_schedule`, the
+number ``napkin cost`` and ``derive`` print), compiles and measures the top ``k`` (default 4)
 on the GPU, and keeps the fastest. The choice is cached on disk, keyed by GPU name, a hash of the
 diagram's structure, the sizes and the dtype, in ``$NAPKIN_CACHE_DIR/autotune.json`` (default
 ``~/.cache/napkin/autotune.json``); writes are atomic (a temporary file renamed over the cache)
@@ -45,9 +46,16 @@ __all__ = [
     "schedule_signature",
     "schedule_id",
     "describe_schedule",
+    "is_typed",
+    "legacy_notes",
+    "legacy_signature",
+    "legacy_schedule_id",
+    "legacy_description",
+    "legacy_schedule",
     "rankdata",
     "spearman",
     "tune",
+    "model_ranking",
     "calibration_records",
 ]
 
@@ -142,36 +150,150 @@ def cache_key(gpu_name: str, diagram, sizes: Mapping[str, int] | None, dtype: st
     return f"{gpu_name}|{diagram_hash(diagram)}|{_sizes_str(sizes)}|{dtype}"
 
 
-def schedule_signature(schedule) -> dict:
-    """A JSON-able description of a schedule's kernels (boxes, relabels, placement) and dtype."""
-    kernels = []
-    for k in schedule.kernels:
-        kernels.append({
-            "name": k.name,
-            "boxes": list(k.boxes),
-            "relabels": [[r.axis, str(r.size), r.level, r.kind] for r in k.relabels],
-            "placement": [list(p) for p in k.placement],
-        })
-    sig = {"kernels": kernels, "dtype": str(getattr(schedule, "dtype", ""))}
-    notes = tuple(str(n) for n in (getattr(schedule, "notes", ()) or ()))
-    if notes:  # codegen may tell apart candidates with equal relabels here (warps, stages)
+#: The note the fallback family carried before kernels had typed options (legacy ids only).
+LEGACY_FALLBACK_NOTE = "fallback: one kernel per box, intermediates in HBM (fp32)"
+
+
+def _options_dict(kernel) -> dict:
+    opts = getattr(kernel, "options", None)
+    return dict(opts.to_dict()) if opts is not None and hasattr(opts, "to_dict") else {}
+
+
+def is_typed(schedule) -> bool:
+    """Whether any kernel of ``schedule`` names its family or carries typed options
+    (:class:`~napkin.perfmodel.schedule.KernelOptions`); else it is a legacy schedule whose
+    tunables, if any, travel in ``schedule.notes``."""
+    return any(getattr(k, "family", None) or _options_dict(k) for k in schedule.kernels)
+
+
+def _kernel_signature(k) -> dict:
+    return {
+        "name": k.name,
+        "boxes": list(k.boxes),
+        "relabels": [[r.axis, str(r.size), r.level, r.kind] for r in k.relabels],
+        "placement": [list(p) for p in k.placement],
+    }
+
+
+def _legacy_form(kernels, dtype, notes) -> dict:
+    sig = {"kernels": kernels, "dtype": str(dtype)}
+    if notes:  # legacy families told apart candidates with equal relabels here (warps, stages)
         sig["notes"] = list(notes)
     return sig
 
 
+def schedule_signature(schedule) -> dict:
+    """A JSON-able description of a schedule: its kernels (name, boxes, relabels, placement) and
+    dtype, and for each kernel its code-generation family and typed options (``KernelOptions``:
+    engine, stages, warps, ...), so candidates that differ only in options differ here.
+
+    A legacy schedule (no kernel names a family or carries options: :func:`is_typed` is False)
+    gets the signature it always had: kernels and dtype, plus the schedule's ``notes`` when it
+    has any. A typed schedule's notes are free text and are left out."""
+    if not is_typed(schedule):
+        notes = tuple(str(n) for n in (getattr(schedule, "notes", ()) or ()))
+        return _legacy_form([_kernel_signature(k) for k in schedule.kernels], getattr(schedule, "dtype", ""), notes)
+    kernels = []
+    for k in schedule.kernels:
+        d = _kernel_signature(k)
+        d["family"] = getattr(k, "family", None)
+        d["options"] = _options_dict(k)
+        kernels.append(d)
+    return {"kernels": kernels, "dtype": str(getattr(schedule, "dtype", ""))}
+
+
+def _hash(sig: dict) -> str:
+    return hashlib.sha256(json.dumps(sig, sort_keys=True).encode()).hexdigest()[:12]
+
+
 def schedule_id(schedule) -> str:
     """12 hex digits identifying a schedule (its signature's hash)."""
-    text = json.dumps(schedule_signature(schedule), sort_keys=True)
-    return hashlib.sha256(text.encode()).hexdigest()[:12]
+    return _hash(schedule_signature(schedule))
+
+
+def _rows_per_block(kernel) -> int:
+    """Rows a row-wise block holds: the product of its SMEM groups (the row axes; x is whole)."""
+    n = 1
+    for r in kernel.relabels:
+        if r.level == "SMEM" and r.kind == "group" and isinstance(r.size, int):
+            n *= r.size
+    return n
+
+
+def legacy_notes(schedule) -> tuple[str, ...]:
+    """The notes the code-generation families wrote before kernels had typed options, recovered
+    from the options (for results recorded then): contraction ``stages=S``, ``blocks_per_sm=B``
+    and ``engine=wgmma`` for a wgmma kernel; attention ``stages=S``, ``blocks_per_sm=B``;
+    rowwise ``rowwise THREADS_PER_ROW=T ROWS_PER_BLOCK=R`` (R: the product of the kernel's SMEM
+    groups, the row axes); fallback its one descriptive note. A legacy schedule: its own notes."""
+    if not is_typed(schedule):
+        return tuple(str(n) for n in (getattr(schedule, "notes", ()) or ()))
+    out: list[str] = []
+    for k in schedule.kernels:
+        fam, o = getattr(k, "family", None), getattr(k, "options", None)
+        if fam in ("contraction", "attention") and o is not None:
+            if o.stages is not None:
+                out.append(f"stages={o.stages}")
+            if o.blocks_per_sm is not None:
+                out.append(f"blocks_per_sm={o.blocks_per_sm}")
+            if fam == "contraction" and o.engine == "wgmma":
+                out.append("engine=wgmma")
+        elif fam == "rowwise" and o is not None and o.threads_per_row is not None:
+            out.append(f"rowwise THREADS_PER_ROW={o.threads_per_row} ROWS_PER_BLOCK={_rows_per_block(k)}")
+        elif fam == "fallback" and LEGACY_FALLBACK_NOTE not in out:
+            out.append(LEGACY_FALLBACK_NOTE)
+    return tuple(dict.fromkeys(out))
+
+
+def legacy_signature(schedule) -> dict:
+    """The signature :func:`schedule_signature` gave this schedule before kernels had typed
+    options: kernels without family and options, the options turned back into the families' old
+    notes (:func:`legacy_notes`). Equal to :func:`schedule_signature` for a legacy schedule."""
+    if not is_typed(schedule):
+        return schedule_signature(schedule)
+    return _legacy_form([_kernel_signature(k) for k in schedule.kernels], getattr(schedule, "dtype", ""),
+                        legacy_notes(schedule))
+
+
+def legacy_schedule_id(schedule) -> str:
+    """The id a recorded result gave this schedule before kernels had typed options (the
+    committed benchmark JSON uses these): the hash of :func:`legacy_signature`."""
+    return _hash(legacy_signature(schedule))
+
+
+def legacy_schedule(schedule):
+    """The schedule as the families built it before kernels had typed options: the same kernels
+    without family and options, and :func:`legacy_notes` as its notes (its
+    :func:`schedule_id` is this schedule's :func:`legacy_schedule_id`)."""
+    if not is_typed(schedule):
+        return schedule
+    from ..perfmodel.schedule import KernelOptions
+
+    kernels = tuple(k.replace(family=None, options=KernelOptions()) for k in schedule.kernels)
+    return schedule.replace(kernels=kernels, notes=legacy_notes(schedule))
+
+
+def _kernel_suffix(k) -> str:
+    items = []
+    fam = getattr(k, "family", None)
+    if fam and fam != k.name:
+        items.append(f"family={fam}")
+    items += [f"{a}={b}" for a, b in _options_dict(k).items()]
+    return f"({', '.join(items)})" if items else ""
 
 
 def describe_schedule(schedule) -> str:
-    """One line: each kernel with its relabellings, ``fused[q→g_q=128@SMEM, x→s_x=64@SMEM]``."""
-    out = []
-    for k in schedule.kernels:
-        rel = ", ".join(str(r) for r in k.relabels)
-        out.append(f"{k.name}[{rel}]")
-    return "; ".join(out)
+    """One line: each kernel with its relabellings and, when it has them, its family (unless the
+    kernel is named after it) and typed options:
+    ``fused[q → g_q=128@SMEM, x → s_x=64@SMEM](family=attention, engine=mma.sync, stages=2)``;
+    kernels are separated by ``"; "``. A legacy schedule: ``fused[q → g_q=128@SMEM, ...]``."""
+    return "; ".join(f"{k.name}[{', '.join(str(r) for r in k.relabels)}]{_kernel_suffix(k)}"
+                     for k in schedule.kernels)
+
+
+def legacy_description(schedule) -> str:
+    """The description recorded before kernels had typed options: relabellings only."""
+    return "; ".join(f"{k.name}[{', '.join(str(r) for r in k.relabels)}]" for k in schedule.kernels)
 
 
 # ----------------------------------------------------------------------------- the cache
@@ -335,19 +457,23 @@ class TuneResult:
 
 
 def _codegen_family(diagram) -> str | None:
-    """The code-generation family ``napkin.codegen.compile`` would use first for the diagram."""
+    """The code-generation family that builds the diagram as one kernel: the first family (in
+    lowering's order) whose ``matches`` accepts it, else the library entry's family, else the
+    benchmark family's."""
     try:
-        from ..codegen.lower import choose_family
+        from ..codegen import families
 
-        return choose_family(diagram)[0].name
-    except Exception:
+        for f in families.available():
+            if f.name != "fallback" and f.matches(diagram):
+                return f.name
+    except Exception:  # noqa: BLE001 - codegen unavailable: the library knows the family
         pass
     try:
         from ..diagrams import library
 
         if diagram.name in library.names():
             return library.entry(diagram.name).family
-    except Exception:
+    except Exception:  # noqa: BLE001
         pass
     from .baselines import family_of
 
@@ -357,12 +483,39 @@ def _codegen_family(diagram) -> str | None:
 
 def _prepare(diagram, sizes: dict, dtype: str):
     """The bound diagram in ``dtype``, as codegen prepares it (axes that follow another stay so)."""
-    try:
-        from ..codegen.lower import prepare
-    except ImportError:
+    import importlib
+
+    prepare = None
+    for mod in ("napkin.codegen.prepare", "napkin.codegen.lower"):
+        try:
+            prepare = importlib.import_module(mod).prepare
+            break
+        except (ImportError, AttributeError):
+            continue
+    if prepare is None:
         d = diagram.bind(sizes) if sizes else diagram
         return d.with_dtype(dtype) if dtype and d.dtypes != {dtype} else d
     return prepare(diagram, sizes=sizes or None, dtype=dtype)
+
+
+def model_ranking(diagram, family, gpu, dtype: str | None = None) -> list[tuple[Any, float]]:
+    """``[(schedule, predicted seconds)]`` best first, for every candidate of ``family``: the
+    candidates as ``napkin.codegen.select.rank_candidates`` gives them, each predicted by
+    ``napkin.codegen.select.predict_schedule(diagram, family, schedule, gpu)`` (the prediction
+    ``napkin cost`` and ``derive`` print, and the one the report re-computes offline), sorted by
+    it (ties keep the ranking's order). A candidate the model refuses keeps the ranking's number
+    (its local estimate)."""
+    from ..codegen.select import predict_schedule, rank_candidates
+
+    out = []
+    for i, (s, p) in enumerate(rank_candidates(diagram, family, gpu, dtype)):
+        try:
+            p = float(predict_schedule(diagram, family, s, gpu).seconds)
+        except Exception:  # noqa: BLE001 - refused by the cost model: keep the ranking's estimate
+            p = float(p)
+        out.append((p, i, s))
+    out.sort(key=lambda t: (t[0], t[1]))
+    return [(s, p) for p, _, s in out]
 
 
 def _default_gpu_name(gpu) -> str:
@@ -412,8 +565,9 @@ def tune(
 
     gpu:      what codegen and the model are told (a profile name such as ``"h100"`` or a GPU);
     gpu_name: the cache's GPU key (default: the CUDA device's name);
-    rank:     ``() -> [(schedule, predicted_seconds)]`` best first (default:
-              ``napkin.codegen.select.rank_candidates(bound diagram, family, gpu, dtype)``);
+    rank:     ``() -> [(schedule, predicted_seconds)]`` best first (default: :func:`model_ranking`,
+              every candidate of the family predicted by ``napkin.codegen.select.predict_schedule``,
+              the number ``napkin cost`` and ``derive`` print);
     build:    ``schedule -> callable kernel`` (default: ``napkin.codegen.compile``);
     measure:  ``kernel -> seconds`` (default: CUDA-event median on rotated random inputs).
     A candidate whose build or measurement fails is recorded with its error and skipped; if none
@@ -429,10 +583,8 @@ def tune(
     key = cache_key(gpu_name or _default_gpu_name(gpu), bound, bound.sizes, dtype)
 
     if rank is None:
-        from ..codegen.select import rank_candidates
-
         def rank():
-            return rank_candidates(bound, fam, gpu, dtype)
+            return model_ranking(bound, fam, gpu, dtype)
     if build is None:
         from ..codegen import compile as _compile
 

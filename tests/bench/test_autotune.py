@@ -311,3 +311,117 @@ def test_tune_on_gpu_with_the_real_codegen(tmp_path):
     r = tune(d, gpu="h100", sizes={"r": 4096, "x": 4096}, dtype="bf16", k=2,
              cache=AutotuneCache(tmp_path / "a.json"))
     assert r.seconds and r.seconds > 0 and r.candidates
+
+
+# ----------------------------------------------------------------------------- ids: legacy notes and typed options
+
+
+def _old_id(schedule, notes=()):
+    """schedule_id as it was computed before kernels had typed options (kept verbatim)."""
+    import hashlib
+    import json
+
+    kernels = [{"name": k.name, "boxes": list(k.boxes), "relabels": [[r.axis, str(r.size), r.level, r.kind]
+                                                                     for r in k.relabels],
+                "placement": [list(p) for p in k.placement]} for k in schedule.kernels]
+    sig = {"kernels": kernels, "dtype": str(schedule.dtype)}
+    if notes:
+        sig["notes"] = list(notes)
+    return hashlib.sha256(json.dumps(sig, sort_keys=True).encode()).hexdigest()[:12]
+
+
+def _mm():
+    return library.get("matmul").with_dtype("bf16").bind({"a": 1024, "b": 1024, "c": 1024})
+
+
+def test_legacy_schedules_keep_their_ids_and_descriptions():
+    """A schedule without family and options (the families before the change): the signature
+    it always had, notes included."""
+    from napkin.bench.autotune import (describe_schedule, is_typed, legacy_description, legacy_schedule,
+                                       legacy_schedule_id, schedule_signature)
+
+    d = _mm()
+    plain = Schedule.fused(d, groups={"a": 128, "c": 128}, streams={"b": 64})
+    noted = plain.replace(notes=("stages=4", "blocks_per_sm=1", "engine=wgmma"))
+    assert not is_typed(plain) and not is_typed(noted)
+    assert schedule_id(plain) == _old_id(plain) and schedule_id(noted) == _old_id(noted, noted.notes)
+    assert schedule_id(plain) != schedule_id(noted) and "notes" in schedule_signature(noted)
+    assert legacy_schedule_id(noted) == schedule_id(noted) and legacy_schedule(noted) is noted
+    desc = "fused[a → g_a=128@SMEM, c → g_c=128@SMEM, b → s_b=64@SMEM]"
+    assert describe_schedule(noted) == legacy_description(noted) == desc
+
+
+def test_typed_options_are_in_the_id_and_the_description_and_map_back_to_the_old_notes():
+    from napkin.bench.autotune import (describe_schedule, is_typed, legacy_description, legacy_notes,
+                                       legacy_schedule, legacy_schedule_id, schedule_signature)
+    from napkin.perfmodel.schedule import KernelOptions
+
+    d = _mm()
+    plain = Schedule.fused(d, groups={"a": 128, "c": 128}, streams={"b": 64})
+
+    def typed(name="fused", **opts):
+        k = plain.kernels[0].replace(name=name, family="contraction", options=KernelOptions(**opts))
+        return plain.replace(kernels=(k,))
+
+    wg = typed(engine="wgmma", stages=4, blocks_per_sm=1, warpgroups=2)
+    wg3 = typed(engine="wgmma", stages=3, blocks_per_sm=1, warpgroups=2)
+    mma = typed(engine="mma.sync", stages=4, blocks_per_sm=1, warps=8)
+    assert is_typed(wg) and len({schedule_id(s) for s in (plain, wg, wg3, mma)}) == 4
+    sig = schedule_signature(wg)["kernels"][0]
+    assert sig["family"] == "contraction" and sig["options"] == {"engine": "wgmma", "stages": 4, "warpgroups": 2,
+                                                                 "blocks_per_sm": 1}
+    assert describe_schedule(wg) == ("fused[a → g_a=128@SMEM, c → g_c=128@SMEM, b → s_b=64@SMEM]"
+                                     "(family=contraction, engine=wgmma, stages=4, warpgroups=2, blocks_per_sm=1)")
+    named = typed(name="contraction", engine="wgmma", stages=4)
+    assert describe_schedule(named) == ("contraction[a → g_a=128@SMEM, c → g_c=128@SMEM, b → s_b=64@SMEM]"
+                                        "(engine=wgmma, stages=4)")
+    assert len({describe_schedule(s) for s in (wg, wg3, mma)}) == 3
+    assert legacy_description(wg) == legacy_description(mma) == describe_schedule(plain)
+    # back to the notes the contraction family wrote: stages, residency, and the engine iff wgmma
+    assert legacy_notes(wg) == ("stages=4", "blocks_per_sm=1", "engine=wgmma")
+    assert legacy_notes(mma) == ("stages=4", "blocks_per_sm=1")
+    assert legacy_schedule_id(wg) == _old_id(plain, ("stages=4", "blocks_per_sm=1", "engine=wgmma"))
+    assert legacy_schedule_id(mma) == _old_id(plain, ("stages=4", "blocks_per_sm=1"))
+    assert schedule_id(legacy_schedule(wg)) == legacy_schedule_id(wg)
+    # typed notes are free text: not part of the id
+    assert schedule_id(wg.replace(notes=("anything",))) == schedule_id(wg)
+
+
+def test_legacy_notes_of_attention_rowwise_and_fallback():
+    from napkin.bench.autotune import LEGACY_FALLBACK_NOTE, legacy_notes, legacy_schedule_id
+    from napkin.perfmodel.schedule import KernelOptions
+
+    att = library.get("mha").with_dtype("bf16").bind({"h": 4, "q": 1024, "x": 1024, "d": 64})
+    s = Schedule.fused(att, groups={"q": 128}, streams={"x": 64})
+    k = s.kernels[0].replace(family="attention", options=KernelOptions(engine="mma.sync", stages=2, blocks_per_sm=2,
+                                                                       warps=4))
+    ts = s.replace(kernels=(k,))
+    assert legacy_notes(ts) == ("stages=2", "blocks_per_sm=2")  # no engine note for attention
+    assert legacy_schedule_id(ts) == _old_id(s, ("stages=2", "blocks_per_sm=2"))
+    sm = library.get("softmax").with_dtype("bf16").bind({"r": 4096, "x": 1024})
+    rs = Schedule.fused(sm, groups={"r": 8})
+    rk = rs.kernels[0].replace(family="rowwise", options=KernelOptions(threads_per_row=32, warps=8))
+    assert legacy_notes(rs.replace(kernels=(rk,))) == ("rowwise THREADS_PER_ROW=32 ROWS_PER_BLOCK=8",)
+    fb = Schedule.unfused(att)
+    fbk = tuple(k.replace(family="fallback", options=KernelOptions(engine="scalar")) for k in fb.kernels)
+    assert legacy_notes(fb.replace(kernels=fbk)) == (LEGACY_FALLBACK_NOTE,)
+
+
+def test_the_recorded_prediction_is_codegens_predict_schedule(tmp_path):
+    """tune's default ranking records, for every candidate, napkin.codegen.select.predict_schedule
+    (the number napkin cost and derive print), and measures in that order."""
+    pytest.importorskip("jinja2")
+    from napkin.bench.autotune import model_ranking
+    from napkin.codegen import select
+
+    d = library.get("softmax").with_dtype("bf16")
+    bound = d.bind({"r": 4096, "x": 2048})
+    ranked = model_ranking(bound, "rowwise", "h100", "bf16")
+    assert ranked and [p for _, p in ranked] == sorted(p for _, p in ranked)
+    for s, p in ranked:
+        assert p == select.predict_schedule(bound, "rowwise", s, "h100").seconds
+    r = tune(d, gpu="h100", sizes={"r": 4096, "x": 2048}, dtype="bf16", k=2, cache=AutotuneCache(tmp_path / "a.json"),
+             gpu_name="G", build=lambda s: s, measure=lambda s: 1e-3)
+    for c in r.candidates:
+        assert c.pred_s == select.predict_schedule(bound, "rowwise", c.schedule, "h100").seconds
+        assert c.id == schedule_id(c.schedule)

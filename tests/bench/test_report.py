@@ -115,8 +115,8 @@ def test_verdict_and_gap():
     assert verdict(400 / 350) == "PASS (+14.3%)"
     assert verdict(400 / 520) == "MISS (−23.1%)"
     assert verdict(None) == "n/a" and verdict(float("nan")) == "n/a"
-    assert report.model_error_verdict(0.15) == "PASS (15.0% ≤ 25%)"
-    assert report.model_error_verdict(0.35) == "MISS (35.0% > 25%, +10.0 points)"
+    assert report.model_error_verdict(0.15) == "PASS (15.0% ≤ 15%)"
+    assert report.model_error_verdict(0.35) == "MISS (35.0% > 15%, +20.0 points)"
 
 
 def test_targets_computed_per_point():
@@ -217,12 +217,12 @@ def test_generate_writes_plots_and_benchmarks_md(tmp_path):
     # model accuracy
     acc_row = next(line for line in lines if line.startswith("| attention | 2 |"))
     # the synthetic records name no schedule: the recorded predictions stay, nothing is calibrated
-    assert "15.0%" in acc_row and "PASS (15.0% ≤ 25%)" in acc_row
+    assert "15.0%" in acc_row and "PASS (15.0% ≤ 15%)" in acc_row
     assert acc_row.endswith("| — | — | n/a | 0.98 (8 configs, 1 point) | PASS |")
     assert "0 of 9 points" in md and "Not re-predicted" in md
     assert not (folder / report.CALIBRATED_PROFILE).exists()
     mm_row = next(line for line in lines if line.startswith("| matmul | 2 |"))
-    assert "MISS (35.0% > 25%, +10.0 points)" in mm_row and "n/a (only 4 configs)" in mm_row
+    assert "MISS (35.0% > 15%, +20.0 points)" in mm_row and "n/a (only 4 configs)" in mm_row
     assert "| rmsnorm bf16 width 16384 × 8192 rows | 0.179 | 3,000 | 2,000 (×1.50) | — | — | — | **WRONG** 5.0e-01 |" in md
     rw_row = next(line for line in lines if line.startswith("| rowwise | 2 |"))
     assert "MISS (−1.80)" in rw_row

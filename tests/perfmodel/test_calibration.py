@@ -1,5 +1,6 @@
 """The one prediction path (LaunchShape), the instruction-path and overlap assumptions, and the
-calibration: fitting, leave-one-out, the written profile, re-predicting recorded schedules."""
+calibration (:mod:`napkin.bench.calibration`): fitting, leave-one-out, the written profile,
+re-predicting recorded schedules, old and new schedule ids."""
 
 import dataclasses
 import json
@@ -11,21 +12,38 @@ import pytest
 from napkin.codegen import select
 from napkin.diagrams import library
 from napkin.errors import HardwareError, ScheduleError
-from napkin.perfmodel import calibration as C
+from napkin.bench import calibration as C
 from napkin.perfmodel.hardware import GPU, get_gpu
 from napkin.perfmodel.predict import (
     LaunchShape,
     latency_floor,
     predict_kernel,
-    predict_prepared,
     predict_schedule,
-    prepare_schedule,
 )
 from napkin.perfmodel.roofline import LAUNCH_OVERHEAD_S, Efficiency, Work, predict
 from napkin.perfmodel.schedule import Schedule
 
 ROOT = Path(__file__).resolve().parents[2]
 H200_RESULTS = ROOT / "benchmarks" / "results" / "nvidia-h200"
+H100_RESULTS = ROOT / "benchmarks" / "results" / "nvidia-h100-80gb-hbm3"
+
+
+def _engine(s):
+    """A contraction schedule's engine, typed (KernelOptions) or from a legacy note."""
+    e = s.kernels[0].options.engine
+    if e is None:
+        e = "wgmma" if "engine=wgmma" in s.notes else "mma.sync"
+    return e
+
+
+def _threads_per_row(s):
+    """A row-wise schedule's threads per row, typed or from a legacy note."""
+    t = s.kernels[0].options.threads_per_row
+    if t is None:
+        import re
+
+        t = int(re.search(r"THREADS_PER_ROW=(\d+)", " ".join(s.notes)).group(1))
+    return t
 
 
 @pytest.fixture(scope="module")
@@ -74,7 +92,7 @@ def test_codegen_prediction_goes_through_the_one_path(h200):
     question), and the same as calling the model with that shape by hand."""
     d = library.get("softmax").with_dtype("bf16").bind({"r": 32768, "x": 4096})
     fam = select._family("rowwise")
-    sched = next(s for s in fam.candidates(d, h200, "bf16") if "THREADS_PER_ROW=512 " in s.notes[0])
+    sched = next(s for s in fam.candidates(d, h200, "bf16") if _threads_per_row(s) == 512)
     r = select.predict_schedule(d, fam, sched, h200)
     assert r.source == "cost"
     # recorded by the old codegen-only computation on the H200 benchmark run
@@ -155,12 +173,10 @@ def _samples(h200, meas_factors, family="contraction"):
     fam = select._family("contraction")
     # an mma.sync schedule: its tensor path runs at a fraction of the datasheet, so factors above 1
     # are reachable (a wgmma schedule is predicted at the datasheet rate already)
-    sched = next(s for s in fam.candidates(d, h200, "bf16") if "engine=wgmma" not in s.notes)
-    prep = prepare_schedule(sched, h200, the_cost=select.model_cost(sched, h200),
-                            launch=select.launch_shape(d, fam, sched, h200))
+    sched = next(s for s in fam.candidates(d, h200, "bf16") if _engine(s) != "wgmma")
     out = []
     for i, f in enumerate(meas_factors):
-        probe = C.Sample(f"p{i}", "matmul", family, "x", None, prep)
+        probe = C.Sample(f"p{i}", "matmul", family, "x", None, d, sched, "id", fam)
         meas = C.predict_sample(probe, h200, C.factor_dict(family, f))
         out.append(C.PointSamples({"id": f"p{i}"}, family, dataclasses.replace(probe, meas_s=meas)))
     return out
@@ -209,13 +225,20 @@ def test_fitted_profile_round_trips_and_applies_per_family(h200, tmp_path):
     g = get_gpu(str(path))
     assert g == cal.to_profile() and isinstance(g, GPU)
     assert g.efficiency == {"contraction": {"tensor": pytest.approx(0.7), "smem": pytest.approx(0.7)}}
-    assert g.hbm_bandwidth == 4.2e12 and "median of 3 points" in g.notes and g.mma_sync_fraction == h200.mma_sync_fraction
+    assert g.hbm_bandwidth == 4.2e12 and "median of 3 configurations" in g.notes and g.mma_sync_fraction == h200.mma_sync_fraction
     assert json.loads(path.read_text())["efficiency"]["contraction"]["tensor"] == pytest.approx(0.7)
     # codegen applies the factor to that family's kernels, and only to them
     s = pts[0].chosen
     assert C.predict_sample(s, g) == pytest.approx(C.predict_sample(s, base, C.factor_dict("contraction", 0.7)))
-    other = dataclasses.replace(s, family="attention")
-    assert C.predict_sample(other, g) == pytest.approx(predict_prepared(s.prepared, base).seconds)
+    other = dataclasses.replace(s, family="attention", codegen_family=None)
+    assert C.predict_sample(other, g) != C.predict_sample(s, g)
+    assert C.predict_sample(s, g) == pytest.approx(select.predict_schedule(s.diagram, "contraction", s.schedule,
+                                                                             g).seconds)
+    plain = select.predict_schedule(s.diagram, "contraction", s.schedule, base).seconds
+    assert C.predict_sample(s, base) == plain and C.predict_sample(s, g) != plain
+    # the factors fitted here put on another GPU's profile: only the efficiency changes
+    moved = cal.transfer(get_gpu("h100"))
+    assert moved.efficiency == g.efficiency and moved.hbm_bandwidth == get_gpu("h100").hbm_bandwidth
     # out-of-range factors are refused when loading
     bad = json.loads(path.read_text())
     bad["efficiency"]["contraction"]["tensor"] = 3.0
@@ -296,28 +319,79 @@ def test_re_predict_parses_candidate_descriptions(h200):
     assert out2["napkin"]["tune"]["candidates"][1]["pred_source"].startswith("recorded: CalibrationError")
 
 
-def test_ambiguous_rowwise_description_needs_its_id(h200):
-    from napkin.bench.autotune import describe_schedule, schedule_id
+def test_rowwise_descriptions_old_and_new(h200):
+    """Row-wise candidates differ only in threads per row. Recorded before kernels had typed
+    options, their descriptions are equal and only the (legacy) id tells them apart; described
+    now, the options are in the description. Both resolve, whether the family's candidates are
+    typed (now) or carry notes (before)."""
+    from napkin.bench.autotune import (describe_schedule, is_typed, legacy_description, legacy_schedule,
+                                       legacy_schedule_id, schedule_id)
 
     d = library.get("softmax").with_dtype("bf16").bind({"r": 32768, "x": 4096})
     fam = select._family("rowwise")
     cands = fam.candidates(d, h200, "bf16")
-    desc = describe_schedule(cands[1])
-    assert sum(describe_schedule(s) == desc for s in cands) > 1  # the notes tell them apart
-    with pytest.raises(C.CalibrationError, match="no id matches"):
-        C.schedule_of(d, fam, desc, None, h200, "bf16")
-    s, how = C.schedule_of(d, fam, desc, schedule_id(cands[1]), h200, "bf16")
-    assert how == "id" and s.notes == cands[1].notes
+    old = [legacy_schedule(s) for s in cands]          # the family as it was: notes, no options
+    assert not any(is_typed(s) for s in old) and all(s.notes for s in old)
+    desc = legacy_description(cands[1])
+    assert desc == describe_schedule(old[1]) and "(" not in desc
+    assert sum(legacy_description(s) == desc for s in cands) > 1  # only the notes told them apart
+    for pool in (cands, old):
+        with pytest.raises(C.CalibrationError, match="no id matches"):
+            C.schedule_of(d, fam, desc, None, h200, "bf16", pool)
+    # an old record (old description, old id) against the old family and against today's
+    assert schedule_id(old[1]) == legacy_schedule_id(cands[1])
+    s, how = C.schedule_of(d, fam, desc, schedule_id(old[1]), h200, "bf16", old)
+    assert how == "id" and s is old[1]
+    s, how = C.schedule_of(d, fam, desc, legacy_schedule_id(cands[1]), h200, "bf16", cands)
+    assert how == "id" and s is cands[1]
+    typed = [s for s in cands if is_typed(s)]
+    if typed:  # today's family: every description differs, and parses back to its options
+        assert len({describe_schedule(s) for s in typed}) == len(typed)
+        new_desc = describe_schedule(cands[1])
+        assert "threads_per_row=" in new_desc
+        s, how = C.schedule_of(d, fam, new_desc, None, h200, "bf16", cands)
+        assert how == "desc" and s is cands[1]
+        s, how = C.schedule_of(d, fam, new_desc, schedule_id(cands[1]), h200, "bf16", cands)
+        assert how == "id" and s is cands[1]
+        parsed = C.parse_description(d, new_desc, "bf16")
+        assert parsed.kernels[0].options == cands[1].kernels[0].options
+        assert parsed.kernels[0].family == cands[1].kernels[0].family == "rowwise"
+        assert describe_schedule(parsed) == new_desc
+        # a recorded id that names another candidate than the description is refused
+        with pytest.raises(C.CalibrationError, match="not"):
+            C.schedule_of(d, fam, new_desc, schedule_id(cands[2]), h200, "bf16", cands)
 
 
-@pytest.mark.skipif(not (H200_RESULTS / "attention.json").exists(), reason="no committed H200 results")
-def test_committed_h200_results_are_re_predicted_and_cross_validated():
+def test_parse_description_with_options():
+    d = library.get("matmul").with_dtype("bf16").bind({"a": 1024, "b": 1024, "c": 1024})
+    desc = "fused[a → g_a=128@SMEM, c → g_c=128@SMEM, b → s_b=64@SMEM](family=contraction, engine=wgmma, stages=4)"
+    s = C.parse_description(d, desc)
+    k = s.kernels[0]
+    assert k.family == "contraction" and k.options.to_dict() == {"engine": "wgmma", "stages": 4}
+    from napkin.bench.autotune import describe_schedule
+
+    assert describe_schedule(s) == desc
+    named = C.parse_description(d, "contraction[a → g_a=128@SMEM](engine=mma.sync, warps=8)")
+    assert named.kernels[0].family == "contraction" and named.kernels[0].options.warps == 8
+    for bad in ("fused[a → g_a=128@SMEM](engine=tpu)", "fused[a → g_a=128@SMEM](stages=four)",
+                "fused[a → g_a=128@SMEM](colour=red)", "fused[a → g_a=128@SMEM](stages)"):
+        with pytest.raises(C.CalibrationError):
+            C.parse_description(d, bad)
+
+
+@pytest.mark.parametrize("folder", [H200_RESULTS, H100_RESULTS], ids=["h200", "h100"])
+def test_committed_results_are_re_predicted_and_cross_validated(folder):
+    if not (folder / "attention.json").exists():
+        pytest.skip(f"no committed results in {folder}")
     from napkin.bench.report import load_results, model_accuracy
 
-    device, points = load_results(H200_RESULTS)
+    device, points = load_results(folder)
     check = C.evaluate(points, device)
     assert check.n_repredicted == check.n_points == len(points) and not check.problems
     assert check.n_candidates_repredicted == check.n_candidates > 100
+    # every recorded schedule found by its recorded id (ids written before kernels had typed options)
+    assert all(ps.chosen.how == "id" for ps in check.samples)
+    assert all(s.how == "id" for ps in check.samples for _, s, _ in ps.candidates)
     acc = model_accuracy(check.points, check.cv)
     for fam in ("attention", "matmul", "mlp", "rowwise"):
         a = acc[fam]
@@ -325,3 +399,8 @@ def test_committed_h200_results_are_re_predicted_and_cross_validated():
         assert math.isfinite(a["median_err"]) and a["spearman"] is not None
     assert set(check.calibration.factors) == {"attention", "contraction", "rowwise"}
     assert check.profile.hbm_bandwidth == pytest.approx(device["copy_bandwidth"])
+    # the re-prediction is codegen's own number for the resolved schedule
+    ps = check.samples[0]
+    rec = next(p for p in check.points if p["id"] == ps.record["id"])
+    assert rec["pred_s"] == select.predict_schedule(ps.diagram, ps.codegen_family, ps.chosen.schedule,
+                                                    check.datasheet).seconds
