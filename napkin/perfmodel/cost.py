@@ -69,9 +69,12 @@ g_a*g_c + g_a*s_b + g_c*s_b
 from __future__ import annotations
 
 import dataclasses
+import itertools
+import math
 from fractions import Fraction
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 import sympy
 
@@ -79,7 +82,9 @@ from ..diagrams.axes import size_symbol
 from ..diagrams.functions import get_function
 from ..dtypes import dtype as lookup_dtype
 from ..errors import ScheduleError
-from .legality import KernelPlan, analyze, tensor_core_box
+from .legality import KernelPlan, analyze, column_memory, tensor_core_box
+from .masks import visit_fractions
+from .roofline import Work
 from .schedule import LEVELS, Schedule
 
 __all__ = ["COMPUTE_KINDS", "Cost", "KernelCost", "LevelCost", "cost"]
@@ -141,14 +146,74 @@ class _Sym:
 
     @staticmethod
     def max(values):
+        """The maximum of symbolic sizes: values another one provably dominates are dropped (a
+        difference whose every monomial has a non-negative coefficient, all symbols being
+        positive), the rest kept in a Max. Linear-time bookkeeping per pair, no sympy
+        inequality solving, so a schedule of hundreds of kernels stays fast."""
         vals = list(dict.fromkeys(sympy.expand(v) for v in values))
         if not vals:
             return sympy.Integer(0)
-        keep = [v for v in vals
-                if not any(u is not v and sympy.expand(u - v).is_nonnegative for u in vals)]
-        return keep[0] if len(keep) == 1 else sympy.Max(*keep)
+        if len(vals) == 1:
+            return vals[0]
+        coeffs = [_monomials(v) for v in vals]
+        keep = []
+        for i, v in enumerate(vals):
+            ci = coeffs[i]
+            dominated = False
+            for j, cj in enumerate(coeffs):
+                if j == i or cj is None or ci is None:
+                    continue
+                if _dominates(cj, ci) and (not _dominates(ci, cj) or j < i):
+                    dominated = True
+                    break
+            if not dominated:
+                keep.append(v)
+        if len(keep) == 1:
+            return keep[0]
+        return sympy.Max(*keep) if len(keep) <= 4 else sympy.Max(*keep, evaluate=False)
 
     zero = sympy.Integer(0)
+
+
+def _monomials(expr) -> dict | None:
+    """{monomial: coefficient} of an expanded expression whose monomials are positive (products
+    and powers of positive symbols), or None when one may not be."""
+    out: dict = {}
+    for term in sympy.Add.make_args(expr):
+        coeff, mono = term.as_coeff_Mul()
+        if coeff.is_Integer:
+            c = int(coeff)
+        elif coeff.is_Rational:
+            c = Fraction(int(coeff.p), int(coeff.q))
+        elif coeff.is_Float:
+            c = float(coeff)
+        else:
+            return None
+        if mono != 1 and not _positive(mono):
+            return None
+        out[mono] = out.get(mono, 0) + c
+    return out
+
+
+@lru_cache(maxsize=4096)
+def _positive(mono) -> bool:
+    return bool(mono.is_positive)
+
+
+def _dominates(a: dict, b: dict) -> bool:
+    """a − b has no negative coefficient (so a ≥ b for positive symbols)."""
+    for m, c in b.items():
+        if a.get(m, 0) - c < 0:
+            return False
+    return all(c >= 0 for m, c in a.items() if m not in b)
+
+
+def _total(values, ar):
+    """Σ values: one sympy Add for symbolic terms (no quadratic re-flattening), else sum."""
+    values = list(values)
+    if ar.symbolic:
+        return sympy.Add(*values) if values else sympy.Integer(0)
+    return sum(values, 0)
 
 
 def _exact(x):
@@ -207,6 +272,12 @@ class KernelCost:
     l2_split: dict = field(default_factory=dict)  # axis -> group enlargement factor in L2
     resident_bytes: dict = field(default_factory=dict)  # level -> {array: bytes} at the fullest column
     notes: tuple[str, ...] = ()
+    stream: str | None = None           # the streamed axis (None: the kernel has no loop)
+    mean_steps: object = None           # loop steps a block runs on average: steps, less fully masked chunks
+    reductions: int = 0                 # dependent cross-thread reductions in a block's chain outside its loop
+    reductions_per_step: int = 0        # ... in every step of its loop (online softmax: the running max)
+    l2_order: tuple[str, ...] = ()      # launch order (outer → inner) the L2 raster rule assumed; () for the split
+    l2_read_once: tuple[str, ...] = ()  # arrays read from HBM once because the blocks sharing them run together
 
     def H(self, level: str):
         return self.levels[level].H_elements
@@ -225,6 +296,9 @@ class KernelCost:
             "l2_split": {k: _jsonable(v) for k, v in self.l2_split.items()},
             "resident_bytes": {lv: {a: _jsonable(b) for a, b in d.items()} for lv, d in self.resident_bytes.items()},
             "notes": list(self.notes),
+            "stream": self.stream, "mean_steps": _jsonable(self.mean_steps), "reductions": self.reductions,
+            "reductions_per_step": self.reductions_per_step, "l2_order": list(self.l2_order),
+            "l2_read_once": list(self.l2_read_once),
         }
 
 
@@ -290,8 +364,6 @@ class Cost:
 
     def to_work(self, dtype: str | None = None):
         """A :class:`napkin.perfmodel.roofline.Work` (numeric costs only) for runtime prediction."""
-        from .roofline import Work
-
         if self.is_symbolic:
             raise ScheduleError("to_work needs a numeric cost; call .numeric(sizes) first")
         dt = dtype or (self.schedule.dtype if self.schedule is not None else "bf16")
@@ -396,8 +468,6 @@ class _KernelModel:
         if ar.symbolic:
             self.f_steps = self.f_loads = self.f_warp_loads = self.f_area = one
         else:
-            from .masks import visit_fractions
-
             self.f_steps, self.f_loads, self.f_warp_loads, self.f_area = visit_fractions(plan, n)
         self.n_groups = _prod(self.N.values(), one)
         # R_a: how many RF tiles along a over the whole kernel (block groups × warp tiles per group)
@@ -525,34 +595,51 @@ class _KernelModel:
 
     # -- memory
     def memory(self):
-        p = self.plan
-        ncol = len(p.columns)
-        levels = ("SMEM", "RF")
-        per_col = {lv: [] for lv in levels}
-        per_col_b = {lv: [] for lv in levels}
-        detail = {lv: [] for lv in levels}
-        for c in range(ncol):
-            for lv in levels:
-                tot, totb, det = self.ar.zero, self.ar.zero, {}
-                for r in p.residents:
-                    if r.level != lv or not (r.start <= c <= r.end):
-                        continue
-                    t = self.tile(r.axes)
-                    bpv = _bytes_of(self.acc_dt) if (self.acc_dt and r.accumulator) else _bytes_of(r.dtype)
-                    tot = tot + t
-                    totb = totb + t * bpv
-                    det[r.key] = det.get(r.key, 0) + t * bpv
-                per_col[lv].append(tot)
-                per_col_b[lv].append(totb)
-                detail[lv].append(det)
+        acc = self.acc_dt
+
+        def bpv(r):
+            return _bytes_of(acc) if (acc and r.accumulator) else _bytes_of(r.dtype)
+
+        cols = column_memory(self.plan, self.tile, bpv, ("SMEM", "RF"), self.ar.zero)
         out = {}
         resident = {}
-        for lv in levels:
-            out[lv] = (self.ar.max(per_col[lv]), self.ar.max(per_col_b[lv]))
-            if not self.ar.symbolic and per_col_b[lv]:
-                i = max(range(ncol), key=lambda j: per_col_b[lv][j])
-                resident[lv] = detail[lv][i]
+        for lv, per in cols.items():
+            out[lv] = (self.ar.max([e for e, _, _ in per]), self.ar.max([b for _, b, _ in per]))
+            if not self.ar.symbolic and per:
+                i = max(range(len(per)), key=lambda j: per[j][1])
+                resident[lv] = per[i][2]
         return out, resident
+
+    # -- the latency chain of a block (how many dependent cross-thread reductions it runs)
+    def reductions(self) -> tuple[int, int]:
+        """(reductions outside the loop, reductions in every step): softmax and layernorm reduce
+        twice (max and sum; mean and variance), rmsnorm and a reduce box once; an online softmax
+        takes its running max every step and its sum once at the end; a reduction accumulated
+        over the streamed axis keeps per-thread partials and combines them once. Contractions
+        accumulate in each thread's fragments (no cross-thread chain)."""
+        p, s = self.plan, self.s
+        per_block = per_step = 0
+        for b in p.columns:
+            op = b.op
+            if op.kind == "reduce":
+                n = 1
+            elif op.kind == "softmax":
+                n = 2
+            elif op.kind == "norm":
+                n = 2 if op.how == "layernorm" else 1
+            else:
+                continue
+            if id(b) in p.online:
+                per_step += 1
+                per_block += 1
+            elif p.box_phase.get(id(b)) == "body":
+                if s is not None and s in op.own_axes():
+                    per_block += 1
+                else:
+                    per_step += n
+            else:
+                per_block += n
+        return per_block, per_step
 
     # -- compute
     def flops(self):
@@ -619,33 +706,90 @@ class _KernelModel:
         return min(gpu.sms * max(1, bps), int(self.n_groups))
 
     def hbm(self, P, M_smem_bytes, l2_caching):
-        """(H_HBM elements and bytes or None, blocks sharing L2, split, note) under the L2 rule."""
+        """(H_HBM elements and bytes or None, blocks sharing L2, split, note, order, read once)
+        under the L2 rule (see the module docstring): the best of the concurrent split and the
+        raster rule."""
         p, ar = self.plan, self.ar
-        vals = [(v.axis_names, _bytes_of(v.dtype)) for v in (*p.inputs, *p.stores)]
-        relevant = [a for a in self.G if any(a not in ax for ax, _ in vals)]
+        arrays = [(p.name_of(v), v.axis_names, _bytes_of(v.dtype)) for v in (*p.inputs, *p.stores)]
+        vals = [(ax, nb) for _, ax, nb in arrays]
+        relevant = [a for a in self.G if any(a not in ax for ax in (x[1] for x in arrays))]
         if not l2_caching or not relevant:
-            return None, None, {}, None
+            return None, None, {}, None, (), ()
         if P is None:
             why = "symbolic sizes (pass concurrent_blocks= or numeric sizes)" if ar.symbolic else "no GPU given"
-            return None, None, {}, f"L2 caching not applied: {why}"
+            return None, None, {}, f"L2 caching not applied: {why}", (), ()
         if ar.symbolic:
             f = {a: sympy.sympify(P) ** sympy.Rational(1, len(relevant)) for a in relevant}
             H, Hb = self._hbm_with(f, vals)
-            return (H, Hb), P, f, None
+            return (H, Hb), P, f, None, (), ()
         fit = int(P)
         gpu = self.gpu
-        if gpu is not None and M_smem_bytes and "L2" in gpu.level_names():
+        l2cap = None
+        if gpu is not None and "L2" in gpu.level_names():
             l2cap = gpu.level("L2").capacity_bytes
-            if l2cap:
-                fit = min(fit, int(l2cap // int(M_smem_bytes)))
+        if l2cap and M_smem_bytes:
+            fit = min(fit, int(l2cap // int(M_smem_bytes)))
         if fit < 2:
-            return None, fit, {}, f"L2 caching not applied: {fit} block working set(s) fit in L2"
+            return None, fit, {}, f"L2 caching not applied: {fit} block working set(s) fit in L2", (), ()
+        N = {a: int(self.N[a]) for a in relevant}
+        # per array: (elements, bytes per value, axes it lacks, slab elements, name)
+        items = []
+        for name, ax, nb in arrays:
+            size = int(self.size(ax))
+            lacks = tuple(a for a in relevant if a not in ax)
+            carried = 1
+            for a in self.G:
+                if a in ax:
+                    carried *= int(self.N[a])
+            items.append((size, nb, lacks, size // max(1, carried), name))
+
+        def traffic(f, once=frozenset()):
+            H = Hb = 0
+            for size, nb, lacks, _slab, name in items:
+                t = size
+                if name not in once:
+                    for a in lacks:
+                        t *= -(-N[a] // f[a])
+                H += t
+                Hb += t * nb
+            return H, Hb
+
+        # the concurrent split: Π f_a ≤ fit blocks' tiles combined (only the least f per quotient
+        # ceil(N/f) matters, so f runs over those breakpoints)
         best = None
-        for f in _splits(relevant, fit, {a: int(self.N[a]) for a in relevant}):
-            H, Hb = self._hbm_with(f, vals)
-            if best is None or H < best[0][0]:
-                best = ((H, Hb), f)
-        return best[0], fit, best[1], None
+        for f in _splits(relevant, fit, N):
+            H = traffic(f)
+            if best is None or H[0] < best[0][0]:
+                best = (H, f, (), ())
+        # the raster: blocks launched in an order (outer -> inner); an array whose sharing blocks
+        # (the grouped axes it lacks) are innermost is read once while its slabs fit in L2
+        if len(relevant) > 1 or any(it[2] for it in items):
+            for order in itertools.permutations(relevant):
+                pos = {a: i for i, a in enumerate(order)}
+                f, rem = {}, fit
+                for a in reversed(order):
+                    f[a] = min(N[a], rem)
+                    rem = rem // N[a] if f[a] == N[a] else 1
+                    rem = max(1, rem)
+                cands = []
+                for size, nb, lacks, slab, name in items:
+                    if not lacks:
+                        continue
+                    carried = [a for a in relevant if a not in lacks]
+                    if carried and min(pos[a] for a in lacks) < max(pos[a] for a in carried):
+                        continue
+                    span = math.prod(N[a] for a in lacks)
+                    live = -(-fit // span) + 1
+                    cands.append((slab * nb * live, name))
+                once, used = [], 0
+                for foot, name in sorted(cands):
+                    if l2cap is None or used + foot <= l2cap:
+                        once.append(name)
+                        used += foot
+                H = traffic(f, frozenset(once))
+                if H[0] < best[0][0]:
+                    best = (H, f, order, tuple(once))
+        return best[0], fit, best[1], None, best[2], best[3]
 
     def _hbm_with(self, f, vals):
         H = self.ar.zero
@@ -664,8 +808,27 @@ class _KernelModel:
         return H, Hb
 
 
+def _breakpoints(n: int, budget: int) -> list[int]:
+    """The least f ≤ budget for every value of ceil(n / f), ascending (ceil(n/k) for k = 1..n)."""
+    out = set()
+    k = 1
+    while k <= n:
+        f = -(-n // k)
+        if f <= budget:
+            out.add(f)
+        # next k with a different ceil(n/k)
+        q = -(-n // k)
+        if q <= 1:
+            break
+        k = max(k + 1, -(-n // (q - 1)))
+    out.add(1)
+    return sorted(out)
+
+
 def _splits(axes, budget, limits):
-    """Integer factors f_a ≥ 1, f_a ≤ limits[a], Π f_a ≤ budget (the last axis takes the most left)."""
+    """Integer factors f_a ≥ 1, f_a ≤ limits[a], Π f_a ≤ budget (the last axis takes the most left);
+    the leading axes run over the least f for each value of ceil(limits[a] / f) (larger f with
+    the same quotient only spends budget)."""
     if not axes:
         yield {}
         return
@@ -673,7 +836,7 @@ def _splits(axes, budget, limits):
     if not rest:
         yield {a: max(1, min(budget, limits[a]))}
         return
-    for f in range(1, min(budget, limits[a]) + 1):
+    for f in _breakpoints(int(limits[a]), budget):
         for tail in _splits(rest, budget // f, limits):
             yield {a: f, **tail}
 
@@ -729,7 +892,7 @@ def cost(schedule: Schedule, gpu=None, *, sizes: Mapping | None = None, symbolic
         fl = km.flops()
         smem_b = mem["SMEM"][1] if not ar.symbolic else None
         blocks = km.concurrent_blocks(smem_b, mem["RF"][1] if not ar.symbolic else None, concurrent_blocks)
-        hbm, P, split, note = km.hbm(blocks, smem_b, l2_caching)
+        hbm, P, split, note, order, once = km.hbm(blocks, smem_b, l2_caching)
         if hbm is None:
             hbm = (tr["L2"][0], tr["L2"][1], tr["L2"][2])
         else:
@@ -750,12 +913,17 @@ def cost(schedule: Schedule, gpu=None, *, sizes: Mapping | None = None, symbolic
         tiles = {}
         for r in p.kernel.relabels:
             tiles[r.symbol] = r.size
+        red_block, red_step = km.reductions()
+        mean_steps = km.steps
+        if km.s is not None and not ar.symbolic and km.f_steps != 1:
+            mean_steps = float(km.steps * km.f_steps)
         kernels.append(KernelCost(
             name=p.name, boxes=tuple(p.name_of(b) for b in p.boxes),
             inputs=tuple(p.name_of(v) for v in p.inputs), outputs=tuple(p.name_of(v) for v in p.stores),
             groups=_simplify(km.n_groups), steps=_simplify(km.steps), tiles=tiles, levels=lv,
             flops={k: _simplify(v) for k, v in fl.items()}, concurrent_blocks=P, l2_split=split,
-            resident_bytes=resident, notes=knotes))
+            resident_bytes=resident, notes=knotes, stream=km.s, mean_steps=_simplify(mean_steps),
+            reductions=red_block, reductions_per_step=red_step, l2_order=tuple(order), l2_read_once=tuple(once)))
         for nt in knotes:
             if nt not in notes:
                 notes.append(nt)
@@ -765,19 +933,19 @@ def cost(schedule: Schedule, gpu=None, *, sizes: Mapping | None = None, symbolic
     levels = {}
     for name in LEVELS:
         ks = [k.levels[name] for k in kernels]
-        H = _simplify(sum((k.H_elements for k in ks), ar.zero))
-        Hb = _simplify(sum((k.H_bytes for k in ks), ar.zero))
-        Hg = _simplify(sum((k.H_per_group_elements for k in ks), ar.zero))
+        H = _simplify(_total((k.H_elements for k in ks), ar))
+        Hb = _simplify(_total((k.H_bytes for k in ks), ar))
+        Hg = _simplify(_total((k.H_per_group_elements for k in ks), ar))
         if name == "HBM":
             M, Mb = m_hbm, m_hbm_b
         else:
             M = ar.max([k.M_elements for k in ks])
             Mb = ar.max([k.M_bytes for k in ks])
         levels[name] = LevelCost(name, H, Hb, Hg, M, Mb)
-    flops = {u: _simplify(sum((k.flops[u] for k in kernels), ar.zero)) for u in COMPUTE_KINDS}
+    flops = {u: _simplify(_total((k.flops[u] for k in kernels), ar)) for u in COMPUTE_KINDS}
     total = _simplify(flops["tensor"] + flops["cuda"])
-    groups = _simplify(sum((k.groups for k in kernels), ar.zero))
-    steps = _simplify(sum((k.steps for k in kernels), ar.zero))
+    groups = _simplify(_total((k.groups for k in kernels), ar))
+    steps = _simplify(_total((k.steps for k in kernels), ar))
     return Cost(levels=levels, flops=flops, total_flops=total, groups=groups, steps=steps,
                 per_kernel=tuple(kernels), is_symbolic=ar.symbolic, notes=tuple(notes), schedule=sched,
                 gpu=g if g is not None else False,
@@ -786,8 +954,13 @@ def cost(schedule: Schedule, gpu=None, *, sizes: Mapping | None = None, symbolic
 
 
 def _hbm_memory(sched: Schedule, plans, n, ar):
+    """(M elements, M bytes) at HBM: the diagram's inputs plus the stored arrays live while the
+    busiest kernel runs (a stored array lives from the kernel that writes it to its last reader,
+    to the end for outputs). One sweep over the kernels (the inputs, live throughout, are added
+    once outside the maximum)."""
     d = sched.diagram
-    size = lambda v: _prod((n[a] for a in v.axis_names), sympy.Integer(1) if ar.symbolic else 1)
+    one = sympy.Integer(1) if ar.symbolic else 1
+    size = lambda v: _prod((n[a] for a in v.axis_names), one)
     stored_in: dict[int, int] = {}
     for p in plans:
         for v in p.stores:
@@ -806,18 +979,36 @@ def _hbm_memory(sched: Schedule, plans, n, ar):
             last_use[id(r)] = max(last_use.get(id(r), -1), p.index)
     out_ids = {id(hbm_root(v)) for v in d.outputs}
     end = len(plans) - 1
-    totals, totals_b = [], []
-    for p in plans:
-        tot, totb = ar.zero, ar.zero
-        for v in d.inputs:
-            tot = tot + size(v)
-            totb = totb + size(v) * _bytes_of(v.dtype)
-        for vid, k in stored_in.items():
-            v = by_id[vid]
-            last = end if vid in out_ids else last_use.get(vid, k)
-            if k <= p.index <= last:
-                tot = tot + size(v)
-                totb = totb + size(v) * _bytes_of(v.dtype)
-        totals.append(tot)
-        totals_b.append(totb)
-    return ar.max(totals), ar.max(totals_b)
+    base = _total((size(v) for v in d.inputs), ar)
+    base_b = _total((size(v) * _bytes_of(v.dtype) for v in d.inputs), ar)
+    if not plans:
+        return base, base_b
+    starts: list[list] = [[] for _ in range(len(plans) + 1)]
+    stops: list[list] = [[] for _ in range(len(plans) + 1)]
+    for vid, k in stored_in.items():
+        v = by_id[vid]
+        last = end if vid in out_ids else max(last_use.get(vid, k), k)
+        item = (size(v), size(v) * _bytes_of(v.dtype))
+        starts[k].append(item)
+        stops[last + 1].append(item)
+    if ar.symbolic:
+        live: list = []
+        totals, totals_b = [], []
+        for i in range(len(plans)):
+            for item in stops[i]:
+                live.remove(item)
+            live.extend(starts[i])
+            totals.append(_total((e for e, _ in live), ar))
+            totals_b.append(_total((b for _, b in live), ar))
+        return _simplify(base + ar.max(totals)), _simplify(base_b + ar.max(totals_b))
+    cur = cur_b = 0
+    best = best_b = 0
+    for i in range(len(plans)):
+        for e, b in stops[i]:
+            cur -= e
+            cur_b -= b
+        for e, b in starts[i]:
+            cur += e
+            cur_b += b
+        best, best_b = max(best, cur), max(best_b, cur_b)
+    return base + best, base_b + best_b

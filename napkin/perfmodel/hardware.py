@@ -5,7 +5,13 @@ A :class:`GPU` is a frozen value loaded from a JSON profile shipped as package d
 :func:`napkin.perfmodel.calibrate.calibrate`). Datasheet numbers are the defaults; measured
 numbers override them through :meth:`GPU.with_overrides`.
 
-Units: bytes, seconds, FLOP/s, Hz. "KB" in comments means KiB (1024 B) unless said otherwise.
+Units: bytes, seconds, FLOP/s, Hz, SM clock cycles (``*_clk``). Memory sizes are printed in KiB
+(1024 B), MiB and GiB throughout the performance model; the datasheet's "50 MB" L2 is taken as MiB.
+
+Every number that is not a datasheet fact is a named field with a stated source
+(:meth:`GPU.source_of`; the profile's ``sources`` overrides the defaults in
+:data:`FIELD_SOURCES`): the mma.sync fraction, the memory latency, the per-step and reduction
+latencies, calibrated efficiency factors, and each level's bandwidth estimate (``Level.assumption``).
 
 Bandwidth convention (see :class:`Level`): ``Level.bandwidth`` is the rate at which the level
 itself is read or written, aggregated over its instances, i.e. the rate of the link between that
@@ -43,6 +49,7 @@ __all__ = [
     "gpu_aliases",
     "match_device_name",
     "LEVEL_ORDER",
+    "FIELD_SOURCES",
 ]
 
 #: The canonical level names, top (slowest, largest) to bottom.
@@ -87,6 +94,23 @@ class Level:
 
 _LEVEL_FIELDS = tuple(f.name for f in dataclasses.fields(Level))
 
+#: Where the non-datasheet fields of a profile come from, unless the profile's ``sources`` says
+#: otherwise (a calibrated profile records "calibrated ..." there).
+FIELD_SOURCES: dict[str, str] = {
+    "mma_sync_fraction": "measured: a pure mma.sync m16n8k16 bf16 loop reached 647 of 989.4 TFLOP/s on one "
+                         "H200 (1.0 on Ampere, where mma.sync is the datasheet path)",
+    "memory_latency_s": "estimate: an HBM load's latency under load (several hundred ns on A100/H100-class "
+                        "parts in published pointer-chasing microbenchmarks; not measured here)",
+    "step_overhead_clk": "estimate: one streamed-loop step's fixed cost a block cannot overlap with its own "
+                         "work: a __syncthreads barrier (~20-40 clk) + the dependent ldmatrix -> mma restart "
+                         "of the next chunk (~30 + ~30 clk) + loop and copy issue (~10 clk)",
+    "shuffle_latency_clk": "estimate: one dependent shfl.sync stage and the add/max consuming it "
+                           "(~25-35 clk on Volta-to-Hopper SMs in published microbenchmarks)",
+    "sync_latency_clk": "estimate: the cross-warp stage of a block-wide reduction: st.shared + "
+                        "__syncthreads + ld.shared (~2 x 30 clk shared-memory latency + ~20 clk barrier)",
+    "efficiency": "calibrated per family (napkin.bench.calibration); empty on datasheet profiles",
+}
+
 
 @dataclass(frozen=True, kw_only=True)
 class GPU:
@@ -127,12 +151,35 @@ class GPU:
     #: mma.sync m16n8k16 bf16 loop reached 647 of 989.4 TFLOP/s on one H200 (the profile's notes).
     mma_sync_fraction: float = 1.0
     #: Latency of an HBM load under load, seconds: the Little's-law floor of a kernel with few
-    #: bytes in flight (estimate; calibratable).
+    #: bytes in flight, and the pipeline fill every block pays before its first chunk or row
+    #: arrives (estimate; calibratable).
     memory_latency_s: float = 800e-9
+    #: Fixed cost of one step of a streamed loop, SM clock cycles, that the block cannot overlap
+    #: with its own work (barrier, dependent operand-load -> mma restart, loop and copy issue);
+    #: co-resident blocks hide it from each other (estimate, see :data:`FIELD_SOURCES`).
+    step_overhead_clk: float = 100.0
+    #: Latency of one dependent warp-shuffle stage of a cross-thread reduction, clocks (a row
+    #: reduced by T <= 32 threads takes log2(T) stages; estimate).
+    shuffle_latency_clk: float = 30.0
+    #: Latency of the cross-warp stage of a reduction that spans several warps (shared-memory
+    #: store, barrier, load), clocks (estimate).
+    sync_latency_clk: float = 80.0
+    #: Where each non-datasheet field's number comes from ({field: one line}); fields not listed
+    #: fall back to :data:`FIELD_SOURCES` (see :meth:`source_of`).
+    sources: dict[str, str] = field(default_factory=dict)
     #: Calibrated efficiency fractions per code-generation family ({"attention": {"tensor": 0.9}}),
     #: multiplying :class:`~napkin.perfmodel.roofline.Efficiency` for that family's kernels
     #: (written by :mod:`napkin.perfmodel.calibration`; empty on datasheet profiles).
     efficiency: dict[str, dict[str, float]] = field(default_factory=dict)
+
+    def source_of(self, name: str) -> str:
+        """Where the number of field ``name`` comes from: the profile's ``sources`` entry, else
+        :data:`FIELD_SOURCES`, else the profile's ``source`` ("datasheet", "calibrated ...")."""
+        return self.sources.get(name) or FIELD_SOURCES.get(name) or self.source
+
+    def clocks_to_s(self, clocks: float) -> float:
+        """SM clock cycles in seconds at ``clock_hz``."""
+        return float(clocks) / self.clock_hz
 
     # ------------------------------------------------------------------ levels
     def level_names(self) -> tuple[str, ...]:
@@ -226,6 +273,7 @@ class GPU:
         d["cuda_core_flops"] = dict(self.cuda_core_flops)
         d["measured"] = dict(self.measured)
         d["efficiency"] = {k: dict(v) for k, v in self.efficiency.items()}
+        d["sources"] = dict(self.sources)
         return d
 
     def to_json(self) -> str:
@@ -283,7 +331,10 @@ class GPU:
                       "smem_alloc_unit", "smem_reserved_per_block"):
                 if k in kw:
                     kw[k] = int(kw[k])
-            for k in ("clock_hz", "sfu_ops_per_clk_per_sm", "mma_sync_fraction", "memory_latency_s"):
+            if "sources" in kw:
+                kw["sources"] = {str(k): str(v) for k, v in dict(kw["sources"]).items()}
+            for k in ("clock_hz", "sfu_ops_per_clk_per_sm", "mma_sync_fraction", "memory_latency_s",
+                      "step_overhead_clk", "shuffle_latency_clk", "sync_latency_clk"):
                 if k in kw:
                     kw[k] = float(kw[k])
             for k in ("has_wgmma", "has_tma"):
@@ -333,6 +384,9 @@ class GPU:
             raise HardwareError(f"{where}: mma_sync_fraction must be in (0, 1], got {self.mma_sync_fraction!r}")
         if not (self.memory_latency_s > 0):
             raise HardwareError(f"{where}: memory_latency_s must be positive")
+        for k in ("step_overhead_clk", "shuffle_latency_clk", "sync_latency_clk"):
+            if not (getattr(self, k) >= 0):
+                raise HardwareError(f"{where}: {k} must be non-negative, got {getattr(self, k)!r}")
         for fam, fr in self.efficiency.items():
             for k, v in fr.items():
                 if not (0 < v <= 1.5):
@@ -350,7 +404,8 @@ class GPU:
             with its ``assumption`` set to say it was measured (``<level>_assumption`` sets it);
           * ``tensor_<dtype>`` / ``cuda_<dtype>`` (e.g. ``tensor_bf16=791e12``): one rate;
           * ``sfu_rate``: exp/s for the whole chip, stored as sfu_ops_per_clk_per_sm;
-          * ``efficiency``: calibrated per-family fractions, merged per family.
+          * ``efficiency``: calibrated per-family fractions, merged per family;
+          * ``sources``: where numbers come from ({field: line}), merged.
         A new fp16/bf16 tensor rate rescales ``mma_sync_fraction`` (unless given) so that the
         mma.sync path keeps its absolute rate. Unknown keys raise HardwareError.
         """
@@ -362,6 +417,7 @@ class GPU:
         shapes = dict(self.mma_shapes)
         meas = dict(self.measured)
         eff = {k: dict(v) for k, v in self.efficiency.items()}
+        srcs = dict(self.sources)
         level_names = {n.upper(): n for n in self.level_names()}
         for key, value in measured.items():
             low = key.lower()
@@ -375,6 +431,8 @@ class GPU:
                 meas.update({k: float(v) for k, v in dict(value).items()})
             elif key == "efficiency":
                 eff.update({str(f): {str(k): float(v) for k, v in dict(fr).items()} for f, fr in dict(value).items()})
+            elif key == "sources":
+                srcs.update({str(k): str(v) for k, v in dict(value).items()})
             elif key == "levels":
                 kw["levels"] = tuple(value)
             elif key in fields:
@@ -419,7 +477,7 @@ class GPU:
                     kw["mma_sync_fraction"] = min(1.0, self.mma_sync_fraction * self.tensor_flops[dt] / tensor[dt])
                     break
         kw.update(levels=levels, tensor_flops=tensor, cuda_core_flops=cuda,
-                  mma_shapes=shapes, measured=meas, efficiency=eff)
+                  mma_shapes=shapes, measured=meas, efficiency=eff, sources=srcs)
         try:
             gpu = dataclasses.replace(self, **kw)
         except (TypeError, ValueError) as e:

@@ -49,18 +49,30 @@ otherwise). Renames are free views of their input.
 from __future__ import annotations
 
 import math
+import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import sympy
 
 from ..diagrams.ops import Value
 from ..dtypes import dtype as lookup_dtype
 from ..errors import ScheduleError
-from .schedule import RELABEL_LEVELS, Relabel, Schedule
+
+if TYPE_CHECKING:  # annotations only: schedule imports this module when it checks relabels
+    from .schedule import Relabel, Schedule
+
+#: Levels a relabelling may name (the same tuple as ``napkin.perfmodel.schedule.RELABEL_LEVELS``;
+#: kept here so that this module imports neither the schedule nor the cost module, which both
+#: import it).
+RELABEL_LEVELS = ("SMEM", "RF")
 
 __all__ = [
     "DEFAULT_MMA_SHAPES",
+    "RELABEL_LEVELS",
+    "column_memory",
+    "peak_memory",
     "TENSOR_DTYPES",
     "KernelPlan",
     "Resident",
@@ -179,19 +191,58 @@ def _is_num(x) -> bool:
     return isinstance(x, int) or (isinstance(x, sympy.Basic) and x.is_number)
 
 
+#: analyze() results by schedule (a schedule is an immutable value; the entry goes when it does).
+_PLANS: dict[int, tuple[weakref.ref, tuple[KernelPlan, ...]]] = {}
+
+
+def _forget(key: int):
+    def drop(_ref) -> None:
+        _PLANS.pop(key, None)
+    return drop
+
+
 def analyze(schedule: Schedule) -> tuple[KernelPlan, ...]:
-    """Analyse every kernel of ``schedule``; raise ScheduleError on anything illegal."""
+    """Analyse every kernel of ``schedule``; raise ScheduleError on anything illegal.
+
+    The result is remembered for the life of the schedule object (schedules are immutable), so
+    that checking, costing and predicting one schedule analyse it once."""
+    key = id(schedule)
+    hit = _PLANS.get(key)
+    if hit is not None and hit[0]() is schedule:
+        return hit[1]
+    plans = _analyze(schedule)
+    try:
+        _PLANS[key] = (weakref.ref(schedule, _forget(key)), plans)
+    except TypeError:  # not weak-referenceable: no memo
+        pass
+    return plans
+
+
+def _kernel_of_box(schedule: Schedule) -> dict[int, int]:
     d = schedule.diagram
-    names = dict(d.names)
     kernel_of_box: dict[int, int] = {}
     by_name = {d.name_of(v): v for v in d.nodes}
     for i, k in enumerate(schedule.kernels):
         for b in k.boxes:
             kernel_of_box[id(by_name[b])] = i
+    return kernel_of_box
+
+
+def _analyze(schedule: Schedule, only: int | None = None) -> tuple[KernelPlan, ...]:
+    d = schedule.diagram
+    names = dict(d.names)
+    kernel_of_box = _kernel_of_box(schedule)
     out_ids = {id(v) for v in d.outputs}
+    boxes_of: list[list[Value]] = [[] for _ in schedule.kernels]
+    for v in d.nodes:
+        i = kernel_of_box.get(id(v))
+        if i is not None:
+            boxes_of[i].append(v)
     plans = []
     for i, k in enumerate(schedule.kernels):
-        boxes = tuple(v for v in d.nodes if kernel_of_box.get(id(v)) == i)
+        if only is not None and i != only:
+            continue
+        boxes = tuple(boxes_of[i])
         for b in boxes:
             for a in b.args:
                 j = kernel_of_box.get(id(a))
@@ -199,13 +250,12 @@ def analyze(schedule: Schedule) -> tuple[KernelPlan, ...]:
                     raise ScheduleError(
                         f"kernel {k.name!r}: box {names[id(b)]} reads {names[id(a)]}, which kernel "
                         f"{schedule.kernels[j].name!r} computes later; kernels run in order")
-        later = {id(v) for v in d.nodes if kernel_of_box.get(id(v), -1) > i}
-        plans.append(_plan_kernel(schedule, i, boxes, names, later, out_ids))
+        plans.append(_plan_kernel(schedule, i, boxes, names, kernel_of_box, out_ids))
     return tuple(plans)
 
 
 def _plan_kernel(schedule: Schedule, index: int, boxes: tuple[Value, ...], names: dict,
-                 later: set, out_ids: set) -> KernelPlan:
+                 kernel_of_box: dict, out_ids: set) -> KernelPlan:
     d = schedule.diagram
     k = schedule.kernels[index]
     kname = k.name
@@ -319,7 +369,7 @@ def _plan_kernel(schedule: Schedule, index: int, boxes: tuple[Value, ...], names
     outputs: list[Value] = []
     for b in boxes:
         cons = d.consumers.get(id(b), ())
-        if id(b) in out_ids or any(id(c) in later for c in cons):
+        if id(b) in out_ids or any(kernel_of_box.get(id(c), -1) > index for c in cons):
             outputs.append(b)
     stores: list[Value] = []
     stored: set[int] = set()
@@ -509,6 +559,64 @@ def _plan_kernel(schedule: Schedule, index: int, boxes: tuple[Value, ...], names
     )
 
 
+def column_memory(plan: KernelPlan, tile, bytes_per_value, levels=("SMEM", "RF"), zero=0) -> dict:
+    """Per level, per column of ``plan``: ``(elements, bytes, {array: bytes})`` resident there.
+
+    ``tile(axes)`` gives the elements of a resident array's tile (any arithmetic: ints or sympy),
+    ``bytes_per_value(resident)`` its bytes per value. The liveness rules are the plan's
+    (:class:`Resident` intervals); the cost model's M and the capacity check both read this.
+    """
+    ncol = len(plan.columns)
+    out = {lv: [[zero, zero, {}] for _ in range(ncol)] for lv in levels}
+    for r in plan.residents:
+        cols = out.get(r.level)
+        if cols is None:
+            continue
+        t = tile(r.axes)
+        b = t * bytes_per_value(r)
+        for c in range(max(0, r.start), min(ncol - 1, r.end) + 1):
+            e = cols[c]
+            e[0] = e[0] + t
+            e[1] = e[1] + b
+            e[2][r.key] = e[2].get(r.key, 0) + b
+    return {lv: [tuple(e) for e in cols] for lv, cols in out.items()}
+
+
+def peak_memory(plan: KernelPlan, accumulator_dtype: str | None = None,
+                levels=("SMEM", "RF")) -> dict[str, tuple[int, dict]] | None:
+    """Numeric M per block: ``{level: (bytes at the fullest column, {array: bytes} there)}``, or
+    None when a size or tile of the kernel is symbolic. Tile extents: the group size of a grouped
+    axis, the chunk of the streamed one, the whole axis otherwise (the cost model's M)."""
+    ext: dict[str, int] = {}
+    for a, n in plan.sizes.items():
+        if a in plan.groups:
+            n = plan.groups[a]
+        elif plan.stream and plan.stream[0] == a:
+            n = plan.stream[1]
+        if not _is_num(n):
+            return None
+        ext[a] = int(n)
+
+    def tile(axes) -> int:
+        t = 1
+        for a in axes:
+            t *= ext[a]
+        return t
+
+    def bpv(r: Resident) -> int:
+        dt = accumulator_dtype if (accumulator_dtype and r.accumulator) else r.dtype
+        return lookup_dtype(dt).bytes
+
+    out = {}
+    for lv, cols in column_memory(plan, tile, bpv, levels).items():
+        if not cols:
+            out[lv] = (0, {})
+            continue
+        i = max(range(len(cols)), key=lambda j: cols[j][1])
+        out[lv] = (cols[i][1], cols[i][2])
+    return out
+
+
 def _consumers_through_renames(d, v) -> list:
     out, stack = [], [v]
     while stack:
@@ -522,9 +630,13 @@ def _consumers_through_renames(d, v) -> list:
 
 
 def relabel_problem(schedule: Schedule, kernel_index: int, relabel: Relabel) -> str | None:
-    """Why ``relabel`` (already in kernel ``kernel_index``) makes ``schedule`` illegal, or None."""
+    """Why ``relabel`` (already in kernel ``kernel_index``) makes ``schedule`` illegal, or None.
+
+    A relabel changes one kernel, so only that kernel is analysed (the others are as legal as
+    they were): adding relabels to every kernel of an N-kernel schedule costs O(N) analyses of
+    one kernel, not O(N) analyses of the whole schedule."""
     try:
-        analyze(schedule)
+        _analyze(schedule, only=kernel_index)
     except ScheduleError as e:
         return str(e)
     return None
@@ -704,24 +816,23 @@ def check_schedule(schedule: Schedule, gpu=None, *, sizes: Mapping | None = None
                 if c.soft_multiple > 1 and _is_num(n) and int(n) % c.soft_multiple:
                     warnings.append(f"kernel {plan.name!r}: axis {axis!r} (size {n}) is not a multiple of "
                                     f"{c.soft_multiple} (" + "; ".join(c.soft_reasons) + ")")
-    # capacity
-    from .cost import cost as _cost
-
-    c = _cost(schedule, g, l2_caching=False)
-    if not c.is_symbolic:
-        for kc in c.per_kernel:
-            for lname, label in (("SMEM", "shared memory"), ("RF", "registers")):
-                if lname not in g.level_names():
-                    continue
-                lv = g.level(lname)
-                cap = lv.per_block_bytes or lv.capacity_bytes
-                if cap is None or lname not in kc.levels:
-                    continue
-                need = kc.levels[lname].M_bytes
-                if need > cap:
-                    parts = ", ".join(f"{n} {b / 1024:.1f} KB" for n, b in kc.resident_bytes.get(lname, {}).items())
-                    raise ScheduleError(
-                        f"kernel {kc.name!r}: its tile needs {need / 1024:.1f} KB of {label} ({lname}) per block"
-                        + (f" at the fullest column ({parts})" if parts else "")
-                        + f" but {g.name} allows {cap / 1024:.1f} KB per block; use smaller groups or streams")
+    # capacity (M per block at SMEM and RF, from the plans' liveness; no cost model needed)
+    for plan in plans:
+        peaks = peak_memory(plan)
+        if peaks is None:
+            continue
+        for lname, label in (("SMEM", "shared memory"), ("RF", "registers")):
+            if lname not in g.level_names():
+                continue
+            lv = g.level(lname)
+            cap = lv.per_block_bytes or lv.capacity_bytes
+            if cap is None:
+                continue
+            need, detail = peaks[lname]
+            if need > cap:
+                parts = ", ".join(f"{n} {b / 1024:.1f} KiB" for n, b in detail.items())
+                raise ScheduleError(
+                    f"kernel {plan.name!r}: its tile needs {need / 1024:.1f} KiB of {label} ({lname}) per block"
+                    + (f" at the fullest column ({parts})" if parts else "")
+                    + f" but {g.name} allows {cap / 1024:.1f} KiB per block; use smaller groups or streams")
     return warnings

@@ -10,6 +10,14 @@ Three tools:
   FlashAttention configurations, every figure derived from the configuration and the profile;
   :func:`compute_bound_thresholds` — the §4.4 thresholds.
 
+Units: every memory size is in bytes in the fields and in KiB (1024 B) in printed text
+("48.00 KiB"). DESIGN §4.4 and the paper write "48 KB" for 49,152 B (that is, KiB) but "74.75
+KB" for the 74,752 B of registers a warpgroup holds (decimal kB): to reproduce the paper's
+"3.4 warpgroups by registers", ``register_convention="paper"`` divides the 256 KiB register file
+by 74.75 (see :func:`hopper_attention_analysis`), and the text says so next to the KiB figure
+(73.00 KiB). Everything else (SMEM on both sides, the consistent-bytes register figure 3.51) is
+in bytes.
+
 >>> from napkin.perfmodel.hardware import get_gpu
 >>> a = hopper_attention_analysis(get_gpu("h100"))
 >>> round(a.warpgroups_by_smem, 1), round(a.warpgroups_by_registers, 1), a.warpgroups, a.g_q
@@ -276,16 +284,36 @@ class AttentionAnalysis:
     def flops_per_step(self) -> float:
         return self.flops_qk_per_step + self.flops_pv_per_step
 
+    @property
+    def smem_per_block_kib(self) -> float:
+        return self.smem_per_block_bytes / KIB
+
+    @property
+    def smem_per_unit_kib(self) -> float:
+        return self.smem_per_unit_bytes / KIB
+
+    @property
+    def registers_per_unit_kib(self) -> float:
+        return self.registers_per_unit_bytes / KIB
+
     def summary(self) -> str:
+        """The analysis as text; memory sizes in KiB (the module docstring states the convention)."""
         kb = KIB
+        if self.register_convention == "paper":
+            regs_note = (f"the paper's {self.registers_per_unit_bytes / KB_DECIMAL:.2f} KB, decimal kB, against the "
+                         f"{self.register_capacity_bytes / kb:.0f} KiB register file; "
+                         f"{self.units_by_registers_bytes:.2f} with KiB on both sides")
+        else:
+            regs_note = f"KiB on both sides, {self.register_capacity_bytes / kb:.0f} KiB register file"
         lines = [
             f"{self.design} attention on {self.gpu}: w_q={self.w_q}, s_x={self.s_x}, d={self.d}, "
-            f"QK {self.qk_dtype}, PV {self.pv_dtype}, {self.stages} stage(s)",
+            f"QK {self.qk_dtype}, PV {self.pv_dtype}, {self.stages} stage(s) (sizes in KiB = 1024 B)",
             f"  SMEM per block {self.smem_per_block_bytes / kb:.2f} KiB, per {self.unit} "
-            f"{self.smem_per_unit_bytes / kb:.2f} KiB; registers per {self.unit} "
-            f"{self.registers_per_unit_bytes} B ({self.regs_per_thread} regs/thread)",
+            f"{self.smem_per_unit_bytes / kb:.2f} KiB (of {self.smem_capacity_bytes / kb:.2f} KiB per block); "
+            f"registers per {self.unit} {self.registers_per_unit_bytes / kb:.2f} KiB "
+            f"({self.registers_per_unit_bytes:,} B, {self.regs_per_thread} regs/thread)",
             f"  {self.unit}s per SM: {self.units_by_smem:.2f} by SMEM, {self.units_by_registers:.2f} by "
-            f"registers ({self.register_convention}) -> {self.units}, g_q = {self.g_q}",
+            f"registers ({regs_note}) -> {self.units}, g_q = {self.g_q}",
             f"  per step: compute {self.compute_clocks:.0f} clk = {self.compute_s * 1e6:.3f} us, "
             f"HBM {self.hbm_s * 1e6:.3f} us -> {self.bound}-bound; SFU {self.sfu_clocks:.0f} clk",
             f"  throughput {self.throughput_flops / 1e12:.1f} TFLOP/s = "
@@ -336,7 +364,7 @@ def _analysis(
     reg_cap = gpu.regs_per_sm_bytes
 
     # Unit convention (documented in hopper_attention_analysis): "paper" counts the register demand
-    # in decimal KB (74,752 B -> 74.75 KB) against the register file in binary KB (256 KB), as the
+    # in decimal kB (74,752 B -> 74.75 KB) against the register file in KiB (256 KiB), as the
     # paper's 256 / 74.75 = 3.4 does; "bytes" uses bytes on both sides (262,144 / 74,752 = 3.51).
     if register_convention == "paper":
         reg_resource = (reg_cap / KIB, 0.0, reg_bytes / KB_DECIMAL)
@@ -405,27 +433,28 @@ def hopper_attention_analysis(
     """The paper's Hopper (wgmma) FlashAttention accounting, DESIGN §4.4, from the configuration.
 
     Per block (shared by the block's warpgroups): K and V chunks, ``s_x*d`` values each at the QK
-    and PV dtypes, times ``stages`` (double buffering) -> 48 KiB for the defaults.
+    and PV dtypes, times ``stages`` (double buffering) -> 48 KiB for the defaults (DESIGN §4.4's
+    "48 KB").
     Per warpgroup: SMEM for its Q tile (``w_q*d`` at the QK dtype) and its O staging tile
     (``w_q*d`` at the PV dtype) -> 48 KiB; registers per thread: the O accumulator
     ``w_q*d/128`` fp32 (128), P ``w_q*s_x/128`` values at ``p_dtype`` (default: the QK dtype, as
     the paper counts it: 64 fp8 values = 16 registers) and the running max and sum (2): 146
-    registers x 4 B x 128 threads = 74,752 B.
+    registers x 4 B x 128 threads = 74,752 B = 73.0 KiB (the paper's "74.75 KB", decimal).
 
     Warpgroups per SM: SMEM (227 KiB per-block max − 48 KiB) / 48 KiB = 3.73 -> 3.7;
     registers 256 / 74.75 = 3.42 -> 3.4; hence 3 warpgroups, ``g_q = 384``.
 
     Unit convention (``register_convention="paper"``): the paper writes the register demand
-    74,752 B as "74.75 KB" (decimal kilobytes) and divides the "256 KB" (262,144 B = 256 KiB)
-    register file by it. Reproducing its 3.4 therefore needs the demand in kB and the capacity in
+    74,752 B (73.0 KiB) as "74.75 KB" (decimal kilobytes) and divides the "256 KB" (262,144 B =
+    256 KiB) register file by it. Reproducing its 3.4 therefore needs the demand in kB and the capacity in
     KiB; with bytes on both sides (``"bytes"``, also reported as ``units_by_registers_bytes``) the
     figure is 3.51. Both floor to 3, so g_q and everything after it are the same. SMEM is counted
     in bytes (KiB) on both sides: (232,448 − 49,152) / 49,152 = 3.73.
 
     Per s_x step, per SM: QK and PV each cost ``2*g_q*s_x*d`` FLOPs at their dtype's per-SM rate
     ``tensor_rate/(sms*clock)`` (8192 and 4096 FLOP/clk) -> 768 + 1536 = 2304 clocks = 1.26 µs at
-    1.83 GHz. HBM: every SM loads its K and V chunks, ``sms*s_x*d*(qk+pv bytes)`` = 3.24 MB in
-    0.97 µs at 3.35 TB/s -> compute-bound; throughput ``sms*flops/step`` = 1.319 PFLOP/s, two
+    1.83 GHz. HBM: every SM loads its K and V chunks, ``sms*s_x*d*(qk+pv bytes)`` = 3,244,032 B
+    (3.09 MiB) in 0.97 µs at 3.35 TB/s -> compute-bound; throughput ``sms*flops/step`` = 1.319 PFLOP/s, two
     thirds of the fp8 peak. The exp work (``g_q*s_x`` per step on the SFU, 1536 clocks) is reported
     in ``sfu_clocks`` but, as in the paper, assumed to overlap the tensor-core work.
     """
@@ -487,7 +516,8 @@ class Thresholds:
                             K and V -> 2 g_q >= flops_per_value -> 295.
     matmul_min_tile:        square tiles g x g with a stream s_b: 2 g^2 s_b FLOPs per 2 g s_b
                             values -> g >= flops_per_value.
-    matmul_min_memory_values / _bytes: M ~ g^2 >= flops_per_value^2 values (681 KiB at fp16).
+    matmul_min_memory_values / _bytes: M ~ g^2 >= flops_per_value^2 values (681 KiB at fp16;
+                            ``matmul_min_memory_kib``).
     """
 
     gpu: str

@@ -20,13 +20,31 @@ The assumptions that are not datasheet facts are named, with where their numbers
   ``idle_lanes`` (the fraction of threads with nothing to load) divides the bytes in flight. The
   latency is ``GPU.memory_latency_s`` (800 ns on the built-in profiles: an estimate of an HBM
   load under load, not a measurement; pass ``memory_latency_s`` to change it);
+* **latency chain** (:func:`block_latency`): a block pays, and cannot overlap with its own work,
+  a pipeline fill (its first chunk's or row's load: ``GPU.memory_latency_s``), a fixed overhead
+  per step of its streamed loop (``GPU.step_overhead_clk``: barrier, operand-load -> mma restart,
+  copy issue) and the dependent cross-thread reductions of its rows (``log2`` shuffle stages of
+  ``GPU.shuffle_latency_clk`` each, plus ``GPU.sync_latency_clk`` when a row spans warps). The
+  busiest SM runs ``ceil(blocks / SMs)`` blocks in rounds of ``blocks_per_sm`` co-resident
+  ones, which overlap each other's chains, so ``rounds × chain`` is added
+  (:func:`napkin.perfmodel.roofline.predict`). The chain's inputs are :class:`LaunchShape`
+  fields (``stream_steps``, ``reductions``, ``reductions_per_step``, ``threads_per_row``,
+  ``row_iterations``), filled from the kernel's cost (:class:`~napkin.perfmodel.cost.KernelCost`:
+  ``stream``, ``mean_steps``, ``reductions``, ``reductions_per_step``) where the launch leaves
+  them None; a launch that states none of them and has no cost gets no chain;
+* **tail**: per SM and only on the resources an SM owns (compute units, SMEM, RF); HBM and L2
+  are shared by the chip and are not stretched by a partial last wave
+  (:mod:`napkin.perfmodel.roofline`). The latency floor counts only the blocks actually resident
+  (``min(blocks, blocks_per_sm · SMs)``);
 * **instruction path**: ``tensor_path="mma.sync"`` runs tensor-core work at the profile's
   ``mma_sync_fraction`` of its tensor rate (647 / 989.4 measured on an H200);
 * **overlap**: ``overlap_compute=False`` adds tensor, CUDA-core and SFU (exp) times (a
   FlashAttention-2-style kernel runs its softmax between its two mma in one warp);
   ``overlap_operands=False`` adds the SMEM-to-register operand loads to the compute time;
 * **calibrated factors**: ``family=`` applies the profile's ``efficiency[family]`` fractions
-  (written by :mod:`napkin.perfmodel.calibration`; none on datasheet profiles).
+  (written by the calibration step; none on datasheet profiles).
+
+:func:`explain_assumptions` lists every one of these numbers with where it comes from.
 
 >>> from napkin.diagrams import library
 >>> from napkin.perfmodel.schedule import Schedule
@@ -49,14 +67,19 @@ from .occupancy import occupancy
 from .roofline import LAUNCH_OVERHEAD_S, TENSOR_PATHS, Efficiency, Prediction, Work, predict
 
 __all__ = ["LaunchAssumptions", "LaunchShape", "KernelPrediction", "SchedulePrediction", "PreparedKernel",
-           "PreparedSchedule", "MEMORY_LATENCY_S", "kernel_work", "residency", "launch_from_cost",
-           "family_efficiency", "latency_floor", "predict_kernel", "prepare_schedule", "predict_prepared",
-           "predict_schedule"]
+           "PreparedSchedule", "MEMORY_LATENCY_S", "LatencyChain", "kernel_work", "residency", "launch_from_cost",
+           "family_efficiency", "latency_floor", "block_latency", "reduction_latency_clk", "predict_kernel",
+           "prepare_schedule", "predict_prepared", "predict_schedule", "explain_assumptions"]
 
 #: The default latency of an HBM access under load, seconds, for the bytes-in-flight floor when a
 #: profile does not say (an estimate: loaded HBM latency on A100/H100-class parts is several
 #: hundred ns; ``GPU.memory_latency_s`` overrides it, calibration may too).
 MEMORY_LATENCY_S = 800e-9
+
+#: Threads that hold one row of an mma.sync m16n8 accumulator fragment (a quad): the width of a
+#: row reduction on tensor-core accumulators (the online softmax's running max), when a launch
+#: does not say ``threads_per_row`` (PTX ISA fragment layout of mma.m16n8k16).
+MMA_ROW_THREADS = 4
 
 
 @dataclass(frozen=True)
@@ -102,6 +125,23 @@ class LaunchShape:
     overlap_compute / overlap_operands: override the :class:`~napkin.perfmodel.roofline.Efficiency`
         flags for this kernel (None keeps the caller's): False says the kernel does not overlap
         tensor, CUDA-core and SFU work / operand loads from SMEM with compute.
+
+    The latency chain of one block (:func:`block_latency`; None: unknown, filled from the
+    kernel's cost by :func:`prepare_schedule`; a launch with all of them None and no cost has
+    no chain):
+
+    stream_steps: steps of the block's streamed loop (0: no loop); may be fractional, the mean
+        over blocks when fully masked chunks are skipped. Each step costs
+        ``GPU.step_overhead_clk`` plus its reductions; the loop's first chunk is the fill.
+    reductions: dependent cross-thread reductions in the block's chain outside its loop
+        (row-wise softmax 2: max and sum; layernorm 2; rmsnorm 1; an online softmax's final sum 1).
+    reductions_per_step: dependent cross-thread reductions in every step of the loop (an online
+        softmax's running max: 1).
+    threads_per_row: threads that cooperate on one row's reduction: ``log2`` shuffle stages
+        within a warp, one cross-warp stage beyond 32 (None: a warp, 32; 1: thread-local).
+    row_iterations: how many times one block runs its load -> reduce -> store chain one after
+        another (a block looping over batches of rows); 1: a block handles its rows at once, so
+        more rows per block (fewer blocks) or more blocks per SM hide the chain.
     """
 
     blocks: int
@@ -113,6 +153,11 @@ class LaunchShape:
     tensor_path: str = "peak"
     overlap_compute: bool | None = None
     overlap_operands: bool | None = None
+    stream_steps: float | None = None
+    reductions: int | None = None
+    reductions_per_step: int | None = None
+    threads_per_row: int | None = None
+    row_iterations: int = 1
 
     def __post_init__(self) -> None:
         if int(self.blocks) < 1 or int(self.threads) < 1:
@@ -125,6 +170,27 @@ class LaunchShape:
             raise ScheduleError("in_flight_bytes_per_thread must be non-negative")
         if self.tensor_path not in TENSOR_PATHS:
             raise ScheduleError(f"unknown tensor path {self.tensor_path!r}; known: {', '.join(TENSOR_PATHS)}")
+        for k in ("stream_steps", "reductions", "reductions_per_step"):
+            v = getattr(self, k)
+            if v is not None and v < 0:
+                raise ScheduleError(f"{k} must be non-negative, got {v!r}")
+        if self.threads_per_row is not None and int(self.threads_per_row) < 1:
+            raise ScheduleError(f"threads_per_row must be at least 1, got {self.threads_per_row!r}")
+        if int(self.row_iterations) < 1:
+            raise ScheduleError(f"row_iterations must be at least 1, got {self.row_iterations!r}")
+
+    @property
+    def has_chain(self) -> bool:
+        """Does the launch say anything about its latency chain (steps or reductions)?"""
+        return any(getattr(self, k) is not None for k in ("stream_steps", "reductions", "reductions_per_step"))
+
+    def with_cost_facts(self, kc: KernelCost | None) -> "LaunchShape":
+        """This launch with the chain facts it leaves None taken from the kernel's cost."""
+        if kc is None:
+            return self
+        facts = _chain_facts(kc)
+        changes = {k: v for k, v in facts.items() if getattr(self, k) is None}
+        return replace(self, **changes) if changes else self
 
     def efficiency(self, eff: Efficiency) -> Efficiency:
         """``eff`` with this launch's overlap flags where it sets them."""
@@ -149,6 +215,8 @@ class KernelPrediction:
     roofline: Prediction
     latency_floor_s: float = 0.0       # Little's-law floor (0: none); seconds = max(roofline, floor + launch)
     launch: LaunchShape | None = field(default=None, repr=False)
+    chain: "LatencyChain | None" = None  # one block's latency chain (roofline.latency_s = rounds × chain)
+    launch_assumed: bool = False       # the launch is the one LaunchAssumptions stand for
 
     @property
     def seconds(self) -> float:
@@ -193,7 +261,8 @@ class SchedulePrediction:
                 "name": k.name, "seconds": k.seconds, "blocks": k.blocks, "blocks_per_sm": k.blocks_per_sm,
                 "regs_per_thread": k.regs_per_thread, "smem_bytes": k.smem_bytes, "limited_by": k.limited_by,
                 "bound": k.bound, "waves": k.roofline.waves, "latency_floor_s": k.latency_floor_s,
-                "tensor_path": k.roofline.tensor_path,
+                "tensor_path": k.roofline.tensor_path, "wave_factor": k.roofline.wave_factor,
+                "tail_resource": k.roofline.tail_resource, "latency_chain_s": k.roofline.latency_s,
             } for k in self.kernels],
         }
 
@@ -222,7 +291,25 @@ def launch_from_cost(gpu: GPU, kc: KernelCost, assume: LaunchAssumptions = Launc
         raise ScheduleError(
             f"kernel {kc.name}: the registers it holds need {regs} per thread with {threads} threads, "
             f"over the {gpu.max_regs_per_thread} a thread can have (spills)")
-    return LaunchShape(blocks=max(1, int(kc.groups)), threads=threads, regs_per_thread=regs, smem_bytes=smem)
+    return LaunchShape(blocks=max(1, int(kc.groups)), threads=threads, regs_per_thread=regs, smem_bytes=smem,
+                       **_chain_facts(kc))
+
+
+def _chain_facts(kc: KernelCost) -> dict:
+    """The latency-chain facts of a kernel's numeric cost (see :class:`LaunchShape`)."""
+    stream = getattr(kc, "stream", None)
+    steps = getattr(kc, "mean_steps", None)
+    if steps is None:
+        steps = kc.steps
+    per_step = int(getattr(kc, "reductions_per_step", 0) or 0)
+    facts = {"stream_steps": float(steps) if stream is not None else 0.0,
+             "reductions": int(getattr(kc, "reductions", 0) or 0),
+             "reductions_per_step": per_step}
+    if per_step and float(kc.flops.get("tensor", 0) or 0) > 0:
+        # rows reduced inside the loop of a tensor-core kernel live in mma accumulator fragments:
+        # an m16n8 row is spread over the 4 threads of a quad (2 shuffle stages)
+        facts["threads_per_row"] = MMA_ROW_THREADS
+    return facts
 
 
 def residency(gpu: GPU, kc: KernelCost, assume: LaunchAssumptions) -> tuple[int, int, int, str]:
@@ -247,29 +334,86 @@ def family_efficiency(gpu: GPU, family: str | None, base: Efficiency = Efficienc
 
 def latency_floor(gpu: GPU, hbm_bytes: float, launch: LaunchShape | None, blocks_per_sm: int | None,
                   memory_latency_s: float | None = None) -> float:
-    """Little's law: the least time ``hbm_bytes`` take when each SM keeps ``blocks_per_sm ·
-    threads · in_flight_bytes_per_thread · (1 − idle_lanes)`` bytes in flight per memory latency
-    (0 when the launch does not say what it keeps in flight). Idle lanes divide the bytes in
-    flight, down to 5% of them."""
+    """Little's law: the least time ``hbm_bytes`` take when the resident blocks, ``min(blocks,
+    blocks_per_sm · SMs)`` of them, keep ``threads · in_flight_bytes_per_thread · (1 −
+    idle_lanes)`` bytes each in flight per memory latency (0 when the launch does not say what
+    it keeps in flight). Fewer blocks than slots bring only their own bytes in flight (a launch
+    of 32 blocks on 132 SMs has 32 blocks' worth of memory-level parallelism). Idle lanes divide
+    the bytes in flight, down to 5% of them."""
     if launch is None or not launch.in_flight_bytes_per_thread or not blocks_per_sm or hbm_bytes <= 0:
         return 0.0
     latency = memory_latency_s if memory_latency_s is not None else getattr(gpu, "memory_latency_s",
                                                                             MEMORY_LATENCY_S)
-    in_flight = blocks_per_sm * launch.threads * launch.in_flight_bytes_per_thread * gpu.sms
+    resident = min(int(launch.blocks), blocks_per_sm * gpu.sms)
+    in_flight = resident * launch.threads * launch.in_flight_bytes_per_thread
     floor = hbm_bytes * latency / in_flight
     if launch.idle_lanes:
         floor /= max(0.05, 1.0 - launch.idle_lanes)
     return floor
 
 
+@dataclass(frozen=True)
+class LatencyChain:
+    """One block's latency that it cannot overlap with its own work (seconds), by part.
+
+    fill_s: the first load (a pipeline fill: ``GPU.memory_latency_s``), once per row iteration;
+    steps_s: ``stream_steps × (step_overhead_clk + reductions_per_step × reduction latency)``;
+    reduce_s: ``reductions × reduction latency``, once per row iteration;
+    reduction_clk: the latency of one cross-thread reduction over ``threads_per_row`` threads.
+    """
+
+    fill_s: float
+    steps_s: float
+    reduce_s: float
+    reduction_clk: float
+    total_s: float
+
+    def __str__(self) -> str:
+        return (f"{self.total_s * 1e6:.3f} us (fill {self.fill_s * 1e6:.3f}, steps {self.steps_s * 1e6:.3f}, "
+                f"reductions {self.reduce_s * 1e6:.3f})")
+
+
+def reduction_latency_clk(gpu: GPU, threads_per_row: int | None) -> float:
+    """Clocks of one dependent cross-thread reduction over ``threads_per_row`` threads (None: a
+    warp): ``ceil(log2(min(T, 32)))`` shuffle stages, and beyond a warp one cross-warp stage
+    (``sync_latency_clk``) and ``ceil(log2(warps))`` more shuffles. 0 for one thread."""
+    t = 32 if threads_per_row is None else max(1, int(threads_per_row))
+    shuffle = float(getattr(gpu, "shuffle_latency_clk", 0.0))
+    clk = math.ceil(math.log2(min(t, 32))) * shuffle if t > 1 else 0.0
+    if t > 32:
+        warps = -(-t // 32)
+        clk += float(getattr(gpu, "sync_latency_clk", 0.0)) + math.ceil(math.log2(warps)) * shuffle
+    return clk
+
+
+def block_latency(gpu: GPU, launch: LaunchShape | None, memory_latency_s: float | None = None) -> LatencyChain | None:
+    """The latency chain of one block of ``launch`` (None when the launch says nothing of it):
+    ``(fill + reductions × L_red) × row_iterations + stream_steps × (step_overhead +
+    reductions_per_step × L_red)``, with the fill ``gpu.memory_latency_s`` (or
+    ``memory_latency_s``) and ``L_red`` from :func:`reduction_latency_clk`."""
+    if launch is None or not launch.has_chain:
+        return None
+    latency = memory_latency_s if memory_latency_s is not None else getattr(gpu, "memory_latency_s",
+                                                                            MEMORY_LATENCY_S)
+    red = reduction_latency_clk(gpu, launch.threads_per_row)
+    steps = float(launch.stream_steps or 0.0)
+    per_step = float(getattr(gpu, "step_overhead_clk", 0.0)) + (launch.reductions_per_step or 0) * red
+    rows = int(launch.row_iterations)
+    fill = latency * rows
+    steps_s = gpu.clocks_to_s(steps * per_step) if hasattr(gpu, "clocks_to_s") else steps * per_step / gpu.clock_hz
+    reduce_s = (launch.reductions or 0) * red * rows / gpu.clock_hz
+    return LatencyChain(fill, steps_s, reduce_s, red, fill + steps_s + reduce_s)
+
+
 def predict_kernel(gpu: GPU, work: Work, launch: LaunchShape | None = None, *, name: str = "kernel",
                    efficiency: Efficiency = Efficiency(), memory_latency_s: float | None = None,
-                   launch_overhead_s: float = LAUNCH_OVERHEAD_S) -> KernelPrediction:
-    """One kernel: residency from its launch (CUDA occupancy rules), the roofline with wave
-    quantisation, the instruction path and overlap the launch states, and the latency floor.
+                   launch_overhead_s: float = LAUNCH_OVERHEAD_S, launch_assumed: bool = False) -> KernelPrediction:
+    """One kernel: residency from its launch (CUDA occupancy rules), the roofline with the per-SM
+    tail, the instruction path and overlap the launch states, the block's latency chain
+    (:func:`block_latency`, when the launch states one) and the latency floor.
 
-    Without a launch: the plain roofline (no waves, no floor). ScheduleError when one block of
-    the launch does not fit an SM.
+    Without a launch: the plain roofline (no tail, no chain, no floor). ScheduleError when one
+    block of the launch does not fit an SM.
     """
     if launch is None:
         rp = predict(gpu, work, efficiency=efficiency, launch_overhead_s=launch_overhead_s)
@@ -284,11 +428,13 @@ def predict_kernel(gpu: GPU, work: Work, launch: LaunchShape | None = None, *, n
         raise ScheduleError(f"kernel {name}: a block of {launch.threads} threads ({regs} registers each, "
                             f"{launch.smem_bytes} B of SMEM) does not fit an SM of {gpu.name} (limited by {limit})")
     eff = launch.efficiency(efficiency)
+    chain = block_latency(gpu, launch, memory_latency_s)
     rp = predict(gpu, work, blocks=int(launch.blocks), blocks_per_sm=bps, efficiency=eff,
-                 launch_overhead_s=launch_overhead_s, tensor_path=launch.tensor_path)
+                 launch_overhead_s=launch_overhead_s, tensor_path=launch.tensor_path,
+                 block_latency_s=chain.total_s if chain is not None else 0.0)
     floor = latency_floor(gpu, float(work.bytes.get("HBM", 0.0)), launch, bps, memory_latency_s)
     return KernelPrediction(name, int(launch.blocks), bps or 1, regs, int(launch.smem_bytes), limit, rp,
-                            floor, launch)
+                            floor, launch, chain, launch_assumed)
 
 
 @dataclass(frozen=True)
@@ -298,6 +444,7 @@ class PreparedKernel:
     name: str
     work: Work
     launch: LaunchShape | None       # None: no launch facts (plain roofline, no waves, no floor)
+    assumed: bool = False            # the launch is the one LaunchAssumptions stand for
 
 
 @dataclass(frozen=True)
@@ -319,8 +466,9 @@ def prepare_schedule(schedule, gpu: GPU | str | None = None, *, sizes=None, the_
                      assume: LaunchAssumptions | None = LaunchAssumptions(), l2_caching: bool = True,
                      launch: LaunchShape | Sequence[LaunchShape] | None = None) -> PreparedSchedule:
     """Cost ``schedule`` and pair each kernel's Work with its launch: ``launch`` (one LaunchShape
-    for every kernel, or one per kernel) or, without it, the launch ``assume`` stands for
-    (``assume=None``: no launch facts at all, the plain roofline)."""
+    for every kernel, or one per kernel; latency-chain facts it leaves None come from the
+    kernel's cost, :meth:`LaunchShape.with_cost_facts`) or, without it, the launch ``assume``
+    stands for (``assume=None``: no launch facts at all, the plain roofline)."""
     g = _gpu_of(schedule, gpu)
     c = the_cost if the_cost is not None else cost(schedule, g, sizes=sizes, l2_caching=l2_caching)
     if c.is_symbolic:
@@ -334,8 +482,10 @@ def prepare_schedule(schedule, gpu: GPU | str | None = None, *, sizes=None, the_
         launches = list(launch)
         if len(launches) != len(kernels):
             raise ScheduleError(f"{len(launches)} launch shape(s) for a schedule of {len(kernels)} kernel(s)")
+    assumed = launch is None and assume is not None
+    launches = [ls.with_cost_facts(kc) if ls is not None else None for kc, ls in zip(kernels, launches)]
     dtype = getattr(schedule, "dtype", "bf16")
-    return PreparedSchedule(tuple(PreparedKernel(kc.name, kernel_work(kc, dtype), ls)
+    return PreparedSchedule(tuple(PreparedKernel(kc.name, kernel_work(kc, dtype), ls, assumed and ls is not None)
                                   for kc, ls in zip(kernels, launches)), c)
 
 
@@ -345,7 +495,8 @@ def predict_prepared(prepared: PreparedSchedule, gpu: GPU, *, efficiency: Effici
     """The prediction of a :class:`PreparedSchedule` on ``gpu`` (see :func:`predict_schedule`)."""
     eff = family_efficiency(gpu, family, efficiency)
     preds = tuple(predict_kernel(gpu, k.work, k.launch, name=k.name, efficiency=eff,
-                                 memory_latency_s=memory_latency_s, launch_overhead_s=launch_overhead_s)
+                                 memory_latency_s=memory_latency_s, launch_overhead_s=launch_overhead_s,
+                                 launch_assumed=getattr(k, "assumed", False))
                   for k in prepared.kernels)
     c = prepared.cost
     return SchedulePrediction(sum(p.seconds for p in preds), float(c.total_flops),
@@ -370,3 +521,94 @@ def predict_schedule(schedule, gpu: GPU | str | None = None, *, sizes=None, the_
                                 l2_caching=l2_caching, launch=launch)
     return predict_prepared(prepared, g, efficiency=efficiency, family=family, memory_latency_s=memory_latency_s,
                             launch_overhead_s=launch_overhead_s)
+
+
+# ----------------------------------------------------------------------------- assumptions
+
+
+def explain_assumptions(gpu: GPU | str, prediction: SchedulePrediction | None = None) -> list[tuple[str, object, str]]:
+    """Every number the prediction uses that is not a datasheet fact, as ``(name, value,
+    source)`` rows, for ``napkin cost --explain``.
+
+    Always listed (named fields of the GPU profile, :class:`~napkin.perfmodel.hardware.GPU`):
+    ``memory_latency_s`` (the latency floor and the pipeline fill), ``step_overhead_clk``,
+    ``shuffle_latency_clk`` and ``sync_latency_clk`` (the latency chain), ``mma_sync_fraction``,
+    the bandwidths of levels whose profile entry is an estimate or a measurement (``L2.bandwidth``,
+    ``SMEM.bandwidth``, ...), the profile's calibrated ``efficiency[family].fraction`` factors and
+    ``measured.*`` results, the default ``launch_overhead_s``, :data:`MMA_ROW_THREADS`, and the
+    :class:`LaunchAssumptions` defaults. Each source comes from the profile (``GPU.source_of``,
+    ``Level.assumption``) or from this module.
+
+    With a ``prediction``: its launch overhead, the efficiency fractions and overlap flags it
+    ran under where they differ from 1.0 / True, and per kernel (``kernel[<name>].<field>``)
+    the :class:`LaunchShape` facts it used (threads per row, stream steps, reductions, bytes in
+    flight, idle lanes, tensor path, overlap overrides), saying whether the launch was given
+    by a family or assumed (:class:`LaunchAssumptions`) and whether a value was filled from the
+    cost model.
+    """
+    g = get_gpu(gpu) if not isinstance(gpu, GPU) else gpu
+    rows: list[tuple[str, object, str]] = []
+    for name in ("memory_latency_s", "step_overhead_clk", "shuffle_latency_clk", "sync_latency_clk",
+                 "mma_sync_fraction"):
+        if hasattr(g, name):
+            rows.append((name, getattr(g, name), g.source_of(name)))
+    for lv in g.levels:
+        a = lv.assumption.lower()
+        if any(w in a for w in ("estimate", "measured", "calibrat")):
+            rows.append((f"{lv.name}.bandwidth", lv.bandwidth, lv.assumption))
+    for fam, fr in sorted(g.efficiency.items()):
+        for k, v in sorted(fr.items()):
+            rows.append((f"efficiency[{fam}].{k}", v, g.source_of("efficiency")))
+    for k, v in sorted(g.measured.items()):
+        rows.append((f"measured.{k}", v, g.sources.get(f"measured.{k}") or f"measured ({g.source})"))
+    launch_s = LAUNCH_OVERHEAD_S
+    if prediction is not None and prediction.kernels:
+        launch_s = prediction.kernels[0].roofline.launch_overhead_s
+    rows.append(("launch_overhead_s", launch_s,
+                 "estimate: back-to-back kernel launches on one stream cost a few microseconds each"))
+    rows.append(("MMA_ROW_THREADS", MMA_ROW_THREADS,
+                 "PTX ISA: an mma.m16n8 accumulator row is held by the 4 threads of a quad (the width of "
+                 "a row reduction on tensor-core accumulators when a launch does not say)"))
+    la = LaunchAssumptions()
+    for f in ("threads_per_block", "max_threads_per_block", "target_regs_per_thread", "base_regs_per_thread"):
+        rows.append((f"LaunchAssumptions.{f}", getattr(la, f),
+                     "assumption: the launch the model stands in for a kernel no family describes"))
+    if prediction is None:
+        return rows
+    base = Efficiency()
+    seen_eff = set()
+    for kp in prediction.kernels:
+        eff = kp.roofline.efficiency
+        for f in ("tensor", "cuda", "sfu", "hbm", "l2", "smem", "rf", "overlap_compute", "overlap_memory",
+                  "overlap_operands"):
+            v = getattr(eff, f)
+            if v != getattr(base, f) and (f, v) not in seen_eff:
+                seen_eff.add((f, v))
+                rows.append((f"Efficiency.{f}", v, "given: efficiency fractions and overlap the prediction ran "
+                             "under (calibrated per family, a family's execution facts, or the caller's)"))
+        ls = kp.launch
+        if ls is None:
+            continue
+        who = ("assumed (LaunchAssumptions)" if kp.launch_assumed else "given by the kernel's family "
+               "(launch_estimate)")
+        pre = f"kernel[{kp.name}]"
+        rows.append((f"{pre}.threads_per_row", ls.threads_per_row if ls.threads_per_row is not None else 32,
+                     who if ls.threads_per_row is not None else "assumed: a warp (32) reduces a row when the "
+                     "launch does not say"))
+        for f in ("stream_steps", "reductions", "reductions_per_step", "row_iterations"):
+            v = getattr(ls, f)
+            if v is not None:
+                rows.append((f"{pre}.{f}", v, f"{who}; None fields filled from the kernel's cost"))
+        if ls.in_flight_bytes_per_thread:
+            rows.append((f"{pre}.in_flight_bytes_per_thread", ls.in_flight_bytes_per_thread, who))
+        if ls.idle_lanes:
+            rows.append((f"{pre}.idle_lanes", ls.idle_lanes, who))
+        if ls.tensor_path != "peak":
+            rows.append((f"{pre}.tensor_path", ls.tensor_path, who))
+        for f in ("overlap_compute", "overlap_operands"):
+            if getattr(ls, f) is not None:
+                rows.append((f"{pre}.{f}", getattr(ls, f), who))
+        if kp.chain is not None:
+            rows.append((f"{pre}.latency_chain_s", kp.chain.total_s,
+                         "derived: fill + step overheads + reductions from the fields above"))
+    return rows

@@ -13,9 +13,24 @@ parameter:
   the body time is the largest term, whose name is the ``bound``; a kernel that runs them in one
   instruction stream says so (``overlap_compute=False``: tensor, CUDA-core and SFU times add;
   ``overlap_operands=False``: the SMEM-to-register operand loads add to the compute time);
-* wave quantisation: ``blocks`` spread over ``sms * blocks_per_sm`` slots take
-  ``ceil(blocks / slots)`` waves where the even spread assumed by the rates would take
-  ``blocks / slots``; the body time is scaled by their ratio;
+* waves are counted per SM and only against the resources an SM owns: the busiest SM runs
+  ``ceil(blocks / sms)`` blocks where the even spread assumed by the rates gives it
+  ``blocks / sms``, and its co-resident blocks (``blocks_per_sm`` of them) share that SM's
+  compute units, shared memory and register file, so every per-SM term (tensor, CUDA-core and
+  SFU work; the SMEM, RF and TC levels, whose ``Level.instances`` is the SM count) is stretched
+  by ``wave_factor = ceil(blocks / sms) / (blocks / sms)`` (``sms / blocks`` when fewer blocks
+  than SMs: only that many SMs' worth of compute is available). HBM and L2 are shared by the
+  whole chip: a partially full last wave still saturates them if enough bytes are in flight,
+  so their terms are not stretched (too few bytes in flight is the Little's-law floor of
+  :func:`napkin.perfmodel.predict.latency_floor`). ``tail_resource`` says which per-SM term
+  the tail stretched into the bound ("none" when a shared level binds or nothing stretched);
+  ``waves``/``ideal_waves`` still count launches of ``sms * blocks_per_sm`` slots;
+* a block's latency chain (``block_latency_s``: a pipeline fill, per-step overheads, the
+  load → reduce → store chain of a row block; built by
+  :func:`napkin.perfmodel.predict.block_latency`) is not overlapped within the block; the
+  busiest SM runs its blocks in ``rounds = ceil(ceil(blocks / sms) / blocks_per_sm)``
+  generations whose co-resident blocks overlap each other's chains, so ``rounds ×
+  block_latency_s`` is added (``latency_s``);
 * a fixed launch overhead (``launch_overhead_s``) is added.
 
 >>> from napkin.perfmodel.hardware import get_gpu
@@ -38,7 +53,7 @@ from ..errors import HardwareError
 from .hardware import GPU
 
 __all__ = ["Efficiency", "TYPICAL", "Work", "Prediction", "predict", "with_efficiency", "LAUNCH_OVERHEAD_S",
-           "TENSOR_PATHS"]
+           "TENSOR_PATHS", "per_sm_term"]
 
 #: Default fixed cost of one kernel launch, seconds (back-to-back launches on one stream cost
 #: a few microseconds each; pass ``launch_overhead_s`` to predict to change it).
@@ -190,30 +205,42 @@ class Prediction:
     """A predicted runtime with every term that went into it."""
 
     gpu: str
-    compute_s: dict[str, float]        # per compute kind ("tensor", "cuda", "sfu")
-    transfer_s: dict[str, float]       # per memory level
-    compute_time_s: float              # max (or sum) of compute_s
-    memory_time_s: float               # the slowest level
-    bound: str                         # the largest single term: "tensor", "HBM", ...
-    body_s: float                      # before wave quantisation and launch overhead
+    compute_s: dict[str, float]        # per compute kind ("tensor", "cuda", "sfu"), amount / rate, no tail
+    transfer_s: dict[str, float]       # per memory level, bytes / bandwidth, no tail
+    compute_time_s: float              # max (or sum) of compute_s, each times wave_factor
+    memory_time_s: float               # the slowest level (per-SM levels times wave_factor)
+    bound: str                         # the largest single term after the tail: "tensor", "HBM", ...
+    body_s: float                      # before the tail, the latency chain and launch overhead
     blocks: int | None
     blocks_per_sm: int | None
-    waves: int | None                  # ceil(blocks / (sms * blocks_per_sm))
+    waves: int | None                  # ceil(blocks / (sms * blocks_per_sm)): launches of every slot
     ideal_waves: float | None          # blocks / (sms * blocks_per_sm)
-    wave_factor: float                 # waves / ideal_waves (1.0 without blocks)
+    wave_factor: float                 # the per-SM tail: ceil(blocks/sms) / (blocks/sms) (1.0 without blocks)
     launch_overhead_s: float
-    seconds: float                     # body_s * wave_factor + launch_overhead_s
+    seconds: float                     # tail_body_s + latency_s + launch_overhead_s
     flops: float                       # the reported FLOP count
     hbm_bytes: float
     tflops: float                      # flops / seconds / 1e12
     gbps: float                        # HBM bytes / seconds / 1e9
     efficiency: Efficiency
     tensor_path: str = "peak"          # "mma.sync": the tensor term ran at gpu.mma_sync_fraction
+    tail_resource: str = "none"        # the per-SM term the tail stretched into the bound, or "none"
+    tail_terms: tuple[str, ...] = ()   # every term stretched by wave_factor (compute units, per-SM levels)
+    busiest_sm_blocks: int | None = None  # ceil(blocks / sms): blocks the busiest SM runs
+    rounds: int | None = None          # ceil(busiest_sm_blocks / blocks_per_sm): its block generations
+    block_latency_s: float = 0.0       # one block's latency chain (pipeline fill, step overheads, reductions)
+    latency_s: float = 0.0             # rounds * block_latency_s (block_latency_s without blocks)
+    tail_body_s: float | None = None   # the body with the tail applied (body_s without blocks)
 
     @property
     def terms(self) -> dict[str, float]:
-        """Every compute and transfer term, seconds."""
+        """Every compute and transfer term, seconds (before the tail)."""
         return {**self.compute_s, **self.transfer_s}
+
+    @property
+    def effective_terms(self) -> dict[str, float]:
+        """Every term as it enters the time: per-SM terms times ``wave_factor``."""
+        return {k: v * (self.wave_factor if k in self.tail_terms else 1.0) for k, v in self.terms.items()}
 
     @property
     def us(self) -> float:
@@ -223,10 +250,36 @@ class Prediction:
         terms = ", ".join(f"{k} {v * 1e6:.2f}" for k, v in self.terms.items() if v > 0)
         waves = ""
         if self.waves is not None:
-            waves = f", {self.waves} wave(s) vs {self.ideal_waves:.2f} ideal (x{self.wave_factor:.3f})"
+            waves = (f", {self.waves} wave(s) vs {self.ideal_waves:.2f} ideal; busiest SM {self.busiest_sm_blocks} "
+                     f"block(s): per-SM terms x{self.wave_factor:.3f}"
+                     + (f" ({self.tail_resource} binds)" if self.tail_resource != "none" else ""))
+        lat = f"; latency chain {self.latency_s * 1e6:.2f} us" if self.latency_s > 0 else ""
         return (f"{self.seconds * 1e6:.2f} us on {self.gpu} ({self.bound}-bound; terms us: {terms}"
-                f"{waves}; launch {self.launch_overhead_s * 1e6:.1f} us) = "
+                f"{waves}{lat}; launch {self.launch_overhead_s * 1e6:.1f} us) = "
                 f"{self.tflops:.1f} TFLOP/s, {self.gbps:.0f} GB/s")
+
+
+def per_sm_term(gpu: GPU, name: str) -> bool:
+    """Is term ``name`` (a compute kind or a level) a resource each SM owns (True) or one the
+    whole chip shares (False: HBM and L2, one instance)?"""
+    if name in _COMPUTE_KINDS:
+        return True
+    try:
+        return gpu.level(name).instances > 1
+    except HardwareError:
+        return False
+
+
+def _body(compute: Mapping[str, float], transfer: Mapping[str, float], eff: Efficiency) -> tuple[float, float, float]:
+    """(compute time, memory time, body) of the terms under the overlap flags."""
+    compute_time = max(compute.values(), default=0.0) if eff.overlap_compute else sum(compute.values())
+    if not eff.overlap_operands and "SMEM" in transfer:
+        compute_time += transfer["SMEM"]
+        memory_time = max((v for k, v in transfer.items() if k != "SMEM"), default=0.0)
+    else:
+        memory_time = max(transfer.values(), default=0.0)
+    body = max(compute_time, memory_time) if eff.overlap_memory else compute_time + memory_time
+    return compute_time, memory_time, body
 
 
 def predict(
@@ -238,15 +291,20 @@ def predict(
     launch_overhead_s: float = LAUNCH_OVERHEAD_S,
     *,
     tensor_path: str = "peak",
+    block_latency_s: float = 0.0,
 ) -> Prediction:
     """Predicted runtime of ``work`` on ``gpu`` (see the module docstring for the assumptions).
 
     ``blocks`` (thread blocks launched) and ``blocks_per_sm`` (resident at once, e.g. from
-    :func:`~napkin.perfmodel.occupancy.occupancy`; default 1) turn on wave quantisation.
-    ``tensor_path`` (:data:`TENSOR_PATHS`) says how the tensor-core work is issued.
+    :func:`~napkin.perfmodel.occupancy.occupancy`; default 1) turn on the per-SM tail and the
+    rounds of the latency chain. ``tensor_path`` (:data:`TENSOR_PATHS`) says how the tensor-core
+    work is issued. ``block_latency_s``: the latency one block cannot overlap with its own work
+    (added once per round of the busiest SM; once without ``blocks``).
     """
     if launch_overhead_s < 0:
         raise HardwareError("launch_overhead_s must be non-negative")
+    if block_latency_s < 0:
+        raise HardwareError("block_latency_s must be non-negative")
     if tensor_path not in TENSOR_PATHS:
         raise HardwareError(f"unknown tensor path {tensor_path!r}; known: {', '.join(TENSOR_PATHS)}")
     path = float(getattr(gpu, "mma_sync_fraction", 1.0)) if tensor_path == "mma.sync" else 1.0
@@ -266,19 +324,11 @@ def predict(
     for name, b in work.bytes.items():
         lv = gpu.level(name)  # HardwareError for unknown level names
         transfer[lv.name] = b / (lv.bandwidth * eff.level(lv.name))
+    _, _, body = _body(compute, transfer, eff)
 
-    compute_time = max(compute.values()) if eff.overlap_compute else sum(compute.values())
-    if not eff.overlap_operands and "SMEM" in transfer:
-        compute_time += transfer["SMEM"]
-        memory_time = max((v for k, v in transfer.items() if k != "SMEM"), default=0.0)
-    else:
-        memory_time = max(transfer.values(), default=0.0)
-    body = max(compute_time, memory_time) if eff.overlap_memory else compute_time + memory_time
-    terms = {**compute, **transfer}
-    bound = max(terms, key=lambda k: terms[k]) if any(v > 0 for v in terms.values()) else "none"
-
-    waves = ideal = None
+    waves = ideal = busiest = rounds = None
     factor = 1.0
+    bps = None
     if blocks is not None:
         if blocks <= 0:
             raise HardwareError(f"blocks must be positive, got {blocks}")
@@ -289,22 +339,35 @@ def predict(
         slots = gpu.sms * bps
         waves = math.ceil(blocks / slots)
         ideal = blocks / slots
-        factor = waves / ideal
+        busiest = math.ceil(blocks / gpu.sms)
+        factor = busiest / (blocks / gpu.sms)
+        rounds = math.ceil(busiest / bps)
     elif blocks_per_sm is not None and blocks_per_sm <= 0:
         raise HardwareError(f"blocks_per_sm must be positive, got {blocks_per_sm}")
 
-    seconds = body * factor + launch_overhead_s
+    stretched = tuple(k for k in (*compute, *transfer) if per_sm_term(gpu, k)) if blocks is not None else ()
+    s_compute = {k: v * (factor if k in stretched else 1.0) for k, v in compute.items()}
+    s_transfer = {k: v * (factor if k in stretched else 1.0) for k, v in transfer.items()}
+    compute_time, memory_time, tail_body = _body(s_compute, s_transfer, eff)
+    terms = {**s_compute, **s_transfer}
+    bound = max(terms, key=lambda k: terms[k]) if any(v > 0 for v in terms.values()) else "none"
+    tail_resource = bound if (factor > 1.0 + 1e-12 and bound in stretched) else "none"
+    latency = block_latency_s * (rounds if rounds is not None else 1)
+
+    seconds = tail_body + latency + launch_overhead_s
     flops = work.flops_reported
     hbm_bytes = float(sum(v for k, v in work.bytes.items() if k.upper() == "HBM"))
     return Prediction(
         gpu=gpu.key, compute_s=compute, transfer_s=transfer, compute_time_s=compute_time,
         memory_time_s=memory_time, bound=bound, body_s=body, blocks=blocks,
-        blocks_per_sm=blocks_per_sm if blocks is None else (1 if blocks_per_sm is None else blocks_per_sm),
+        blocks_per_sm=blocks_per_sm if blocks is None else bps,
         waves=waves, ideal_waves=ideal, wave_factor=factor, launch_overhead_s=launch_overhead_s,
         seconds=seconds, flops=flops, hbm_bytes=hbm_bytes,
         tflops=(flops / seconds / 1e12) if seconds > 0 else 0.0,
         gbps=(hbm_bytes / seconds / 1e9) if seconds > 0 else 0.0,
-        efficiency=eff, tensor_path=tensor_path,
+        efficiency=eff, tensor_path=tensor_path, tail_resource=tail_resource, tail_terms=stretched,
+        busiest_sm_blocks=busiest, rounds=rounds, block_latency_s=float(block_latency_s), latency_s=latency,
+        tail_body_s=tail_body,
     )
 
 

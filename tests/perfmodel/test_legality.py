@@ -168,13 +168,13 @@ def test_schedule_structure_errors():
 def test_tile_over_shared_memory_capacity_is_refused_in_kb():
     d = attention(q=4096, x=4096, d=128)
     msg = refused(Schedule.fused(d, groups={"q": 128}, streams={"x": 512}), "h100",
-                  "fused", "KB", "SMEM", "227.0 KB")
-    assert "320.0 KB" in msg
+                  "fused", "KiB", "SMEM", "227.0 KiB")
+    assert "320.0 KiB" in msg
 
 
 def test_tile_over_register_capacity_is_refused():
     d = attention(q=4096, x=4096, d=16)
-    refused(Schedule.fused(d, groups={"q": 512}, streams={"x": 256}), "h100", "registers", "RF", "KB")
+    refused(Schedule.fused(d, groups={"q": 512}, streams={"x": 256}), "h100", "registers", "RF", "KiB")
 
 
 def test_mma_divisibility():
@@ -228,4 +228,4 @@ def test_unfused_attention_on_h100_is_legal():
     check_schedule(s, "h100")
     # the softmax kernel holds whole rows: 64 of them do not fit
     refused(Schedule.unfused(attention(q=1024, x=1024, d=64), groups={"q": 64}, streams={"x": 64}), "h100",
-            "kernel 'P'", "256.0 KB", "S_scaled 128.0 KB")
+            "kernel 'P'", "256.0 KiB", "S_scaled 128.0 KiB")
