@@ -1,0 +1,239 @@
+"""The one planner: what derive derives is what generate builds and compile runs.
+
+- derive = generate for every library diagram (through the CLI's JSON), every example diagram and
+  random diagrams (through the API);
+- the plan is built as it is: every launch comes from the family its kernel names, with the
+  kernel's tiles and options;
+- partitions: a fusion is taken only where the model predicts it faster; refusals say why;
+- the scalar fallback is the last resort, one box per kernel, and said aloud;
+- the plan is a value: printed, serialised and read back.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from napkin.cli import app
+from napkin.codegen import families
+from napkin.codegen.generate import generate_program
+from napkin.codegen.lower import build, lower
+from napkin.codegen.planner import MAX_FUSED_BOXES, _Planner, derive, plan_schedule
+from napkin.codegen.prepare import prepare
+from napkin.codegen.select import predict_schedule, resolve_gpu
+from napkin.diagrams import Diagram, array, axes, contract, library, softmax
+from napkin.diagrams.userfile import load_diagram
+from napkin.errors import ScheduleError
+from napkin.perfmodel.plan import FALLBACK, Plan
+from napkin.perfmodel.schedule import Schedule
+
+from test_random_kernels import dtype_of, examples  # noqa: E402  (tests/codegen is not a package)
+
+ROOT = Path(__file__).resolve().parents[2]
+GPUS = ("h100", "h200", "a100-80gb")
+
+
+def _cli_json(*args) -> dict:
+    res = CliRunner().invoke(app, list(args), catch_exceptions=False)
+    assert res.exit_code == 0, res.output
+    return json.loads(res.stdout)
+
+
+# ----------------------------------------------------------------------------- derive = generate
+
+
+@pytest.mark.parametrize("name", library.names())
+def test_cli_derive_and_generate_print_the_same_plan(name, tmp_path):
+    d = _cli_json("derive", name, "--gpu", "h100", "--json")
+    g = _cli_json("generate", name, "--gpu", "h100", "--json", "-o", str(tmp_path / "k.cu"))
+    assert d["plan"] == g["plan"]
+    assert [k["family"] for k in d["plan"]["kernels"]]
+    assert all(k["family"] in families.names() for k in d["plan"]["kernels"])
+    header = (tmp_path / "k.cu").read_text().split("\n\n", 1)[0]
+    for k in d["plan"]["kernels"]:
+        assert f"kernel {k['name']} [{k['family']}]" in header
+
+
+def _example_diagrams():
+    out = []
+    for spec in ("swiglu", "linear_attention"):
+        d = load_diagram(f"{ROOT / 'examples' / 'my_diagram.py'}:{spec}")
+        out.append(d.bind({n: 96 + 16 * i for i, n in enumerate(d.axes) if not d.axes[n].is_bound}))
+    return out
+
+
+def _same_plan_everywhere(d, gpu="h100", dtype=None):
+    dtype = dtype or dtype_of(d)
+    plan = derive(d, gpu, dtype).plan
+    assert lower(d, gpu=gpu, dtype=dtype).plan == plan
+    _, program = generate_program(d, gpu=gpu, dtype=dtype)
+    assert program.plan == plan
+    assert program.plan.to_dict() == plan.to_dict()
+    return plan, program
+
+
+@pytest.mark.parametrize("i", range(2))
+def test_examples_plan_once(i):
+    plan, program = _same_plan_everywhere(_example_diagrams()[i])
+    assert len(program.launches) >= len(plan.kernels)
+
+
+def test_random_diagrams_plan_once():
+    for d, _ in examples()[:24]:
+        _same_plan_everywhere(d)
+
+
+@pytest.mark.parametrize("gpu", GPUS)
+def test_every_library_diagram_plans_on_every_gpu(gpu):
+    for name in library.names():
+        d = prepare(name, sizes=library.entry(name).default_sizes)
+        der = derive(d, gpu, "bf16")
+        assert der.plan.gpu == resolve_gpu(gpu).key and der.plan.arch == resolve_gpu(gpu).arch
+        assert math.isfinite(der.plan.seconds) and der.plan.seconds > 0
+        if gpu == "a100-80gb":
+            assert all(k.kernel.options.engine != "wgmma" for k in der.plan.kernels)
+
+
+# ----------------------------------------------------------------------------- the plan is built as it is
+
+
+def test_every_launch_comes_from_its_kernels_family_and_configuration():
+    d = prepare("transformer_block", sizes=library.entry("transformer_block").default_sizes)
+    plan = derive(d, "h100", "bf16").plan
+    program = build(plan)
+    assert len(plan.kernels) > 1 and program.buffers
+    for pk in plan.kernels:
+        from napkin.codegen.partition import kernel_problem
+
+        sub, kept = kernel_problem(d, pk.boxes, pk.name)
+        one = Schedule(sub, (pk.kernel.replace(boxes=kept),), plan.gpu, plan.dtype)
+        # the plan's prediction is the one prediction function's, for that exact configuration
+        again = predict_schedule(sub, families.get(pk.family), one, "h100")
+        assert again.seconds == pytest.approx(pk.seconds, rel=1e-12)
+    # every box of the diagram but the views runs in exactly one kernel
+    ran = [b for k in plan.kernels for b in k.boxes]
+    assert sorted(ran) == sorted(d.name_of(v) for v in d.nodes)
+
+
+def test_the_plan_chooses_the_families_own_configuration():
+    d = prepare("matmul", sizes={"a": 4096, "b": 4096, "c": 4096})
+    plan = derive(d, "h100", "bf16").plan
+    (k,) = plan.kernels
+    fam = families.get(k.family)
+    declared = [s.kernels[0] for s in fam.candidates(d, resolve_gpu("h100"), "bf16")]
+    assert any(c.relabels == k.kernel.relabels and c.options == k.kernel.options for c in declared)
+    fastest = min(predict_schedule(d, fam, s, "h100").seconds for s in fam.candidates(d, resolve_gpu("h100"), "bf16"))
+    assert k.seconds == pytest.approx(fastest)
+
+
+def test_sm80_build_of_a_hopper_plan_is_refused_by_the_template_not_silently_changed():
+    d = prepare("matmul", sizes={"a": 1024, "b": 1024, "c": 1024})
+    plan = derive(d, "h100", "bf16", arch="sm_80").plan
+    assert plan.arch == "sm_80"
+    assert plan.kernels[0].kernel.options.engine == "mma.sync"
+    assert all(k.template != "matmul_wgmma.cu.jinja" for k in build(plan).launches)
+
+
+# ----------------------------------------------------------------------------- partitions
+
+
+def test_softmax_then_contraction_over_another_axis_is_not_fused_when_slower():
+    """The audit's case: a softmax over x followed by a contraction over d (not x) cannot stream;
+    the planner keeps them apart when the model says so, and says why."""
+    q, x, d_ = axes("q x d")
+    S, V = array("S", q, x), array("V", x, d_)
+    P = softmax(S, over=x, name="P")
+    O = contract(P, V, over=x, out=(q, d_), name="O")
+    dg = Diagram("sm_then_mm", O).bind(q=4096, x=4096, d=128)
+    der = derive(dg, "h100", "bf16")
+    planner = _Planner(prepare(dg), resolve_gpu("h100"), "sm_90a", "bf16", families.available(), None, None)
+    one = planner.evaluate(("P",)).seconds + planner.evaluate(("O",)).seconds
+    both = planner.evaluate(("P", "O")).seconds
+    assert der.plan.seconds == pytest.approx(min(one, both))
+    assert der.decisions
+
+
+def test_attention_fuses_and_the_decision_names_the_gain():
+    d = prepare("mha", sizes=library.entry("mha").default_sizes)
+    der = derive(d, "h100", "bf16")
+    assert der.plan.families == ("attention",)
+    assert any(s.startswith("fused S+") and "one box per kernel" in s for s in der.decisions)
+
+
+def test_a_refused_fusion_says_why():
+    d = prepare("transformer_block", sizes=library.entry("transformer_block").default_sizes)
+    der = derive(d, "h100", "bf16")
+    kept = [s for s in der.decisions if s.startswith("kept ")]
+    assert kept and all(("no family fuses them" in s) or ("fused would take" in s) or ("more than" in s)
+                        for s in kept)
+
+
+def test_each_run_is_analysed_once():
+    from napkin.diagrams.axes import Axis
+    from napkin.diagrams.ops import array as arr
+
+    n = 30
+    ax = [Axis(f"a{i}", 64) for i in range(n + 1)]
+    cur = arr("X", Axis("b", 64), ax[0])
+    ins = [cur]
+    for i in range(n):
+        w = arr(f"W{i}", ax[i], ax[i + 1])
+        ins.append(w)
+        cur = contract(cur, w, over=ax[i].name, name=f"C{i}")
+    d = Diagram("chain", cur, ins)
+    planner = _Planner(d, resolve_gpu("h100"), "sm_90a", "bf16", families.available(), None, None)
+    calls = []
+    orig = planner._evaluate
+    planner._evaluate = lambda boxes: calls.append(boxes) or orig(boxes)
+    plan, _ = planner.plan()
+    assert len(plan.kernels) == n
+    assert len(calls) == len(set(map(frozenset, calls)))
+    assert len(calls) <= n * MAX_FUSED_BOXES
+
+
+# ----------------------------------------------------------------------------- the last resort
+
+
+def test_fallback_takes_one_box_and_is_said_aloud():
+    d = prepare("transformer_block", sizes=library.entry("transformer_block").default_sizes)
+    plan = derive(d, "h100", "bf16").plan
+    slow = [k for k in plan.kernels if k.family == FALLBACK]
+    for k in slow:
+        assert len([b for b in k.boxes if d.value(b).op.kind != "rename"]) == 1
+    if slow:
+        assert any("scalar fallback" in n for n in plan.notes)
+    res = CliRunner().invoke(app, ["derive", "transformer_block", "--gpu", "h100"], catch_exceptions=False)
+    assert res.exit_code == 0
+    assert ("scalar fallback" in res.output) == bool(slow)
+
+
+def test_no_family_no_plan_names_the_box():
+    with pytest.raises(ScheduleError, match="no kernel that runs box 'P'"):
+        derive("softmax", "h100", "bf16", sizes={"r": 4, "x": 64}, fixed={"x": (64, "SMEM", "stream")})
+
+
+# ----------------------------------------------------------------------------- the plan is a value
+
+
+@pytest.mark.parametrize("name", ["attention_causal", "transformer_block", "layernorm", "mlp"])
+def test_plan_round_trips_through_json(name):
+    d = prepare(name, sizes=library.entry(name).default_sizes)
+    plan = derive(d, "h100", "bf16").plan
+    data = json.loads(json.dumps(plan.to_dict()))
+    again = Plan.from_dict(library.get(name), data)
+    assert again == plan and again.to_dict() == data
+    assert build(again).source() == build(plan).source()
+    assert str(plan).startswith(f"plan of {d.name}")
+
+
+def test_a_hand_written_schedule_is_planned_as_given():
+    d = prepare("attention", sizes={"q": 512, "x": 512, "d": 64})
+    s = Schedule.fused(d, groups={"q": 64}, streams={"x": 64}, rf_groups={"q": 16})
+    plan = plan_schedule(d, s, "h100", family="attention")
+    assert plan.families == ("attention",)
+    assert {(r.axis, r.size) for r in plan.kernels[0].kernel.relabels} >= {("q", 64), ("x", 64)}
+    assert dict(lower(d, s, gpu="h100", family="attention").launches[0].tunables)["BQ"] == 64
