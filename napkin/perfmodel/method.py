@@ -68,7 +68,9 @@ def symbolic_HM(schedule: Schedule) -> tuple[object, object]:
     where the model cannot write them)."""
     if len(schedule.kernels) > SYMBOLIC_MAX_KERNELS:
         return None, None
-    ks = tuple(k.replace(relabels=tuple(Relabel(r.axis, None, r.level, r.kind) for r in k.relabels))
+    # a group of one (one head per block) is no tunable: it stays 1, the other tiles become symbols
+    ks = tuple(k.replace(relabels=tuple(Relabel(r.axis, 1 if r.size == 1 else None, r.level, r.kind)
+                                        for r in k.relabels))
                for k in schedule.kernels)
     sym = Schedule(schedule.diagram, ks, None, schedule.dtype)
     try:

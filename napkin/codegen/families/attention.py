@@ -290,8 +290,9 @@ class AttentionFamily:
     def schedule(self, diagram: Diagram, cfg: AttentionConfig, gpu="h100", dtype: str | None = None) -> Schedule:
         p = analyze(diagram)
         streams = {p.x: cfg.BX} if cfg.SX == cfg.BX else {p.x: [(cfg.BX, "SMEM"), (cfg.SX, "RF")]}
-        s = Schedule.fused(diagram, groups={p.q: cfg.BQ}, streams=streams, rf_groups={p.q: cfg.WQ},
-                           gpu=_gpu_key(gpu), dtype=dtype or p.dtype)
+        # one combination of the woven axes (heads, batch) per block: a group of 1 on each
+        s = Schedule.fused(diagram, groups={**{a: 1 for a in p.woven}, p.q: cfg.BQ}, streams=streams,
+                           rf_groups={p.q: cfg.WQ}, gpu=_gpu_key(gpu), dtype=dtype or p.dtype)
         opts = KernelOptions(engine="mma.sync", stages=cfg.stages, warps=cfg.threads // 32,
                              blocks_per_sm=cfg.blocks_per_sm, regs_per_thread=cfg.model_regs())
         return s.replace(kernels=(s.kernels[0].replace(family=self.name, options=opts),))

@@ -323,7 +323,9 @@ class ContractionFamily:
     def schedule(self, diagram: Diagram, cfg: MatmulConfig, gpu="h100", dtype: str | None = None) -> Schedule:
         """The fused schedule of one configuration: groups of a, c at SMEM and RF, stream of b."""
         p = analyze(diagram)
-        s = Schedule.fused(diagram, groups={p.a: cfg.BM, p.c: cfg.BN}, streams={p.b: cfg.BK},
+        # one batch element per block: a group of 1 on each batch axis
+        s = Schedule.fused(diagram, groups={**{a: 1 for a in p.batch}, p.a: cfg.BM, p.c: cfg.BN},
+                           streams={p.b: cfg.BK},
                            rf_groups={p.a: cfg.WM, p.c: cfg.WN}, gpu=_gpu_key(gpu),
                            dtype=dtype or p.dtype)
         return s.replace(kernels=(s.kernels[0].replace(family=self.name, options=cfg.options()),))
