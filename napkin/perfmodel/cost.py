@@ -20,7 +20,15 @@ array at its own dtype):
   working sets fit in L2, at most P), choosing the integer split that minimises traffic
   (e.g. √P'×√P' for a square 2-D grid). It needs numeric sizes and a GPU (or an explicit
   ``concurrent_blocks``, then split evenly, P^(1/k) per axis); otherwise it is not applied
-  and a note says so. Reuse through L2 between kernels is not modelled.
+  and a note says so. Numeric sizes also try the **raster** rule and keep whichever moves
+  less: blocks launch in an order of the grouped axes (outer → inner, ``l2_order``; axes every
+  array carries outermost); an array whose sharing blocks (the grouped axes it lacks) are all
+  inner to the grouped axes it carries is read by consecutive blocks, so its slab (its tile
+  along the axes it carries) crosses HBM once while the slabs live at once
+  (``ceil(P'/sharers) + 1`` of each such array) fit in L2 (``l2_read_once``); the other arrays
+  get the concurrency of P' consecutive blocks in that order. GQA is the case it is for: the
+  query heads and query tiles sharing a K/V head run together, and K and V cross HBM once per
+  K/V head, not once per query head. Reuse through L2 between kernels is not modelled.
 - ``H["SMEM"]``: SMEM↔RF traffic. Every SMEM-resident tile is read into registers once per
   use (box reading it) per group — kept in registers across stream steps if it does not
   carry the streamed axis — and every SMEM-resident array a box computes is written from
@@ -55,7 +63,15 @@ per input element (mean one more per output). A box that does not carry a groupe
 is recomputed in every group along it. ``total_flops`` = tensor + CUDA-core FLOPs.
 
 ``groups`` is the number of thread blocks launched (summed over kernels) and ``steps`` the
-stream steps per block (summed over kernels); each :class:`KernelCost` has its own.
+stream steps per block (summed over kernels); each :class:`KernelCost` has its own, and the
+facts of a block's latency chain that the runtime prediction reads
+(:func:`napkin.perfmodel.predict.block_latency`): ``stream`` (the streamed axis), ``mean_steps``
+(steps a block runs on average when fully masked chunks are skipped), ``reductions`` and
+``reductions_per_step`` (dependent cross-thread reductions outside and inside the loop).
+
+Numeric costs never touch sympy (plain ints and Fractions); symbolic maxima drop dominated
+terms by comparing monomial coefficients (all symbols are positive), so the cost of a schedule
+of hundreds of kernels stays linear-ish in its size.
 
 >>> from napkin.diagrams import library
 >>> from napkin.perfmodel.schedule import Schedule
@@ -276,7 +292,8 @@ class KernelCost:
     mean_steps: object = None           # loop steps a block runs on average: steps, less fully masked chunks
     reductions: int = 0                 # dependent cross-thread reductions in a block's chain outside its loop
     reductions_per_step: int = 0        # ... in every step of its loop (online softmax: the running max)
-    l2_order: tuple[str, ...] = ()      # launch order (outer → inner) the L2 raster rule assumed; () for the split
+    l2_order: tuple[str, ...] = ()      # launch order (outer → inner) of the grouped axes some array lacks that
+                                        # the L2 raster rule assumed (the others outermost); () for the split
     l2_read_once: tuple[str, ...] = ()  # arrays read from HBM once because the blocks sharing them run together
 
     def H(self, level: str):

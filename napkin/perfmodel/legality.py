@@ -50,6 +50,7 @@ from __future__ import annotations
 
 import math
 import weakref
+from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -218,26 +219,47 @@ def analyze(schedule: Schedule) -> tuple[KernelPlan, ...]:
     return plans
 
 
-def _kernel_of_box(schedule: Schedule) -> dict[int, int]:
+#: Per diagram (a few, most recent first): {boxes of every kernel: (kernel of each box, boxes of
+#: each kernel in topological order)}. Relabel checks try many schedules with one partition.
+_PARTITIONS: "OrderedDict[int, tuple[object, dict]]" = OrderedDict()
+
+
+def _partition(schedule: Schedule) -> tuple[dict[int, int], list[list[Value]]]:
     d = schedule.diagram
+    key = tuple(k.boxes for k in schedule.kernels)
+    entry = _PARTITIONS.get(id(d))
+    if entry is None or entry[0] is not d:
+        entry = (d, {})
+        _PARTITIONS[id(d)] = entry
+        while len(_PARTITIONS) > 16:
+            _PARTITIONS.popitem(last=False)
+    else:
+        _PARTITIONS.move_to_end(id(d))
+    known = entry[1]
+    hit = known.get(key)
+    if hit is not None:
+        return hit
     kernel_of_box: dict[int, int] = {}
     by_name = {d.name_of(v): v for v in d.nodes}
     for i, k in enumerate(schedule.kernels):
         for b in k.boxes:
             kernel_of_box[id(by_name[b])] = i
-    return kernel_of_box
-
-
-def _analyze(schedule: Schedule, only: int | None = None) -> tuple[KernelPlan, ...]:
-    d = schedule.diagram
-    names = dict(d.names)
-    kernel_of_box = _kernel_of_box(schedule)
-    out_ids = {id(v) for v in d.outputs}
     boxes_of: list[list[Value]] = [[] for _ in schedule.kernels]
     for v in d.nodes:
         i = kernel_of_box.get(id(v))
         if i is not None:
             boxes_of[i].append(v)
+    if len(known) >= 16:
+        known.pop(next(iter(known)))
+    known[key] = (kernel_of_box, boxes_of)
+    return kernel_of_box, boxes_of
+
+
+def _analyze(schedule: Schedule, only: int | None = None) -> tuple[KernelPlan, ...]:
+    d = schedule.diagram
+    names = d.names
+    kernel_of_box, boxes_of = _partition(schedule)
+    out_ids = {id(v) for v in d.outputs}
     plans = []
     for i, k in enumerate(schedule.kernels):
         if only is not None and i != only:

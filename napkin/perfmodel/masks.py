@@ -15,6 +15,7 @@ True
 
 from __future__ import annotations
 
+import math
 from fractions import Fraction
 
 from .legality import KernelPlan
@@ -80,6 +81,34 @@ def _ranges(n: int, g: int) -> list[tuple[int, int]]:
     return [(lo, min(lo + g, n)) for lo in range(0, n, g)]
 
 
+def _visited_range(mask: tuple, q_range: tuple[int, int], nx: int, sx: int) -> tuple[int, int]:
+    """(first, last) key chunk visited by the query tile ``q_range`` (last < first: none). The
+    visited chunks of a causal or sliding-window mask are contiguous; the closed form is checked
+    against :func:`visited` at its ends (and replaced by a scan where it disagrees)."""
+    nch = -(-nx // sx)
+
+    def vis(k: int) -> bool:
+        return 0 <= k < nch and visited(mask, q_range, (k * sx, min((k + 1) * sx, nx)))
+
+    fn, params = mask
+    q_lo, q_hi = q_range
+    if fn == "causal":
+        lo, hi = 0, math.floor((q_hi - 1 + params[0]) / sx)
+    elif fn == "sliding_window":
+        lo, hi = math.floor((q_lo - params[0] + 1) / sx), math.floor((q_hi - 1) / sx)
+    else:
+        lo, hi = 0, nch - 1
+    lo, hi = max(lo, 0), min(hi, nch - 1)
+    while hi >= lo and not vis(hi):   # the partial last chunk may fall outside a window
+        hi -= 1
+    if hi < lo:
+        return 0, -1
+    if vis(lo) and not vis(lo - 1) and not vis(hi + 1):
+        return lo, hi
+    ks = [k for k in range(nch) if vis(k)]  # pragma: no cover - a mask the closed form misreads
+    return (ks[0], ks[-1]) if ks else (0, -1)
+
+
 def visit_fractions(plan: KernelPlan, sizes: dict) -> tuple[float, float, float, float]:
     """Fractions of the dense kernel that a skipping kernel does: (steps, loads, warp loads, compute).
 
@@ -87,7 +116,8 @@ def visit_fractions(plan: KernelPlan, sizes: dict) -> tuple[float, float, float,
     loaded into SMEM, summed over query tiles, over the dense count (each chunk weighted by its
     length); ``warp loads``: the same with each query tile weighted by its number of per-warp
     (RF) tiles, for SMEM → register reads; ``compute``: the visited area (query rows × keys)
-    over the dense area. All 1.0 without a skippable mask.
+    over the dense area. All 1.0 without a skippable mask. One pass over the query tiles: the
+    visited key chunks of a tile are a contiguous range.
     """
     m = skippable_mask(plan, sizes)
     if m is None:
@@ -97,17 +127,23 @@ def visit_fractions(plan: KernelPlan, sizes: dict) -> tuple[float, float, float,
     gq = int(plan.groups.get(q_axis, nq))
     wq = int(plan.rf_groups.get(q_axis, gq))
     sx = int(plan.stream[1])
-    q_tiles, x_chunks = _ranges(nq, gq), _ranges(nx, sx)
+    nch = -(-nx // sx)
+    last_len = nx - (nch - 1) * sx
+    q_tiles = _ranges(nq, gq)
     pairs = loads = warp_loads = area = warps_total = 0
     for qt in q_tiles:
-        warps = -(-(qt[1] - qt[0]) // wq)
+        rows = qt[1] - qt[0]
+        warps = -(-rows // wq)
         warps_total += warps
-        for xc in x_chunks:
-            if visited((fn, params), qt, xc):
-                pairs += 1
-                loads += xc[1] - xc[0]
-                warp_loads += warps * (xc[1] - xc[0])
-                area += (qt[1] - qt[0]) * (xc[1] - xc[0])
+        k0, k1 = _visited_range((fn, params), qt, nx, sx)
+        if k1 < k0:
+            continue
+        count = k1 - k0 + 1
+        keys = count * sx - ((sx - last_len) if k1 == nch - 1 else 0)
+        pairs += count
+        loads += keys
+        warp_loads += warps * keys
+        area += rows * keys
     # Exact fractions: the counts they scale must stay integers (the interpreter counts elements).
-    return (Fraction(pairs, len(q_tiles) * len(x_chunks)), Fraction(loads, len(q_tiles) * nx),
+    return (Fraction(pairs, len(q_tiles) * nch), Fraction(loads, len(q_tiles) * nx),
             Fraction(warp_loads, warps_total * nx), Fraction(area, nq * nx))

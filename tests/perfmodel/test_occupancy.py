@@ -153,3 +153,19 @@ def test_launch_occupancy_calculator():
         occupancy(a, 2048, 32, 0)
     with pytest.raises(HardwareError):
         occupancy(a, 128, 300, 0)
+
+
+def test_memory_sizes_print_in_kib(hop):
+    """One unit convention: KiB (1024 B) in every printed size; the paper's decimal "74.75 KB"
+    appears only as the quoted figure its 3.4 warpgroups come from."""
+    import re
+
+    text = hop.summary()
+    assert "48.00 KiB" in text and "73.00 KiB" in text and "227.00 KiB" in text and "256 KiB" in text
+    assert "74,752 B" in text and "3.42 by registers" in text and "3.51 with KiB on both sides" in text
+    assert re.findall(r"\d KB", text) == ["5 KB"]      # "74.75 KB": the paper's own figure, quoted
+    assert hop.smem_per_block_kib == 48 and hop.registers_per_unit_kib == pytest.approx(73.0)
+    assert "KiB" in ampere_attention_analysis(get_gpu("a100")).summary()
+    import napkin.perfmodel.occupancy as occ
+
+    assert "KiB (1024 B)" in occ.__doc__

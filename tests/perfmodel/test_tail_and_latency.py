@@ -1,0 +1,218 @@
+"""The per-SM tail, the latency chain of a block, and the assumptions behind them.
+
+Each test fails on the model before these rules: waves counted per resident slot stretched
+every term (a 1 GB copy of 264 blocks took 4x its bandwidth time), stream chunk sizes and
+row-wise configurations tied, and no function listed the model's assumptions.
+"""
+
+import pytest
+
+from napkin.diagrams import library
+from napkin.errors import HardwareError, ScheduleError
+from napkin.perfmodel.hardware import FIELD_SOURCES, get_gpu
+from napkin.perfmodel.predict import (
+    LaunchShape,
+    block_latency,
+    explain_assumptions,
+    latency_floor,
+    predict_kernel,
+    predict_schedule,
+    reduction_latency_clk,
+)
+from napkin.perfmodel.roofline import Work, per_sm_term, predict
+from napkin.perfmodel.schedule import Schedule
+
+
+@pytest.fixture(scope="module")
+def h100():
+    return get_gpu("h100")
+
+
+@pytest.fixture(scope="module")
+def h200():
+    return get_gpu("h200")
+
+
+# ----------------------------------------------------------------------------- the tail
+
+
+def test_memory_bound_kernel_is_not_stretched_by_a_partial_wave(h100):
+    """1 GB through HBM in 264 blocks of 256 threads (8 resident per SM: 1056 slots): the old
+    per-slot count gave 1 wave for 0.25 ideal and predicted 4x the bandwidth time (1197 us).
+    HBM is shared by the chip; 264 blocks on 132 SMs keep it busy."""
+    w = Work(flops={"cuda": 1e8}, bytes={"HBM": 1e9}, dtype="bf16")
+    shape = LaunchShape(blocks=264, threads=256, regs_per_thread=32, smem_bytes=0, in_flight_bytes_per_thread=64)
+    k = predict_kernel(h100, w, shape)
+    assert k.blocks_per_sm == 8 and k.roofline.waves == 1 and k.roofline.ideal_waves == pytest.approx(0.25)
+    ideal = 1e9 / 3.35e12
+    assert k.seconds == pytest.approx(ideal, rel=0.15)
+    assert k.bound == "HBM" and k.roofline.tail_resource == "none"
+    assert k.roofline.wave_factor == pytest.approx(1.0)      # 2 blocks on every SM: no tail at all
+    assert "HBM" not in k.roofline.tail_terms and "L2" not in k.roofline.tail_terms
+
+
+def test_tail_counts_blocks_per_sm_and_stretches_only_per_sm_terms(h100):
+    w = Work(flops={"tensor": 1e12}, bytes={"HBM": 1e9, "SMEM": 1e10}, dtype="bf16")
+    base = predict(h100, w, launch_overhead_s=0)
+    # 264 blocks, 4 resident per SM: 2 per SM, no tail (the per-slot count said 2x)
+    even = predict(h100, w, blocks=264, blocks_per_sm=4, launch_overhead_s=0)
+    assert even.waves == 1 and even.ideal_waves == pytest.approx(0.5)
+    assert even.wave_factor == pytest.approx(1.0) and even.seconds == pytest.approx(base.seconds)
+    # 133 blocks: the busiest SM runs 2 where 133/132 is the even share
+    one_more = predict(h100, w, blocks=133, blocks_per_sm=4, launch_overhead_s=0)
+    assert one_more.busiest_sm_blocks == 2
+    assert one_more.wave_factor == pytest.approx(2 / (133 / 132))
+    assert one_more.compute_time_s == pytest.approx(base.compute_time_s * one_more.wave_factor)
+    assert one_more.effective_terms["SMEM"] == pytest.approx(base.transfer_s["SMEM"] * one_more.wave_factor)
+    assert one_more.effective_terms["HBM"] == pytest.approx(base.transfer_s["HBM"])   # shared: no tail
+    assert one_more.tail_resource == "tensor" and set(one_more.tail_terms) >= {"tensor", "SMEM"}
+    # fewer blocks than SMs: only that many SMs compute (132/32), not 132*bps/32
+    few = predict(h100, w, blocks=32, blocks_per_sm=2, launch_overhead_s=0)
+    assert few.wave_factor == pytest.approx(132 / 32)
+    assert few.seconds == pytest.approx(base.compute_time_s * 132 / 32)
+    assert "busiest SM" in str(few) and "tensor binds" in str(few)
+    assert per_sm_term(h100, "RF") and per_sm_term(h100, "sfu") and not per_sm_term(h100, "L2")
+
+
+def test_one_head_attention_is_limited_by_its_32_blocks(h100):
+    """g_q=128 gives one head 32 blocks: 32 of 132 SMs compute (x4.125 on the tensor term only)."""
+    d = library.get("attention").with_dtype("bf16").bind(q=4096, x=4096, d=128)
+    big = predict_schedule(Schedule.fused(d, groups={"q": 128}, streams={"x": 64}), h100)
+    small = predict_schedule(Schedule.fused(d, groups={"q": 32}, streams={"x": 64}), h100)
+    kb = big.kernels[0].roofline
+    assert big.kernels[0].blocks == 32 and kb.wave_factor == pytest.approx(132 / 32)
+    assert kb.tail_resource == "tensor"
+    assert small.seconds < big.seconds
+
+
+def test_latency_floor_counts_only_resident_blocks(h100):
+    lean = LaunchShape(blocks=100, threads=128, regs_per_thread=32, smem_bytes=0, in_flight_bytes_per_thread=16)
+    # 16 blocks fit an SM (2112 slots) but only 100 blocks exist: 100 blocks' bytes in flight
+    floor = latency_floor(h100, 1e9, lean, 16)
+    assert floor == pytest.approx(1e9 * h100.memory_latency_s / (100 * 128 * 16))
+
+
+# ----------------------------------------------------------------------------- the latency chain
+
+
+def test_smaller_stream_chunks_cost_more(h100):
+    """matmul 4096^3 bf16, g_a = g_c = 128: s_b = 16, 32, 64 no longer tie (146.3 us each before)."""
+    d = library.get("matmul").with_dtype("bf16").bind(a=4096, b=4096, c=4096)
+    t = {}
+    for sb in (16, 32, 64):
+        p = predict_schedule(Schedule.fused(d, groups={"a": 128, "c": 128}, streams={"b": sb}), h100)
+        k = p.kernels[0]
+        assert k.launch.stream_steps == 4096 // sb and k.chain is not None
+        assert k.roofline.latency_s == pytest.approx(k.roofline.rounds * k.chain.total_s)
+        t[sb] = p.seconds
+    assert t[16] > t[32] > t[64]
+    # the same launch with more steps: only the per-step term changes
+    w = Work(flops={"tensor": 2 * 4096 ** 3}, bytes={"HBM": 3 * 4096 * 4096 * 2}, dtype="bf16")
+
+    def at(steps):
+        shape = LaunchShape(blocks=1024, threads=256, regs_per_thread=128, smem_bytes=64 * 1024, stream_steps=steps)
+        return predict_kernel(h100, w, shape)
+
+    a, b = at(64), at(256)
+    per_step = h100.step_overhead_clk / h100.clock_hz
+    assert b.chain.total_s - a.chain.total_s == pytest.approx(192 * per_step)
+    assert b.seconds - a.seconds == pytest.approx(b.roofline.rounds * 192 * per_step)
+    assert a.chain.fill_s == pytest.approx(h100.memory_latency_s)
+
+
+def _rowwise(gpu, rows_per_block, threads_per_row, regs=32, r=32768, x=4096):
+    d = library.get("softmax").with_dtype("bf16").bind(r=r, x=x)
+    chunks = max(1, x // (8 * threads_per_row))
+    shape = LaunchShape(blocks=r // rows_per_block, threads=rows_per_block * threads_per_row, regs_per_thread=regs,
+                        smem_bytes=64, in_flight_bytes_per_thread=16 * chunks, threads_per_row=threads_per_row)
+    return predict_schedule(Schedule.fused(d, groups={"r": rows_per_block}, gpu=gpu.key), gpu, launch=shape)
+
+
+def test_rowwise_configurations_are_told_apart(h200):
+    """load -> reduce -> store is a chain a block cannot overlap with itself: more blocks per SM or
+    more rows per block hide it, rows spread over more threads lengthen it."""
+    p = _rowwise(h200, 1, 128)
+    k = p.kernels[0]
+    assert (k.launch.reductions, k.launch.stream_steps) == (2, 0.0)   # softmax: max and sum, filled from the cost
+    assert k.chain.reduce_s == pytest.approx(2 * reduction_latency_clk(h200, 128) / h200.clock_hz)
+    assert k.roofline.latency_s > 0
+    # fewer blocks resident (more registers per thread): more rounds, slower (the old per-slot
+    # waves made the 4-per-SM launch look faster)
+    hungry = _rowwise(h200, 1, 128, regs=128)
+    assert hungry.kernels[0].blocks_per_sm < k.blocks_per_sm and hungry.seconds > p.seconds
+    # more rows per block with the block limit binding (32 one-warp blocks per SM): fewer rounds
+    one = _rowwise(h200, 1, 32)
+    four = _rowwise(h200, 4, 32)
+    assert one.kernels[0].blocks_per_sm == 32 and four.kernels[0].roofline.rounds < one.kernels[0].roofline.rounds
+    assert four.seconds < one.seconds
+    # a row over more threads: a longer reduction (shuffles, then a cross-warp stage)
+    assert reduction_latency_clk(h200, 1) == 0
+    assert reduction_latency_clk(h200, 32) == 5 * h200.shuffle_latency_clk
+    assert reduction_latency_clk(h200, 512) == 9 * h200.shuffle_latency_clk + h200.sync_latency_clk
+    # configurations with different rows in flight per SM or reduction widths differ (the same
+    # rows per SM and reduction width, e.g. 1 or 2 rows of 256 threads per block, tie: they are
+    # the same machine state)
+    times = {(rpb, tpr): _rowwise(h200, rpb, tpr).seconds for rpb, tpr in ((1, 32), (1, 128), (1, 256), (1, 512),
+                                                                          (8, 32))}
+    assert len({round(t * 1e9) for t in times.values()}) == len(times)
+
+
+def test_online_softmax_reduces_on_a_quad_every_step(h100):
+    d = library.get("attention").with_dtype("bf16").bind(q=4096, x=4096, d=128)
+    k = predict_schedule(Schedule.fused(d, groups={"q": 64}, streams={"x": 64}), h100).kernels[0]
+    kc = k.roofline  # noqa: F841 - the roofline exists; the facts are on the launch
+    assert (k.launch.reductions_per_step, k.launch.reductions, k.launch.threads_per_row) == (1, 1, 4)
+    red = reduction_latency_clk(h100, 4)
+    assert k.chain.steps_s == pytest.approx(64 * (h100.step_overhead_clk + red) / h100.clock_hz)
+
+
+def test_no_chain_without_facts_and_launch_validation(h100):
+    w = Work(flops={"tensor": 1e12}, dtype="bf16")
+    shape = LaunchShape(blocks=1000, threads=256, regs_per_thread=128, smem_bytes=0)
+    assert block_latency(h100, shape) is None and predict_kernel(h100, w, shape).roofline.latency_s == 0
+    assert block_latency(h100, LaunchShape(blocks=1, threads=32, regs_per_thread=32, smem_bytes=0,
+                                           reductions=0)).total_s == pytest.approx(h100.memory_latency_s)
+    for bad in ({"stream_steps": -1}, {"threads_per_row": 0}, {"row_iterations": 0}, {"reductions": -2}):
+        with pytest.raises(ScheduleError):
+            LaunchShape(blocks=1, threads=32, regs_per_thread=32, smem_bytes=0, **bad)
+    with pytest.raises(HardwareError):
+        predict(h100, w, block_latency_s=-1.0)
+
+
+# ----------------------------------------------------------------------------- named assumptions
+
+
+def test_latency_constants_are_named_profile_fields_with_sources(h100):
+    for key in ("a100-40gb", "a100-80gb", "h100", "h200"):
+        g = get_gpu(key)
+        assert g.step_overhead_clk > 0 and g.shuffle_latency_clk > 0 and g.sync_latency_clk > 0
+        for f in ("memory_latency_s", "step_overhead_clk", "shuffle_latency_clk", "sync_latency_clk",
+                  "mma_sync_fraction"):
+            assert f in g.sources and ("estimate" in g.source_of(f) or "measured" in g.source_of(f)
+                                       or "datasheet" in g.source_of(f))
+    tweaked = h100.with_overrides(step_overhead_clk=50.0, sources={"step_overhead_clk": "measured here"})
+    assert tweaked.step_overhead_clk == 50.0 and tweaked.source_of("step_overhead_clk") == "measured here"
+    assert type(h100).from_json(tweaked.to_json()) == tweaked
+    with pytest.raises(HardwareError):
+        h100.with_overrides(shuffle_latency_clk=-1.0)
+    assert set(FIELD_SOURCES) >= {"memory_latency_s", "step_overhead_clk", "shuffle_latency_clk", "sync_latency_clk"}
+
+
+def test_explain_assumptions_lists_every_named_constant(h100):
+    rows = explain_assumptions(h100)
+    names = {n for n, _, _ in rows}
+    for n in ("memory_latency_s", "step_overhead_clk", "shuffle_latency_clk", "sync_latency_clk",
+              "mma_sync_fraction", "launch_overhead_s", "L2.bandwidth", "SMEM.bandwidth",
+              "LaunchAssumptions.threads_per_block"):
+        assert n in names, n
+    assert all(isinstance(src, str) and src for _, _, src in rows)
+    assert dict((n, v) for n, v, _ in rows)["step_overhead_clk"] == h100.step_overhead_clk
+    # calibrated factors and a prediction's launch facts
+    cal = h100.with_overrides(efficiency={"attention": {"tensor": 0.8}})
+    d = library.get("attention").with_dtype("bf16").bind(q=1024, x=1024, d=64)
+    p = predict_schedule(Schedule.fused(d, groups={"q": 64}, streams={"x": 64}), cal, family="attention")
+    rows = explain_assumptions(cal, p)
+    got = {n: v for n, v, _ in rows}
+    assert got["efficiency[attention].tensor"] == 0.8 and got["Efficiency.tensor"] == 0.8
+    assert got["kernel[fused].stream_steps"] == 16 and got["kernel[fused].threads_per_row"] == 4
+    assert "kernel[fused].latency_chain_s" in got
