@@ -309,6 +309,69 @@ def test_help_and_version():
     assert code == 0 and out.startswith("napkin ")
 
 
+# ----------------------------------------------------------------------------- the plan: generate, pinned tiles
+
+PINNED_BAD = [
+    (["cost", "softmax", "--stream", "x=64"], "P", "softmax", "rowwise", "(stream x=64@SMEM); it builds g_r="),
+    (["derive", "attention", "-s", "q=512", "-s", "x=512", "-s", "d=64", "--group", "d=32"], "S", "attention",
+     "contraction", "(group d=32@SMEM); it builds g_q="),
+    (["generate", "softmax", "-s", "r=8", "-s", "x=1000", "--group", "x=8", "-o", "-"], "P", "softmax",
+     "rowwise", "(group x=8@SMEM)"),
+]
+
+
+def _pinned_error(err: str, box: str, diagram: str, family: str, tail: str) -> None:
+    """Exactly one ``error:`` line (the last on stderr: derive's progress lines come before it),
+    naming the box, the diagram and, per family, why none of its configurations fits the pins."""
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    errors = [ln for ln in lines if ln.startswith("error: ")]
+    assert len(errors) == 1 and lines[-1] == errors[0], err
+    line = errors[0]
+    assert f"derive found no kernel that runs box {box!r} of {diagram!r} with the pinned tiling" in line, line
+    assert f"{family}: none of its configurations has the pinned tiles " in line and tail in line, line
+    assert "Traceback" not in err
+
+
+@pytest.mark.parametrize("args, box, diagram, family, tail", PINNED_BAD, ids=[" ".join(a[:3]) for a, *_ in PINNED_BAD])
+def test_pinned_tiles_no_configuration_has_exit_2_with_one_error_line(args, box, diagram, family, tail):
+    code, out, err = invoke(*args)
+    assert code == 2, (out, err)
+    _pinned_error(err, box, diagram, family, tail)
+    if "--json" not in args and args[0] == "cost":  # --json: no progress lines, the one line alone
+        assert_user_error(*invoke(*args, "--json"), "derive found no kernel", tail)
+
+
+def test_pinned_tiles_error_subprocess():
+    args, box, diagram, family, tail = PINNED_BAD[0]
+    code, out, err = run_module(*args)
+    assert code == 2, (out, err)
+    _pinned_error(err, box, diagram, family, tail)
+
+
+def test_generate_json_is_the_plan_and_its_launches(tmp_path):
+    """A plan of several kernels (fp32 layernorm rows of 32768: the norm on rowwise, the last
+    elementwise box on the fallback): one launch per kernel, the intermediate in an HBM buffer."""
+    target = tmp_path / "ln.cu"
+    code, out, err = invoke("generate", "layernorm", "-s", "r=7", "-s", "x=32768", "--dtype", "fp32",
+                            "-o", str(target), "--json")
+    assert code == 0, err
+    data = json.loads(out)
+    assert set(data) == {"plan", "output", "launches", "buffers"}
+    assert data["output"] == str(target) and target.exists()
+    kernels = data["plan"]["kernels"]
+    assert [k["family"] for k in kernels] == ["rowwise", "fallback"]
+    assert sorted(b for k in kernels for b in k["boxes"]) == ["N", "Y", "mul"]
+    assert len(data["launches"]) == 2
+    assert data["buffers"] == [kernels[0]["boxes"][-1]]  # the array the first kernel hands the second
+    src = target.read_text()
+    assert "family rowwise+fallback" in src and "plan (2 kernels" in src
+    assert "kernel N [rowwise]" in src and "kernel Y [fallback]" in src
+    # derive --json prints the same plan
+    code, out, err = invoke("derive", "layernorm", "-s", "r=7", "-s", "x=32768", "--dtype", "fp32", "--json")
+    assert code == 0, err
+    assert json.loads(out)["plan"]["kernels"] == kernels
+
+
 # ----------------------------------------------------------------------------- subprocess: python3 -m napkin
 
 def test_module_list_show_render(tmp_path):

@@ -459,6 +459,7 @@ HOSTILE = ['x; asm("trap;")', "__global__", "ẋ", "q\n#include <evil>", 'x*/ as
 def test_smuggled_names_never_reach_the_fused_families_cuda(name):
     """A tampered diagram (values built without the name check) through the contraction and
     attention families: refused, or the name never reaches the source (only sanitised comments)."""
+    from napkin.codegen import families
     from napkin.codegen.lower import lower
     from napkin.diagrams import library
     from napkin.diagrams.ops import InputOp, Value
@@ -470,14 +471,21 @@ def test_smuggled_names_never_reach_the_fused_families_cuda(name):
     def code_of(src):
         return "\n".join(line.split("//", 1)[0] for line in src.splitlines())
 
-    for lib, sizes in (("mlp", dict(a=64, b=32, c=48)), ("attention_causal", dict(h=2, q=40, x=40, d=64))):
+    for lib, sizes, family in (("mlp", dict(a=64, b=32, c=64), "contraction"),
+                               ("attention_causal", dict(h=2, q=64, x=64, d=64), "attention")):
         d = library.get(lib).bind(**sizes)
-        clean = code_of(lower(d, gpu="h100").source())
+        assert lower(d, gpu="h100").family == family  # the sizes are such that the fused family takes it
+        fam = families.get(family)
+        clean = code_of(fam.lower(d, fam.candidates(d, "h100", "bf16")[0], "sm_90a").source())
         for i in range(len(d.inputs)):
             ins = [smuggle(v) if j == i else v for j, v in enumerate(d.inputs)]
             tampered = Diagram(d.name, d._replay({id(v): w for v, w in zip(d.inputs, ins)}), ins)
+            # the planner refuses it before any family sees it (kernel_problem checks the names) ...
+            with pytest.raises((CodegenError, DiagramError, ScheduleError)):
+                lower(tampered, gpu="h100")
+            # ... and the family itself, given the same configuration, refuses it or keeps it out of the code
             try:
-                p = lower(tampered, gpu="h100")
+                p = fam.lower(tampered, fam.candidates(tampered, "h100", "bf16")[0], "sm_90a")
             except (CodegenError, DiagramError):
                 continue
             src = p.source()
@@ -507,11 +515,17 @@ def test_every_value_of_the_fused_templates_goes_through_the_whitelist(monkeypat
 
     monkeypatch.setattr(con, "render", spy)
     monkeypatch.setattr(att, "render", spy)
-    lower(library.get("mlp").bind(a=64, b=32, c=48), gpu="h100", dtype="bf16", family="contraction")  # wgmma
-    lower(library.get("mlp").bind(a=64, b=30, c=48), gpu="h100", dtype="bf16", family="contraction")  # 60-byte rows
-    lower(library.get("batched_matmul").bind(n=2, a=64, b=32, c=48), gpu="h100", dtype="fp32",
-          family="contraction")
-    lower(library.get("attention_alibi").bind(h=2, q=40, x=40, d=64), gpu="h100", family="attention")
+    mlp = library.get("mlp").bind(a=64, b=32, c=64)
+    # the planner ranks mma.sync first for so small a matmul: the wgmma template through a schedule
+    wgmma = next(c for c in con.FAMILY.candidates(mlp, "h100", "bf16") if c.kernels[0].options.engine == "wgmma")
+    assert lower(mlp, wgmma, gpu="h100", dtype="bf16").launches[0].template == "matmul_wgmma.cu.jinja"
+    p = lower(library.get("mlp").bind(a=64, b=60, c=64), gpu="h100", dtype="bf16", family="contraction")
+    assert p.launches[0].template == "matmul_mma.cu.jinja"  # 120-byte rows: no TMA, so mma.sync
+    p = lower(library.get("batched_matmul").bind(n=2, a=64, b=32, c=64), gpu="h100", dtype="fp32",
+              family="contraction")
+    assert p.launches[0].template == "matmul_simt.cu.jinja"
+    p = lower(library.get("attention_alibi").bind(h=2, q=64, x=64, d=64), gpu="h100", family="attention")
+    assert p.family == "attention"
     assert {"matmul_wgmma.cu.jinja", "matmul_mma.cu.jinja", "matmul_simt.cu.jinja",
             "attention_fwd.cu.jinja"} <= set(seen)
     def variants(ctx):

@@ -131,8 +131,11 @@ def test_wgmma_misaligned_views_run_without_tma():
 
     from napkin.codegen.api import compile as compile_diagram
 
-    cd = compile_diagram("matmul", sizes=dict(a=256, b=64, c=128))
+    sizes = dict(a=256, b=64, c=128)
+    # so small a matmul the planner runs on mma.sync: the wgmma configuration as a schedule
+    cd = compile_diagram("matmul", sizes=sizes, schedule=wgmma_schedule(library.get("matmul"), "bf16", sizes))
     assert cd.program.launches[0].template == "matmul_wgmma.cu.jinja"
+    assert cd.plan.kernels[0].kernel.options.engine == "wgmma"
     base = torch.randn(256 * 64 + 1, device="cuda").to(torch.bfloat16)
     A = base[1:].view(256, 64)  # 2 bytes past an aligned address
     B = torch.randn(64, 128, device="cuda").to(torch.bfloat16)

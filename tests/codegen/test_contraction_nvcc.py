@@ -16,7 +16,7 @@ from napkin.codegen.families.contraction import FAMILY, MMA_CONFIGS, SIMT_CONFIG
 from napkin.diagrams import Axis, Diagram, array, contract, library
 from napkin.diagrams.ops import map_fn
 from napkin.errors import CodegenError
-from napkin.perfmodel.schedule import Schedule
+from napkin.perfmodel.schedule import KernelOptions, Schedule
 
 SMEM_LIMIT = {"sm_80": 163 * 1024, "sm_90a": 227 * 1024}
 
@@ -113,7 +113,9 @@ def test_candidates_are_schedules_with_the_tiles():
     cands = FAMILY.candidates(d, "h100", "bf16")
     assert len(cands) == len(WGMMA_CONFIGS) + len(MMA_CONFIGS)
     for s, cfg in zip(cands, WGMMA_CONFIGS):
-        assert "engine=wgmma" in s.notes
+        o = s.kernels[0].options
+        assert s.kernels[0].family == "contraction" and not s.notes
+        assert (o.engine, o.stages, o.warpgroups) == ("wgmma", cfg[5], cfg[0] // cfg[3])
         k = FAMILY.lower(d, s, "sm_90a").launches[0]
         assert k.template == "matmul_wgmma.cu.jinja" and (k.grid, k.block) == (
             ((1000 + cfg[0] - 1) // cfg[0] * ((776 + cfg[1] - 1) // cfg[1]), 1, 1), (128 * (cfg[0] // cfg[3] + 1), 1, 1))
@@ -121,6 +123,8 @@ def test_candidates_are_schedules_with_the_tiles():
         assert "wgmma.mma_async.sync.aligned.m64n%dk16" % cfg[1] in k.source
     cands = cands[len(WGMMA_CONFIGS):]
     for s, cfg in zip(cands, MMA_CONFIGS):
+        o = s.kernels[0].options
+        assert (o.engine, o.stages, o.warps) == ("mma.sync", cfg[5], (cfg[0] // cfg[3]) * (cfg[1] // cfg[4]))
         rel = {(r.axis, r.level, r.kind): r.size for r in s.kernels[0].relabels}
         assert rel[("a", "SMEM", "group")] == cfg[0] and rel[("c", "SMEM", "group")] == cfg[1]
         assert rel[("b", "SMEM", "stream")] == cfg[2]
@@ -142,19 +146,22 @@ def test_refusals():
         FAMILY.lower(d, sym, "sm_90a")
     big = Schedule.fused(d, groups={"a": 128, "c": 256}, streams={"b": 64}, rf_groups={"a": 64, "c": 64})
     with pytest.raises(CodegenError, match="shared memory"):
-        FAMILY.lower(d, big.replace(notes=("stages=4",)), "sm_80")
+        FAMILY.lower(d, big.replace(kernels=(big.kernels[0].replace(options=KernelOptions(stages=4)),)), "sm_80")
+    # the same tiles with two stages fit the A100 (it is the stages option that is read)
+    FAMILY.lower(d, big.replace(kernels=(big.kernels[0].replace(options=KernelOptions(stages=2)),)), "sm_80")
 
 
 def test_wgmma_only_where_it_can_run():
     d = bound(library.get("matmul"), "bf16")
     assert FAMILY.wgmma_reason(d, "h200") is None
     assert "sm_80" in FAMILY.wgmma_reason(d, "a100-80gb")
-    assert not any("engine=wgmma" in s.notes for s in FAMILY.candidates(d, "a100-80gb", "bf16"))
+    assert {s.kernels[0].options.engine for s in FAMILY.candidates(d, "a100-80gb", "bf16")} == {"mma.sync"}
+    assert "wgmma" in {s.kernels[0].options.engine for s in FAMILY.candidates(d, "h200", "bf16")}
     assert "fp32" in FAMILY.wgmma_reason(bound(library.get("matmul"), "fp32"), "h100")
     assert "batch" in FAMILY.wgmma_reason(bound(library.get("batched_matmul"), "bf16"), "h100")
     odd = library.get("matmul").bind(a=1000, b=520, c=770)  # B rows of 770 bf16: 1540 bytes
     assert "16 bytes" in FAMILY.wgmma_reason(odd, "h100")
-    assert not any("engine=wgmma" in s.notes for s in FAMILY.candidates(odd, "h100", "bf16"))
+    assert {s.kernels[0].options.engine for s in FAMILY.candidates(odd, "h100", "bf16")} == {"mma.sync"}
     s = FAMILY.schedule(d, MatmulConfig(False, *WGMMA_CONFIGS[0], wgmma=True))
     with pytest.raises(CodegenError, match="wgmma"):
         FAMILY.lower(d, s, "sm_80")
@@ -169,9 +176,14 @@ def test_wgmma_only_where_it_can_run():
 def test_lowering_for_sm_80_with_a_hopper_profile_takes_mma_sync():
     from napkin.codegen.lower import lower
 
-    d = library.get("matmul").bind(a=512, b=512, c=512)
-    assert lower(d, gpu="h100", arch="sm_90a").launches[0].template == "matmul_wgmma.cu.jinja"
-    assert lower(d, gpu="h100", arch="sm_80").launches[0].template == "matmul_mma.cu.jinja"
+    d = library.get("matmul").bind(a=4096, b=4096, c=4096)  # large enough that wgmma clearly wins on an H100
+    p = lower(d, gpu="h100", arch="sm_90a")
+    assert p.plan.kernels[0].kernel.options.engine == "wgmma"
+    assert p.launches[0].template == "matmul_wgmma.cu.jinja"
+    p = lower(d, gpu="h100", arch="sm_80")
+    assert p.family == "contraction" and p.plan.arch == "sm_80"
+    assert p.plan.kernels[0].kernel.options.engine == "mma.sync"
+    assert p.launches[0].template == "matmul_mma.cu.jinja"
 
 
 def test_wgmma_ranked_first_on_hopper():
@@ -179,8 +191,8 @@ def test_wgmma_ranked_first_on_hopper():
 
     d = library.get("matmul").bind(a=4096, b=4096, c=4096)
     ranked = rank_candidates(d, FAMILY, "h100")
-    assert "engine=wgmma" in ranked[0][0].notes
-    best_mma = min(t for s, t in ranked if "engine=wgmma" not in s.notes)
+    assert ranked[0][0].kernels[0].options.engine == "wgmma"
+    best_mma = min(t for s, t in ranked if s.kernels[0].options.engine != "wgmma")
     assert ranked[0][1] < best_mma  # the model sees the mma.sync path's lower tensor rate
 
 

@@ -27,12 +27,25 @@ def _shape(name: str, dtype: str) -> dict:
     return s
 
 
+#: Tolerances stated where the default (1e-2 for bf16) is not enough: on the fallback every box is
+#: a kernel and every intermediate an HBM buffer in its own dtype, so the transformer block's 18
+#: intermediates are each rounded to bf16 (2^-8 relative) on the way to Y.
+CHAIN_TOLERANCE = {("transformer_block", "bf16"): 3e-2}
+
+
 @pytest.mark.parametrize("dtype", ["bf16", "fp32"])
 @pytest.mark.parametrize("name", library.names())
 def test_every_library_diagram_verifies_through_the_fallback(name, dtype):
-    rep = verify(library.get(name), dtype=dtype, shapes=[_shape(name, dtype)], family="fallback", seed=4)
-    assert rep.ok, str(rep)
-    assert {r.family for r in rep.rows} == {"fallback"}
+    tol = CHAIN_TOLERANCE.get((name, dtype))
+    if tol is None:
+        rep = verify(library.get(name), dtype=dtype, shapes=[_shape(name, dtype)], family="fallback", seed=4)
+        assert rep.ok, str(rep)
+        assert {r.family for r in rep.rows} == {"fallback"}
+        return
+    cd = compile(library.get(name), sizes=_shape(name, dtype), dtype=dtype, family="fallback")
+    assert cd.family == "fallback" and all(b.dtype == dtype for b in cd.program.buffers)
+    rows = verify_compiled(cd, seed=4, tolerance=tol)
+    assert rows and all(r.ok for r in rows), rows
 
 
 @pytest.mark.parametrize("dtype", ["bf16", "fp16", "fp32"])

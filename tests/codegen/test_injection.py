@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import pytest
 
-from napkin.codegen import render
+from napkin.codegen import families, render
 from napkin.codegen.generate import generate_source
 from napkin.codegen.lower import lower, prepare
 from napkin.codegen.render import Code, c_float, comment, ident, map_expr, render_string
 from napkin.diagrams import Axis, Diagram, array, library, softmax
 from napkin.diagrams.ops import InputOp, Map, Value
-from napkin.errors import CodegenError, DiagramError
+from napkin.errors import CodegenError, DiagramError, NapkinError
+from napkin.perfmodel.schedule import Schedule
 
 HOSTILE = [
     'x; asm("trap;")',
@@ -100,11 +101,15 @@ def test_smuggled_array_name_is_refused_before_cuda(name):
     X = _smuggled_input(name, r, x)
     P = Value(softmax(array("Y", r, x), over="x").op, (X,), (r, x), "bf16", "P")
     d = Diagram("tampered", P)
+    # each family refuses it itself, given a schedule of its own ...
     for fam in ("rowwise", "fallback"):
-        with pytest.raises(CodegenError):
+        f = families.get(fam)
+        with pytest.raises(CodegenError, match="cannot reach CUDA"):
+            f.lower(d, f.candidates(d, "h100", "bf16")[0], "sm_90a")
+    # ... and the planner refuses it before any family is asked to build it
+    for fam in ("rowwise", "fallback", None):
+        with pytest.raises(NapkinError, match="is not allowed"):
             lower(d, family=fam)
-    with pytest.raises(CodegenError):
-        lower(d)
 
 
 def test_smuggled_function_is_refused_before_cuda():
@@ -114,10 +119,12 @@ def test_smuggled_function_is_refused_before_cuda():
     P = softmax(evil, over="x", name="P")
     d = Diagram("tampered_fn", P)
     for fam in ("rowwise", "fallback"):
-        with pytest.raises((CodegenError, DiagramError)):
+        f = families.get(fam)
+        with pytest.raises((CodegenError, DiagramError), match="system"):
+            f.lower(d, Schedule.fused(d), "sm_90a")
+    for fam in ("rowwise", "fallback", None):
+        with pytest.raises(NapkinError, match="unknown elementwise function 'system'"):
             lower(d, family=fam)
-    with pytest.raises((CodegenError, DiagramError)):
-        lower(d)
 
 
 def test_description_text_never_reaches_cuda():

@@ -4,7 +4,8 @@ tensor, something that is not a tensor, missing or unknown inputs, bad ``out`` t
 one LaunchError whose message starts with the argument's name. Never a wrong result, never a
 fault inside CUDA.
 
-One compiled diagram per code-generation family. The checks on inputs run on any machine (a
+One compiled diagram per code-generation family, each planned as a single kernel of that family
+(``compiled`` checks the plan). The checks on inputs run on any machine (a
 CompiledDiagram made without a GPU is not compiled yet, and the tensor checks come before the
 device check, so CPU tensors exercise them); the ``gpu`` tests repeat them with CUDA tensors, check
 ``out`` tensors and mixed devices, and show that valid calls — including contiguous views that
@@ -18,17 +19,31 @@ import pytest
 import torch
 
 import napkin.codegen as cg
-from napkin.diagrams import library
+from napkin.diagrams import Axis, Diagram, array, library, map_fn
 from napkin.dtypes import torch_dtype
 from napkin.errors import LaunchError
 
-#: family → (library diagram, sizes, dtype); no size is 1 (a size-1 axis makes odd strides legal)
+def bias_add() -> Diagram:
+    """Y[h,q,x] = X + B[q,x] (B broadcast over h): one elementwise box, which no fast family
+    builds on its own, so the plan is one kernel on the scalar fallback."""
+    h, q, x = Axis("h"), Axis("q"), Axis("x")
+    return Diagram("bias_add", map_fn("add", array("X", h, q, x), array("B", q, x), name="Y"))
+
+
+#: family → (library diagram name or diagram, sizes, dtype): each plans as one kernel of that
+#: family (the tiled families need their tiled axes at least one tile long); no size is 1 (a
+#: size-1 axis makes odd strides legal), and the sizes are ragged (not multiples of the tiles)
 CASES = {
     "rowwise": ("layernorm", dict(r=37, x=1001), "bf16"),
-    "contraction": ("matmul_t", dict(a=70, b=72, c=40), "bf16"),
-    "attention": ("mha", dict(h=2, q=33, x=45, d=64), "fp16"),
-    "fallback": ("gqa", dict(h=2, j=3, q=5, x=7, d=4), "fp32"),
+    "contraction": ("matmul_t", dict(a=70, b=72, c=80), "bf16"),
+    "attention": ("mha", dict(h=2, q=65, x=77, d=64), "fp16"),
+    "fallback": (bias_add(), dict(h=2, q=5, x=7), "fp32"),
 }
+
+
+def case_diagram(family: str) -> Diagram:
+    d = CASES[family][0]
+    return library.get(d) if isinstance(d, str) else d
 
 _compiled: dict = {}
 
@@ -36,9 +51,9 @@ _compiled: dict = {}
 def compiled(family: str):
     """The compiled diagram of a family (compiled once per session; lazily where no GPU is)."""
     if family not in _compiled:
-        name, sizes, dtype = CASES[family]
-        cd = cg.compile(library.get(name), sizes=sizes, dtype=dtype)
-        assert cd.family == family, (cd.family, cd.program.notes)
+        _, sizes, dtype = CASES[family]
+        cd = cg.compile(case_diagram(family), sizes=sizes, dtype=dtype)
+        assert cd.family == family and cd.plan.families == (family,), (cd.plan.families, cd.program.notes)
         _compiled[family] = cd
     return _compiled[family]
 
@@ -88,8 +103,8 @@ def assert_launch_error(call, name: str, fragment: str) -> str:
 
 def _param_ids():
     out = []
-    for fam, (name, _, _) in CASES.items():
-        d = library.get(name)
+    for fam in CASES:
+        d = case_diagram(fam)
         for v in d.inputs:
             for kind in ("transposed", "column slice", "step slice", "expanded", "dtype", "shape", "rank",
                          "numpy", "list"):

@@ -17,6 +17,7 @@ import pytest
 
 from napkin.codegen.generate import generate_source
 from napkin.codegen.lower import check_program, lower
+from napkin.codegen.planner import derive
 from napkin.codegen.program import Arg, KernelLaunch, Program
 from napkin.diagrams import Axis, Diagram, array, contract, library, reduce, softmax
 from napkin.errors import CodegenError
@@ -153,10 +154,13 @@ def test_contraction_refuses_an_axis_past_32_bits_naming_the_array(a):
         lower(d, gpu="h100", family="contraction")
     msg = str(info.value)
     assert "A[a,b]" in msg and "'a'" in msg and str(a) in msg and "32-bit" in msg, msg
-    # left to the default, lowering goes on to the fallback family (64-bit indices)
+    # left to the default, the planner puts the box on the fallback family (64-bit indices), and
+    # says why the contraction family does not take it
     p = lower(d, gpu="h100")
-    assert p.family == "fallback"
-    assert any("contraction" in n and str(a) in n for n in p.notes), p.notes
+    assert p.family == "fallback" and p.plan.families == ("fallback",)
+    assert any("scalar fallback" in n for n in p.notes), p.notes
+    why = derive(d, "h100", explain=False).plan.kernels[0].why
+    assert "contraction" in why and str(a) in why and "32-bit" in why, why
     assert_64bit_indices(p.launches[0].source)
 
 
