@@ -108,6 +108,7 @@ FIELD_SOURCES: dict[str, str] = {
                            "(~25-35 clk on Volta-to-Hopper SMs in published microbenchmarks)",
     "sync_latency_clk": "estimate: the cross-warp stage of a block-wide reduction: st.shared + "
                         "__syncthreads + ld.shared (~2 x 30 clk shared-memory latency + ~20 clk barrier)",
+    "launch_overhead_s": "estimate: back-to-back kernel launches on one stream cost a few microseconds each",
     "efficiency": "calibrated per family (napkin.bench.calibration); empty on datasheet profiles",
 }
 
@@ -164,6 +165,8 @@ class GPU:
     #: Latency of the cross-warp stage of a reduction that spans several warps (shared-memory
     #: store, barrier, load), clocks (estimate).
     sync_latency_clk: float = 80.0
+    #: Fixed cost of one kernel launch, seconds, added to every kernel's time (estimate).
+    launch_overhead_s: float = 3e-6
     #: Where each non-datasheet field's number comes from ({field: one line}); fields not listed
     #: fall back to :data:`FIELD_SOURCES` (see :meth:`source_of`).
     sources: dict[str, str] = field(default_factory=dict)
@@ -334,7 +337,7 @@ class GPU:
             if "sources" in kw:
                 kw["sources"] = {str(k): str(v) for k, v in dict(kw["sources"]).items()}
             for k in ("clock_hz", "sfu_ops_per_clk_per_sm", "mma_sync_fraction", "memory_latency_s",
-                      "step_overhead_clk", "shuffle_latency_clk", "sync_latency_clk"):
+                      "step_overhead_clk", "shuffle_latency_clk", "sync_latency_clk", "launch_overhead_s"):
                 if k in kw:
                     kw[k] = float(kw[k])
             for k in ("has_wgmma", "has_tma"):
@@ -384,7 +387,7 @@ class GPU:
             raise HardwareError(f"{where}: mma_sync_fraction must be in (0, 1], got {self.mma_sync_fraction!r}")
         if not (self.memory_latency_s > 0):
             raise HardwareError(f"{where}: memory_latency_s must be positive")
-        for k in ("step_overhead_clk", "shuffle_latency_clk", "sync_latency_clk"):
+        for k in ("step_overhead_clk", "shuffle_latency_clk", "sync_latency_clk", "launch_overhead_s"):
             if not (getattr(self, k) >= 0):
                 raise HardwareError(f"{where}: {k} must be non-negative, got {getattr(self, k)!r}")
         for fam, fr in self.efficiency.items():

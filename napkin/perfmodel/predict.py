@@ -3,8 +3,8 @@
 Every kernel is costed (H and M per level, FLOPs per unit), its launch is described by a
 :class:`LaunchShape` (blocks, threads, registers, shared memory, bytes each thread keeps in
 flight, idle lanes, and how it issues its work), the roofline
-(:func:`napkin.perfmodel.roofline.predict`) gives its time with wave quantisation, and a latency
-floor bounds it from below. Kernels run one after another, so the schedule's time is the sum.
+(:func:`napkin.perfmodel.roofline.predict`) gives its time with the per-SM tail and the block's
+latency chain, and a latency floor bounds it from below. Kernels run one after another, so the schedule's time is the sum.
 This is the one prediction path: :func:`napkin.codegen.select.predict_schedule` builds the
 LaunchShape of a generated kernel from its family's ``launch_estimate`` and calls
 :func:`predict_schedule` here.
@@ -15,8 +15,8 @@ The assumptions that are not datasheet facts are named, with where their numbers
   beside the tiles) stand for the launch, and residency follows from the memory the cost model
   says a block holds (M at SMEM and RF);
 * **latency floor** (Little's law): a kernel that keeps ``in_flight_bytes_per_thread`` bytes in
-  flight per thread moves at most ``blocks_per_sm · threads · in_flight · SMs`` bytes per memory
-  latency, so its HBM bytes take at least ``HBM bytes · latency / bytes in flight``;
+  flight per thread moves at most ``min(blocks, blocks_per_sm · SMs) · threads · in_flight``
+  bytes per memory latency, so its HBM bytes take at least ``HBM bytes · latency / bytes in flight``;
   ``idle_lanes`` (the fraction of threads with nothing to load) divides the bytes in flight. The
   latency is ``GPU.memory_latency_s`` (800 ns on the built-in profiles: an estimate of an HBM
   load under load, not a measurement; pass ``memory_latency_s`` to change it);
@@ -34,8 +34,7 @@ The assumptions that are not datasheet facts are named, with where their numbers
   them None; a launch that states none of them and has no cost gets no chain;
 * **tail**: per SM and only on the resources an SM owns (compute units, SMEM, RF); HBM and L2
   are shared by the chip and are not stretched by a partial last wave
-  (:mod:`napkin.perfmodel.roofline`). The latency floor counts only the blocks actually resident
-  (``min(blocks, blocks_per_sm · SMs)``);
+  (:mod:`napkin.perfmodel.roofline`);
 * **instruction path**: ``tensor_path="mma.sync"`` runs tensor-core work at the profile's
   ``mma_sync_fraction`` of its tensor rate (647 / 989.4 measured on an H200);
 * **overlap**: ``overlap_compute=False`` adds tensor, CUDA-core and SFU (exp) times (a
@@ -64,7 +63,7 @@ from ..errors import HardwareError, ScheduleError
 from .cost import Cost, KernelCost, cost
 from .hardware import GPU, get_gpu
 from .occupancy import occupancy
-from .roofline import LAUNCH_OVERHEAD_S, TENSOR_PATHS, Efficiency, Prediction, Work, predict
+from .roofline import LAUNCH_OVERHEAD_S, TENSOR_PATHS, Efficiency, Prediction, Work, launch_overhead_of, predict
 
 __all__ = ["LaunchAssumptions", "LaunchShape", "KernelPrediction", "SchedulePrediction", "PreparedKernel",
            "PreparedSchedule", "MEMORY_LATENCY_S", "LatencyChain", "kernel_work", "residency", "launch_from_cost",
@@ -407,7 +406,7 @@ def block_latency(gpu: GPU, launch: LaunchShape | None, memory_latency_s: float 
 
 def predict_kernel(gpu: GPU, work: Work, launch: LaunchShape | None = None, *, name: str = "kernel",
                    efficiency: Efficiency = Efficiency(), memory_latency_s: float | None = None,
-                   launch_overhead_s: float = LAUNCH_OVERHEAD_S, launch_assumed: bool = False) -> KernelPrediction:
+                   launch_overhead_s: float | None = None, launch_assumed: bool = False) -> KernelPrediction:
     """One kernel: residency from its launch (CUDA occupancy rules), the roofline with the per-SM
     tail, the instruction path and overlap the launch states, the block's latency chain
     (:func:`block_latency`, when the launch states one) and the latency floor.
@@ -491,7 +490,7 @@ def prepare_schedule(schedule, gpu: GPU | str | None = None, *, sizes=None, the_
 
 def predict_prepared(prepared: PreparedSchedule, gpu: GPU, *, efficiency: Efficiency = Efficiency(),
                      family: str | None = None, memory_latency_s: float | None = None,
-                     launch_overhead_s: float = LAUNCH_OVERHEAD_S) -> SchedulePrediction:
+                     launch_overhead_s: float | None = None) -> SchedulePrediction:
     """The prediction of a :class:`PreparedSchedule` on ``gpu`` (see :func:`predict_schedule`)."""
     eff = family_efficiency(gpu, family, efficiency)
     preds = tuple(predict_kernel(gpu, k.work, k.launch, name=k.name, efficiency=eff,
@@ -507,14 +506,14 @@ def predict_schedule(schedule, gpu: GPU | str | None = None, *, sizes=None, the_
                      efficiency: Efficiency = Efficiency(), assume: LaunchAssumptions | None = LaunchAssumptions(),
                      l2_caching: bool = True, launch: LaunchShape | Sequence[LaunchShape] | None = None,
                      family: str | None = None, memory_latency_s: float | None = None,
-                     launch_overhead_s: float = LAUNCH_OVERHEAD_S) -> SchedulePrediction:
+                     launch_overhead_s: float | None = None) -> SchedulePrediction:
     """Predict the runtime of ``schedule`` on ``gpu`` (numeric sizes needed).
 
     ``launch``: the kernels' :class:`LaunchShape` (one for all, or one per kernel); default: the
     launch :class:`LaunchAssumptions` stand for (no bytes-in-flight floor, the peak tensor path,
     the overlap of ``efficiency``; ``assume=None``: no launch facts, the plain roofline). ``family``: apply the profile's calibrated fractions for that
     code-generation family. ``memory_latency_s``: the latency of the floor (default
-    ``gpu.memory_latency_s``).
+    ``gpu.memory_latency_s``). ``launch_overhead_s``: per kernel (None: ``gpu.launch_overhead_s``).
     """
     g = _gpu_of(schedule, gpu)
     prepared = prepare_schedule(schedule, g, sizes=sizes, the_cost=the_cost, assume=assume,
@@ -533,9 +532,10 @@ def explain_assumptions(gpu: GPU | str, prediction: SchedulePrediction | None = 
     Always listed (named fields of the GPU profile, :class:`~napkin.perfmodel.hardware.GPU`):
     ``memory_latency_s`` (the latency floor and the pipeline fill), ``step_overhead_clk``,
     ``shuffle_latency_clk`` and ``sync_latency_clk`` (the latency chain), ``mma_sync_fraction``,
+    ``launch_overhead_s``,
     the bandwidths of levels whose profile entry is an estimate or a measurement (``L2.bandwidth``,
     ``SMEM.bandwidth``, ...), the profile's calibrated ``efficiency[family].fraction`` factors and
-    ``measured.*`` results, the default ``launch_overhead_s``, :data:`MMA_ROW_THREADS`, and the
+    ``measured.*`` results, :data:`MMA_ROW_THREADS`, and the
     :class:`LaunchAssumptions` defaults. Each source comes from the profile (``GPU.source_of``,
     ``Level.assumption``) or from this module.
 
@@ -561,11 +561,13 @@ def explain_assumptions(gpu: GPU | str, prediction: SchedulePrediction | None = 
             rows.append((f"efficiency[{fam}].{k}", v, g.source_of("efficiency")))
     for k, v in sorted(g.measured.items()):
         rows.append((f"measured.{k}", v, g.sources.get(f"measured.{k}") or f"measured ({g.source})"))
-    launch_s = LAUNCH_OVERHEAD_S
+    launch_s = launch_overhead_of(g)
+    src = g.source_of("launch_overhead_s")
     if prediction is not None and prediction.kernels:
-        launch_s = prediction.kernels[0].roofline.launch_overhead_s
-    rows.append(("launch_overhead_s", launch_s,
-                 "estimate: back-to-back kernel launches on one stream cost a few microseconds each"))
+        used = prediction.kernels[0].roofline.launch_overhead_s
+        if used != launch_s:
+            launch_s, src = used, "given by the caller (launch_overhead_s=)"
+    rows.append(("launch_overhead_s", launch_s, src))
     rows.append(("MMA_ROW_THREADS", MMA_ROW_THREADS,
                  "PTX ISA: an mma.m16n8 accumulator row is held by the 4 threads of a quad (the width of "
                  "a row reduction on tensor-core accumulators when a launch does not say)"))

@@ -31,7 +31,8 @@ parameter:
   busiest SM runs its blocks in ``rounds = ceil(ceil(blocks / sms) / blocks_per_sm)``
   generations whose co-resident blocks overlap each other's chains, so ``rounds ×
   block_latency_s`` is added (``latency_s``);
-* a fixed launch overhead (``launch_overhead_s``) is added.
+* a fixed launch overhead is added: ``launch_overhead_s``, by default the profile's
+  ``GPU.launch_overhead_s`` (an estimate; :data:`LAUNCH_OVERHEAD_S` for a profile without one).
 
 >>> from napkin.perfmodel.hardware import get_gpu
 >>> h = get_gpu("h100")
@@ -53,10 +54,11 @@ from ..errors import HardwareError
 from .hardware import GPU
 
 __all__ = ["Efficiency", "TYPICAL", "Work", "Prediction", "predict", "with_efficiency", "LAUNCH_OVERHEAD_S",
-           "TENSOR_PATHS", "per_sm_term"]
+           "TENSOR_PATHS", "per_sm_term", "launch_overhead_of"]
 
-#: Default fixed cost of one kernel launch, seconds (back-to-back launches on one stream cost
-#: a few microseconds each; pass ``launch_overhead_s`` to predict to change it).
+#: Fixed cost of one kernel launch, seconds, for a profile without ``launch_overhead_s``
+#: (back-to-back launches on one stream cost a few microseconds each; the built-in profiles name
+#: it ``GPU.launch_overhead_s``; pass ``launch_overhead_s`` to predict to change it).
 LAUNCH_OVERHEAD_S = 3e-6
 
 _COMPUTE_KINDS = ("tensor", "cuda", "sfu")
@@ -259,6 +261,11 @@ class Prediction:
                 f"{self.tflops:.1f} TFLOP/s, {self.gbps:.0f} GB/s")
 
 
+def launch_overhead_of(gpu: GPU) -> float:
+    """The profile's fixed cost of one kernel launch (:data:`LAUNCH_OVERHEAD_S` if it has none)."""
+    return float(getattr(gpu, "launch_overhead_s", LAUNCH_OVERHEAD_S))
+
+
 def per_sm_term(gpu: GPU, name: str) -> bool:
     """Is term ``name`` (a compute kind or a level) a resource each SM owns (True) or one the
     whole chip shares (False: HBM and L2, one instance)?"""
@@ -288,7 +295,7 @@ def predict(
     blocks: int | None = None,
     blocks_per_sm: int | None = None,
     efficiency: Efficiency = Efficiency(),
-    launch_overhead_s: float = LAUNCH_OVERHEAD_S,
+    launch_overhead_s: float | None = None,
     *,
     tensor_path: str = "peak",
     block_latency_s: float = 0.0,
@@ -299,8 +306,11 @@ def predict(
     :func:`~napkin.perfmodel.occupancy.occupancy`; default 1) turn on the per-SM tail and the
     rounds of the latency chain. ``tensor_path`` (:data:`TENSOR_PATHS`) says how the tensor-core
     work is issued. ``block_latency_s``: the latency one block cannot overlap with its own work
-    (added once per round of the busiest SM; once without ``blocks``).
+    (added once per round of the busiest SM; once without ``blocks``). ``launch_overhead_s``:
+    None takes the profile's ``launch_overhead_s``.
     """
+    if launch_overhead_s is None:
+        launch_overhead_s = launch_overhead_of(gpu)
     if launch_overhead_s < 0:
         raise HardwareError("launch_overhead_s must be non-negative")
     if block_latency_s < 0:

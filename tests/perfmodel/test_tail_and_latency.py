@@ -187,7 +187,7 @@ def test_latency_constants_are_named_profile_fields_with_sources(h100):
         g = get_gpu(key)
         assert g.step_overhead_clk > 0 and g.shuffle_latency_clk > 0 and g.sync_latency_clk > 0
         for f in ("memory_latency_s", "step_overhead_clk", "shuffle_latency_clk", "sync_latency_clk",
-                  "mma_sync_fraction"):
+                  "mma_sync_fraction", "launch_overhead_s"):
             assert f in g.sources and ("estimate" in g.source_of(f) or "measured" in g.source_of(f)
                                        or "datasheet" in g.source_of(f))
     tweaked = h100.with_overrides(step_overhead_clk=50.0, sources={"step_overhead_clk": "measured here"})
@@ -207,6 +207,10 @@ def test_explain_assumptions_lists_every_named_constant(h100):
         assert n in names, n
     assert all(isinstance(src, str) and src for _, _, src in rows)
     assert dict((n, v) for n, v, _ in rows)["step_overhead_clk"] == h100.step_overhead_clk
+    # the launch overhead is a profile field too: predict uses it unless told otherwise
+    slow = h100.with_overrides(launch_overhead_s=10e-6)
+    assert predict(slow, Work(bytes={"HBM": 1.0})).launch_overhead_s == 10e-6
+    assert dict((n, v) for n, v, _ in explain_assumptions(slow))["launch_overhead_s"] == 10e-6
     # calibrated factors and a prediction's launch facts
     cal = h100.with_overrides(efficiency={"attention": {"tensor": 0.8}})
     d = library.get("attention").with_dtype("bf16").bind(q=1024, x=1024, d=64)
