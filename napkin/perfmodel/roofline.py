@@ -19,7 +19,9 @@ parameter:
   compute units, shared memory and register file, so every per-SM term (tensor, CUDA-core and
   SFU work; the SMEM, RF and TC levels, whose ``Level.instances`` is the SM count) is stretched
   by ``wave_factor = ceil(blocks / sms) / (blocks / sms)`` (``sms / blocks`` when fewer blocks
-  than SMs: only that many SMs' worth of compute is available). HBM and L2 are shared by the
+  than SMs: only that many SMs' worth of compute is available; the SM's rates are assumed
+  reachable by however many blocks it holds, what one block falls short of is the
+  :class:`Efficiency`'s business). HBM and L2 are shared by the
   whole chip: a partially full last wave still saturates them if enough bytes are in flight,
   so their terms are not stretched (too few bytes in flight is the Little's-law floor of
   :func:`napkin.perfmodel.predict.latency_floor`). ``tail_resource`` says which per-SM term
