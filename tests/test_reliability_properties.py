@@ -326,6 +326,9 @@ def test_names_are_refused_or_reach_cuda_only_inside_generated_identifiers(name)
                 build()
         return
     assume(not any(n in name or name in n for n in ("xq7", "gq7", "Uq7", "Pq7", "Yq7", "Zq9")))
+    # a kernel's sub-diagram is called <diagram>_<kernel>; past 32 characters it is shortened with a
+    # hash (tests/codegen/test_lower.py plans such names), so the name no longer goes in verbatim
+    assume(len(f"{name}_Pq7") <= 32)
     neutral = {f: lower(_named_softmax("Zq9"), gpu="h100", family=f).source() for f in ("rowwise", "fallback")}
     for family, src0 in neutral.items():
         src = lower(_named_softmax(name), gpu="h100", family=family).source()

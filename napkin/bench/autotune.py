@@ -251,8 +251,17 @@ def legacy_signature(schedule) -> dict:
     notes (:func:`legacy_notes`). Equal to :func:`schedule_signature` for a legacy schedule."""
     if not is_typed(schedule):
         return schedule_signature(schedule)
-    return _legacy_form([_kernel_signature(k) for k in schedule.kernels], getattr(schedule, "dtype", ""),
-                        legacy_notes(schedule))
+    return _legacy_form([_kernel_signature(_legacy_kernel(k)) for k in schedule.kernels],
+                        getattr(schedule, "dtype", ""), legacy_notes(schedule))
+
+
+def _legacy_kernel(k):
+    """A kernel as the families built it before typed options: the contraction and attention
+    families did not yet name their one head (or batch element) per block as a group of 1."""
+    if getattr(k, "family", None) not in ("contraction", "attention"):
+        return k
+    return k.replace(relabels=tuple(r for r in k.relabels
+                                    if not (r.kind == "group" and r.level == "SMEM" and r.size == 1)))
 
 
 def legacy_schedule_id(schedule) -> str:
@@ -269,7 +278,7 @@ def legacy_schedule(schedule):
         return schedule
     from ..perfmodel.schedule import KernelOptions
 
-    kernels = tuple(k.replace(family=None, options=KernelOptions()) for k in schedule.kernels)
+    kernels = tuple(_legacy_kernel(k).replace(family=None, options=KernelOptions()) for k in schedule.kernels)
     return schedule.replace(kernels=kernels, notes=legacy_notes(schedule))
 
 
@@ -293,7 +302,8 @@ def describe_schedule(schedule) -> str:
 
 def legacy_description(schedule) -> str:
     """The description recorded before kernels had typed options: relabellings only."""
-    return "; ".join(f"{k.name}[{', '.join(str(r) for r in k.relabels)}]" for k in schedule.kernels)
+    kernels = [_legacy_kernel(k) for k in schedule.kernels]
+    return "; ".join(f"{k.name}[{', '.join(str(r) for r in k.relabels)}]" for k in kernels)
 
 
 # ----------------------------------------------------------------------------- the cache

@@ -25,6 +25,7 @@ of the array it renames (it is in that sub-diagram, as a box and an output).
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 from typing import Sequence
 
 from ..diagrams.axes import check_name
@@ -166,9 +167,10 @@ def kernel_problem(diagram: Diagram, boxes: Sequence[str], name: str) -> tuple[D
             resolve(o)
     outs = []
     consumers = diagram.consumers
+    computed = set(kept)
     for v in diagram.nodes:
         n = diagram.name_of(v)
-        if id(v) not in memo or (n not in names and not any(v is o for o in diagram.outputs)):
+        if n not in computed:  # read from HBM (an input of this kernel), not computed here
             continue
 
         def read_outside(u: Value) -> bool:
@@ -184,4 +186,14 @@ def kernel_problem(diagram: Diagram, boxes: Sequence[str], name: str) -> tuple[D
             outs.append(memo[id(v)])
     order = {diagram.name_of(v): i for i, v in enumerate(diagram.nodes)}
     kept = sorted(set(kept), key=order.__getitem__)
-    return Diagram(f"{diagram.name}_{name}", outs, list(inputs.values())), tuple(kept)
+    return Diagram(sub_name(diagram.name, name), outs, list(inputs.values())), tuple(kept)
+
+
+def sub_name(diagram: str, kernel: str) -> str:
+    """``<diagram>_<kernel>``, shortened with a hash of the whole where it would pass the 32
+    characters a name may have (generated entry points are built from it)."""
+    full = f"{diagram}_{kernel}"
+    if len(full) <= 32:
+        return full
+    digest = hashlib.sha256(full.encode()).hexdigest()[:8]
+    return f"{full[:23]}_{digest}"

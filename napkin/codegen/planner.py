@@ -49,6 +49,8 @@ MAX_FUSED_BOXES = 12
 #: The most boxes that are not elementwise one kernel may hold (attention: two contractions and a
 #: softmax); longer runs are refused before any family is asked.
 MAX_HEAVY_BOXES = 3
+#: Diagrams with at least this many boxes say on stderr how the search goes.
+PROGRESS_BOXES = 24
 #: Fusion decisions printed (``--json`` has them all).
 SHOWN_DECISIONS = 24
 
@@ -312,7 +314,8 @@ class _Planner:
         orders = _orders(self.d)
         results = []
         for i, order in enumerate(orders):
-            self.say(f"partitions of {len(order)} boxes, order {i + 1} of {len(orders)}")
+            if len(order) >= PROGRESS_BOXES:  # a search long enough to be worth a line
+                self.say(f"partitions of {len(order)} boxes, order {i + 1} of {len(orders)}")
             results.append(self.partition(order))
         total, runs = min(results, key=lambda r: (r[0][0], r[0][1], len(r[1])))
         if not runs:
@@ -328,13 +331,17 @@ class _Planner:
         return Plan(self.d, self.gpu.key, self.arch, self.dtype, tuple(kernels)), runs
 
     def _no_plan(self, order) -> str:
+        whole = ""
+        if 1 < len(order) <= MAX_FUSED_BOXES:
+            w = self.evaluate(tuple(order))
+            whole = f" (as one kernel: {w.refusal()})"
         for b in order:
             c = self.evaluate((b,))
             if c.best is None:
-                pin = f" with the pinned tiling" if self.fixed else ""
+                pin = " with the pinned tiling" if self.fixed else ""
                 return (f"derive found no kernel that runs box {b!r} of {self.d.name!r}{pin} on "
-                        f"{self.gpu.name} ({self.arch}): {c.refusal()}")
-        return f"derive found no plan for {self.d.name!r}"
+                        f"{self.gpu.name} ({self.arch}): {c.refusal()}{whole}")
+        return f"derive found no plan for {self.d.name!r}{whole}"
 
     def decisions(self, runs: list[KernelChoice]) -> list[str]:
         """For every boundary between consecutive kernels, and every fused kernel: why."""
@@ -468,11 +475,7 @@ def derive(diagram, gpu=None, dtype: str | None = None, sizes: Mapping[str, int]
                             f"{list(d.axes)}")
     planner = _Planner(d, g, arch, dt, fams, fixed, progress)
     plan, runs = planner.plan()
-    if plan.uses_fallback:
-        slow = [k.name for k in plan.kernels if k.family == FALLBACK]
-        plan = Plan(plan.diagram, plan.gpu, plan.arch, plan.dtype, plan.kernels,
-                    notes=(f"kernel(s) {', '.join(slow)} run on the scalar fallback (slow): no fast family "
-                           "builds them",))
+    plan = _with_fallback_note(plan)
     if not explain:
         return Derivation(plan)
     from ..perfmodel.method import hardware_notes, method_steps, thresholds
@@ -534,6 +537,9 @@ def plan_schedule(diagram, schedule: Schedule, gpu=None, *, family=None, dtype: 
     kernels = []
     for k in schedule.kernels:
         sub, kept = kernel_problem(d, k.boxes, k.name)
+        if k.family is not None and named is not None and k.family != named.name:
+            raise CodegenError(f"kernel {k.name} of the schedule names family {k.family}, but family {named.name} "
+                               "was asked for")
         if k.family is not None:
             fam = fam_registry.get(k.family)
         elif named is not None:
@@ -555,7 +561,16 @@ def plan_schedule(diagram, schedule: Schedule, gpu=None, *, family=None, dtype: 
         except ScheduleError as e:
             seconds, bound = math.inf, f"refused by the model: {e}"
         kernels.append(PlannedKernel(kernel, seconds, bound, "as given"))
-    return Plan(d, g.key, arch, dt, tuple(kernels))
+    return _with_fallback_note(Plan(d, g.key, arch, dt, tuple(kernels)))
+
+
+def _with_fallback_note(plan: Plan) -> Plan:
+    """The plan, saying aloud which kernels run on the scalar fallback."""
+    slow = [k.name for k in plan.kernels if k.family == FALLBACK]
+    if not slow:
+        return plan
+    return Plan(plan.diagram, plan.gpu, plan.arch, plan.dtype, plan.kernels,
+                notes=(f"kernel(s) {', '.join(slow)} run on the scalar fallback (slow): no fast family builds them",))
 
 
 __all__ += ["plan_schedule"]

@@ -291,6 +291,11 @@ def launch_shape(diagram: Diagram, family, schedule: Schedule, gpu):
     for k in ("tensor_path", "overlap_compute", "overlap_operands"):
         if est.get(k) is not None:
             facts[k] = est[k]
+    # the latency chain's facts a family may know better than the cost model (threads per row of a
+    # reduction; the rest is filled in from the kernel's cost)
+    for k in ("stream_steps", "reductions", "reductions_per_step", "threads_per_row", "row_iterations"):
+        if est.get(k) is not None:
+            facts[k] = est[k]
     return LaunchShape(blocks=int(est["blocks"]), threads=int(est["threads"]), regs_per_thread=int(est["regs"]),
                        smem_bytes=int(est.get("smem") or 0),
                        in_flight_bytes_per_thread=est.get("in_flight_bytes_per_thread") or None,
@@ -312,6 +317,7 @@ def predict_schedule(diagram: Diagram, family, schedule: Schedule, gpu, *, effic
     shape = launch_shape(diagram, fam, schedule, gpu)
     eff = efficiency if efficiency is not None else Efficiency()
     detail = ""
+    schedule = model_view(schedule)
     c = model_cost(schedule, gpu)
     if c is not None and not getattr(c, "is_symbolic", False) and _num(getattr(_levels(c).get("HBM"), "H_bytes", None)) is not None:
         # without launch facts from the family: the plain roofline per kernel (no assumed launch
@@ -329,6 +335,25 @@ def predict_schedule(diagram: Diagram, family, schedule: Schedule, gpu, *, effic
         detail = f"blocks {kp.blocks}, {kp.blocks_per_sm} per SM, {kp.bound}-bound"
     extra = max(0, len(schedule.kernels) - 1) * LAUNCH_OVERHEAD_S
     return Ranked(schedule, kp.seconds + extra, "local", detail, kp.bound)
+
+
+def model_view(schedule: Schedule) -> Schedule:
+    """The schedule the model costs: where a template's tile overhangs its axis (a 128-row tile on
+    45 rows), the kernel runs one whole, partly idle tile, so the axis is costed padded to the
+    tile (the model's own rule, a group no larger than its axis, then holds)."""
+    d = schedule.diagram
+    grow: dict[str, int] = {}
+    for k in schedule.kernels:
+        for r in k.relabels:
+            n = d.axes[r.axis].size if r.axis in d.axes else None
+            if isinstance(r.size, int) and isinstance(n, int) and r.size > n:
+                grow[r.axis] = max(grow.get(r.axis, 0), r.size)
+    if not grow:
+        return schedule
+    try:
+        return schedule.replace(diagram=d.bind(grow))
+    except NapkinError:
+        return schedule
 
 
 def rank(diagram: Diagram, family, gpu, dtype: str | None = None) -> list[Ranked]:

@@ -98,8 +98,11 @@ def method_steps(plan: Plan) -> tuple[Step, ...]:
     n = len(s.kernels)
     if c0 is not None and c1 is not None:
         dh = float(c0.H("HBM")) - float(c1.H("HBM"))
+        change = (f"H falls by {dh:.4g} elements" if dh >= 0 else
+                  f"H rises by {-dh:.4g} elements: this partition passes more between kernels than the naive "
+                  "one, where every map rides with its producer")
         fuse_note = (f"{n} kernel{'s' if n != 1 else ''} ({' | '.join('+'.join(k.boxes) for k in s.kernels)}): "
-                     f"intermediates inside a kernel never reach HBM (H falls by {dh:.4g} elements); untiled, "
+                     f"intermediates inside a kernel never reach HBM ({change}); untiled, "
                      "each kernel must hold its whole problem")
     else:
         fuse_note = f"{n} kernel{'s' if n != 1 else ''}: " + " | ".join("+".join(k.boxes) for k in s.kernels)

@@ -61,20 +61,29 @@ def test_parse_relabel():
 
 
 def test_cost_report_json_interface():
-    rep = cost_report(library.get("attention").bind(q=4096, x=4096, d=128), "h100", "bf16",
-                      {"q": (128, "SMEM", "group"), "x": (64, "SMEM", "stream")}, symbolic=True)
+    from napkin.codegen.planner import derive
+
+    plan = derive(library.get("mha").bind(h=2, q=4096, x=4096, d=128), "h100", "bf16",
+                  fixed={"q": (128, "SMEM", "group"), "x": (64, "SMEM", "stream")}, explain=False).plan
+    rep = cost_report(plan, symbolic=True)
     data = json.loads(json.dumps(rep))
     assert set(data["levels"]) == {"HBM", "L2", "SMEM", "RF", "TC"}
     for lv in data["levels"].values():
         assert {"H_elements", "H_bytes", "M_bytes"} <= set(lv)
-    # The closed form at the block boundary: H = 2qd + 2xdq/g_q.
-    assert data["levels"]["L2"]["H_elements"] == 2 * 4096 * 128 + 2 * 4096 * 128 * 4096 // 128
-    assert data["levels"]["SMEM"]["M_bytes"] == 2 * 128 * (128 + 64) * 2
-    assert data["flops"] > 4 * 4096 * 4096 * 128 and data["predicted_seconds"] > 0
+    # The closed form at the block boundary: H = h(2qd + 2xdq/g_q).
+    assert data["levels"]["L2"]["H_elements"] == 2 * (2 * 4096 * 128 + 2 * 4096 * 128 * 4096 // 128)
+    assert data["levels"]["SMEM"]["M_bytes"] >= 2 * 128 * (128 + 64) * 2
+    assert data["flops"] > 2 * 4 * 4096 * 4096 * 128
+    # the predicted time is the plan's: the one prediction function's, which derive prints
+    assert data["predicted_seconds"] == plan.seconds and data["plan"] == plan.to_dict()
     assert "g_q" in data["symbolic"]["H_L2"]
     assert "predicted" in format_cost_report(rep)
 
 
 def test_cost_report_rejects_unknown_axis():
+    from napkin.codegen.planner import derive
+
     with pytest.raises(ScheduleError, match="no axis 'z'"):
-        cost_report(ATT, "h100", "bf16", {"z": (64, "SMEM", "group")})
+        derive(ATT, "h100", "bf16", fixed={"z": (64, "SMEM", "group")})
+
+

@@ -36,8 +36,8 @@ from ...perfmodel.schedule import KernelOptions, Schedule
 from ..program import KernelLaunch, Program
 from ..render import Code, comment, comment_lines, ident
 from .contraction import _gpu_key, _smem_limit
-from .epilogue import (Param, check_index_size, contiguous_strides, ctype, float_param, int_param, render,
-                       score_chain, short_hash, signature, stride_param, tensor_param)
+from .epilogue import (Param, check_index_size, contiguous_strides, ctype, float_param, index_size_problem,
+                       int_param, render, score_chain, short_hash, signature, stride_param, tensor_param)
 
 __all__ = ["AttentionFamily", "AttentionProblem", "AttentionConfig", "analyze", "FAMILY", "CONFIGS",
            "PLAIN_CONFIGS"]
@@ -240,6 +240,12 @@ class AttentionFamily:
             return p
         if p.dtype not in ("bf16", "fp16"):
             return f"dtype {p.dtype}: the tensor-core template runs bf16 and fp16 (fp32 goes to the fallback)"
+        sz = diagram.sizes
+        why = index_size_problem(sz, [(sz.get(p.q), f"axis {p.q!r} of {p.Q.label()}", 2 ** 30 + 2 ** 16),
+                                      (sz.get(p.x), f"axis {p.x!r} of {p.K.label()}", 2 ** 30 + 2 ** 16)],
+                                 "attention")
+        if why:
+            return why
         for ax in (p.d, p.dv):
             size = diagram.axes[ax].size
             if isinstance(size, int) and (size % 16 or size > 256):
@@ -306,7 +312,10 @@ class AttentionFamily:
         nz = math.prod(sz[a] for a in p.woven) if p.woven else 1
         return dict(blocks=math.ceil(sz[p.q] / cfg.BQ) * nz, threads=cfg.threads, regs=cfg.model_regs(),
                     smem=cfg.smem_bytes(2),
-                    in_flight_bytes_per_thread=2 * cfg.BX * cfg.D * 2 * max(1, cfg.stages - 1) / cfg.threads)
+                    in_flight_bytes_per_thread=2 * cfg.BX * cfg.D * 2 * max(1, cfg.stages - 1) / cfg.threads,
+                    # a row of S lives in the 4 lanes of an mma.m16n8k16 fragment row: its max and sum
+                    # are 2 shuffle stages
+                    threads_per_row=4)
 
     def config_of(self, p: AttentionProblem, diagram: Diagram, schedule: Schedule) -> AttentionConfig:
         if len(schedule.kernels) != 1:

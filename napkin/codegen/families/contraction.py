@@ -44,7 +44,7 @@ from ...perfmodel.schedule import KernelOptions, Schedule
 from ..program import KernelLaunch, Program
 from ..render import Code, comment_lines, ident
 from .epilogue import (Param, check_epilogue, check_index_size, contiguous_strides, ctype, epilogue_code,
-                       int_param, render, short_hash, signature, stride_param, tensor_param, tensormap_param)
+                       index_size_problem, int_param, render, short_hash, signature, stride_param, tensor_param, tensormap_param)
 
 __all__ = ["ContractionFamily", "MatmulProblem", "MatmulConfig", "analyze", "FAMILY"]
 
@@ -251,7 +251,12 @@ class ContractionFamily:
             return p
         if p.dtype not in ("bf16", "fp16", "fp32"):
             return f"dtype {p.dtype} is not supported (bf16, fp16, fp32)"
-        return None
+        # every configuration's tile past the last element must index in 32 bits (the largest tile)
+        big = max(max(c[0], c[1], c[2]) for c in (*MMA_CONFIGS, *WGMMA_CONFIGS, *SIMT_CONFIGS))
+        sz = diagram.sizes
+        return index_size_problem(sz, [(sz.get(p.a), f"axis {p.a!r} of {p.A.label()}", big),
+                                       (sz.get(p.c), f"axis {p.c!r} of {p.B.label()}", big),
+                                       (sz.get(p.b), f"axis {p.b!r} of {p.A.label()}", big)], "contraction")
 
     def matches(self, diagram: Diagram) -> bool:
         return self.why_not(diagram) is None

@@ -149,6 +149,19 @@ def check_index_size(size: int, what: str, headroom: int = 0, family: str = "") 
     return int(size)
 
 
+def index_size_problem(sizes, checks, family: str) -> str | None:
+    """The first of ``checks`` (``(size, what, headroom)``) that :func:`check_index_size` refuses, as
+    a sentence for a family's ``explain`` (so the planner never picks a kernel its template cannot
+    index), or None."""
+    for size, what, headroom in checks:
+        if isinstance(size, int):
+            try:
+                check_index_size(size, what, headroom, family)
+            except CodegenError as e:
+                return str(e)
+    return None
+
+
 def float_param(cname: str, value: float) -> Param:
     """A ``float`` parameter with its launch value."""
     return Param(Arg("float", cname, value=float(value)), Code(f"float {ident(cname)}"))

@@ -504,7 +504,7 @@ class RowwiseFamily:
         idle = 1.0 - (-(-shape.xsize // cfg.vec)) / (cfg.chunks_per_thread * cfg.threads_per_row)
         return dict(blocks=blocks, threads=cfg.threads, regs=regs_estimate(shape, cfg),
                     smem=smem_estimate(shape, cfg), in_flight_bytes_per_thread=in_flight_thread,
-                    idle_lanes=idle, bytes_per_value=bytes_per_value)
+                    idle_lanes=idle, bytes_per_value=bytes_per_value, threads_per_row=cfg.threads_per_row)
 
     def lower(self, diagram: Diagram, schedule: Schedule, arch: str) -> Program:
         shape = self._shape(diagram)
