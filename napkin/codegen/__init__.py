@@ -3,10 +3,12 @@ run time and checked against PyTorch.
 
 - :func:`compile` (``napkin.codegen.api``): diagram → :class:`CompiledDiagram` callable on
   torch CUDA tensors;
-- ``napkin.codegen.lower.lower``: diagram → :class:`~napkin.codegen.program.Program`
-  (families tried in order: rowwise, contraction, attention, fallback);
-- :func:`rank_candidates` (``napkin.codegen.select``): a family's schedules ranked by the
-  performance model;
+- :func:`derive` (``napkin.codegen.planner``): diagram → :class:`~napkin.perfmodel.plan.Plan`
+  (the partition into kernels, each kernel's family, tiles and options; docs/architecture.md §6);
+- :func:`build` (``napkin.codegen.lower``): plan → :class:`~napkin.codegen.program.Program`, and
+  ``napkin.codegen.lower.lower``: a diagram planned and built;
+- :func:`rank_candidates` (``napkin.codegen.select``): a family's configurations ranked by the
+  one prediction function;
 - :func:`generate_source` (``napkin.codegen.generate``): a self-contained ``.cu`` without a GPU;
 - ``napkin.codegen.verify.verify``: compare kernels with the float64 reference
   (:func:`verify_diagram` here).
@@ -27,15 +29,16 @@ _EXPORTS = {
     "lower_diagram": ("lower", "lower"),
     "prepare": "lower",
     "rank_candidates": "select",
-    "choose_schedule": "select",
+    "derive": "planner",
+    "build": "lower",
     "generate_source": "generate",
     "verify_diagram": ("verify", "verify"),
     "VerifyReport": "verify",
-    "Arg": "plan",
-    "Buffer": "plan",
-    "KernelLaunch": "plan",
-    "Program": "plan",
-    "Family": "plan",
+    "Arg": "program",
+    "Buffer": "program",
+    "KernelLaunch": "program",
+    "Program": "program",
+    "Family": "program",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -172,7 +172,7 @@ class GPU:
     sources: dict[str, str] = field(default_factory=dict)
     #: Calibrated efficiency fractions per code-generation family ({"attention": {"tensor": 0.9}}),
     #: multiplying :class:`~napkin.perfmodel.roofline.Efficiency` for that family's kernels
-    #: (written by :mod:`napkin.perfmodel.calibration`; empty on datasheet profiles).
+    #: (written by :mod:`napkin.bench.calibration`; empty on datasheet profiles).
     efficiency: dict[str, dict[str, float]] = field(default_factory=dict)
 
     def source_of(self, name: str) -> str:
