@@ -178,9 +178,10 @@ class CompiledDiagram:
         return res[0] if len(res) == 1 else res
 
     def _tma_can_read(self, env) -> bool:
-        """Whether every tensor the program copies with TMA starts on a 16-byte boundary."""
+        """Whether every tensor the caller passed that the program copies with TMA starts on a 16-byte
+        boundary (the buffers between kernels are napkin's own allocations, always aligned)."""
         return all(env[a.name].data_ptr() % 16 == 0 for k in self.program.launches for a in k.args
-                   if a.kind == "tmap")
+                   if a.kind == "tmap" and a.name in env)
 
     def without_tma(self) -> "CompiledDiagram":
         """The same diagram lowered with the model's best schedule whose kernels copy no tile with
