@@ -26,7 +26,8 @@ The assumptions that are not datasheet facts are named, with where their numbers
   copy issue) and the dependent cross-thread reductions of its rows (``log2`` shuffle stages of
   ``GPU.shuffle_latency_clk`` each, plus ``GPU.sync_latency_clk`` when a row spans warps). The
   busiest SM runs ``ceil(blocks / SMs)`` blocks in rounds of ``blocks_per_sm`` co-resident
-  ones, which overlap each other's chains, so ``rounds × chain`` is added
+  ones, which overlap each other's fills and reductions (the per-step overheads are issue time and
+  add up; see :func:`napkin.perfmodel.roofline.predict` for what the chain adds)
   (:func:`napkin.perfmodel.roofline.predict`). The chain's inputs are :class:`LaunchShape`
   fields (``stream_steps``, ``reductions``, ``reductions_per_step``, ``threads_per_row``,
   ``row_iterations``), filled from the kernel's cost (:class:`~napkin.perfmodel.cost.KernelCost`:
@@ -214,7 +215,7 @@ class KernelPrediction:
     roofline: Prediction
     latency_floor_s: float = 0.0       # Little's-law floor (0: none); seconds = max(roofline, floor + launch)
     launch: LaunchShape | None = field(default=None, repr=False)
-    chain: "LatencyChain | None" = None  # one block's latency chain (roofline.latency_s = rounds × chain)
+    chain: "LatencyChain | None" = None  # one block's latency chain (what it adds: roofline.latency_s)
     launch_assumed: bool = False       # the launch is the one LaunchAssumptions stand for
 
     @property
@@ -430,7 +431,8 @@ def predict_kernel(gpu: GPU, work: Work, launch: LaunchShape | None = None, *, n
     chain = block_latency(gpu, launch, memory_latency_s)
     rp = predict(gpu, work, blocks=int(launch.blocks), blocks_per_sm=bps, efficiency=eff,
                  launch_overhead_s=launch_overhead_s, tensor_path=launch.tensor_path,
-                 block_latency_s=chain.total_s if chain is not None else 0.0)
+                 block_latency_s=(chain.fill_s + chain.reduce_s) if chain is not None else 0.0,
+                 block_issue_s=chain.steps_s if chain is not None else 0.0)
     floor = latency_floor(gpu, float(work.bytes.get("HBM", 0.0)), launch, bps, memory_latency_s)
     return KernelPrediction(name, int(launch.blocks), bps or 1, regs, int(launch.smem_bytes), limit, rp,
                             floor, launch, chain, launch_assumed)

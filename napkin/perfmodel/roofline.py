@@ -31,8 +31,13 @@ parameter:
   load → reduce → store chain of a row block; built by
   :func:`napkin.perfmodel.predict.block_latency`) is not overlapped within the block; the
   busiest SM runs its blocks in ``rounds = ceil(ceil(blocks / sms) / blocks_per_sm)``
-  generations whose co-resident blocks overlap each other's chains, so ``rounds ×
-  block_latency_s`` is added (``latency_s``);
+  generations; in one generation, while a block waits on its chain, the co-resident blocks keep
+  the SM busy, so a generation takes ``max(body / rounds, block_latency_s + body / (rounds ·
+  blocks_per_sm))`` and what the chain adds (``latency_s``) is ``max(0, rounds ×
+  block_latency_s + body / blocks_per_sm − body)``: all of it with one block per SM, nothing
+  when enough blocks share the SM; the per-step overheads of a streamed loop
+  (``block_issue_s``: barriers, pipeline restarts, time the block's warps issue none of the
+  body) are added for every generation, ``rounds × block_issue_s``;
 * a fixed launch overhead is added: ``launch_overhead_s``, by default the profile's
   ``GPU.launch_overhead_s`` (an estimate; :data:`LAUNCH_OVERHEAD_S` for a profile without one).
 
@@ -233,7 +238,7 @@ class Prediction:
     busiest_sm_blocks: int | None = None  # ceil(blocks / sms): blocks the busiest SM runs
     rounds: int | None = None          # ceil(busiest_sm_blocks / blocks_per_sm): its block generations
     block_latency_s: float = 0.0       # one block's latency chain (pipeline fill, step overheads, reductions)
-    latency_s: float = 0.0             # rounds * block_latency_s (block_latency_s without blocks)
+    latency_s: float = 0.0             # what the chain adds: rounds*issue + max(0, rounds*latency + body/resident - body)
     tail_body_s: float | None = None   # the body with the tail applied (body_s without blocks)
 
     @property
@@ -301,6 +306,7 @@ def predict(
     *,
     tensor_path: str = "peak",
     block_latency_s: float = 0.0,
+    block_issue_s: float = 0.0,
 ) -> Prediction:
     """Predicted runtime of ``work`` on ``gpu`` (see the module docstring for the assumptions).
 
@@ -315,8 +321,8 @@ def predict(
         launch_overhead_s = launch_overhead_of(gpu)
     if launch_overhead_s < 0:
         raise HardwareError("launch_overhead_s must be non-negative")
-    if block_latency_s < 0:
-        raise HardwareError("block_latency_s must be non-negative")
+    if block_latency_s < 0 or block_issue_s < 0:
+        raise HardwareError("block_latency_s and block_issue_s must be non-negative")
     if tensor_path not in TENSOR_PATHS:
         raise HardwareError(f"unknown tensor path {tensor_path!r}; known: {', '.join(TENSOR_PATHS)}")
     path = float(getattr(gpu, "mma_sync_fraction", 1.0)) if tensor_path == "mma.sync" else 1.0
@@ -364,7 +370,16 @@ def predict(
     terms = {**s_compute, **s_transfer}
     bound = max(terms, key=lambda k: terms[k]) if any(v > 0 for v in terms.values()) else "none"
     tail_resource = bound if (factor > 1.0 + 1e-12 and bound in stretched) else "none"
-    latency = block_latency_s * (rounds if rounds is not None else 1)
+    # One generation of co-resident blocks on the busiest SM takes max(its share of the body, one
+    # block's chain + that block's own share of the body): while one block waits on its chain the
+    # others keep the SM's pipes busy. Over the rounds, what the chain adds beyond the body is
+    # max(0, rounds·chain + body/blocks_per_sm − body); with one block per SM it simply adds.
+    # A block's per-step overheads (barrier, pipeline restart) are time its warps issue nothing of
+    # the body: ``block_issue_s`` is added for every generation.
+    n_rounds = rounds if rounds is not None else 1
+    resident = max(1, min(bps or 1, busiest or 1))
+    latency = (block_issue_s * n_rounds
+               + max(0.0, block_latency_s * n_rounds + tail_body / resident - tail_body))
 
     seconds = tail_body + latency + launch_overhead_s
     flops = work.flops_reported

@@ -103,7 +103,9 @@ def test_smaller_stream_chunks_cost_more(h100):
         p = predict_schedule(Schedule.fused(d, groups={"a": 128, "c": 128}, streams={"b": sb}), h100)
         k = p.kernels[0]
         assert k.launch.stream_steps == 4096 // sb and k.chain is not None
-        assert k.roofline.latency_s == pytest.approx(k.roofline.rounds * k.chain.total_s)
+        # the per-step overheads add up over the generations; the fill is hidden by co-resident blocks
+        assert k.roofline.latency_s >= k.roofline.rounds * k.chain.steps_s * (1 - 1e-9)
+        assert k.roofline.latency_s <= k.roofline.rounds * k.chain.total_s * (1 + 1e-9)
         t[sb] = p.seconds
     assert t[16] > t[32] > t[64]
     # the same launch with more steps: only the per-step term changes
@@ -135,26 +137,26 @@ def test_rowwise_configurations_are_told_apart(h200):
     k = p.kernels[0]
     assert (k.launch.reductions, k.launch.stream_steps) == (2, 0.0)   # softmax: max and sum, filled from the cost
     assert k.chain.reduce_s == pytest.approx(2 * reduction_latency_clk(h200, 128) / h200.clock_hz)
-    assert k.roofline.latency_s > 0
-    # fewer blocks resident (more registers per thread): more rounds, slower (the old per-slot
-    # waves made the 4-per-SM launch look faster)
-    hungry = _rowwise(h200, 1, 128, regs=128)
-    assert hungry.kernels[0].blocks_per_sm < k.blocks_per_sm and hungry.seconds > p.seconds
-    # more rows per block with the block limit binding (32 one-warp blocks per SM): fewer rounds
+    # 16 blocks per SM hide one another's chains: nothing is added
+    assert k.roofline.latency_s == 0.0 and k.chain.total_s > 0
+    # few blocks resident (many registers per thread): the chain is exposed, slower (the old
+    # per-slot waves made a 4-per-SM launch look faster)
+    hungry = _rowwise(h200, 1, 128, regs=255)
+    assert hungry.kernels[0].blocks_per_sm == 2 and hungry.kernels[0].roofline.latency_s > 0
+    assert hungry.seconds > p.seconds
+    # more rows per block with the block limit binding (32 one-warp blocks per SM): fewer rounds,
+    # never slower
     one = _rowwise(h200, 1, 32)
     four = _rowwise(h200, 4, 32)
     assert one.kernels[0].blocks_per_sm == 32 and four.kernels[0].roofline.rounds < one.kernels[0].roofline.rounds
-    assert four.seconds < one.seconds
+    assert four.seconds <= one.seconds
     # a row over more threads: a longer reduction (shuffles, then a cross-warp stage)
     assert reduction_latency_clk(h200, 1) == 0
     assert reduction_latency_clk(h200, 32) == 5 * h200.shuffle_latency_clk
     assert reduction_latency_clk(h200, 512) == 9 * h200.shuffle_latency_clk + h200.sync_latency_clk
-    # configurations with different rows in flight per SM or reduction widths differ (the same
-    # rows per SM and reduction width, e.g. 1 or 2 rows of 256 threads per block, tie: they are
-    # the same machine state)
-    times = {(rpb, tpr): _rowwise(h200, rpb, tpr).seconds for rpb, tpr in ((1, 32), (1, 128), (1, 256), (1, 512),
-                                                                          (8, 32))}
-    assert len({round(t * 1e9) for t in times.values()}) == len(times)
+    # the chain is hidden only while enough blocks share an SM: the fewer resident, the more it adds
+    added = [_rowwise(h200, 1, 128, regs=r).kernels[0].roofline.latency_s for r in (32, 128, 255)]
+    assert added == sorted(added) and added[-1] > added[0]
 
 
 def test_online_softmax_reduces_on_a_quad_every_step(h100):
