@@ -195,6 +195,7 @@ class _Planner:
         self.fixed = dict(fixed or {})
         self.say = progress or (lambda _m: None)
         self.memo: dict[frozenset, KernelChoice] = {}
+        self.shapes: dict[tuple, tuple[tuple[str, ...], tuple[str, ...]]] = {}
         self.heavy = {self.d.name_of(v) for v in self.d.nodes if v.op.kind not in ("map", "rename")}
         self.evaluated = 0
 
@@ -215,6 +216,29 @@ class _Planner:
         self.memo[key] = choice
         return choice
 
+    def _same_problem(self, boxes: tuple[str, ...], sub: Diagram) -> KernelChoice | None:
+        """A run whose sub-diagram has the structure of one analysed before (the K and V projections
+        of a block, the layers of a stack: the same operations, axes, sizes and dtypes; only the
+        array names differ) gets that run's options, renamed; None when none matches."""
+        shape, names = _structure(sub)
+        seen = self.shapes.get(shape)
+        if seen is None:
+            self.shapes[shape] = (boxes, names)
+            return None
+        old_boxes, old_names = seen
+        rename = dict(zip(old_names, names))
+        done = self.memo.get(frozenset(old_boxes))
+        if done is None:
+            return None
+        ranked = []
+        for o in done.ranked:
+            k = o.schedule.kernels[0]
+            k = k.replace(boxes=tuple(rename.get(b, b) for b in k.boxes),
+                          placement=tuple((rename.get(a, a), lvl) for a, lvl in k.placement))
+            ranked.append(Option(o.family, Schedule(sub, (k,), o.schedule.gpu, o.schedule.dtype), o.seconds,
+                                 o.bound))
+        return KernelChoice(boxes, tuple(ranked), done.refusals)
+
     def _evaluate(self, boxes: tuple[str, ...]) -> KernelChoice:
         from .select import predict_schedule
 
@@ -228,6 +252,9 @@ class _Planner:
             sub, _ = kernel_problem(self.d, boxes, name)
         except NapkinError as e:
             return KernelChoice(boxes, refusals=(("planner", str(e)),))
+        same = self._same_problem(boxes, sub)
+        if same is not None:
+            return same
         self.evaluated += 1
         options: list[Option] = []
         refusals: list[tuple[str, str]] = []
@@ -370,6 +397,19 @@ class _Planner:
 
 
 # ----------------------------------------------------------------------------- helpers
+
+
+def _structure(sub: Diagram) -> tuple[tuple, tuple[str, ...]]:
+    """(the structure of a kernel's sub-diagram without its array names, those names in order):
+    inputs (axes with sizes, dtype), boxes (operation, arguments by position, axes, dtype) and
+    outputs by position. Two runs with the same structure are the same problem."""
+    names = [v.name for v in sub.inputs] + [sub.name_of(v) for v in sub.nodes]
+    pos = {n: i for i, n in enumerate(names)}
+    ins = tuple((tuple((a.name, a.size) for a in v.axes), v.dtype) for v in sub.inputs)
+    boxes = tuple((repr(v.op), tuple(pos[sub.name_of(a)] for a in v.args),
+                   tuple((a.name, a.size) for a in v.axes), v.dtype) for v in sub.nodes)
+    outs = tuple(pos[n] for n in sub.output_names)
+    return (ins, boxes, outs), tuple(names)
 
 
 def _explain(fam, diagram) -> str | None:

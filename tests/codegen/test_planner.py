@@ -237,3 +237,15 @@ def test_a_hand_written_schedule_is_planned_as_given():
     assert plan.families == ("attention",)
     assert {(r.axis, r.size) for r in plan.kernels[0].kernel.relabels} >= {("q", 64), ("x", 64)}
     assert dict(lower(d, s, gpu="h100", family="attention").launches[0].tunables)["BQ"] == 64
+
+
+def test_runs_with_the_same_structure_are_analysed_once():
+    """The K and V projections of a block are the Q projection with other array names: the
+    planner costs one of them and renames its options for the others."""
+    d = prepare("transformer_block", sizes=library.entry("transformer_block").default_sizes)
+    planner = _Planner(d, resolve_gpu("h100"), "sm_90a", "bf16", families.available(), None, None)
+    q, k, v = (planner.evaluate((b,)) for b in ("Qp", "Kp", "Vp"))
+    assert planner.evaluated == 1
+    assert q.seconds == k.seconds == v.seconds
+    assert k.best.schedule.kernels[0].boxes == ("Kp",) and v.best.schedule.kernels[0].boxes == ("Vp",)
+    assert k.best.schedule.diagram.output_names == ("Kp",)
