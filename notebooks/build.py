@@ -9,7 +9,7 @@
 Edit the cells here, never the .ipynb files: reviewing a Python list of cells is easier than
 reviewing notebook JSON, and ``--check`` (run by ``tests/test_notebooks.py``) keeps the two in step.
 Every number a notebook shows is computed by napkin in the notebook; the ``assert`` statements pin
-the paper's values (DESIGN.md §4), so a notebook fails when the model drifts.
+the paper's values (docs/architecture.md §4), so a notebook fails when the model drifts.
 """
 
 from __future__ import annotations
@@ -96,7 +96,7 @@ def nb_matmul():
                M the most that is resident at once; minimise H under the capacity M.
 
             napkin does every step by program; this notebook shows each result and checks it against
-            the closed forms of the paper (DESIGN.md §4.3).
+            the closed forms of the paper (docs/architecture.md §4.3).
         '''),
         SETUP,
         md('''
@@ -617,7 +617,7 @@ def nb_hardware():
 
             The cost of notebook 01 and 02 is in values moved; time needs the hardware. This notebook
             puts the three GPU profiles napkin ships side by side, derives the compute-bound thresholds
-            (DESIGN §4.4), weights several memory levels by their speed (§4.3), and follows the canonical
+            (docs/architecture.md §4.4), weights several memory levels by their speed (§4.3), and follows the canonical
             form to three consequences: lower precision (the `q^(1+β)` law), L2 caching and clusters.
         '''),
         SETUP,
@@ -856,7 +856,7 @@ def nb_hopper():
             warpgroup (128 threads) owns `w_q = 128` query rows, K and V stream in chunks of `s_x = 64`,
             `d = 128`, QK in fp8 and PV in fp16, K/V double-buffered. From that configuration alone
             napkin derives how many warpgroups fit on an SM, the resulting query group `g_q`, the time of
-            one streaming step and the throughput (DESIGN §4.4). Then the same accounting for Ampere.
+            one streaming step and the throughput (docs/architecture.md §4.4). Then the same accounting for Ampere.
         '''),
         SETUP,
         md('''

@@ -1,6 +1,6 @@
 """The benchmark suite: what is measured, how it is counted, and the sweep that writes JSON.
 
-Points (DESIGN §6):
+Points (docs/architecture.md §8):
 
 * **attention** forward, bf16, head dim d ∈ {64, 128}, sequence 1k–16k with batch·seq = 16k tokens
   and 16 heads, causal (``attention_causal``) and not (``mha``); the built-in diagrams have no batch
@@ -82,7 +82,7 @@ _ROWWISE_FLOPS_PER_ELEMENT = {"softmax": 5, "layernorm": 8, "rmsnorm": 5}
 
 
 def attention_flops(heads: int, nq: int, nk: int, d: int, causal: bool = False) -> float:
-    """4·H·N_q·N_k·d (QKᵀ and PV, 2 FLOPs per multiply-add), half when causal (DESIGN §6).
+    """4·H·N_q·N_k·d (QKᵀ and PV, 2 FLOPs per multiply-add), half when causal (docs/architecture.md §8).
 
     >>> attention_flops(16, 16384, 16384, 128) / 1e12
     2.199023255552
@@ -556,7 +556,7 @@ def device_header(measure_copy: bool = True, measure_gemm: bool = True) -> dict:
 
 
 def write_calibrated_profile(header: dict, base: str, path: Path) -> str | None:
-    """A profile JSON for ``base`` with the measured copy and GEMM rates (DESIGN §4.5: measured
+    """A profile JSON for ``base`` with the measured copy and GEMM rates (docs/architecture.md §4.6: measured
     values override the datasheet), for a second prediction next to the datasheet one."""
     meas = {}
     if header.get("copy_bandwidth"):

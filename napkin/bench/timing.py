@@ -1,6 +1,6 @@
 """Timing on a GPU: CUDA events per run, warm-up first, the median of many runs, rotated inputs.
 
-The rules (DESIGN §6 and the device method): device work is asynchronous, so every run is
+The rules (docs/architecture.md §8 and the device method): device work is asynchronous, so every run is
 bracketed by its own pair of CUDA events and the host waits once at the end; the first calls
 (module load, run-time compilation, cuBLAS handles, autotuning inside a library) are warm-up and
 are not timed; the result is the median of many runs with the 10th and 90th percentiles as the

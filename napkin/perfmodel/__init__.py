@@ -1,7 +1,8 @@
 """The performance model: schedules, their legality, their cost per memory level, canonical
 optimal forms, and a CPU interpreter that runs a schedule and counts what it moves.
 
-Importing this package does not import torch.
+Importing this package does not import torch, and loads a submodule only when one of its names is
+first used.
 
 >>> from napkin.diagrams import library
 >>> from napkin.perfmodel import Schedule, cost
@@ -12,56 +13,36 @@ Importing this package does not import torch.
 2*d*g_q + 2*d*s_x
 """
 
-from .canonical import (
-                        CanonicalForm,
-                        canonical_form,
-                        canonical_form_of,
-                        cluster_level_weight,
-                        l2_effective_memory,
-                        levels_from_gpu,
-                        multilevel_time,
-                        quantization_speedup,
-)
-from .cost import COMPUTE_KINDS, Cost, KernelCost, LevelCost, cost
-from .hardware import GPU, Level, get_gpu, list_gpus
-from .interpreter import InterpretResult, KernelRun, interpret
-from .legality import (
-                        KernelPlan,
-                        TileConstraint,
-                        analyze,
-                        check_schedule,
-                        tile_constraints,
-)
-from .schedule import LEVELS, Kernel, Relabel, Schedule
+from __future__ import annotations
 
-__all__ = [
-                        "COMPUTE_KINDS",
-                        "GPU",
-                        "LEVELS",
-                        "CanonicalForm",
-                        "Cost",
-                        "InterpretResult",
-                        "Kernel",
-                        "KernelCost",
-                        "KernelPlan",
-                        "KernelRun",
-                        "Level",
-                        "LevelCost",
-                        "Relabel",
-                        "Schedule",
-                        "TileConstraint",
-                        "analyze",
-                        "canonical_form",
-                        "canonical_form_of",
-                        "check_schedule",
-                        "cluster_level_weight",
-                        "cost",
-                        "get_gpu",
-                        "interpret",
-                        "l2_effective_memory",
-                        "levels_from_gpu",
-                        "list_gpus",
-                        "multilevel_time",
-                        "quantization_speedup",
-                        "tile_constraints",
-]
+import importlib
+
+_EXPORTS = {
+    "CanonicalForm": "canonical", "canonical_form": "canonical", "canonical_form_of": "canonical",
+    "cluster_level_weight": "canonical", "l2_effective_memory": "canonical", "levels_from_gpu": "canonical",
+    "multilevel_time": "canonical", "quantization_speedup": "canonical",
+    "COMPUTE_KINDS": "cost", "Cost": "cost", "KernelCost": "cost", "LevelCost": "cost", "cost": "cost",
+    "GPU": "hardware", "Level": "hardware", "get_gpu": "hardware", "list_gpus": "hardware",
+    "InterpretResult": "interpreter", "KernelRun": "interpreter", "interpret": "interpreter",
+    "KernelPlan": "legality", "TileConstraint": "legality", "analyze": "legality",
+    "check_schedule": "legality", "tile_constraints": "legality",
+    "LEVELS": "schedule", "Kernel": "schedule", "KernelOptions": "schedule", "Relabel": "schedule",
+    "Schedule": "schedule",
+    "Plan": "plan", "PlannedKernel": "plan",
+    "explain_assumptions": "predict", "predict_schedule": "predict",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    mod = _EXPORTS.get(name)
+    if mod is None:
+        raise AttributeError(f"module 'napkin.perfmodel' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{mod}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_EXPORTS))

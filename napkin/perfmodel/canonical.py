@@ -1,4 +1,4 @@
-"""Canonical forms of the optimal transfer cost, and what follows from them (DESIGN §4.3).
+"""Canonical forms of the optimal transfer cost, and what follows from them (docs/architecture.md §4.3).
 
 Given the transfer cost ``H(sizes, tiles)`` and the memory ``M(tiles)`` of a schedule (as the
 cost model gives them symbolically), :func:`canonical_form` chooses the tiles that minimise

@@ -13,7 +13,7 @@ array at its own dtype):
   sizes give the exact ``n/g``; numeric sizes ``ceil(n/g)`` (a partial last group moves only
   its real elements). Matmul ``abc(1/g_a + 1/g_c) + ac``; attention ``2qd + 2xdq/g_q``;
   unfused attention ``+ 4qx``.
-- Without L2 reuse ``H["HBM"] == H["L2"]``. With ``l2_caching=True`` (DESIGN §4.3) the L2,
+- Without L2 reuse ``H["HBM"] == H["L2"]``. With ``l2_caching=True`` (docs/architecture.md §4.3) the L2,
   shared by the P concurrently active blocks (SMs × blocks per SM), acts for traffic from
   HBM as if its memory were theirs combined, while it fits: ``H["HBM"]`` is the same formula
   with each grouped axis's group enlarged by a factor f_a, Π f_a ≤ P' (P' = how many block

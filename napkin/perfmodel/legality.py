@@ -8,7 +8,7 @@ adds the hardware checks (divisibility for tensor cores and vector loads, capaci
 Every refusal is a :class:`~napkin.errors.ScheduleError` whose message names the axis,
 the box and the reason.
 
-The rules (FlashAttention on a Napkin, §4 of DESIGN.md):
+The rules (FlashAttention on a Napkin, docs/architecture.md §4):
 
 - **Grouping** axis ``a`` is legal only if every box of the kernel is woven over ``a``:
   no box contracts, reduces or normalises it (grouping ``d`` or ``x`` in attention, or

@@ -106,13 +106,15 @@ def method_steps(plan: Plan) -> tuple[Step, ...]:
                      "each kernel must hold its whole problem")
     else:
         fuse_note = f"{n} kernel{'s' if n != 1 else ''}: " + " | ".join("+".join(k.boxes) for k in s.kernels)
-    groups = [f"{r.axis}→{r.symbol}={r.size}" for k in s.kernels for r in k.groups]
+    groups = [f"{r.axis}→{r.symbol}={r.size}" for k in s.kernels for r in k.groups if r.level == "SMEM"]
+    warps = [f"{r.axis}→{r.symbol}={r.size}" for k in s.kernels for r in k.groups if r.level != "SMEM"]
     streams = [f"{r.axis}→{r.symbol}={r.size}" for k in s.kernels for r in k.streams]
     steps = [
         Step("naive", naive, c0, "every box its own kernel; intermediates go through HBM", *symbolic_HM(naive)),
         Step("fuse", fused, c1, fuse_note, *symbolic_HM(fused)),
         Step("group", grouped, _plain(grouped, gpu),
-             ("groups " + ", ".join(groups) + ": inputs lacking a grouped axis are re-read once per group")
+             ("groups " + ", ".join(groups) + (f" (warp tiles {', '.join(warps)})" if warps else "")
+              + ": inputs lacking a grouped axis are re-read once per group")
              if groups else "no axis is grouped", *symbolic_HM(grouped)),
         Step("stream", s, _plain(s, gpu),
              ("streams " + ", ".join(streams) + ": memory holds a chunk instead of the whole axis, so groups "
@@ -147,6 +149,14 @@ def _fmt_num(x) -> str:
     return f"{v:.4g}"
 
 
+def _fmt_bytes(b: float) -> str:
+    """Bytes in KiB, MiB or GiB (1024-based, the unit convention of docs/architecture.md §4.4)."""
+    for unit, scale in (("GiB", 2 ** 30), ("MiB", 2 ** 20), ("KiB", 2 ** 10)):
+        if b >= scale:
+            return f"{b / scale:.1f} {unit}"
+    return f"{b:.0f} B"
+
+
 def format_steps(plan: Plan, steps) -> str:
     """The steps as the method prints them."""
     d = plan.diagram
@@ -160,14 +170,14 @@ def format_steps(plan: Plan, steps) -> str:
         if s.cost is not None:
             lines.append(f"   H[HBM] = {_fmt_num(s.cost.H('HBM'))} elements ({_fmt_num(s.cost.H_bytes('HBM'))} B), "
                          f"H[L2→SMEM] = {_fmt_num(s.cost.H('L2'))}, M[SMEM] = "
-                         f"{float(s.cost.M_bytes('SMEM')) / 1024:.1f} KiB per block")
+                         f"{_fmt_bytes(float(s.cost.M_bytes('SMEM')))} per block")
         if s.seconds is not None:
             lines.append(f"   predicted {s.seconds * 1e6:.1f} µs")
     return "\n".join(lines)
 
 
 def thresholds(gpu: GPU, dtype: str) -> dict:
-    """The compute-bound thresholds of DESIGN §4.4 for this GPU and dtype."""
+    """The compute-bound thresholds of docs/architecture.md §4.4 for this GPU and dtype."""
     from .occupancy import compute_bound_thresholds
 
     th = compute_bound_thresholds(gpu, dtype if dtype in ("fp16", "bf16", "fp8") else "fp16")
@@ -186,7 +196,7 @@ def _is_attention(diagram) -> bool:
 
 
 def hardware_notes(diagram, gpu: GPU) -> tuple[str, ...]:
-    """For attention on Hopper, the paper's warpgroup analysis (DESIGN §4.4) at this head dim."""
+    """For attention on Hopper, the paper's warpgroup analysis (docs/architecture.md §4.4) at this head dim."""
     if not (gpu.has_wgmma and _is_attention(diagram) and "d" in diagram.axes):
         return ()
     from .occupancy import hopper_attention_analysis

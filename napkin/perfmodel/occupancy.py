@@ -1,4 +1,4 @@
-"""Occupancy and per-step pipeline analysis (DESIGN §4.4).
+"""Occupancy and per-step pipeline analysis (docs/architecture.md §4.4).
 
 Three tools:
 
@@ -11,7 +11,7 @@ Three tools:
   :func:`compute_bound_thresholds` — the §4.4 thresholds.
 
 Units: every memory size is in bytes in the fields and in KiB (1024 B) in printed text
-("48.00 KiB"). DESIGN §4.4 and the paper write "48 KB" for 49,152 B (that is, KiB) but "74.75
+("48.00 KiB"). docs/architecture.md §4.4 and the paper write "48 KB" for 49,152 B (that is, KiB) but "74.75
 KB" for the 74,752 B of registers a warpgroup holds (decimal kB): to reproduce the paper's
 "3.4 warpgroups by registers", ``register_convention="paper"`` divides the 256 KiB register file
 by 74.75 (see :func:`hopper_attention_analysis`), and the text says so next to the KiB figure
@@ -85,7 +85,7 @@ class OccupancyResult:
 def units_per_sm(
     resources: Mapping[str, tuple[float, float, float]], max_units: int | None = None
 ) -> OccupancyResult:
-    """DESIGN §4.4: units per SM = min over resources of (capacity − per-block use) / per-unit use.
+    """docs/architecture.md §4.4: units per SM = min over resources of (capacity − per-block use) / per-unit use.
 
     ``resources`` maps a name to ``(capacity, per_block, per_unit)`` in any consistent unit per
     resource. The fractional value of every resource is kept, with the limiting one and the floor.
@@ -195,7 +195,7 @@ def occupancy(gpu: GPU, threads_per_block: int, regs_per_thread: int, smem_per_b
 
 @dataclass(frozen=True)
 class AttentionAnalysis:
-    """Every intermediate figure of the paper's per-SM attention accounting (DESIGN §4.4).
+    """Every intermediate figure of the paper's per-SM attention accounting (docs/architecture.md §4.4).
 
     One *unit* is a warpgroup (Hopper, wgmma, 128 threads) or a warp (Ampere, mma.sync, 32
     threads); a unit owns ``w_q`` query rows. Per SM, ``units`` of them hold ``g_q = units * w_q``
@@ -430,10 +430,10 @@ def hopper_attention_analysis(
     pv_dtype: str = "fp16", stages: int = 2, *, p_dtype: str | None = None,
     register_convention: str = "paper", extra_regs_per_thread: int = 0,
 ) -> AttentionAnalysis:
-    """The paper's Hopper (wgmma) FlashAttention accounting, DESIGN §4.4, from the configuration.
+    """The paper's Hopper (wgmma) FlashAttention accounting, docs/architecture.md §4.4, from the configuration.
 
     Per block (shared by the block's warpgroups): K and V chunks, ``s_x*d`` values each at the QK
-    and PV dtypes, times ``stages`` (double buffering) -> 48 KiB for the defaults (DESIGN §4.4's
+    and PV dtypes, times ``stages`` (double buffering) -> 48 KiB for the defaults (docs/architecture.md §4.4's
     "48 KB").
     Per warpgroup: SMEM for its Q tile (``w_q*d`` at the QK dtype) and its O staging tile
     (``w_q*d`` at the PV dtype) -> 48 KiB; registers per thread: the O accumulator
@@ -507,7 +507,7 @@ def ampere_attention_analysis(
 
 @dataclass(frozen=True)
 class Thresholds:
-    """Compute-bound thresholds of one GPU and dtype (DESIGN §4.4), all derived from the profile.
+    """Compute-bound thresholds of one GPU and dtype (docs/architecture.md §4.4), all derived from the profile.
 
     flops_per_value:        tensor_rate / HBM values per second (590.7 on H100 fp16).
     matmul_min_contraction: a matmul's contraction axis b must reach flops_per_value / 2

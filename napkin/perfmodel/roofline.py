@@ -141,7 +141,7 @@ class Efficiency:
         return replace(self, **changes) if changes else self
 
 
-#: Fractions measured on one H200 against its datasheet (DESIGN §4.5): cuBLAS bf16 GEMM 8192^3
+#: Fractions measured on one H200 against its datasheet (docs/architecture.md §4.6): cuBLAS bf16 GEMM 8192^3
 #: 791 / 989.4 TFLOP/s, device-to-device copy 4.22 / 4.8 TB/s.
 TYPICAL = Efficiency(tensor=791 / 989.4, hbm=4.22 / 4.8)
 
@@ -156,7 +156,7 @@ class Work:
     bytes: bytes served by each level, e.g. {"HBM": ..., "L2": ..., "SMEM": ...}: reads from and
            writes to that level, timed against that level's bandwidth.
     dtype: the tensor-core dtype; cuda_dtype: the CUDA-core dtype.
-    reported_flops: the FLOP count TFLOP/s is reported against (DESIGN §6 conventions, e.g.
+    reported_flops: the FLOP count TFLOP/s is reported against (docs/architecture.md §8 conventions, e.g.
            4·B·H·N_q·N_k·d for attention); default tensor + CUDA-core FLOPs.
     """
 

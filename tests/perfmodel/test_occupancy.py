@@ -1,4 +1,4 @@
-"""Occupancy and the DESIGN §4.4 figures, all reproduced from the configuration."""
+"""Occupancy and the docs/architecture.md §4.4 figures, all reproduced from the configuration."""
 
 import math
 
