@@ -53,16 +53,15 @@ import weakref
 from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
-
 import sympy
 
 from ..diagrams.ops import Value
 from ..dtypes import dtype as lookup_dtype
 from ..errors import ScheduleError
 
-if TYPE_CHECKING:  # annotations only: schedule imports this module when it checks relabels
-    from .schedule import Relabel, Schedule
+# ``Schedule`` and ``Relabel`` in annotations are napkin.perfmodel.schedule's; they stay names
+# only (no import, not even for type checking): schedule imports this module to check relabels,
+# and the package has no import cycle (tests/test_layers.py).
 
 #: Levels a relabelling may name (the same tuple as ``napkin.perfmodel.schedule.RELABEL_LEVELS``;
 #: kept here so that this module imports neither the schedule nor the cost module, which both
