@@ -46,16 +46,6 @@ def _threads_per_row(s):
     return t
 
 
-@pytest.fixture(scope="module")
-def h100():
-    return get_gpu("h100")
-
-
-@pytest.fixture(scope="module")
-def h200():
-    return get_gpu("h200")
-
-
 # ----------------------------------------------------------------------------- the LaunchShape path
 
 

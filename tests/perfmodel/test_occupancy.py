@@ -18,11 +18,6 @@ KiB = 1024
 
 
 @pytest.fixture(scope="module")
-def h100():
-    return get_gpu("h100")
-
-
-@pytest.fixture(scope="module")
 def hop(h100):
     return hopper_attention_analysis(h100)
 

@@ -10,11 +10,6 @@ from napkin.perfmodel.occupancy import hopper_attention_analysis
 from napkin.perfmodel.roofline import LAUNCH_OVERHEAD_S, TYPICAL, Efficiency, Work, predict
 
 
-@pytest.fixture(scope="module")
-def h100():
-    return get_gpu("h100")
-
-
 def test_compute_bound_gemm(h100):
     n = 8192
     w = Work(flops={"tensor": 2 * n**3}, bytes={"HBM": 3 * n * n * 2}, dtype="fp16")

@@ -23,16 +23,6 @@ from napkin.perfmodel.roofline import Work, per_sm_term, predict
 from napkin.perfmodel.schedule import Schedule
 
 
-@pytest.fixture(scope="module")
-def h100():
-    return get_gpu("h100")
-
-
-@pytest.fixture(scope="module")
-def h200():
-    return get_gpu("h200")
-
-
 # ----------------------------------------------------------------------------- the tail
 
 
