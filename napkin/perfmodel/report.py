@@ -20,7 +20,7 @@ from typing import Iterable, Mapping
 from ..errors import ScheduleError
 from .cost import cost
 from .hardware import get_gpu
-from .method import symbolic_HM
+from .method import SYMBOLIC_MAX_KERNELS, symbolic_HM
 from .plan import Plan
 from .schedule import LEVELS
 
@@ -82,7 +82,11 @@ def cost_report(plan: Plan, *, symbolic: bool = False) -> dict:
     }
     if symbolic:
         H, M = symbolic_HM(plan.schedule)
-        out["symbolic"] = {"H_L2": str(H), "M_SMEM": str(M)}
+        if H is None:
+            out["symbolic"] = {"note": f"not written in symbols: a plan of {len(plan.kernels)} kernels (at most "
+                                       f"{SYMBOLIC_MAX_KERNELS}) or one the model cannot write so"}
+        else:
+            out["symbolic"] = {"H_L2": str(H), "M_SMEM": str(M)}
     return out
 
 
@@ -114,7 +118,9 @@ def format_cost_report(rep: dict) -> str:
     lines.append(f"FLOPs: {_num(rep['flops'])} ({units})")
     lines.append(f"predicted: {rep['predicted_seconds'] * 1e6:.1f} µs, {rep['tflops']:.1f} TFLOP/s, "
                  f"{rep['hbm_gbps']:.0f} GB/s of HBM, bound by {rep['bound']}")
-    if "symbolic" in rep:
+    if "symbolic" in rep and "note" in rep["symbolic"]:
+        lines.append(f"symbols: {rep['symbolic']['note']}")
+    elif "symbolic" in rep:
         lines.append(f"H (L2→SMEM) = {rep['symbolic']['H_L2']}")
         lines.append(f"M (SMEM)    = {rep['symbolic']['M_SMEM']}")
     return "\n".join(lines)

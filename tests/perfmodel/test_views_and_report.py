@@ -87,3 +87,13 @@ def test_cost_report_rejects_unknown_axis():
         derive(ATT, "h100", "bf16", fixed={"z": (64, "SMEM", "group")})
 
 
+
+
+def test_cost_report_of_a_long_plan_says_why_it_has_no_symbols():
+    from napkin.codegen.planner import derive
+
+    plan = derive(library.get("transformer_block").bind(q=512, e=256, h=2, d=64, f=512), "h100", "bf16",
+                  explain=False).plan
+    rep = cost_report(plan, symbolic=True)
+    assert len(plan.kernels) > 4 and "note" in rep["symbolic"] and "H_L2" not in rep["symbolic"]
+    assert "None" not in format_cost_report(rep)
