@@ -20,8 +20,7 @@ import re
 from typing import Mapping
 
 from ..diagrams.axes import NAME_RE
-from ..diagrams.diagram import Diagram
-from ..errors import CodegenError, DiagramError, NapkinError, ScheduleError
+from ..errors import CodegenError, NapkinError
 from ..perfmodel.schedule import Schedule
 from .prepare import prepare, unbound_axes
 from .program import Buffer, KernelLaunch, Program
