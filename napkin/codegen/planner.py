@@ -37,7 +37,7 @@ from typing import Callable, Mapping, Sequence
 
 from ..diagrams.diagram import Diagram
 from ..errors import CodegenError, NapkinError, ScheduleError
-from ..perfmodel.plan import FALLBACK, Plan, PlannedKernel
+from ..perfmodel.plan import FALLBACK, Plan, PlannedKernel, describe_kernel, tiles_text
 from ..perfmodel.schedule import Kernel, Schedule
 from .partition import attach_renames, is_connected, kernel_problem, plan_units
 
@@ -65,11 +65,7 @@ class Option:
     bound: str = ""
 
     def describe(self) -> str:
-        k = self.schedule.kernels[0]
-        rel = ", ".join(f"{r.axis}→{r.symbol}={r.size}" + ("" if r.level == "SMEM" else f"@{r.level}")
-                        for r in k.relabels) or "whole"
-        opts = f" ({k.options})" if k.options.to_dict() else ""
-        return f"{self.family}: {rel}{opts}"
+        return describe_kernel(self.schedule.kernels[0].replace(family=self.family))
 
 
 @dataclass(frozen=True)
@@ -281,7 +277,7 @@ class _Planner:
                 if cands and not pinned:
                     refusals.append((fam.name, "none of its configurations has the pinned tiles ("
                                      + ", ".join(_pin_text(a, v) for a, v in self.fixed.items() if a in sub.axes)
-                                     + "); it builds " + "; ".join(sorted({_tiles(s) for s in cands})[:6])))
+                                     + "); it builds " + "; ".join(sorted({tiles_text(s.kernels[0], "no tiles", axes=False) for s in cands})[:6])))
                 cands = pinned
             got = 0
             last_err = None
@@ -429,11 +425,6 @@ def _with_family(s: Schedule, family: str) -> Schedule:
     return s if ks == s.kernels else s.replace(kernels=ks)
 
 
-def _tiles(s: Schedule) -> str:
-    return ", ".join(f"{r.symbol}={r.size}" + ("" if r.level == "SMEM" else f"@{r.level}")
-                     for r in s.kernels[0].relabels) or "no tiles"
-
-
 def _pin_text(axis: str, spec) -> str:
     size, level, kind = spec
     return f"{kind} {axis}={size}@{level}"
@@ -544,14 +535,6 @@ class _Without:
     def candidates(self, diagram, gpu, dtype):
         return [s for s in self._fam.candidates(diagram, gpu, dtype)
                 if not any(k.options.engine in self._engines for k in s.kernels)]
-
-
-def plan_for(diagram, **kw) -> Plan:
-    """Just the plan (``derive(..., explain=False).plan``)."""
-    return derive(diagram, explain=False, **kw).plan
-
-
-__all__ += ["plan_for"]
 
 
 def plan_schedule(diagram, schedule: Schedule, gpu=None, *, family=None, dtype: str | None = None,

@@ -30,10 +30,23 @@ from ..diagrams.diagram import Diagram
 from ..errors import ScheduleError
 from .schedule import Kernel, KernelOptions, Relabel, Schedule
 
-__all__ = ["Plan", "PlannedKernel", "FALLBACK"]
+__all__ = ["Plan", "PlannedKernel", "FALLBACK", "describe_kernel", "tiles_text"]
 
 #: The family name of the scalar last resort (one simple kernel per box).
 FALLBACK = "fallback"
+
+
+def tiles_text(kernel: Kernel, whole: str = "whole", axes: bool = True) -> str:
+    """A kernel's tiles and streams, ``q→g_q=128, q→w_q=16@RF, x→s_x=64`` (SMEM unless named;
+    ``axes=False``: the symbols alone, ``g_q=128, w_q=16@RF, s_x=64``)."""
+    return ", ".join((f"{r.axis}→" if axes else "") + f"{r.symbol}={r.size}"
+                     + ("" if r.level == "SMEM" else f"@{r.level}") for r in kernel.relabels) or whole
+
+
+def describe_kernel(kernel: Kernel) -> str:
+    """``family: tiles (options)``: one line for a kernel of a plan or a family's configuration."""
+    opts = f" ({kernel.options})" if kernel.options.to_dict() else ""
+    return f"{kernel.family}: {tiles_text(kernel)}{opts}"
 
 
 @dataclass(frozen=True)
@@ -70,10 +83,7 @@ class PlannedKernel:
 
     def describe(self) -> str:
         """``attention: q→g_q=128, x→s_x=64 (engine=mma.sync, stages=2)``."""
-        rel = ", ".join(f"{r.axis}→{r.symbol}={r.size}" + ("" if r.level == "SMEM" else f"@{r.level}")
-                        for r in self.kernel.relabels) or "whole"
-        opts = f" ({self.kernel.options})" if self.kernel.options.to_dict() else ""
-        return f"{self.family}: {rel}{opts}"
+        return describe_kernel(self.kernel)
 
     def to_dict(self) -> dict:
         k = self.kernel
