@@ -1,14 +1,19 @@
 #!/usr/bin/env bash
-# One call on a GPU machine: the GPU tests, then compute-sanitizer memcheck and racecheck on one
-# generated kernel of every family (benchmarks/sanitize.py). Logs go to $OUT (or ./gpu-check).
+# One call on a GPU machine: the GPU tests, then compute-sanitizer memcheck, racecheck and synccheck
+# on one generated kernel of every family and template (benchmarks/sanitize.py; which templates it
+# covers is checked without a GPU by tests/codegen/test_sanitize_cases.py). Logs go to $OUT (or
+# ./gpu-check). The script's status is non-zero when any step fails.
 set -u
 out="${OUT:-gpu-check}"; mkdir -p "$out"
 export PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv | tee "$out/gpu.txt"
 timeout "${TEST_TIMEOUT:-180}" python3 -m pytest -q -m gpu -n "${WORKERS:-8}" -p no:cacheprovider >"$out/gpu_tests.log" 2>&1
-echo "gpu tests rc=$?"; tail -n 25 "$out/gpu_tests.log"
-for tool in memcheck racecheck; do
+rc=$?; status=$rc
+echo "gpu tests rc=$rc"; tail -n 25 "$out/gpu_tests.log"
+for tool in memcheck racecheck synccheck; do
   timeout "${SAN_TIMEOUT:-100}" compute-sanitizer --tool "$tool" --error-exitcode 9 python3 benchmarks/sanitize.py \
     >"$out/$tool.log" 2>&1
-  echo "$tool rc=$?"; tail -n 12 "$out/$tool.log"
+  rc=$?; [ "$rc" -ne 0 ] && status=$rc
+  echo "$tool rc=$rc"; tail -n 20 "$out/$tool.log"
 done
+exit "$status"

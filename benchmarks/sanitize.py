@@ -1,71 +1,147 @@
 #!/usr/bin/env python3
-"""Run one generated kernel of every family at edge shapes, for compute-sanitizer.
+"""Run one generated kernel of every family and every template at edge shapes, for compute-sanitizer.
 
     compute-sanitizer --tool memcheck  --error-exitcode 9 python3 benchmarks/sanitize.py
     compute-sanitizer --tool racecheck --error-exitcode 9 python3 benchmarks/sanitize.py
+    compute-sanitizer --tool synccheck --error-exitcode 9 python3 benchmarks/sanitize.py
 
-Each case compiles the kernel napkin generates for a library diagram at sizes that are not tile
-multiples, runs it on random inputs with NaN-poisoned outputs and checks it against the float64
-reference, so the sanitizer sees real launches and a wrong result still fails the run.
+Each case compiles the kernel napkin plans for a diagram at sizes that are not tile multiples,
+runs it on random inputs with NaN-poisoned outputs and checks it against the float64 reference,
+so the sanitizer sees real launches and a wrong result still fails the run.
+
+Every case names the template it is there for (``Case.template``); a case whose plan does not use
+that template fails, so a planner change cannot silently drop a template from the sanitizers.
+``tests/codegen/test_sanitize_cases.py`` checks, without a GPU, that the cases cover every
+template in ``napkin/codegen/templates`` on both Hopper and Ampere: a new template without a case
+fails CI.
 """
 
 from __future__ import annotations
 
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+
+def _column_sum():
+    from napkin.diagrams import Diagram, array, axes, sum_over
+
+    r, x = axes("r x")
+    return Diagram("column_sum", sum_over(array("X", r, x), r, name="Y"))
+
+
+@dataclass(frozen=True)
+class Case:
+    """One sanitizer run: a diagram (a library name or a builder), sizes, dtype and the planner's
+    family restriction, there to exercise ``template`` (on the GPUs listed in ``archs``)."""
+
+    template: str
+    diagram: str | Callable
+    sizes: dict = field(hash=False)
+    dtype: str = "bf16"
+    family: str | None = None
+    archs: tuple[str, ...] = ("sm_80", "sm_90a")
+
+    @property
+    def name(self) -> str:
+        return self.diagram if isinstance(self.diagram, str) else self.diagram.__name__.strip("_")
+
+    def build(self):
+        from napkin.diagrams import library
+
+        d = library.get(self.diagram) if isinstance(self.diagram, str) else self.diagram()
+        return d.with_dtype(self.dtype).bind(self.sizes)
+
+
 CASES = [
-    ("rowwise", "softmax", {"r": 5, "x": 1000}, "bf16"),
-    ("rowwise", "layernorm", {"r": 3, "x": 4100}, "bf16"),
-    ("contraction", "matmul", {"a": 77, "b": 72, "c": 40}, "bf16"),  # wgmma + TMA on sm_90
-    ("contraction", "matmul", {"a": 77, "b": 72, "c": 42}, "bf16"),  # 84-byte rows: mma.sync
-    ("contraction", "mlp", {"a": 65, "b": 64, "c": 136}, "bf16"),
-    ("attention", "attention_causal", {"h": 2, "q": 77, "x": 77, "d": 64}, "bf16"),
-    ("attention", "gqa", {"h": 1, "j": 2, "q": 45, "x": 45, "d": 128}, "bf16"),
-    ("fallback", "transformer_block", {"q": 9, "e": 16, "h": 2, "d": 8, "f": 24}, "fp32"),
+    Case("rowwise.cu.jinja", "softmax", {"r": 5, "x": 1000}, family="rowwise"),
+    Case("rowwise.cu.jinja", "layernorm", {"r": 3, "x": 4100}, family="rowwise"),
+    # large enough that Hopper's planner takes wgmma + TMA; 333 and 264 are not tile multiples
+    Case("matmul_wgmma.cu.jinja", "matmul", {"a": 333, "b": 520, "c": 264}, family="contraction",
+         archs=("sm_90a",)),
+    Case("matmul_wgmma.cu.jinja", "mlp", {"a": 333, "b": 520, "c": 264}, family="contraction",
+         archs=("sm_90a",)),
+    Case("matmul_mma.cu.jinja", "matmul", {"a": 77, "b": 72, "c": 40}, family="contraction"),
+    Case("matmul_mma.cu.jinja", "matmul", {"a": 77, "b": 72, "c": 42}, family="contraction"),  # 84-byte rows
+    Case("matmul_mma.cu.jinja", "mlp", {"a": 65, "b": 64, "c": 136}, family="contraction"),
+    Case("matmul_simt.cu.jinja", "matmul", {"a": 77, "b": 72, "c": 40}, dtype="fp32", family="contraction"),
+    Case("attention_fwd.cu.jinja", "attention_causal", {"h": 2, "q": 77, "x": 77, "d": 64}, family="attention"),
+    Case("attention_fwd.cu.jinja", "gqa", {"h": 1, "j": 2, "q": 45, "x": 45, "d": 128}, family="attention"),
+    Case("fallback_contract.cu.jinja", "transformer_block", {"q": 9, "e": 16, "h": 2, "d": 8, "f": 24},
+         dtype="fp32", family="fallback"),
+    Case("fallback_row.cu.jinja", "layernorm", {"r": 3, "x": 100}, dtype="fp32", family="fallback"),
+    Case("fallback_map.cu.jinja", "layernorm", {"r": 3, "x": 100}, dtype="fp32", family="fallback"),
+    Case("fallback_reduce.cu.jinja", _column_sum, {"r": 37, "x": 1000}),
     # the planner's own choice: several kernels of several families, HBM buffers between them
-    (None, "transformer_block", {"q": 77, "e": 72, "h": 2, "d": 64, "f": 136}, "bf16"),
+    Case("rowwise.cu.jinja", "transformer_block", {"q": 77, "e": 72, "h": 2, "d": 64, "f": 136}),
 ]
 
 
-def main() -> int:
+def target(arch: str) -> str:
+    """The code target a device's arch gets: Hopper's sm_90a templates, or Ampere's sm_80 ones."""
+    return "sm_90a" if arch.startswith("sm_9") else "sm_80"
+
+
+def templates_of(compiled) -> list[str]:
+    """The templates of a compiled diagram's launches, in launch order."""
+    return [launch.template for launch in compiled.launches]
+
+
+def run_case(case: Case) -> list[tuple[str, float, bool]]:
+    """Compile, run and check one case; (output, relative error, ok) per output."""
     import torch
 
     from napkin.codegen import compile as napkin_compile
-    from napkin.diagrams import library
+    from napkin.codegen.verify import boundary_reference
     from napkin.diagrams.reference import random_inputs
 
-    failures = 0
-    for family, name, sizes, dtype in CASES:
-        d = library.get(name).with_dtype(dtype).bind(sizes)
-        try:
-            k = napkin_compile(d, family=family)
-            ins = random_inputs(d, device="cuda", seed=1)
-            args = [ins[n] for n in d.input_names]
-            outs = k.empty_outputs("cuda", float("nan")) if hasattr(k, "empty_outputs") else None
-            got = k(*args, out=outs) if outs is not None else k(*args)
-            torch.cuda.synchronize()
-            got = got if isinstance(got, tuple) else (got,)
-            ref = d.reference({n: a.double() for n, a in zip(d.input_names, args)}, dtype=torch.float64)
-            if k.plan is not None and len(k.plan.kernels) > 1:
-                # several kernels pass bf16 intermediates through HBM: judge against the reference
-                # rounded at the same boundaries (napkin.codegen.verify.boundary_reference)
-                from napkin.codegen.verify import boundary_reference
+    d = case.build()
+    k = napkin_compile(d, family=case.family)
+    used = templates_of(k)
+    if case.template not in used:
+        raise AssertionError(f"the case is there for {case.template}, but the plan uses {sorted(set(used))}")
+    ins = random_inputs(d, device="cuda", seed=1)
+    args = [ins[n] for n in d.input_names]
+    got = k(*args, out=k.empty_outputs("cuda", float("nan")))
+    torch.cuda.synchronize()
+    got = got if isinstance(got, tuple) else (got,)
+    if len(k.plan.kernels) > 1:
+        # several kernels pass rounded intermediates through HBM: judge against the reference
+        # rounded at the same boundaries
+        ref = boundary_reference(k.plan, dict(zip(d.input_names, args)))
+    else:
+        ref = d.reference({n: a.double() for n, a in zip(d.input_names, args)}, dtype=torch.float64)
+    rows = []
+    for n, g in zip(d.output_names, got):
+        r = ref[n]
+        err = float((g.double() - r).norm() / r.norm())
+        ok = err < (1e-5 if case.dtype == "fp32" else 2e-2) and bool(torch.isfinite(g).all())
+        rows.append((n, err, ok))
+    return rows
 
-                ref = boundary_reference(k.plan, dict(zip(d.input_names, args)))
-            for n, g in zip(d.output_names, got):
-                r = ref[n]
-                err = float((g.double() - r).norm() / r.norm())
-                ok = err < (1e-5 if dtype == "fp32" else 2e-2) and bool(torch.isfinite(g).all())
-                print(f"{family or 'planned':12s} {name:18s} {n}: rel err {err:.2e} {'ok' if ok else 'FAIL'} ({k.family})")
+
+def main() -> int:
+    from napkin.kernels.compile import detect_arch
+
+    arch = detect_arch()
+    failures = runs = 0
+    for case in CASES:
+        if target(arch) not in case.archs:
+            continue
+        runs += 1
+        label = f"{case.template:26s} {case.name:18s} {case.dtype:5s}"
+        try:
+            for n, err, ok in run_case(case):
+                print(f"{label} {n}: rel err {err:.2e} {'ok' if ok else 'FAIL'}")
                 failures += not ok
         except Exception as e:  # a case that cannot run is a failure, reported, not a crash
-            print(f"{family or 'planned':12s} {name:18s} ERROR {type(e).__name__}: {str(e)[:300]}")
+            print(f"{label} ERROR {type(e).__name__}: {str(e)[:300]}")
             failures += 1
-    print(f"{len(CASES)} cases, {failures} failed")
+    print(f"{runs} cases on {arch}, {failures} failed")
     return 1 if failures else 0
 
 

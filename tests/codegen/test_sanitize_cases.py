@@ -1,0 +1,53 @@
+"""The sanitizer cases (benchmarks/sanitize.py) cover every kernel template, on Hopper and Ampere.
+
+compute-sanitizer runs only on the GPU machine, so what it covers is decided here, without a GPU:
+each case is planned for an H100 (sm_90a) and an A100 (sm_80) and must use the template it names,
+and the cases together must name every template in ``napkin/codegen/templates``. A new template
+without a sanitizer case fails this test.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+TEMPLATES = sorted(p.name for p in (ROOT / "napkin" / "codegen" / "templates").glob("*.cu.jinja"))
+GPU_OF_TARGET = {"sm_90a": "h100", "sm_80": "a100"}
+
+
+def _sanitize_module():
+    spec = importlib.util.spec_from_file_location("napkin_sanitize", ROOT / "benchmarks" / "sanitize.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod  # dataclasses look their module up while the class is built
+    spec.loader.exec_module(mod)
+    return mod
+
+
+SANITIZE = _sanitize_module()
+
+
+@pytest.mark.parametrize("target", sorted(GPU_OF_TARGET))
+def test_every_template_has_a_sanitizer_case(target):
+    named = {c.template for c in SANITIZE.CASES if target in c.archs}
+    # wgmma exists only on Hopper: Ampere needs every other template
+    expected = {t for t in TEMPLATES if target == "sm_90a" or "wgmma" not in t}
+    assert expected <= named, f"templates without a sanitizer case on {target}: {sorted(expected - named)}"
+
+
+@pytest.mark.parametrize("case", SANITIZE.CASES, ids=lambda c: f"{c.template}-{c.name}-{c.dtype}")
+def test_each_case_plans_the_template_it_is_there_for(case):
+    from napkin.codegen import compile as napkin_compile
+
+    for target in case.archs:
+        k = napkin_compile(case.build(), family=case.family, gpu=GPU_OF_TARGET[target])
+        assert case.template in SANITIZE.templates_of(k), (target, SANITIZE.templates_of(k))
+
+
+def test_the_target_of_a_device_arch():
+    assert SANITIZE.target("sm_90a") == "sm_90a"
+    assert SANITIZE.target("sm_80") == "sm_80"
+    assert SANITIZE.target("sm_86") == "sm_80"
