@@ -20,18 +20,73 @@ import sympy
 
 from ..errors import DiagramError
 
-# Names reach CUDA source, SVG and file names: only plain identifiers are allowed.
-NAME_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_]{0,31}$")
+# Names reach CUDA source, SVG and file names: only plain ASCII identifiers are allowed. The
+# pattern is anchored with \A and \Z (``$`` would also match before a trailing newline) and is
+# only ever used through :func:`is_name`, which matches it against the whole string.
+NAME_RE = re.compile(r"\A[A-Za-z][A-Za-z0-9_]{0,31}\Z")
+
+#: The largest axis size: index arithmetic (an index plus a mask offset of at most 2^62, index
+#: differences, element offsets) stays inside signed 64-bit integers, and sizes are exact as floats.
+MAX_AXIS_SIZE = 2 ** 48
+
+
+def is_name(name) -> bool:
+    """Whether ``name`` is a plain identifier: an ASCII letter, then at most 31 ASCII letters,
+    digits or ``_``, and nothing else (no trailing newline, no unicode letters).
+
+    >>> is_name("q"), is_name("q" + chr(10)), is_name("é"), is_name("a" * 33)
+    (True, False, False, False)
+    """
+    return isinstance(name, str) and NAME_RE.fullmatch(name) is not None
 
 
 def check_name(name: str, what: str) -> str:
-    """Return ``name`` if it is a plain identifier, else raise a DiagramError naming ``what``."""
-    if not isinstance(name, str) or not NAME_RE.match(name):
+    """Return ``name`` if it is a plain identifier (:func:`is_name`), else raise a DiagramError
+    naming ``what``. This is the one name check of the package.
+
+    >>> check_name("S_masked", "array")
+    'S_masked'
+    """
+    if not is_name(name):
         raise DiagramError(
-            f"{what} name {name!r} is not allowed: use a letter followed by letters, digits "
-            "or '_' (at most 32 characters)"
+            f"{what} name {name!r} is not allowed: use an ASCII letter followed by at most 31 ASCII "
+            "letters, digits or '_'"
         )
     return name
+
+
+def check_size(name: str, size):
+    """The size of axis ``name`` as an ``int`` in [1, MAX_AXIS_SIZE] or a sympy symbol (``None``:
+    the axis's own size symbol); anything else (a bool, a float, a string, a sympy expression that
+    is not a symbol, zero, a negative or a huge number) raises a DiagramError naming the axis.
+
+    >>> check_size("q", 128), check_size("q", None)
+    (128, q)
+    """
+    if size is None:
+        return size_symbol(name)
+    if isinstance(size, sympy.Basic):
+        if isinstance(size, sympy.Integer):
+            size = int(size)
+        elif not isinstance(size, sympy.Symbol):
+            raise DiagramError(f"axis {name!r}: size {size} is not an integer or a size symbol")
+        else:
+            check_name(size.name, f"axis {name!r}: size symbol")
+            return size
+    elif isinstance(size, bool) or not isinstance(size, int):
+        if isinstance(size, bool) or not hasattr(size, "__index__"):
+            raise DiagramError(f"axis {name!r}: size {size!r} is not an integer or a symbol")
+        try:
+            size = int(size.__index__())
+        except Exception:  # noqa: BLE001 - a broken __index__ is the caller's mistake
+            raise DiagramError(f"axis {name!r}: size {size!r} is not an integer or a symbol") from None
+    if size <= 0:
+        raise DiagramError(f"axis {name!r} has size {size}; sizes must be positive integers")
+    if size > MAX_AXIS_SIZE:
+        shown = size if size < 10 ** 30 else f"a {len(str(size))}-digit number"
+        raise DiagramError(f"axis {name!r} has size {shown}, more than the largest axis size 2^48 "
+                           f"({MAX_AXIS_SIZE})")
+    return size
 
 
 def size_symbol(name: str) -> sympy.Symbol:
@@ -52,19 +107,7 @@ class Axis:
 
     def __post_init__(self):
         check_name(self.name, "axis")
-        size = self.size
-        if size is None:
-            size = size_symbol(self.name)
-        elif isinstance(size, bool) or not isinstance(size, (int, sympy.Basic)):
-            if hasattr(size, "__index__"):
-                size = int(size)
-            else:
-                raise DiagramError(f"axis {self.name!r}: size {size!r} is not an integer or a symbol")
-        if isinstance(size, sympy.Integer):
-            size = int(size)
-        if isinstance(size, int) and size <= 0:
-            raise DiagramError(f"axis {self.name!r} has size {size}; sizes must be positive integers")
-        object.__setattr__(self, "size", size)
+        object.__setattr__(self, "size", check_size(self.name, self.size))
 
     @property
     def is_bound(self) -> bool:
@@ -98,6 +141,8 @@ def axes(spec: str) -> tuple[Axis, ...]:
     >>> [str(a) for a in axes("a b=64")]
     ['a[a]', 'b[64]']
     """
+    if not isinstance(spec, str):
+        raise DiagramError(f"axes: expected a spec string like \"q x d=128\", got {spec!r}")
     out = []
     for token in spec.split():
         name, _, size = token.partition("=")
@@ -125,4 +170,8 @@ def as_axis_names(spec) -> tuple[str, ...]:
     """Accept one axis, a name, or a sequence of them; return a tuple of names."""
     if isinstance(spec, (Axis, str)):
         return (as_axis_name(spec),)
-    return tuple(as_axis_name(a) for a in spec)
+    try:
+        items = tuple(spec)
+    except TypeError:
+        raise DiagramError(f"expected an axis, an axis name or a list of them, got {spec!r}") from None
+    return tuple(as_axis_name(a) for a in items)
