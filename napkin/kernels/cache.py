@@ -10,9 +10,23 @@ An entry is used only when the header's key, length and checksum all match, so a
 corrupted file is compiled again (and rewritten), never loaded. Entries are written to a temporary
 file in the same directory and moved into place with ``os.replace``: several processes that
 compile the same key at once each write a whole file and the last rename wins, so no reader ever
-sees half an entry. Where the directory cannot be created or written (read-only file system,
-missing permission) the cache warns once, in one line, and keeps compiled payloads in memory for
-the rest of the process.
+sees half an entry.
+
+The directory is shared and may hold anything, so reading an entry trusts nothing
+(:func:`read_entry_file`): it is opened without following a symbolic link (``O_NOFOLLOW``) and
+without blocking (``O_NONBLOCK``, so a FIFO cannot hang the reader), it must be a regular file
+(``os.fstat``), and at most :data:`MAX_ENTRY_BYTES` + 1 bytes are read. A bad entry (a link, a
+directory, a FIFO, an oversize, truncated or garbled file) is a miss for that one key and never
+turns the cache off: it is noted in one line of the ``napkin.kernels.cache`` log (INFO the first
+time, DEBUG after; not a warning), a link or special file is unlinked (the link itself, never its
+target), an empty directory removed, and the fresh compile is written over it.
+
+Another process may empty the directory (:meth:`KernelCache.clear`) or delete it while an entry
+is written: the directory is made again and the write retried once, and if that fails too only
+that entry is lost. Only a location that cannot be used at all (the directory cannot be created,
+or writing in it is refused: ``EACCES``, ``EPERM``, ``EROFS``) turns the disk cache off; it then
+warns once, in one line naming the directory and the OS error, and keeps compiled payloads in
+memory for the rest of the process.
 
 The directory is ``$NAPKIN_CACHE_DIR`` when set, else ``~/.cache/napkin/kernels``.
 
@@ -30,9 +44,12 @@ b'binary'
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
+import logging
 import os
+import stat
 import tempfile
 import threading
 import warnings
@@ -44,9 +61,30 @@ MAGIC = b"NAPKIN-KERNEL-CACHE"
 FORMAT_VERSION = 1
 SUFFIX = ".cubin"
 
+#: The largest cache file read or written, header included: a cubin or PTX is at most some tens
+#: of MB, so a bigger file is not an entry (and is never read whole).
+MAX_ENTRY_BYTES = 64 * 1024 * 1024
+
+_log = logging.getLogger(__name__)
+
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+_READ_FLAGS = (os.O_RDONLY | _NOFOLLOW | getattr(os, "O_NONBLOCK", 0)
+               | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_BINARY", 0))
+#: What open(O_NOFOLLOW) says about a symbolic link (ELOOP on Linux and macOS, EMLINK on FreeBSD).
+_LINK_ERRNOS = {errno.ELOOP, getattr(errno, "EMLINK", errno.ELOOP)}
+#: Write errors that mean the directory itself refuses writes: they turn the disk cache off.
+_UNWRITABLE_ERRNOS = {errno.EACCES, errno.EPERM, errno.EROFS}
+#: Write errors caused by what another process did to the directory or put in an entry's place:
+#: they cost one entry (after one retry), quietly.
+_RACE_ERRNOS = {errno.ENOENT, errno.EISDIR, errno.ENOTEMPTY, errno.EEXIST}
+
 
 class KernelCacheWarning(UserWarning):
     """The kernel cache directory cannot be used; kernels are compiled in memory instead."""
+
+
+class BadEntryError(ValueError):
+    """A cache file that is not an entry: a link, a directory, a FIFO or device, or too big."""
 
 
 def default_cache_dir() -> Path:
@@ -108,6 +146,56 @@ def decode_entry(key: str, data: bytes) -> bytes | None:
     return payload
 
 
+def _kind(mode: int) -> str:
+    for test, name in ((stat.S_ISLNK, "a symbolic link"), (stat.S_ISDIR, "a directory"),
+                       (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"),
+                       (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device")):
+        if test(mode):
+            return name
+    return "not a regular file"
+
+
+def read_entry_file(path: str | os.PathLike, max_bytes: int = MAX_ENTRY_BYTES) -> bytes:
+    """The bytes of the regular file ``path``, read without trusting what is there.
+
+    A symbolic link is not followed, nothing but a regular file is opened for reading (a FIFO is
+    opened non-blocking and refused before any read), and at most ``max_bytes`` + 1 bytes are
+    read: anything else raises :class:`BadEntryError`. A missing file raises FileNotFoundError,
+    other failures their OSError.
+    """
+    path = os.fspath(path)
+    st = os.lstat(path)
+    if not stat.S_ISREG(st.st_mode):  # refused before open(): a device is never even opened
+        raise BadEntryError(_kind(st.st_mode))
+    try:
+        fd = os.open(path, _READ_FLAGS)
+    except OSError as e:
+        if _NOFOLLOW and e.errno in _LINK_ERRNOS:  # became a link after the lstat
+            raise BadEntryError("a symbolic link") from None
+        if e.errno == errno.EISDIR:
+            raise BadEntryError("a directory") from None
+        raise
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise BadEntryError(_kind(st.st_mode))
+        if st.st_size > max_bytes:
+            raise BadEntryError(f"{st.st_size} bytes, more than the {max_bytes} an entry may have")
+        chunks: list[bytes] = []
+        total = 0
+        while total <= max_bytes:
+            chunk = os.read(fd, min(1 << 20, max_bytes + 1 - total))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            total += len(chunk)
+        if total > max_bytes:
+            raise BadEntryError(f"more than the {max_bytes} bytes an entry may have")
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
 def atomic_write(path: Path, data: bytes) -> None:
     """Write ``data`` to ``path`` through a temporary file in the same directory and a rename."""
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
@@ -125,6 +213,28 @@ def atomic_write(path: Path, data: bytes) -> None:
         raise
 
 
+def _discard_odd(path: Path) -> None:
+    """Remove what sits at ``path`` when it is not a regular file: a link (the link itself, never
+    its target), a FIFO or socket, an empty directory. A regular file is left alone: it may be a
+    good entry another process has just renamed into place."""
+    try:
+        st = os.lstat(path)
+        if stat.S_ISDIR(st.st_mode):
+            os.rmdir(path)
+        elif not stat.S_ISREG(st.st_mode):
+            os.unlink(path)
+    except OSError:
+        pass
+
+
+def _one_line(error: BaseException) -> str:
+    if isinstance(error, OSError) and error.strerror:
+        text = error.strerror + (f": {os.fspath(error.filename)!s}" if error.filename else "")
+    else:
+        text = str(error) or type(error).__name__
+    return " ".join(text.split())
+
+
 @dataclass
 class CacheStats:
     """What a cache has done since it was made (for tests and diagnostics)."""
@@ -139,20 +249,25 @@ class KernelCache:
     """Compiled kernels on disk under ``directory`` (default: :func:`default_cache_dir`).
 
     ``writer(path, data)`` stores one entry (default: :func:`atomic_write`); ``reader(path)``
-    returns a file's bytes. Both exist so that tests can inject failures.
+    returns a file's bytes (default: :func:`read_entry_file` with ``max_entry_bytes``). Both exist
+    so that tests can inject failures.
     """
 
     def __init__(self, directory: str | os.PathLike | None = None, *,
                  version: str | None = None,
                  writer: Callable[[Path, bytes], None] | None = None,
-                 reader: Callable[[Path], bytes] | None = None) -> None:
+                 reader: Callable[[Path], bytes] | None = None,
+                 max_entry_bytes: int = MAX_ENTRY_BYTES) -> None:
         self.directory = Path(directory) if directory is not None else default_cache_dir()
         self.version = version
+        self.max_entry_bytes = int(max_entry_bytes)
         self._writer = writer or atomic_write
-        self._reader = reader or (lambda p: p.read_bytes())
+        self._reader = reader or (lambda p: read_entry_file(p, self.max_entry_bytes))
         self._memory: dict[str, bytes] = {}
         self._disk_ok = True
         self._warned = False
+        self._warned_write = False
+        self._noted = False
         self._lock = threading.Lock()
         self.stats = CacheStats()
 
@@ -164,20 +279,41 @@ class KernelCache:
         return self.directory / f"{key}{SUFFIX}"
 
     def load(self, key: str) -> bytes | None:
-        """The cached payload for ``key``: from memory, else from an intact disk entry, else None."""
-        if key in self._memory:
-            return self._memory[key]
+        """The cached payload for ``key``: from memory, else from an intact disk entry, else None.
+
+        Never raises for what is on disk: a missing, unreadable or bad entry is a miss."""
+        with self._lock:
+            payload = self._memory.get(key)
+        if payload is not None:
+            return payload
         path = self.path_for(key)
         try:
             data = self._reader(path)
         except FileNotFoundError:
             return None
-        except OSError:
+        except BadEntryError as e:
+            self._bad_entry(path, str(e))
+            _discard_odd(path)
             return None
-        payload = decode_entry(key, data)
+        except OSError:  # unreadable (permission, I/O error, the directory gone): a plain miss
+            return None
+        if not isinstance(data, (bytes, bytearray)) or len(data) > self.max_entry_bytes:
+            self._bad_entry(path, "not the bytes of an entry")
+            return None
+        payload = decode_entry(key, bytes(data))
         if payload is None:
-            self.stats.corrupt += 1
+            self._bad_entry(path, "not a whole entry for its key (truncated, garbled or another's)")
         return payload
+
+    def _bad_entry(self, path: Path, reason: str) -> None:
+        self.stats.corrupt += 1
+        self._note(f"napkin: kernel cache entry {path} is unusable ({reason}); compiling it again")
+
+    def _note(self, message: str) -> None:
+        """One quiet line in the log: INFO the first time for this cache, DEBUG after."""
+        level = logging.DEBUG if self._noted else logging.INFO
+        self._noted = True
+        _log.log(level, "%s", message)
 
     def store(self, key: str, payload: bytes) -> bool:
         """Keep ``payload`` under ``key``; False when only memory could take it."""
@@ -185,23 +321,63 @@ class KernelCache:
             self._memory[key] = payload
         if not self._disk_ok:
             return False
-        try:
-            self.directory.mkdir(parents=True, exist_ok=True)
-            self._writer(self.path_for(key), encode_entry(key, payload))
-        except OSError as e:
+        data = encode_entry(key, payload)
+        path = self.path_for(key)
+        if len(data) > self.max_entry_bytes:
             self.stats.write_failures += 1
-            self._disk_ok = False
-            self._warn(e)
+            self._note(f"napkin: kernel cache entry {path} would be {len(data)} bytes, more than "
+                       f"the {self.max_entry_bytes} an entry may have; kept in memory")
             return False
-        return True
+        error, unusable = self._write(path, data)
+        if error is None:
+            return True
+        self.stats.write_failures += 1
+        if unusable:
+            self._disk_ok = False
+            self._warn(error)
+        elif error.errno in _RACE_ERRNOS:
+            self._note(f"napkin: kernel cache entry {path} not written ({_one_line(error)}); "
+                       f"kept in memory")
+        elif not self._warned_write:
+            self._warned_write = True
+            warnings.warn(f"napkin: could not write kernel cache entry {path} "
+                          f"({_one_line(error)}); it is kept in memory for this process",
+                          KernelCacheWarning, stacklevel=3)
+        return False
+
+    def _write(self, path: Path, data: bytes) -> tuple[OSError | None, bool]:
+        """Write one entry, making the directory first; once more when what another process did
+        (emptied or removed the directory, put something in the entry's place) spoiled the first
+        try. ``(None, False)`` when written, else the error and whether it shows the location
+        unusable (the directory cannot be made, or writing in it is refused)."""
+        error: OSError | None = None
+        for _ in range(2):
+            try:
+                os.makedirs(self.directory, exist_ok=True)
+            except OSError as e:
+                # ENOENT: a parent removed while it was made; EEXIST with no file in the way:
+                # made and removed again meanwhile. Both are another process's doing: try again.
+                in_the_way = os.path.lexists(self.directory) and not os.path.isdir(self.directory)
+                if e.errno not in (errno.ENOENT, errno.EEXIST) or in_the_way:
+                    return e, True
+                error = e
+                continue
+            try:
+                self._writer(path, data)
+                return None, False
+            except OSError as e:
+                if e.errno not in _RACE_ERRNOS:
+                    return e, e.errno in _UNWRITABLE_ERRNOS
+                error = e
+                _discard_odd(path)  # a directory, link or FIFO in the entry's place
+        return error, False
 
     def _warn(self, error: OSError) -> None:
         if self._warned:
             return
         self._warned = True
-        reason = error.strerror or type(error).__name__
         warnings.warn(
-            f"napkin: kernel cache {self.directory} is not writable ({reason}); "
+            f"napkin: kernel cache {self.directory} is not writable ({_one_line(error)}); "
             f"compiling kernels in memory for this process",
             KernelCacheWarning, stacklevel=4)
 
@@ -225,18 +401,29 @@ class KernelCache:
         return payload
 
     def clear(self) -> int:
-        """Remove every entry (and stray temporary file) from the directory; returns the count."""
-        self._memory.clear()
+        """Remove every entry (and stray temporary file) from the directory; returns the count.
+
+        Links are removed themselves (never their targets), directories only when empty; a
+        directory that is missing or vanishes meanwhile is simply empty."""
+        with self._lock:
+            self._memory.clear()
         removed = 0
-        if not self.directory.is_dir():
+        try:
+            names = os.listdir(self.directory)
+        except OSError:
             return 0
-        for p in self.directory.iterdir():
-            if p.suffix == SUFFIX or (p.name.startswith(".") and p.name.endswith(".tmp")):
-                try:
-                    p.unlink()
-                    removed += 1
-                except OSError:
-                    pass
+        for name in names:
+            if not (name.endswith(SUFFIX) or (name.startswith(".") and name.endswith(".tmp"))):
+                continue
+            path = self.directory / name
+            try:
+                if stat.S_ISDIR(os.lstat(path).st_mode):
+                    os.rmdir(path)
+                else:
+                    os.unlink(path)
+                removed += 1
+            except OSError:
+                pass
         return removed
 
 
