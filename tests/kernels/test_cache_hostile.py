@@ -62,6 +62,7 @@ import json, logging, sys, warnings
 from napkin.kernels.cache import KernelCache, decode_entry
 
 directory, max_bytes = sys.argv[1], int(sys.argv[2])
+limit = {"max_entry_bytes": max_bytes} if max_bytes else {}   # 0: the default limit
 notes = []
 class Keep(logging.Handler):
     def emit(self, record):
@@ -71,7 +72,7 @@ log.addHandler(Keep())
 log.setLevel(logging.DEBUG)
 warnings.simplefilter("error")   # a warning (say, "not writable") fails the check
 
-cache = KernelCache(directory, max_entry_bytes=max_bytes)
+cache = KernelCache(directory, **limit)
 key = cache.key("src", (), "sm_80")
 miss = cache.load(key)
 calls = []
@@ -80,12 +81,12 @@ def compile_fn():
     return b"GOOD" * 1000
 got = cache.get_or_compile("src", (), "sm_80", compile_fn)
 notes_of_this_cache = list(notes)
-other = KernelCache(directory, max_entry_bytes=max_bytes)   # a fresh process, nothing in memory
+other = KernelCache(directory, **limit)   # a fresh process, nothing in memory
 other.store(other.key("b", (), "sm_80"), b"other payload")
 print(json.dumps({
     "miss": miss is None, "compiled": len(calls), "got": got == b"GOOD" * 1000,
     "corrupt": cache.stats.corrupt, "notes": notes_of_this_cache,
-    "reload": KernelCache(directory, max_entry_bytes=max_bytes).load(key) == b"GOOD" * 1000,
+    "reload": KernelCache(directory, **limit).load(key) == b"GOOD" * 1000,
     "other": KernelCache(directory).load(other.key("b", (), "sm_80")) == b"other payload",
     "other_entry_written": decode_entry(other.key("b", (), "sm_80"),
                                         open(other.path_for(other.key("b", (), "sm_80")), "rb").read())
@@ -96,7 +97,7 @@ print(json.dumps({
 
 def _make_hostile(kind: str, directory: Path, outside: Path, max_bytes: int) -> Path:
     """Put a ``kind`` of hostile thing where the entry of ("src", (), "sm_80") belongs."""
-    cache = KernelCache(directory, max_entry_bytes=max_bytes)
+    cache = KernelCache(directory)
     key = cache.key("src", (), "sm_80")
     path = cache.path_for(key)
     directory.mkdir(parents=True, exist_ok=True)
@@ -131,7 +132,7 @@ def _make_hostile(kind: str, directory: Path, outside: Path, max_bytes: int) -> 
 def test_hostile_entry_is_a_miss_and_the_cache_keeps_working(tmp_path, kind):
     directory, outside = tmp_path / "cache", tmp_path / "outside"
     outside.mkdir()
-    max_bytes = 64 * 1024
+    max_bytes = 64 * 1024 if kind == "oversize" else 0  # else the default limit
     path = _make_hostile(kind, directory, outside, max_bytes)
     p = _child(_CHECK, str(directory), str(max_bytes))
     assert p.returncode == 0, p.stderr[-3000:]
@@ -300,7 +301,6 @@ from napkin.kernels.cache import KernelCache, encode_entry
 
 warnings.simplefilter("error")          # "not writable" (or any warning) fails the worker
 role, directory, outside, seed, seconds = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3]), int(sys.argv[4]), float(sys.argv[5])
-MAX = 64 * 1024
 rng = random.Random(seed)
 srcs = [f"source {i}" for i in range(8)]
 def payload(i):
@@ -312,7 +312,7 @@ counts = {"hits": 0, "misses": 0, "stores": 0, "clears": 0, "damages": 0, "wrong
 def damage(path, i):
     tmp = directory / f"evil-{os.getpid()}-{rng.random()}"
     what = rng.choice(["zero", "fifo", "outside", "garbage", "truncated", "other_key", "dir",
-                       "own_fifo", "oversize"])
+                       "own_fifo"])
     try:
         if what == "zero":
             os.symlink("/dev/zero", tmp)
@@ -328,8 +328,6 @@ def damage(path, i):
             tmp.write_bytes(encode_entry(keys[(i + 1) % 8], payload((i + 1) % 8)))
         elif what == "own_fifo":
             os.mkfifo(tmp)
-        elif what == "oversize":
-            tmp.write_bytes(encode_entry(keys[i], b"O" * (MAX + 1)))
         elif what == "dir":
             try:
                 os.unlink(path)
@@ -362,7 +360,7 @@ while time.monotonic() < deadline:
         counts["damages"] += 1
         time.sleep(0.002)
     else:
-        cache = KernelCache(directory, max_entry_bytes=MAX)   # nothing in memory: disk only
+        cache = KernelCache(directory)   # nothing in memory: disk only
         if rng.random() < 0.5:
             got = cache.get_or_compile(srcs[i], (), "sm_80", lambda: payload(i))
             counts["stores"] += cache.stats.misses
