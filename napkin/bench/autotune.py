@@ -6,7 +6,10 @@ number ``napkin cost`` and ``derive`` print), compiles and measures the top ``k`
 on the GPU, and keeps the fastest. The choice is cached on disk, keyed by GPU name, a hash of the
 diagram's structure, the sizes and the dtype, in ``$NAPKIN_CACHE_DIR/autotune.json`` (default
 ``~/.cache/napkin/autotune.json``); writes are atomic (a temporary file renamed over the cache)
-and a corrupt cache is moved aside and rebuilt, never fatal.
+and a corrupt cache is moved aside and rebuilt, never fatal: reading follows no link, opens
+nothing but a regular file of at most :data:`MAX_CACHE_BYTES`, and a file that is not UTF-8 JSON
+of the cache's shape (too deeply nested JSON included) is an empty cache, an entry of the wrong
+schema (:func:`entry_problem`) a missing one, each with one warning line.
 
 Every measured candidate keeps the model's prediction next to the measurement, so the model's
 miss ``(pred − meas)/meas`` is on record for calibration (:func:`calibration_records`), and the
@@ -25,6 +28,7 @@ import hashlib
 import json
 import math
 import os
+import stat
 import tempfile
 import warnings
 from dataclasses import dataclass, field
@@ -38,6 +42,8 @@ __all__ = [
     "AutotuneError",
     "AutotuneCacheWarning",
     "AutotuneCache",
+    "MAX_CACHE_BYTES",
+    "entry_problem",
     "Candidate",
     "TuneResult",
     "cache_path",
@@ -309,34 +315,195 @@ def legacy_description(schedule) -> str:
 # ----------------------------------------------------------------------------- the cache
 
 
+#: The largest autotune cache file that is read: an entry is a few kB, so tens of thousands fit.
+MAX_CACHE_BYTES = 64 * 1024 * 1024
+#: Nesting deeper than this is no entry (a kernel's relabels, the deepest field, are 7 deep).
+MAX_ENTRY_DEPTH = 32
+
+_warned: set[str] = set()
+
+
+def _warn_once(message: str, stacklevel: int = 3) -> None:
+    """One warning line per message and process; ``stacklevel`` 1 is the caller's line."""
+    message = " ".join(message.split())
+    if message in _warned:
+        return
+    _warned.add(message)
+    warnings.warn(message, AutotuneCacheWarning, stacklevel=stacklevel + 1)
+
+
+def _brief(text: object, limit: int = 200) -> str:
+    text = " ".join(str(text).split())
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def _is_num(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def _is_int(x) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _opt(check):
+    return lambda x: x is None or check(x)
+
+
+def _is_str(x) -> bool:
+    return isinstance(x, str)
+
+
+def _is_sizes(x) -> bool:
+    return isinstance(x, dict) and all(isinstance(k, str) and _is_int(v) for k, v in x.items())
+
+
+#: field -> (check, what it must be); a field that is absent is not checked.
+_ENTRY_FIELDS = {
+    "gpu": (_is_str, "a string"), "diagram": (_is_str, "a string"),
+    "diagram_hash": (_is_str, "a string"), "dtype": (_is_str, "a string"),
+    "date": (_is_str, "a string"), "family": (_opt(_is_str), "a string or null"),
+    "sizes": (_is_sizes, "an object of integers"), "spearman": (_opt(_is_num), "a number or null"),
+    "n_ranked": (_is_int, "an integer"), "k": (_is_int, "an integer"),
+    "candidates": (lambda x: isinstance(x, list), "a list"),
+}
+_BEST_FIELDS = {
+    "desc": (_is_str, "a string"), "signature": (lambda x: isinstance(x, dict), "an object"),
+    "pred_s": (_opt(_is_num), "a number or null"), "meas_s": (_opt(_is_num), "a number or null"),
+    "model_rank": (_is_int, "an integer"),
+}
+_CANDIDATE_FIELDS = {
+    "rank": (_is_int, "an integer"), "id": (_is_str, "a string"), "desc": (_is_str, "a string"),
+    "pred_s": (_opt(_is_num), "a number or null"), "meas_s": (_opt(_is_num), "a number or null"),
+    "miss": (_opt(_is_num), "a number or null"), "error": (_opt(_is_str), "a string or null"),
+}
+
+
+def _json_kind(x) -> str:
+    if x is None:
+        return "null"
+    if isinstance(x, bool):
+        return "a boolean"
+    if isinstance(x, (int, float)):
+        return "a number"
+    return {str: "a string", list: "a list"}.get(type(x), type(x).__name__)
+
+
+def _too_deep(value, limit: int) -> bool:
+    stack = [(value, 1)]
+    while stack:
+        v, depth = stack.pop()
+        children = v.values() if isinstance(v, dict) else v if isinstance(v, list) else None
+        if children is None:
+            continue
+        if depth > limit:
+            return True
+        stack.extend((c, depth + 1) for c in children)
+    return False
+
+
+def _fields_problem(obj: dict, fields: dict, where: str) -> str | None:
+    for name, (check, what) in fields.items():
+        if name in obj and not check(obj[name]):
+            return f"{where}{name} is not {what}"
+    return None
+
+
+def entry_problem(entry) -> str | None:
+    """Why ``entry`` (one value of the cache's ``entries``) cannot be used, or None when it can:
+    an object whose ``best`` is an object with a string ``id``, and every field that :func:`tune`
+    writes and reads, where present, of its type (numbers finite); nesting at most
+    :data:`MAX_ENTRY_DEPTH` deep.
+
+    >>> entry_problem({"best": {"id": "abc", "meas_s": 1e-3}}) is None
+    True
+    >>> entry_problem({"best": {"id": "abc", "meas_s": "fast"}})
+    'best.meas_s is not a number or null'
+    """
+    if not isinstance(entry, dict):
+        return f"{_json_kind(entry)}, not an object"
+    if _too_deep(entry, MAX_ENTRY_DEPTH):
+        return f"nested more than {MAX_ENTRY_DEPTH} deep"
+    best = entry.get("best")
+    if not isinstance(best, dict):
+        return "best is not an object"
+    if not isinstance(best.get("id"), str):
+        return "best.id is not a string"
+    problem = _fields_problem(best, _BEST_FIELDS, "best.") or _fields_problem(entry, _ENTRY_FIELDS, "")
+    if problem:
+        return problem
+    for i, c in enumerate(entry.get("candidates", [])):
+        if not isinstance(c, dict):
+            return f"candidates[{i}] is not an object"
+        problem = _fields_problem(c, _CANDIDATE_FIELDS, f"candidates[{i}].")
+        if problem:
+            return problem
+    return None
+
+
+class _Unusable(Exception):
+    """The cache file is there but is no cache (the message says why)."""
+
+
 class AutotuneCache:
-    """The persistent JSON cache: ``{"version": 1, "entries": {key: entry}}``."""
+    """The persistent JSON cache: ``{"version": 1, "entries": {key: entry}}``.
+
+    Reading trusts nothing that is on disk. The file is read without following a symbolic link
+    or blocking on a FIFO, only when it is a regular file of at most :data:`MAX_CACHE_BYTES`
+    (:func:`napkin.kernels.cache.read_entry_file`); a file that is not UTF-8 JSON of the right
+    shape (or is nested past Python's recursion limit), or is a link, a directory or a FIFO, is
+    moved aside (renamed: a link is moved itself, its target untouched) and the cache starts
+    afresh; an entry of the wrong schema (:func:`entry_problem`) is left out. Each of these warns
+    once, in one line (:class:`AutotuneCacheWarning`); none raises.
+    """
 
     def __init__(self, path: str | Path | None = None):
         self.path = Path(path) if path is not None else cache_path()
 
     # -- reading
-    def load(self) -> dict[str, dict]:
-        """Every entry; a missing file is empty; an unreadable one is moved aside (with a warning)."""
+    def _read(self) -> bytes:
+        """The file's bytes: FileNotFoundError, _Unusable (not a regular file of at most
+        MAX_CACHE_BYTES) or another OSError."""
+        from ..kernels.cache import BadEntryError, read_entry_file
+
         try:
-            text = self.path.read_text("utf-8")
+            return read_entry_file(self.path, MAX_CACHE_BYTES)
+        except BadEntryError as e:
+            raise _Unusable(str(e)) from None
+
+    def load(self) -> dict[str, dict]:
+        """Every usable entry. A missing file is empty; an unreadable one is ignored (a warning);
+        a corrupt one is moved aside (a warning) and empty; entries of the wrong schema are left
+        out (a warning)."""
+        st = None
+        try:
+            st = os.lstat(self.path)  # what a move aside may rename: this, and nothing newer
+            raw = self._read()
+            data = json.loads(raw.decode("utf-8"))
+            if not isinstance(data, dict) or not isinstance(data.get("entries"), dict):
+                raise _Unusable("not an autotune cache (no 'entries' object)")
+            if data.get("version") != CACHE_VERSION:
+                raise _Unusable(f"version {_brief(repr(data.get('version')), 40)}, expected {CACHE_VERSION}")
         except FileNotFoundError:
             return {}
+        except (_Unusable, ValueError, RecursionError) as e:  # ValueError: UTF-8 and JSON errors
+            reason = "nested too deeply" if isinstance(e, RecursionError) else _brief(e)
+            aside = self._move_aside(st)
+            _warn_once(f"autotune cache {self.path} is corrupt ({reason}); "
+                       + (f"moved to {aside} and starting afresh" if aside else "ignoring it"))
+            return {}
         except OSError as e:
-            warnings.warn(f"autotune cache {self.path} unreadable ({e}); ignoring it", AutotuneCacheWarning, 2)
+            _warn_once(f"autotune cache {self.path} unreadable ({_brief(e)}); ignoring it")
             return {}
-        try:
-            data = json.loads(text)
-            if not isinstance(data, dict) or not isinstance(data.get("entries"), dict):
-                raise ValueError("not an autotune cache (no 'entries' object)")
-            if data.get("version") != CACHE_VERSION:
-                raise ValueError(f"version {data.get('version')!r}, expected {CACHE_VERSION}")
-            entries = {k: v for k, v in data["entries"].items() if isinstance(v, dict)}
-        except ValueError as e:
-            aside = self._move_aside()
-            warnings.warn(f"autotune cache {self.path} is corrupt ({e}); moved to {aside} and starting afresh",
-                          AutotuneCacheWarning, 2)
-            return {}
+        entries, bad = {}, []
+        for key, entry in data["entries"].items():
+            problem = entry_problem(entry)
+            if problem is None:
+                entries[key] = entry
+            else:
+                bad.append(f"{_brief(repr(key), 80)}: {problem}")
+        if bad:
+            _warn_once(f"autotune cache {self.path}: {len(bad)} unusable "
+                       f"entr{'y' if len(bad) == 1 else 'ies'} ignored ({_brief('; '.join(bad), 300)})")
         return entries
 
     def get(self, key: str) -> dict | None:
@@ -371,28 +538,79 @@ class AutotuneCache:
             self._write({"version": CACHE_VERSION, "entries": {}})
 
     def _write(self, data: dict) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=self.path.name + ".", suffix=".tmp", dir=self.path.parent)
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                json.dump(data, f, indent=1, sort_keys=True)
-                f.write("\n")
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, self.path)
-        except BaseException:
+        """Write the whole cache to a temporary file beside it and rename it into place; once
+        more when another process removed the directory or the temporary file meanwhile, or
+        put a directory where the file belongs."""
+        text = json.dumps(data, indent=1, sort_keys=True) + "\n"
+        for attempt in range(2):
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = None
+            try:
+                fd, tmp = tempfile.mkstemp(prefix=self.path.name + ".", suffix=".tmp", dir=self.path.parent)
+                with os.fdopen(fd, "w", encoding="utf-8") as f:
+                    f.write(text)
+                    f.flush()
+                    os.fsync(f.fileno())
+                os.replace(tmp, self.path)
+                return
+            except (FileNotFoundError, IsADirectoryError) as e:
+                self._cleanup(tmp)
+                if attempt:
+                    raise
+                if isinstance(e, IsADirectoryError):
+                    self._move_aside(None)
+            except BaseException:
+                self._cleanup(tmp)
+                raise
+
+    @staticmethod
+    def _cleanup(tmp: str | None) -> None:
+        if tmp is not None:
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
-            raise
 
-    def _move_aside(self) -> Path:
+    def _move_aside(self, seen: os.stat_result | None) -> Path | None:
+        """Rename what is at the cache's path (a link itself, not its target) aside; None when
+        it is gone, or is no longer what was read (``seen``: another process replaced it)."""
+        try:
+            now = os.lstat(self.path)
+        except OSError:
+            return None
+        if seen is not None and (now.st_dev, now.st_ino) != (seen.st_dev, seen.st_ino):
+            return None
         stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S-%f")
-        aside = self.path.with_name(f"{self.path.name}.corrupt-{stamp}")
+        aside = self.path.with_name(f"{self.path.name}.corrupt-{stamp}-{os.getpid()}")
         try:
             os.replace(self.path, aside)
         except OSError:
-            pass
+            return None
         return aside
+
+    def _open_lock(self) -> int | None:
+        """A descriptor of the lock file beside the cache, a regular file opened without
+        following a link or blocking; a link, FIFO or empty directory there is removed first.
+        None when there is no such file to be had (then writes go unlocked: each is still whole)."""
+        lock = self.path.with_name(self.path.name + ".lock")
+        flags = (os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
+                 | getattr(os, "O_CLOEXEC", 0))
+        for _ in range(2):
+            try:
+                fd = os.open(lock, flags, 0o644)
+            except OSError:
+                fd = None
+            if fd is not None:
+                if stat.S_ISREG(os.fstat(fd).st_mode):
+                    return fd
+                os.close(fd)
+            try:  # not a regular file: remove it (a link itself, a FIFO, an empty directory)
+                if stat.S_ISDIR(os.lstat(lock).st_mode):
+                    os.rmdir(lock)
+                else:
+                    os.unlink(lock)
+            except OSError:
+                break
+        _warn_once(f"autotune cache lock {lock} cannot be opened as a file; writing without it", 4)
+        return None
 
     @contextlib.contextmanager
     def _lock(self):
@@ -402,12 +620,15 @@ class AutotuneCache:
         except ImportError:  # pragma: no cover - not POSIX
             yield
             return
-        with open(self.path.with_name(self.path.name + ".lock"), "a+") as lf:
-            fcntl.flock(lf.fileno(), fcntl.LOCK_EX)
-            try:
-                yield
-            finally:
-                fcntl.flock(lf.fileno(), fcntl.LOCK_UN)
+        fd = self._open_lock()
+        if fd is None:
+            yield
+            return
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)  # releases the lock
 
 
 # ----------------------------------------------------------------------------- tuning
@@ -656,7 +877,10 @@ def tune(
         "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
     }
     if use_cache:
-        cache.put(key, entry)
+        try:
+            cache.put(key, entry)
+        except OSError as e:  # the measurement stands; only remembering it failed
+            _warn_once(f"autotune cache {cache.path} not written ({_brief(e)}); this choice is not kept", 2)
     return TuneResult(key, best.schedule, best.meas_s, best.pred_s, cands[:k], from_cache=False,
                       compiled=best_kernel, spearman=_num(rho), n_ranked=len(cands))
 

@@ -180,7 +180,7 @@ def read_entry_file(path: str | os.PathLike, max_bytes: int = MAX_ENTRY_BYTES) -
         if not stat.S_ISREG(st.st_mode):
             raise BadEntryError(_kind(st.st_mode))
         if st.st_size > max_bytes:
-            raise BadEntryError(f"{st.st_size} bytes, more than the {max_bytes} an entry may have")
+            raise BadEntryError(f"{st.st_size} bytes, over the limit of {max_bytes}")
         chunks: list[bytes] = []
         total = 0
         while total <= max_bytes:
@@ -190,7 +190,7 @@ def read_entry_file(path: str | os.PathLike, max_bytes: int = MAX_ENTRY_BYTES) -
             chunks.append(chunk)
             total += len(chunk)
         if total > max_bytes:
-            raise BadEntryError(f"more than the {max_bytes} bytes an entry may have")
+            raise BadEntryError(f"more than {max_bytes} bytes, over the limit")
         return b"".join(chunks)
     finally:
         os.close(fd)
