@@ -4,16 +4,17 @@ The templates live in ``napkin/codegen/templates/`` (package data). The environm
 ``StrictUndefined`` (a missing variable is an error, never an empty string) and a *finalize*
 hook that every ``{{ ... }}`` passes through. It lets through only:
 
-- :class:`Code`: text napkin built itself from whitelisted pieces (identifiers checked
-  against :data:`napkin.diagrams.axes.NAME_RE`, numbers formatted here, CUDA type names from
+- :class:`Code`: text napkin built itself from whitelisted pieces (identifiers checked by
+  :func:`napkin.diagrams.axes.is_name`, the one name check, numbers formatted here, CUDA type names from
   :data:`napkin.dtypes.DTYPES`, and the expressions of
   :data:`napkin.diagrams.functions.FUNCTIONS`);
 - ``int`` (written in decimal) and ``float`` (written by :func:`c_float`);
-- a plain ``str`` only if it is an identifier that ``NAME_RE`` accepts (or only spaces).
+- a plain ``str`` only if it is an identifier that ``is_name`` accepts (or only spaces).
 
 Anything else (a name with ``;``, quotes, spaces, unicode, a free-text description) raises a
 :class:`~napkin.errors.CodegenError` before a line of CUDA exists. Comments carrying names go
-through :func:`comment`, which keeps a small ASCII set and never lets a line break out.
+through :func:`comment`, which keeps a small ASCII set and never lets a line break out (nor
+closes a block comment).
 
 >>> ident("q", "i_")
 'i_q'
@@ -30,7 +31,7 @@ import re
 from functools import lru_cache
 from typing import Iterable, Sequence
 
-from ..diagrams.axes import NAME_RE
+from ..diagrams.axes import NAME_RE, is_name
 from ..diagrams.functions import FUNCTIONS
 from ..dtypes import DTYPES
 from ..dtypes import dtype as lookup_dtype
@@ -49,14 +50,14 @@ class Code(str):
 
 
 def ident(name: str, prefix: str = "") -> Code:
-    """``prefix + name`` as a CUDA identifier; ``name`` must match ``NAME_RE`` (else CodegenError).
+    """``prefix + name`` as a CUDA identifier; ``name`` must pass ``is_name`` (else CodegenError).
 
     Prefixes keep diagram names apart from CUDA keywords and from each other
     (an axis called ``int`` becomes ``i_int``).
     """
     if not isinstance(name, str):
         raise CodegenError(f"name {name!r} is not a string")
-    if not NAME_RE.match(name):
+    if not is_name(name):
         raise CodegenError(f"name {name!r} cannot reach CUDA: names must match {NAME_RE.pattern}")
     if prefix and not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", prefix):
         raise CodegenError(f"identifier prefix {prefix!r} is not a C identifier prefix")
@@ -112,9 +113,14 @@ def map_expr(fn: str, xs: Sequence[str], params: Sequence[float] = (), idx: Sequ
              sizes: Sequence[int] = ()) -> Code:
     """The fp32 CUDA expression of the whitelisted function ``fn`` applied to ``xs``.
 
-    ``xs`` and ``idx`` must be :class:`Code` (built by napkin) or ``NAME_RE`` identifiers;
-    ``params`` are formatted by :func:`c_float`, ``sizes`` by :func:`c_int`. An unknown
-    function, or a wrong number of arguments, is refused.
+    ``xs`` and ``idx`` must be :class:`Code` (built by napkin) or ``is_name`` identifiers;
+    an integer parameter of ``fn`` (a mask's offset or window) is written as a ``long long``
+    literal by :func:`c_i64` (it must be an integral value in the function's range: no float
+    round-trip, no truncation), any other parameter by :func:`c_float`; ``sizes`` by
+    :func:`c_int`. An unknown function, or a wrong number of arguments, is refused.
+
+    >>> map_expr("causal", [Code("s")], [-2], [Code("i_q"), Code("i_x")])
+    '((i_x <= i_q + (-2LL)) ? s : -INFINITY)'
     """
     f = FUNCTIONS.get(fn) if isinstance(fn, str) else None
     if f is None:
@@ -126,7 +132,7 @@ def map_expr(fn: str, xs: Sequence[str], params: Sequence[float] = (), idx: Sequ
     for i, x in enumerate(xs):
         subs[f"x{i}"] = _checked_code(x)
     for i, p in enumerate(params):
-        subs[f"p{i}"] = c_float(p)
+        subs[f"p{i}"] = _int_param(fn, i, p) if f.int_param(i) else c_float(p)
     for i, t in enumerate(idx):
         subs[f"i{i}"] = _checked_code(t)
     for i, n in enumerate(sizes):
@@ -137,10 +143,23 @@ def map_expr(fn: str, xs: Sequence[str], params: Sequence[float] = (), idx: Sequ
         raise CodegenError(f"function {fn}: its CUDA form needs {e} that was not given") from None
 
 
+def _int_param(fn: str, i: int, value) -> Code:
+    """Integer parameter ``i`` of ``fn`` as a parenthesised ``long long`` literal (``(-2LL)``)."""
+    from ..diagrams.functions import check_int_param
+    from ..errors import NapkinError
+
+    try:
+        v = check_int_param(fn, i, value)
+    except NapkinError as e:
+        raise CodegenError(str(e)) from None
+    lit = c_i64(v)
+    return Code(f"({lit})" if v < 0 else lit)
+
+
 def _checked_code(x) -> Code:
     if isinstance(x, Code):
         return x
-    if isinstance(x, str) and NAME_RE.match(x):
+    if is_name(x):
         return Code(x)
     raise CodegenError(f"{x!r} cannot reach CUDA: not a checked identifier or napkin-built expression")
 
@@ -151,10 +170,15 @@ _COMMENT_OK = re.compile(r"[A-Za-z0-9 _.,:;=+\-*/()\[\]<>{}|&%#!?'\"^~@$]")
 
 
 def comment(text) -> Code:
-    """One ``//`` comment line's text: ASCII letters, digits and punctuation only.
+    """One comment line's text: ASCII letters, digits and punctuation only.
 
-    Line breaks, backslashes (line continuation) and anything outside the small set become
-    ``?``, so nothing in a comment can end it early or become code.
+    Line breaks (``\\n``, ``\\r`` and every other one), backslashes (line continuation) and
+    anything outside the small set become ``?``, and ``*/`` and ``/*`` become ``* /`` and
+    ``/ *``, so nothing in a comment can end it early (a ``//`` line or a ``/* */`` block) or
+    become code.
+
+    >>> comment("1/sqrt(d) */ x")
+    '1/sqrt(d) * / x'
     """
     out = []
     for ch in str(text):
@@ -164,7 +188,12 @@ def comment(text) -> Code:
             out.append(ch)
         else:
             out.append("?")
-    return Code("".join(out))
+    text = "".join(out)
+    while "*/" in text or "/*" in text:
+        text = text.replace("*/", "* /").replace("/*", "/ *")
+    if "\n" in text or "\r" in text:  # unreachable by construction; kept as the last guard
+        raise CodegenError("a comment would hold a line break")
+    return Code(text)
 
 
 def comment_lines(lines: Iterable[str], prefix: str = "// ") -> Code:
@@ -181,7 +210,7 @@ def _finalize(value):
         return c_int(value)
     if isinstance(value, float):
         return c_float(value)
-    if isinstance(value, str) and (NAME_RE.match(value) or value.strip(" ") == ""):
+    if isinstance(value, str) and (is_name(value) or value.strip(" ") == ""):
         return value  # an identifier, or indentation
     raise CodegenError(f"template value {value!r} cannot reach CUDA: only checked identifiers, numbers "
                        "and napkin-built expressions are allowed")

@@ -7,23 +7,44 @@ CUDA cores and operations on the special-function unit (exp, tanh, erf). Only
 these entries reach generated CUDA, so a diagram can never inject source code.
 
 Index functions (masks and score modifiers) also read the integer position along
-some axes: a causal mask reads the query index and the key index.
+some axes: a causal mask reads the query index and the key index. A mask's parameters
+(the causal offset, the window) are integers (:class:`IntParam`): the reference and the
+kernel compare integer positions exactly, so a fractional, non-finite or huge value is
+refused when the diagram is built, never truncated in one place and not in the other.
 
 >>> FUNCTIONS["gelu"].arity
 1
 >>> FUNCTIONS["causal"].index_arity
 2
+>>> FUNCTIONS["sliding_window"].int_params
+(IntParam(index=0, lo=1, hi=4611686018427387904),)
+>>> check_int_param("causal", 0, 3.0)
+3
 """
 
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass, field
 from typing import Callable
 
 from ..errors import DiagramError
 
 _INV_SQRT2 = 1.0 / math.sqrt(2.0)
+
+#: The largest magnitude of an integer parameter (a mask offset or window): an index (below
+#: 2^48, :data:`napkin.diagrams.axes.MAX_AXIS_SIZE`) plus or minus it stays inside 64-bit integers.
+MAX_INT_PARAM = 2 ** 62
+
+
+@dataclass(frozen=True)
+class IntParam:
+    """Parameter ``index`` of a function is an integer in ``[lo, hi]`` (masks compare positions)."""
+
+    index: int
+    lo: int = -MAX_INT_PARAM
+    hi: int = MAX_INT_PARAM
 
 
 @dataclass(frozen=True)
@@ -34,7 +55,10 @@ class ElementwiseFn:
     :class:`ArrayOps`): ``xs`` are the broadcast array inputs, ``params`` the scalar
     parameters, ``idx`` broadcast index arrays for the index axes and ``sizes`` the
     sizes of those axes. ``cuda`` is a C++ expression in ``{x0}``, ``{p0}``, ``{i0}``,
-    ``{n0}`` (inputs, parameters, indices, index-axis sizes), in fp32.
+    ``{n0}`` (inputs, parameters, indices, index-axis sizes), in fp32; an integer
+    parameter (``int_params``) is written as a ``long long`` literal (``3LL``), any
+    other as a float literal. ``param_names`` name the parameters in error messages;
+    ``nonzero_params`` lists those that must not be 0 (a divisor).
     """
 
     name: str
@@ -47,6 +71,17 @@ class ElementwiseFn:
     sfu: int = 0
     doc: str = ""
     is_mask: bool = False
+    param_names: tuple[str, ...] = ()
+    int_params: tuple[IntParam, ...] = ()
+    nonzero_params: tuple[int, ...] = ()
+
+    def param_name(self, i: int) -> str:
+        """The name of parameter ``i`` (``offset``, ``window``, ``c``...)."""
+        return self.param_names[i] if i < len(self.param_names) else f"p{i}"
+
+    def int_param(self, i: int) -> "IntParam | None":
+        """The integer declaration of parameter ``i``, or None for a float parameter."""
+        return next((p for p in self.int_params if p.index == i), None)
 
 
 class ArrayOps:
@@ -60,6 +95,7 @@ class ArrayOps:
             self.m = torch
             self.erf = torch.erf
             self.maximum = torch.maximum
+            self.fmax = torch.fmax
             self.where = torch.where
             self.abs = torch.abs
         else:
@@ -68,6 +104,7 @@ class ArrayOps:
             self.m = np
             self.erf = _numpy_erf
             self.maximum = np.maximum
+            self.fmax = np.fmax
             self.where = np.where
             self.abs = np.abs
         self.exp = self.m.exp
@@ -90,6 +127,11 @@ class ArrayOps:
     def neg_inf(self, x):
         """-inf shaped like x."""
         return self.full_like(x, -math.inf)
+
+    def relu(self, x):
+        """``fmaxf(x, 0.0f)`` exactly: x where x > 0, else +0.0, so relu(-inf) = 0, relu(+inf) = inf,
+        relu(-0.0) = relu(-5) = +0.0 and relu(NaN) = 0 (fmaxf returns the other operand of a NaN)."""
+        return self.where(x > 0, x, self.full_like(x, 0.0))
 
 
 def _numpy_erf(x):
@@ -116,20 +158,20 @@ for _fn in [
     ElementwiseFn("sub", 2, lambda m, xs, p, i, n: xs[0] - xs[1], "({x0} - {x1})", doc="x - y"),
     ElementwiseFn("mul", 2, lambda m, xs, p, i, n: xs[0] * xs[1], "({x0} * {x1})", doc="x * y"),
     ElementwiseFn("div", 2, lambda m, xs, p, i, n: xs[0] / xs[1], "({x0} / {x1})", doc="x / y"),
-    ElementwiseFn("maximum", 2, lambda m, xs, p, i, n: m.maximum(xs[0], xs[1]), "fmaxf({x0}, {x1})",
-                  doc="max(x, y)"),
+    ElementwiseFn("maximum", 2, lambda m, xs, p, i, n: m.fmax(xs[0], xs[1]), "fmaxf({x0}, {x1})",
+                  doc="max(x, y) (as fmaxf: a NaN operand gives the other one)"),
     ElementwiseFn("scale", 1, lambda m, xs, p, i, n: xs[0] * p[0], "({x0} * {p0})", n_params=1,
-                  doc="c * x"),
+                  param_names=("c",), doc="c * x"),
     ElementwiseFn("shift", 1, lambda m, xs, p, i, n: xs[0] + p[0], "({x0} + {p0})", n_params=1,
-                  doc="x + c"),
+                  param_names=("c",), doc="x + c"),
     ElementwiseFn("neg", 1, lambda m, xs, p, i, n: -xs[0], "(-{x0})", doc="-x"),
     ElementwiseFn("square", 1, lambda m, xs, p, i, n: xs[0] * xs[0], "({x0} * {x0})", doc="x²"),
     ElementwiseFn("exp", 1, lambda m, xs, p, i, n: m.exp(xs[0]), "__expf({x0})", sfu=1, doc="eˣ"),
     ElementwiseFn("log", 1, lambda m, xs, p, i, n: m.log(xs[0]), "__logf({x0})", sfu=1, doc="ln x"),
     ElementwiseFn("sqrt", 1, lambda m, xs, p, i, n: m.sqrt(xs[0]), "sqrtf({x0})", sfu=1, doc="√x"),
     ElementwiseFn("tanh", 1, lambda m, xs, p, i, n: m.tanh(xs[0]), "tanhf({x0})", sfu=1, doc="tanh x"),
-    ElementwiseFn("relu", 1, lambda m, xs, p, i, n: m.maximum(xs[0], xs[0] * 0), "fmaxf({x0}, 0.0f)",
-                  doc="max(x, 0)"),
+    ElementwiseFn("relu", 1, lambda m, xs, p, i, n: m.relu(xs[0]), "fmaxf({x0}, 0.0f)",
+                  doc="max(x, 0) as fmaxf(x, 0): relu(-0.0) = +0.0, relu(NaN) = 0"),
     ElementwiseFn(
         "gelu", 1,
         lambda m, xs, p, i, n: 0.5 * xs[0] * (1.0 + m.erf(xs[0] * _INV_SQRT2)),
@@ -146,20 +188,22 @@ for _fn in [
         "softcap", 1,
         lambda m, xs, p, i, n: p[0] * m.tanh(xs[0] / p[0]),
         "({p0} * tanhf({x0} / {p0}))",
-        n_params=1, flops=2, sfu=1, doc="c·tanh(x/c) (logit soft-capping)",
+        n_params=1, flops=2, sfu=1, param_names=("cap",), nonzero_params=(0,),
+        doc="c·tanh(x/c) (logit soft-capping)",
     ),
     ElementwiseFn(
         "causal", 1,
         lambda m, xs, p, i, n: m.where(i[1] <= i[0] + p[0], xs[0], m.neg_inf(xs[0])),
-        "(({i1} <= {i0} + (long long)({p0})) ? {x0} : -INFINITY)",
-        n_params=1, index_arity=2, flops=1, is_mask=True,
+        "(({i1} <= {i0} + {p0}) ? {x0} : -INFINITY)",
+        n_params=1, index_arity=2, flops=1, is_mask=True, param_names=("offset",), int_params=(IntParam(0),),
         doc="keep key x where x ≤ q + offset (offset 0: top-left aligned, as SDPA is_causal)",
     ),
     ElementwiseFn(
         "sliding_window", 1,
         lambda m, xs, p, i, n: m.where((i[1] <= i[0]) & (i[1] > i[0] - p[0]), xs[0], m.neg_inf(xs[0])),
-        "((({i1} <= {i0}) && ({i1} > {i0} - (long long)({p0}))) ? {x0} : -INFINITY)",
-        n_params=1, index_arity=2, flops=2, is_mask=True,
+        "((({i1} <= {i0}) && ({i1} > {i0} - {p0})) ? {x0} : -INFINITY)",
+        n_params=1, index_arity=2, flops=2, is_mask=True, param_names=("window",),
+        int_params=(IntParam(0, 1, MAX_INT_PARAM),),
         doc="causal and keep only the last w keys: q − w < x ≤ q",
     ),
     ElementwiseFn(
@@ -175,8 +219,59 @@ for _fn in [
 
 def get_function(name: str) -> ElementwiseFn:
     """Look up a whitelisted elementwise function; unknown names raise a DiagramError."""
-    if name not in FUNCTIONS:
+    if not isinstance(name, str) or name not in FUNCTIONS:
         raise DiagramError(
             f"unknown elementwise function {name!r}; known: {', '.join(sorted(FUNCTIONS))}"
         )
     return FUNCTIONS[name]
+
+
+def check_int_param(fn: str, i: int, value) -> int:
+    """Parameter ``i`` of the integer-parameter function ``fn`` as an ``int`` within its range.
+
+    Accepts an int (not a bool), an integral finite float (``3.0`` becomes ``3``) or an integral
+    sympy number; anything else (0.5, nan, inf, 1e300, True, "3", a sympy symbol) raises a
+    DiagramError naming the function and the parameter.
+
+    >>> check_int_param("causal", 0, -2.0)
+    -2
+    """
+    f = get_function(fn)
+    decl = f.int_param(i)
+    where = f"{fn}: {f.param_name(i)}"
+    if decl is None:
+        raise DiagramError(f"{where} is not an integer parameter")
+    out = _as_int(value)
+    if out is None:
+        raise DiagramError(f"{where} must be a finite integer, got {_show(value)}")
+    if not decl.lo <= out <= decl.hi:
+        raise DiagramError(f"{where} must lie in [{_show(decl.lo)}, {_show(decl.hi)}], got {_show(value)}")
+    return out
+
+
+def _as_int(value) -> int | None:
+    """``value`` as an exact int, or None when it is not an integral finite real number."""
+    if isinstance(value, bool) or type(value).__name__ == "bool_":
+        return None
+    if isinstance(value, numbers.Integral):
+        return int(value)
+    if isinstance(value, numbers.Real):
+        try:
+            v = float(value)
+        except (TypeError, ValueError, OverflowError):
+            return None
+        return int(v) if math.isfinite(v) and v.is_integer() else None
+    return None
+
+
+def _show(value) -> str:
+    if isinstance(value, int) and not isinstance(value, bool):
+        if value == MAX_INT_PARAM:
+            return "2^62"
+        if value == -MAX_INT_PARAM:
+            return "-2^62"
+        if abs(value) >= 10 ** 30:
+            return f"a {len(str(abs(value)))}-digit number"
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+

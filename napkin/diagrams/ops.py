@@ -22,6 +22,8 @@ dot product and multi-head attention is attention woven over heads.
 
 from __future__ import annotations
 
+import math
+import numbers
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
@@ -29,8 +31,8 @@ import sympy
 
 from ..dtypes import dtype as lookup_dtype
 from ..errors import DiagramError, NapkinError
-from .axes import Axis, as_axis_name, as_axis_names, check_name
-from .functions import get_function
+from .axes import Axis, as_axis_name, as_axis_names, check_name, is_name
+from .functions import check_int_param, get_function
 
 # ----------------------------------------------------------------------------- ops
 
@@ -83,6 +85,11 @@ class Contract(Op):
 
     def infer(self, args):
         where = f"contract over {','.join(self.over) or '(nothing)'}"
+        if not args:
+            raise DiagramError(f"{where}: needs at least one input array")
+        twice = sorted({n for n in self.over if self.over.count(n) > 1})
+        if twice:
+            raise DiagramError(f"{where}: axis {twice[0]!r} is listed twice in over")
         dt = _common_dtype(args, where)
         axes = _union_axes(args, where)
         names = [a.name for a in axes]
@@ -114,27 +121,39 @@ class Map(Op):
     """An elementwise function from the whitelist, broadcasting its inputs by axis name.
 
     ``index_axes`` are the axes whose integer position the function reads (masks and
-    score modifiers such as causal, sliding window and ALiBi).
+    score modifiers such as causal, sliding window and ALiBi). ``params`` are its scalar
+    parameters: an ``int`` for an integer parameter (a mask's offset or window), else a
+    finite float or a sympy expression in axis sizes built from numbers, ``+ - * / **``
+    and ``sqrt`` (``1/sqrt(d)``), checked by :func:`map_fn` and again by :meth:`infer`.
     """
 
     fn: str
-    params: tuple[float | sympy.Expr, ...] = ()
+    params: tuple[float | int | sympy.Expr, ...] = ()
     index_axes: tuple[str, ...] = ()
     kind = "map"
 
-    def param_values(self, sizes: Mapping[str, int | sympy.Expr]) -> tuple[float, ...]:
-        """Scalar parameters as floats; symbolic ones (``1/√d``) use the axis sizes given."""
+    def param_values(self, sizes: Mapping[str, int | sympy.Expr]) -> tuple[float | int, ...]:
+        """Scalar parameters as numbers: an integer parameter as an ``int``, any other as a finite
+        ``float``; symbolic ones (``1/√d``) use the axis sizes given. A value that is not what the
+        function takes (a fractional mask offset, a parameter that evaluates to inf, nan or a
+        complex number) raises a DiagramError naming the function and the parameter."""
+        f = get_function(self.fn)
         out = []
-        for p in self.params:
+        for i, p in enumerate(self.params):
+            if f.int_param(i):
+                out.append(check_int_param(self.fn, i, p))
+                continue
+            where = f"map {self.fn}: parameter {f.param_name(i)}"
             if isinstance(p, sympy.Basic):
+                _check_expr(p, where)
                 subs = {s: sizes[s.name] for s in p.free_symbols if s.name in sizes}
                 value = p.subs(subs)
                 if value.free_symbols:
                     names = ", ".join(sorted(s.name for s in value.free_symbols))
                     raise DiagramError(f"map {self.fn}: parameter {p} needs the size of axis {names}")
-                out.append(float(value))
+                out.append(_finite_float(value, where, i in f.nonzero_params))
             else:
-                out.append(float(p))
+                out.append(_finite_float(p, where, i in f.nonzero_params))
         return tuple(out)
 
     def label(self) -> str:
@@ -147,8 +166,7 @@ class Map(Op):
         where = f"map {self.fn}"
         if len(args) != f.arity:
             raise DiagramError(f"{where}: takes {f.arity} array input(s), got {len(args)}")
-        if len(self.params) != f.n_params:
-            raise DiagramError(f"{where}: takes {f.n_params} scalar parameter(s), got {len(self.params)}")
+        check_params(self.fn, self.params)
         if len(self.index_axes) != f.index_arity:
             raise DiagramError(f"{where}: reads {f.index_arity} index axes, got {len(self.index_axes)}")
         dt = _common_dtype(args, where)
@@ -220,6 +238,7 @@ class Norm(Op):
     def infer(self, args):
         if self.how not in ("layernorm", "rmsnorm"):
             raise DiagramError(f"norm: unknown normalisation {self.how!r}")
+        _check_eps(self.how, self.eps)
         (x,) = args
         _require_axis(x, self.over, f"{self.how} over {self.over}")
         return x.axes, x.dtype
@@ -315,23 +334,37 @@ class Value:
 
     # -- arithmetic builds maps
     def __add__(self, other):
-        return _binary_or_scalar("add", "shift", self, other, lambda c: c)
+        return _binary_or_scalar("add", "shift", self, other, "+")
 
     __radd__ = __add__
 
     def __sub__(self, other):
-        return _binary_or_scalar("sub", "shift", self, other, lambda c: -c)
+        return _binary_or_scalar("sub", "shift", self, other, "-")
 
     def __rsub__(self, other):
+        _scalar(other, f"{other!r} - {self.label()}")
         return (-self) + other
 
     def __mul__(self, other):
-        return _binary_or_scalar("mul", "scale", self, other, lambda c: c)
+        return _binary_or_scalar("mul", "scale", self, other, "*")
 
     __rmul__ = __mul__
 
     def __truediv__(self, other):
-        return _binary_or_scalar("div", "scale", self, other, lambda c: 1.0 / c)
+        return _binary_or_scalar("div", "scale", self, other, "/")
+
+    def __rtruediv__(self, other):
+        raise DiagramError(f"{_short(other)} / {self.label()}: dividing a scalar by an array is not a "
+                           "whitelisted map; build an array of the numerator and use map_fn('div', ...)")
+
+    def __pow__(self, other):
+        raise DiagramError(f"{self.label()} ** {_short(other)}: powers are not a whitelisted map; use "
+                           "square(x), sqrt through map_fn('sqrt', x) or x * x")
+
+    def __matmul__(self, other):
+        raise DiagramError(f"{self.label()} @ ...: name the contracted axis with contract(a, b, over=axis)")
+
+    __rmatmul__ = __matmul__
 
     def __neg__(self):
         return map_fn("neg", self)
@@ -340,23 +373,112 @@ class Value:
 def _fmt_param(p) -> str:
     if isinstance(p, sympy.Basic):
         return str(p).replace("sqrt", "√")
+    if isinstance(p, int):
+        return str(p)
     return f"{p:.4g}"
 
 
-def _as_param(p):
+def _short(value) -> str:
+    """A value for an error message: its repr on one line (control characters escaped), cut to
+    60 characters; a huge integer by its number of digits."""
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 10 ** 30:
+        return f"a {len(str(abs(value)))}-digit number"
+    text = "".join(c if c.isprintable() else repr(c)[1:-1] for c in repr(value))
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+#: The sympy node types a parameter expression may use: numbers, axis-size symbols, + * and ** (so
+#: - and / and sqrt, which sympy writes with them). Anything else (functions, relations, undefined
+#: functions whose names are free text) never reaches a label or generated code.
+_EXPR_NODES = (sympy.Add, sympy.Mul, sympy.Pow, sympy.Symbol, sympy.Number, sympy.NumberSymbol)
+
+
+def _check_expr(expr: sympy.Basic, where: str) -> sympy.Basic:
+    """Refuse a parameter expression with anything but plain arithmetic on finite numbers and
+    symbols named like axes (``1/sqrt(d)``); ``where`` names the function and the parameter."""
+    for node in sympy.preorder_traversal(expr):
+        if isinstance(node, sympy.Symbol):
+            if type(node) is not sympy.Symbol or not is_name(node.name):
+                raise DiagramError(f"{where}: symbol {node.name!r} is not an axis name (an ASCII letter "
+                                   "followed by at most 31 ASCII letters, digits or '_')")
+        elif isinstance(node, sympy.Number):
+            if not (node.is_finite and node.is_real):
+                raise DiagramError(f"{where}: {node} is not a finite real number")
+        elif not isinstance(node, _EXPR_NODES):
+            raise DiagramError(f"{where}: {_short(str(node))} is not plain arithmetic; a parameter may use "
+                               "numbers, axis sizes, + - * / ** and sqrt only")
+    return expr
+
+
+def _finite_float(value, where: str, nonzero: bool = False) -> float:
+    """``value`` (a real number or a number-valued sympy expression) as a finite float."""
+    if isinstance(value, bool) or not isinstance(value, (numbers.Real, sympy.Basic)):
+        raise DiagramError(f"{where}: {_short(value)} is not a number")
+    try:
+        v = float(value)
+    except (TypeError, ValueError, OverflowError):
+        raise DiagramError(f"{where}: {_short(value)} is not a finite real number") from None
+    if not math.isfinite(v):
+        raise DiagramError(f"{where}: {_short(value)} is not a finite real number")
+    if nonzero and v == 0:
+        raise DiagramError(f"{where}: must not be 0")
+    return v
+
+
+def _as_param(p, fn: str = "", i: int = 0):
+    """One float parameter of ``fn`` as stored in a Map: a finite float, or a checked sympy
+    expression with free symbols (axis sizes bound later)."""
+    f = get_function(fn) if fn else None
+    where = f"map {fn}: parameter {f.param_name(i)}" if f else "scalar parameter"
+    nonzero = bool(f and i in f.nonzero_params)
     if isinstance(p, sympy.Basic):
-        return p if p.free_symbols else float(p)
-    if isinstance(p, bool) or not isinstance(p, (int, float)):
-        raise DiagramError(f"scalar parameter {p!r} is not a number or a sympy expression")
-    return float(p)
+        _check_expr(p, where)
+        return p if p.free_symbols else _finite_float(p, where, nonzero)
+    return _finite_float(p, where, nonzero)
 
 
-def _binary_or_scalar(binary: str, unary: str, x: Value, other, convert):
+def check_params(fn: str, params) -> tuple:
+    """The parameters of the whitelisted function ``fn`` as a Map stores them: an integer
+    parameter (a mask's offset or window) as an ``int`` in its range, any other as a finite float
+    or a checked sympy expression. A wrong count or value raises a DiagramError naming ``fn`` and
+    the parameter.
+
+    >>> check_params("causal", (2.0,)), check_params("scale", (1,))
+    ((2,), (1.0,))
+    """
+    f = get_function(fn)
+    if isinstance(params, (str, bytes)) or not isinstance(params, (tuple, list)):
+        raise DiagramError(f"map {fn}: params must be a tuple of numbers, got {_short(params)}")
+    if len(params) != f.n_params:
+        raise DiagramError(f"map {fn}: takes {f.n_params} scalar parameter(s), got {len(params)}")
+    return tuple(check_int_param(fn, i, p) if f.int_param(i) else _as_param(p, fn, i)
+                 for i, p in enumerate(params))
+
+
+def _scalar(other, where: str):
+    """A scalar operand of array arithmetic: a finite float or a checked sympy expression."""
+    if isinstance(other, bool) or not isinstance(other, (numbers.Real, sympy.Basic)):
+        raise DiagramError(f"{where}: {_short(other)} is neither a napkin array nor a number")
+    if isinstance(other, sympy.Basic):
+        _check_expr(other, where)
+        return other if other.free_symbols else _finite_float(other, where)
+    return _finite_float(other, where)
+
+
+def _binary_or_scalar(binary: str, unary: str, x: Value, other, symbol: str):
     if isinstance(other, Value):
         return map_fn(binary, x, other)
-    if isinstance(other, (int, float, sympy.Basic)) and not isinstance(other, bool):
-        return map_fn(unary, x, params=(convert(other),))
-    return NotImplemented
+    where = f"{x.label()} {symbol} {_short(other)}"
+    c = _scalar(other, where)
+    if symbol == "-":
+        c = -c
+    elif symbol == "/":
+        if c == 0:
+            raise DiagramError(f"{where}: division by zero")
+        c = 1 / c if isinstance(c, sympy.Basic) else 1.0 / c
+        if not isinstance(c, sympy.Basic) and not math.isfinite(c):
+            raise DiagramError(f"{where}: the reciprocal of the scalar is not a finite float")
+    return map_fn(unary, x, params=(c,))
 
 
 def _describe_args(args) -> str:
@@ -398,6 +520,8 @@ def _union_axes(args: Sequence[Value], where: str) -> tuple[Axis, ...]:
 def apply(op: Op, args: Sequence[Value], name: str | None = None) -> Value:
     """Apply an operation to values, checking them; the one place values are built."""
     args = tuple(args)
+    if not isinstance(op, Op):
+        raise DiagramError(f"apply: {_short(op)} is not a napkin box")
     for v in args:
         if not isinstance(v, Value):
             raise DiagramError(f"{op.kind}: expected napkin arrays as inputs, got {type(v).__name__}")
@@ -449,7 +573,9 @@ def contract(*xs: Value, over, out=None, name: str | None = None) -> Value:
 
 def map_fn(fn: str, *xs: Value, params: Sequence[float] = (), index_axes=(), name: str | None = None) -> Value:
     """Apply the whitelisted elementwise function ``fn`` (see ``functions.FUNCTIONS``)."""
-    return apply(Map(fn, tuple(_as_param(p) for p in params), as_axis_names(index_axes)), xs, name)
+    if not isinstance(fn, str):
+        raise DiagramError(f"map_fn: the function must be a name from the whitelist, got {_short(fn)}")
+    return apply(Map(fn, check_params(fn, params), as_axis_names(index_axes)), xs, name)
 
 
 def reduce(x: Value, over, how: str = "sum", name: str | None = None) -> Value:
@@ -481,19 +607,30 @@ def softmax(x: Value, over, name: str | None = None) -> Value:
     return apply(Softmax(as_axis_name(over)), (x,), name)
 
 
+def _check_eps(how: str, eps) -> float:
+    """``eps`` of a normalisation as a float: a finite number > 0, else a DiagramError."""
+    v = _finite_float(eps, f"{how}: eps")
+    if v <= 0:
+        raise DiagramError(f"{how}: eps: {_short(eps)} is not > 0")
+    return v
+
+
 def layernorm(x: Value, over, eps: float = 1e-5, name: str | None = None) -> Value:
-    """(x − mean)/√(var + eps) along ``over`` (no affine: multiply and add a weight and bias)."""
-    return apply(Norm("layernorm", as_axis_name(over), float(eps)), (x,), name)
+    """(x − mean)/√(var + eps) along ``over`` (no affine: multiply and add a weight and bias).
+
+    ``eps`` must be a finite number > 0.
+    """
+    return apply(Norm("layernorm", as_axis_name(over), _check_eps("layernorm", eps)), (x,), name)
 
 
 def rmsnorm(x: Value, over, eps: float = 1e-6, name: str | None = None) -> Value:
-    """x/√(mean(x²) + eps) along ``over``."""
-    return apply(Norm("rmsnorm", as_axis_name(over), float(eps)), (x,), name)
+    """x/√(mean(x²) + eps) along ``over``; ``eps`` must be a finite number > 0."""
+    return apply(Norm("rmsnorm", as_axis_name(over), _check_eps("rmsnorm", eps)), (x,), name)
 
 
 def rename(x: Value, name: str | None = None, **mapping) -> Value:
     """Relabel axes: ``rename(X, q=Axis("x"))`` or ``rename(X, q="x")``."""
-    pairs = tuple((old, as_axis_name(new)) for old, new in mapping.items())
+    pairs = tuple((check_name(old, "axis"), as_axis_name(new)) for old, new in mapping.items())
     return apply(Rename(pairs), (x,), name)
 
 
@@ -516,24 +653,32 @@ square = _unary("square", "x² elementwise.")
 
 
 def scale(x: Value, c: float, name: str | None = None) -> Value:
-    """c·x."""
+    """c·x; ``c`` is a finite number or a sympy expression in axis sizes (``1/sqrt(d)``)."""
     return map_fn("scale", x, params=(c,), name=name)
 
 
 def softcap(x: Value, cap: float, name: str | None = None) -> Value:
-    """cap·tanh(x/cap): logit soft-capping (Gemma 2)."""
+    """cap·tanh(x/cap): logit soft-capping (Gemma 2); ``cap`` is finite and not 0."""
     return map_fn("softcap", x, params=(cap,), name=name)
 
 
 def causal(scores: Value, q, x, offset: int = 0, name: str | None = None) -> Value:
-    """Mask keys after the query: keep ``x ≤ q + offset`` (−inf elsewhere)."""
+    """Mask keys after the query: keep ``x ≤ q + offset`` (−inf elsewhere).
+
+    ``offset`` is an integer with ``|offset| ≤ 2^62`` (``3.0`` is taken as 3; ``0.5``, nan, inf
+    and symbols are refused), so the kernel and the reference compare the same integers.
+
+    >>> from napkin.diagrams import axes
+    >>> q, x = axes("q x")
+    >>> causal(array("S", q, x), q, x, offset=-1.0).op.params
+    (-1,)
+    """
     return map_fn("causal", scores, params=(offset,), index_axes=(q, x), name=name)
 
 
 def sliding_window(scores: Value, q, x, window: int, name: str | None = None) -> Value:
-    """Keep the last ``window`` keys up to the query: ``q − window < x ≤ q``."""
-    if int(window) < 1:
-        raise DiagramError(f"sliding_window: window must be ≥ 1, got {window}")
+    """Keep the last ``window`` keys up to the query: ``q − window < x ≤ q``; ``window`` is an
+    integer in ``[1, 2^62]``."""
     return map_fn("sliding_window", scores, params=(window,), index_axes=(q, x), name=name)
 
 

@@ -7,9 +7,9 @@ output. The kernel skips such pairs: it neither loads their K and V chunks nor
 computes on them. The cost model and the CPU interpreter both count only the
 visited pairs, so a causal kernel moves and computes about half of a dense one.
 
->>> visited(("causal", (0.0,)), (0, 64), (64, 128))
+>>> visited(("causal", (0,)), (0, 64), (64, 128))
 False
->>> visited(("causal", (0.0,)), (64, 128), (0, 64))
+>>> visited(("causal", (0,)), (64, 128), (0, 64))
 True
 """
 
@@ -92,10 +92,11 @@ def _visited_range(mask: tuple, q_range: tuple[int, int], nx: int, sx: int) -> t
 
     fn, params = mask
     q_lo, q_hi = q_range
+    # mask parameters are integers (napkin.diagrams.functions.IntParam): floor division stays exact
     if fn == "causal":
-        lo, hi = 0, math.floor((q_hi - 1 + params[0]) / sx)
+        lo, hi = 0, math.floor((q_hi - 1 + params[0]) // sx)
     elif fn == "sliding_window":
-        lo, hi = math.floor((q_lo - params[0] + 1) / sx), math.floor((q_hi - 1) / sx)
+        lo, hi = math.floor((q_lo - params[0] + 1) // sx), (q_hi - 1) // sx
     else:
         lo, hi = 0, nch - 1
     lo, hi = max(lo, 0), min(hi, nch - 1)

@@ -103,7 +103,7 @@ def test_scale_folds_into_exp2_and_masks_come_from_the_diagram():
     scale = {a.name: a.value for a in k.args if a.kind == "float"}["scale_log2"]
     assert abs(scale - 1.4426950408889634 / 8.0) < 1e-7
     assert dict(k.tunables)["window"] == 256
-    assert "i_x > i_q - (long long)(256.0f)" in k.source
+    assert "i_x > i_q - 256LL" in k.source  # the window as an integer literal (issue #16)
     d = bound("attention_softcap", d=64)
     k = FAMILY.lower(d, FAMILY.candidates(d, "h100", "bf16")[0], "sm_90a").launches[0]
     assert "tanhf" in k.source and "50.0f" in k.source

@@ -90,6 +90,26 @@ def test_comments_cannot_break_out():
     assert comment("ẋ").isascii()
 
 
+@pytest.mark.parametrize("text", ["a\nb", "a\r\nb", "a\rb", "a\u2028b", "a\x0bb", "a\x0cb", "a\x85b",
+                                  "*/ asm(\"trap;\") /*", "x */", "/* x", "**/", "*/*/", "//*", "a\\\nb"])
+def test_comment_never_holds_a_line_break_nor_closes_a_block_comment(text):
+    c = comment(text)
+    assert isinstance(c, Code) and c.isascii()
+    assert "\n" not in c and "\r" not in c and "\\" not in c
+    assert "*/" not in c and "/*" not in c
+    assert len(c.splitlines()) <= 1
+
+
+def test_comment_of_a_parameter_label():
+    from napkin.diagrams import scale
+
+    r, x = Axis("r", 4), Axis("x", 8)
+    import sympy
+
+    v = scale(array("X", r, x), 1 / sympy.sqrt(sympy.Symbol("x", integer=True, positive=True)))
+    assert comment(v.op.label()) == "scale(1/sqrt(x))"
+
+
 def _smuggled_input(name: str, *axes: Axis) -> Value:
     # Value() itself does not check names: this is how a tampered diagram would look
     return Value(InputOp(), (), axes, "bf16", name)
