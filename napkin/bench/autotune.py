@@ -440,6 +440,18 @@ def entry_problem(entry) -> str | None:
     return None
 
 
+def _make_dir(path: Path) -> None:
+    """``mkdir -p path``, proof against another process removing it (or a parent) meanwhile;
+    OSError when a file is in the way or the location refuses."""
+    for attempt in range(3):
+        try:
+            os.makedirs(path, exist_ok=True)
+            return
+        except (FileNotFoundError, FileExistsError):
+            if attempt == 2 or (os.path.lexists(path) and not os.path.isdir(path)):
+                raise
+
+
 class _Unusable(Exception):
     """The cache file is there but is no cache (the message says why)."""
 
@@ -538,12 +550,16 @@ class AutotuneCache:
             self._write({"version": CACHE_VERSION, "entries": {}})
 
     def _write(self, data: dict) -> None:
-        """Write the whole cache to a temporary file beside it and rename it into place; once
-        more when another process removed the directory or the temporary file meanwhile, or
-        put a directory where the file belongs."""
+        """Write the whole cache to a temporary file beside it and rename it into place.
+
+        Another process removing the directory or the temporary file meanwhile, or putting a
+        directory where the file belongs, is met by trying again (three tries in all); when it
+        spoils every try, this write is dropped with a warning (the cache loses this update, as
+        it would to a concurrent clear). Any other failure raises."""
         text = json.dumps(data, indent=1, sort_keys=True) + "\n"
-        for attempt in range(2):
-            self.path.parent.mkdir(parents=True, exist_ok=True)
+        error: OSError | None = None
+        for _ in range(3):
+            _make_dir(self.path.parent)
             tmp = None
             try:
                 fd, tmp = tempfile.mkstemp(prefix=self.path.name + ".", suffix=".tmp", dir=self.path.parent)
@@ -555,13 +571,14 @@ class AutotuneCache:
                 return
             except (FileNotFoundError, IsADirectoryError) as e:
                 self._cleanup(tmp)
-                if attempt:
-                    raise
+                error = e
                 if isinstance(e, IsADirectoryError):
                     self._move_aside(None)
             except BaseException:
                 self._cleanup(tmp)
                 raise
+        _warn_once(f"autotune cache {self.path} not written: other processes kept changing it "
+                   f"({_brief(error)})", 4)
 
     @staticmethod
     def _cleanup(tmp: str | None) -> None:
@@ -593,20 +610,34 @@ class AutotuneCache:
         lock = self.path.with_name(self.path.name + ".lock")
         flags = (os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
                  | getattr(os, "O_CLOEXEC", 0))
-        for _ in range(2):
+        for _ in range(3):
             try:
                 fd = os.open(lock, flags, 0o644)
+            except FileNotFoundError:  # the directory removed meanwhile
+                with contextlib.suppress(OSError):
+                    _make_dir(self.path.parent)
+                continue
             except OSError:
                 fd = None
             if fd is not None:
                 if stat.S_ISREG(os.fstat(fd).st_mode):
                     return fd
                 os.close(fd)
+            try:
+                mode = os.lstat(lock).st_mode
+            except FileNotFoundError:
+                continue
+            except OSError:
+                break
+            if stat.S_ISREG(mode):  # a file this process may not open: leave it be
+                break
             try:  # not a regular file: remove it (a link itself, a FIFO, an empty directory)
-                if stat.S_ISDIR(os.lstat(lock).st_mode):
+                if stat.S_ISDIR(mode):
                     os.rmdir(lock)
                 else:
                     os.unlink(lock)
+            except FileNotFoundError:
+                continue
             except OSError:
                 break
         _warn_once(f"autotune cache lock {lock} cannot be opened as a file; writing without it", 4)
@@ -614,7 +645,7 @@ class AutotuneCache:
 
     @contextlib.contextmanager
     def _lock(self):
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        _make_dir(self.path.parent)
         try:
             import fcntl
         except ImportError:  # pragma: no cover - not POSIX
