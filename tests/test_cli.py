@@ -568,3 +568,131 @@ def test_readme_python_example_runs():
     assert blocks
     for code in blocks:
         exec(compile(code, "README.md", "exec"), {"__name__": "readme"})
+
+
+# ----------------------------------------------------------------------------- issue #16: user files
+
+CHAIN = """\
+from napkin.diagrams import Axis, Diagram, array, contract
+
+def chain(n):
+    t = Axis("t", 64)
+    ax = [Axis(f"a{i}", 32) for i in range(n + 1)]
+    cur = array("X", t, ax[0])
+    inputs = [cur]
+    for i in range(n):
+        w = array(f"W{i}", ax[i], ax[i + 1])
+        inputs.append(w)
+        cur = contract(cur, w, over=ax[i].name, name=f"Y{i}")
+    return Diagram(f"chain{n}", cur, inputs)
+"""
+
+GOOD = """\
+from napkin.diagrams import Diagram, array, axes, contract
+a, b, c = axes("a b c")
+mm = Diagram("mm", contract(array("A", a, b), array("B", b, c), over=b, name="C"))
+"""
+
+
+@pytest.mark.parametrize("folder", ["my.python", "a.py.d", "x.py"])
+def test_user_file_in_a_folder_whose_name_holds_dot_py(tmp_path, folder):
+    """The spec is split at the last ':' and the path must end in .py: a '.py' earlier in the path
+    (a folder my.python/ or a.py.d/) is part of the path."""
+    (tmp_path / folder).mkdir()
+    (tmp_path / folder / "f.py").write_text(GOOD)
+    for spec in (f"{tmp_path / folder / 'f.py'}:mm", str(tmp_path / folder / "f.py")):
+        code, out, err = invoke("show", spec, "-s", "a=3")
+        assert code == 0, (spec, err)
+        assert "diagram mm" in out and "a=3" in out
+
+
+@pytest.mark.parametrize("tail, fragments", [
+    (":1x", ["'1x'", "identifier"]),
+    (":a.b", ["'a.b'", "identifier"]),
+    (":", ["nothing", "identifier"]),
+    (":mm:extra", ["does not end in .py"]),
+])
+def test_user_file_spec_with_a_bad_name_part(tmp_path, tail, fragments):
+    (tmp_path / "f.py").write_text(GOOD)
+    assert_user_error(*invoke("show", f"{tmp_path / 'f.py'}{tail}"), *fragments)
+
+
+def test_a_spec_with_a_colon_but_no_py_file_is_named():
+    assert_user_error(*invoke("show", "foo:bar"), "'foo:bar'", "does not end in .py")
+
+
+def test_user_file_that_is_a_directory(tmp_path):
+    (tmp_path / "d.py").mkdir()
+    assert_user_error(*invoke("show", str(tmp_path / "d.py")), "is a directory")
+
+
+EXITING = {
+    "import_exit0.py": ("import sys\nsys.exit(0)\n", "import_exit0.py:d", ["failed to import at line 2",
+                                                                            "SystemExit: 0"]),
+    "import_exit.py": ("import sys\nsys.exit()\n", "import_exit.py:d", ["failed to import at line 2",
+                                                                        "SystemExit"]),
+    "fn_exit0.py": ("import sys\ndef d():\n    sys.exit(0)\n", "fn_exit0.py:d", ["d() failed: SystemExit: 0",
+                                                                              "line 3"]),
+    "fn_exit_str.py": ("def d():\n    raise SystemExit('bye')\n", "fn_exit_str.py:d", ["SystemExit: bye"]),
+    "fn_base.py": ("class Odd(BaseException):\n    pass\ndef d():\n    raise Odd('x')\n", "fn_base.py:d",
+                   ["d() failed: Odd: x", "line 4"]),
+    "import_base.py": ("class Odd(BaseException):\n    pass\nraise Odd('y')\n", "import_base.py",
+                       ["failed to import at line 3", "Odd: y"]),
+    "gen_exit.py": ("raise GeneratorExit\n", "gen_exit.py", ["failed to import at line 1", "GeneratorExit"]),
+    "bad_str.py": ("class E(Exception):\n    def __str__(self):\n        raise ValueError\ndef d():\n    raise E()\n",
+                   "bad_str.py:d", ["d() failed: E: <unprintable message>"]),
+    "type_error.py": ("def d():\n    return 1 + 'a'\n", "type_error.py:d", ["d() failed: TypeError"]),
+    "returns_int.py": ("def d():\n    return 3\n", "returns_int.py:d", ["d() returned a int"]),
+}
+
+
+@pytest.mark.parametrize("name", sorted(EXITING))
+def test_user_file_that_exits_or_raises_base_exceptions_is_an_error(tmp_path, name):
+    """sys.exit(0) (any SystemExit) and the file's own BaseException classes, at import or in the
+    diagram function, are errors naming the file, the line and the exception (exit 2), never a
+    silent exit 0; a TypeError raised inside the function is reported, not read as 'takes
+    arguments'."""
+    text, spec, fragments = EXITING[name]
+    (tmp_path / name).write_text(text)
+    line = assert_user_error(*invoke("show", str(tmp_path / spec)), *fragments)
+    assert name in line
+
+
+def test_user_file_that_exits_as_a_subprocess(tmp_path):
+    for name in ("import_exit0.py", "fn_exit0.py"):
+        text, spec, fragments = EXITING[name]
+        (tmp_path / name).write_text(text)
+        assert_user_error(*run_module("show", str(tmp_path / spec)), *fragments)
+
+
+def test_keyboard_interrupt_in_a_user_file_is_ctrl_c(tmp_path):
+    """KeyboardInterrupt is not the file's failure but the user's Ctrl-C: exit 130, no traceback."""
+    (tmp_path / "kb.py").write_text("def d():\n    raise KeyboardInterrupt\n")
+    code, out, err = run_module("show", f"{tmp_path / 'kb.py'}:d")
+    assert code == 130, (code, out, err)
+    assert "Traceback" not in out + err
+
+
+PRINTS = GOOD.replace('mm = ', 'print("hello from import")\nmm = ') + """
+def make():
+    print("hello from make")
+    return mm
+"""
+
+
+@pytest.mark.parametrize("command", ["derive", "cost", "show"])
+def test_user_file_prints_go_to_stderr_so_json_stays_json(tmp_path, command):
+    (tmp_path / "p.py").write_text(PRINTS)
+    args = [command, f"{tmp_path / 'p.py'}:make", "-s", "a=64", "-s", "b=64", "-s", "c=64", "--json"]
+    for run in (invoke, run_module):
+        code, out, err = run(*args)
+        assert code == 0, err
+        json.loads(out)
+        assert "hello from import" in err and "hello from make" in err
+
+
+def test_user_file_can_define_a_dataclass(tmp_path):
+    """The file's module is in sys.modules while it runs (dataclasses look it up there)."""
+    (tmp_path / "dc.py").write_text("import dataclasses\n@dataclasses.dataclass\nclass P:\n    n: int = 1\n" + GOOD)
+    code, out, err = invoke("show", str(tmp_path / "dc.py"))
+    assert code == 0, err
