@@ -696,3 +696,38 @@ def test_user_file_can_define_a_dataclass(tmp_path):
     (tmp_path / "dc.py").write_text("import dataclasses\n@dataclasses.dataclass\nclass P:\n    n: int = 1\n" + GOOD)
     code, out, err = invoke("show", str(tmp_path / "dc.py"))
     assert code == 0, err
+
+
+# ----------------------------------------------------------------------------- issue #16: bounded search
+
+def test_a_diagram_past_the_planners_limit_is_refused_fast(tmp_path):
+    import time
+
+    from napkin.codegen.planner import MAX_PLANNED_BOXES
+
+    n = MAX_PLANNED_BOXES + 1
+    (tmp_path / "chain.py").write_text(CHAIN + f"\ndef big():\n    return chain({n})\n")
+    for command in ("derive", "cost", "generate"):
+        start = time.perf_counter()
+        args = [command, f"{tmp_path / 'chain.py'}:big"] + (["-o", "-"] if command == "generate" else [])
+        line = assert_user_error(*invoke(*args), f"has {n} boxes", f"the {MAX_PLANNED_BOXES} derive plans",
+                                 "split it")
+        assert time.perf_counter() - start < 10, (command, line)
+
+
+def test_the_planners_limit_applies_to_the_python_api():
+    from napkin.codegen.planner import MAX_PLANNED_BOXES, SearchLimitError, derive
+
+    ns: dict = {}
+    exec(CHAIN, ns)
+    with pytest.raises(SearchLimitError, match=f"{MAX_PLANNED_BOXES} derive plans"):
+        derive(ns["chain"](MAX_PLANNED_BOXES + 1), "h100", "bf16")
+    assert issubclass(SearchLimitError, NapkinError)
+
+
+@pytest.mark.slow
+def test_a_chain_of_200_still_derives(tmp_path):
+    (tmp_path / "chain.py").write_text(CHAIN + "\ndef c200():\n    return chain(200)\n")
+    code, out, err = invoke("derive", f"{tmp_path / 'chain.py'}:c200", "--json")
+    assert code == 0, err
+    assert len(json.loads(out)["plan"]["kernels"]) == 200

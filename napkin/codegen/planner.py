@@ -41,7 +41,8 @@ from ..perfmodel.plan import FALLBACK, Plan, PlannedKernel, describe_kernel, til
 from ..perfmodel.schedule import Kernel, Schedule
 from .partition import attach_renames, is_connected, kernel_problem, plan_units
 
-__all__ = ["derive", "Derivation", "KernelChoice", "Option", "MAX_FUSED_BOXES", "MAX_HEAVY_BOXES"]
+__all__ = ["derive", "Derivation", "KernelChoice", "Option", "MAX_FUSED_BOXES", "MAX_HEAVY_BOXES", "MAX_PLANNED_BOXES",
+           "SearchLimitError", "check_search_size"]
 
 #: The most boxes one kernel may hold (the longest fusion any family builds: attention with its
 #: masks and score maps, or a norm with its prologue and epilogue maps).
@@ -49,10 +50,18 @@ MAX_FUSED_BOXES = 12
 #: The most boxes that are not elementwise one kernel may hold (attention: two contractions and a
 #: softmax); longer runs are refused before any family is asked.
 MAX_HEAVY_BOXES = 3
+#: The most boxes (renames left out) one derive call plans: the search evaluates at most
+#: 2 orders × MAX_PLANNED_BOXES × MAX_FUSED_BOXES = 24,000 runs of boxes (about 15 s for a chain of
+#: 1000 matmuls on one core). Larger diagrams are refused before anything is costed.
+MAX_PLANNED_BOXES = 1000
 #: Diagrams with at least this many boxes say on stderr how the search goes.
 PROGRESS_BOXES = 24
 #: Fusion decisions printed (``--json`` has them all).
 SHOWN_DECISIONS = 24
+
+
+class SearchLimitError(ScheduleError):
+    """A diagram larger than the planner searches (:data:`MAX_PLANNED_BOXES`)."""
 
 
 @dataclass(frozen=True)
@@ -493,6 +502,8 @@ def derive(diagram, gpu=None, dtype: str | None = None, sizes: Mapping[str, int]
     from .prepare import prepare
     from .select import resolve_gpu
 
+    if isinstance(diagram, Diagram):  # before binding: binding a huge diagram is itself slow
+        check_search_size(diagram)
     d = prepare(diagram, sizes=sizes, dtype=dtype)
     g = resolve_gpu(gpu)
     arch = arch or g.arch
@@ -515,6 +526,17 @@ def derive(diagram, gpu=None, dtype: str | None = None, sizes: Mapping[str, int]
     alternatives = tuple(costliest.ranked[:max(1, top)])
     return Derivation(plan, method_steps(plan), tuple(planner.decisions(runs)), alternatives,
                       thresholds(g, dt), hardware_notes(d, g))
+
+
+def check_search_size(diagram: Diagram) -> None:
+    """SearchLimitError when ``diagram`` has more boxes than :func:`derive` plans
+    (:data:`MAX_PLANNED_BOXES`); cheap, so callers check before binding sizes too."""
+    boxes = len(plan_units(diagram))
+    if boxes > MAX_PLANNED_BOXES:
+        raise SearchLimitError(
+            f"diagram {diagram.name!r} has {boxes} boxes, more than the {MAX_PLANNED_BOXES} derive plans in one call "
+            f"(its search evaluates up to {2 * MAX_FUSED_BOXES} runs of boxes per box); split it into diagrams of "
+            f"at most {MAX_PLANNED_BOXES} boxes and plan each")
 
 
 def _diagram_dtype(d: Diagram) -> str:
