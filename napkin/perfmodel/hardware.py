@@ -21,6 +21,16 @@ to the next level is ``H / l.bandwidth``; in the paper's multi-level formula the
 values move INTO level ``l`` is therefore the bandwidth of the level above it, which
 :meth:`GPU.bandwidth_into` returns.
 
+Validation (:meth:`GPU.__post_init__`, so every way of making a profile is checked: the JSON
+loader, the constructor, :meth:`GPU.with_overrides`, ``dataclasses.replace``): each field's
+``metadata["check"]`` names what it must be (:data:`CHECKS`: a positive integer, a finite positive
+number, a finite non-negative number where zero means "none", a fraction, ...); the levels are
+:data:`LEVEL_ORDER` in that order; a level's per-block limit is at most its capacity; ``arch`` is one
+of :data:`SUPPORTED_ARCHS` (:func:`check_arch`, also what code generation calls on an ``arch=``
+argument), ``has_wgmma`` needs sm_90a and ``has_tma`` sm_90. A JSON profile also names its unknown
+and missing keys. Every failure is one :class:`~napkin.errors.HardwareError` sentence naming the file
+(or the profile) and the field.
+
 >>> h = get_gpu("H100")
 >>> round(h.compute_bound_threshold("fp16"), 1)
 590.7
@@ -33,11 +43,14 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import reprlib
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from ..dtypes import DTYPES
 from ..dtypes import dtype as _dtype
 from ..errors import HardwareError
 
@@ -48,36 +61,267 @@ __all__ = [
     "list_gpus",
     "gpu_aliases",
     "match_device_name",
+    "check_arch",
     "LEVEL_ORDER",
     "FIELD_SOURCES",
+    "SUPPORTED_ARCHS",
+    "CHECKS",
+    "EFFICIENCY_FRACTIONS",
 ]
 
-#: The canonical level names, top (slowest, largest) to bottom.
+#: The canonical level names, top (slowest, largest) to bottom. A profile has exactly these levels,
+#: in this order (the order is the hierarchy: :meth:`GPU.parent`, :meth:`GPU.bandwidth_into`).
 LEVEL_ORDER = ("HBM", "L2", "SMEM", "RF", "TC")
+
+#: The compile targets napkin generates code for. Every template needs sm_80 (cp.async, ldmatrix,
+#: bf16 mma.sync); the Hopper path (TMA, mbarriers) needs sm_90 and wgmma the arch-specific sm_90a.
+#: The shared-memory limits the families use know sm_80/sm_87 (163 KiB per block), sm_86/sm_89
+#: (99 KiB) and sm_90 (227 KiB). sm_75 has no bf16 mma.sync nor cp.async: its build fails. Later
+#: targets (sm_100, sm_120) build with nvcc 13, but napkin has neither a profile nor the
+#: shared-memory limits of those GPUs, so it does not claim them.
+SUPPORTED_ARCHS = ("sm_80", "sm_86", "sm_87", "sm_89", "sm_90", "sm_90a")
+
+#: The Efficiency fractions (:class:`napkin.perfmodel.roofline.Efficiency`) a calibrated profile may
+#: scale in its ``efficiency`` table.
+EFFICIENCY_FRACTIONS = ("tensor", "cuda", "sfu", "hbm", "l2", "smem", "rf")
+
+_SHOW = reprlib.Repr()
+_SHOW.maxlevel, _SHOW.maxlist, _SHOW.maxdict, _SHOW.maxstring, _SHOW.maxother = 2, 4, 4, 40, 40
+_SHOW.maxlong = 40
+
+
+def _show(value: object) -> str:
+    """A short repr for error messages (nested or huge values are abbreviated, never recursed)."""
+    return _SHOW.repr(value)
+
+
+def check_arch(arch: object) -> str:
+    """``arch`` if napkin generates code for it (:data:`SUPPORTED_ARCHS`), else a HardwareError.
+
+    The one check of a target architecture: profiles call it on their ``arch``, and code generation
+    on every ``arch=`` it is given (``derive``, ``plan_schedule``, ``compile``, ``generate_program``).
+
+    >>> check_arch("sm_90a")
+    'sm_90a'
+    >>> check_arch("sm_75")
+    Traceback (most recent call last):
+    ...
+    napkin.errors.HardwareError: arch 'sm_75' is not supported; napkin generates code for sm_80, sm_86, sm_87, sm_89, sm_90, sm_90a
+    """
+    if isinstance(arch, str) and arch in SUPPORTED_ARCHS:
+        return arch
+    raise HardwareError(f"arch {_show(arch)} is not supported; napkin generates code for "
+                        f"{', '.join(SUPPORTED_ARCHS)}")
+
+
+# ---------------------------------------------------------------------- field checks
+
+#: Integers of a profile stay below this (exact as floats: the model multiplies them with rates).
+_MAX_INT = 2 ** 53
+
+
+def _is_int(v: object) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _real(v: object) -> float | None:
+    """``v`` as a float if it is a real number (an int or a float, not a bool), else None; ints too
+    large for a float are inf."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return None
+    try:
+        return float(v)
+    except OverflowError:
+        return math.inf
+
+
+def _positive(v: object) -> bool:
+    x = _real(v)
+    return x is not None and math.isfinite(x) and x > 0
+
+
+def _non_negative(v: object) -> bool:
+    x = _real(v)
+    return x is not None and math.isfinite(x) and x >= 0
+
+
+#: What each ``metadata["check"]`` of a profile field accepts: (test, what the field must be).
+CHECKS: dict[str, tuple[Any, str]] = {
+    "name": (lambda v: isinstance(v, str) and v.strip() != "", "a non-empty string"),
+    "text": (lambda v: isinstance(v, str), "a string"),
+    "arch": (lambda v: isinstance(v, str) and v in SUPPORTED_ARCHS, "one of " + ", ".join(SUPPORTED_ARCHS)),
+    "level": (lambda v: isinstance(v, str) and v in LEVEL_ORDER, "one of " + ", ".join(LEVEL_ORDER)),
+    "flag": (lambda v: isinstance(v, bool), "true or false"),
+    "count": (lambda v: _is_int(v) and 1 <= v < _MAX_INT, "a positive integer (below 2^53)"),
+    "count0": (lambda v: _is_int(v) and 0 <= v < _MAX_INT, "a non-negative integer (below 2^53)"),
+    "positive": (_positive, "a finite positive number"),
+    "non_negative": (_non_negative, "a finite non-negative number"),
+    "fraction": (lambda v: _positive(v) and float(v) <= 1, "a number in (0, 1]"),
+    "bytes": (_positive, "a finite positive number of bytes"),
+    "bytes_or_null": (lambda v: v is None or _positive(v), "a finite positive number of bytes or null"),
+}
+
+
+def _check(kind: str) -> dict[str, str]:
+    """A field's metadata: which entry of :data:`CHECKS` its value must pass."""
+    return {"check": kind}
+
+
+def _problem(name: str, kind: str, value: object) -> str | None:
+    """Why ``value`` cannot be field ``name`` of kind ``kind`` (a phrase), or None."""
+    if kind == "arch":
+        try:
+            check_arch(value)
+        except HardwareError as e:
+            return str(e)
+        return None
+    test, what = CHECKS[kind]
+    if not test(value):
+        return f"field {name!r} must be {what}, got {_show(value)}"
+    return None
+
+
+def _dtype_key_problem(name: str, key: object) -> str | None:
+    if not isinstance(key, str) or key not in DTYPES:
+        try:
+            canon = _dtype(key).name if isinstance(key, str) else None
+        except HardwareError:
+            canon = None
+        hint = f" (write {canon!r})" if canon else f"; known dtypes: {', '.join(DTYPES)}"
+        return f"field {name!r} has key {_show(key)}, which is not a dtype's short name{hint}"
+    return None
+
+
+def _table_problem(name: str, table: object, *, key: str, value: str) -> str | None:
+    """Why ``table`` (a mapping of ``key``-kind keys to ``value``-kind values) is not valid."""
+    if not isinstance(table, Mapping):
+        return f"field {name!r} must be an object, got {_show(table)}"
+    for k, v in table.items():
+        if key == "dtype":
+            why = _dtype_key_problem(name, k)
+            if why:
+                return why
+        elif not (isinstance(k, str) and k.strip()):
+            return f"field {name!r} has key {_show(k)}, which is not a non-empty string"
+        if value == "mma_shape":
+            if not (isinstance(v, (list, tuple)) and len(v) == 3 and all(CHECKS["count"][0](x) for x in v)):
+                return f"field {name!r}: the shape for {k!r} must be [m, n, k] of positive integers, got {_show(v)}"
+        else:
+            test, what = CHECKS[value]
+            if not test(v):
+                return f"field {name!r}: the value for {k!r} must be {what}, got {_show(v)}"
+    return None
+
+
+def _sources_problem(table: object, fields: frozenset[str]) -> str | None:
+    if not isinstance(table, Mapping):
+        return f"field 'sources' must be an object, got {_show(table)}"
+    for k, v in table.items():
+        if not (isinstance(k, str) and (k in fields or (k.startswith("measured.") and len(k) > 9))):
+            return (f"field 'sources' has key {_show(k)}, which names no profile field "
+                    f"(use a field name or measured.<name>)")
+        if not isinstance(v, str):
+            return f"field 'sources': the value for {k!r} must be a string, got {_show(v)}"
+    return None
+
+
+def _efficiency_problem(table: object) -> str | None:
+    if not isinstance(table, Mapping):
+        return f"field 'efficiency' must be an object, got {_show(table)}"
+    for fam, fr in table.items():
+        if not (isinstance(fam, str) and fam.strip()):
+            return f"field 'efficiency' has family {_show(fam)}, which is not a non-empty string"
+        if not isinstance(fr, Mapping):
+            return f"field 'efficiency': the fractions of {fam!r} must be an object, got {_show(fr)}"
+        for k, v in fr.items():
+            if k not in EFFICIENCY_FRACTIONS:
+                return (f"field 'efficiency': family {fam!r} has unknown fraction {_show(k)}; known: "
+                        f"{', '.join(EFFICIENCY_FRACTIONS)}")
+            x = _real(v)
+            if x is None or not (0 < x <= 1.5):
+                return f"field 'efficiency': {fam}.{k} must be a number in (0, 1.5], got {_show(v)}"
+    return None
+
+
+def _level_problem(values: Mapping[str, Any]) -> str | None:
+    """Why one level's field values (a mapping with every :class:`Level` field) are not valid."""
+    for f in dataclasses.fields(Level):
+        why = _problem(f.name, f.metadata["check"], values[f.name])
+        if why:
+            return why
+    cap, blk = values["capacity_bytes"], values["per_block_bytes"]
+    if cap is None and values["name"] != "TC":
+        return f"field 'capacity_bytes' may be null (unbounded) only on TC, not on {values['name']}"
+    if cap is not None and blk is not None and float(blk) > float(cap):
+        return f"field 'per_block_bytes' ({_show(blk)}) exceeds 'capacity_bytes' ({_show(cap)})"
+    return None
+
+
+def _profile_problem(values: Mapping[str, Any]) -> str | None:
+    """Why a profile's field values are not valid (a phrase; ``values["levels"]`` already checked
+    level by level), or None: each field against its check, then the fields together."""
+    fields = frozenset(f.name for f in dataclasses.fields(GPU))
+    for f in dataclasses.fields(GPU):
+        if f.name not in values:
+            continue
+        v, kind = values[f.name], f.metadata.get("check")
+        if kind in CHECKS:
+            why = _problem(f.name, kind, v)
+        elif kind == "dtype_rates":
+            why = _table_problem(f.name, v, key="dtype", value="positive")
+        elif kind == "mma_shapes":
+            why = _table_problem(f.name, v, key="dtype", value="mma_shape")
+        elif kind == "measured":
+            why = _table_problem(f.name, v, key="name", value="positive")
+        elif kind == "sources":
+            why = _sources_problem(v, fields)
+        elif kind == "efficiency":
+            why = _efficiency_problem(v)
+        else:  # levels: checked by the caller
+            why = None
+        if why:
+            return why
+    names = [lv["name"] for lv in values["levels"]]
+    if tuple(names) != LEVEL_ORDER:
+        return f"field 'levels' must be {', '.join(LEVEL_ORDER)} in this order, got {', '.join(names) or 'none'}"
+    arch = values["arch"]
+    if values.get("has_wgmma") and arch != "sm_90a":
+        return f"field 'has_wgmma' is true but wgmma needs arch sm_90a, not {arch}"
+    if values.get("has_tma") and arch not in ("sm_90", "sm_90a"):
+        return f"field 'has_tma' is true but TMA needs arch sm_90 or sm_90a, not {arch}"
+    return None
+
+
+# ---------------------------------------------------------------------- the profile
 
 
 @dataclass(frozen=True)
 class Level:
-    """One level of the memory hierarchy.
+    """One level of the memory hierarchy (validated when built; see each field's check).
 
-    name:            "HBM", "L2", "SMEM", "RF" or "TC".
-    capacity_bytes:  HBM: device memory; L2: total; SMEM: per SM; RF: per SM;
-                     TC: operand registers (None = unbounded).
+    name:            "HBM", "L2", "SMEM", "RF" or "TC" (check ``level``).
+    capacity_bytes:  HBM: device memory; L2: total; SMEM: per SM; RF: per SM; finite and positive
+                     (``bytes_or_null``); None (null: unbounded) only on TC, the operand registers.
     per_block_bytes: the most one thread block may use (SMEM: 227 KiB on Hopper, 163 KiB on
                      A100; RF: 64K registers x 4 B, the CUDA per-block limit); None where no
-                     per-block limit applies.
-    instances:       1 for HBM and L2, the number of SMs for SMEM, RF and TC.
+                     per-block limit applies; at most ``capacity_bytes``.
+    instances:       1 for HBM and L2, the number of SMs for SMEM, RF and TC (a positive integer).
     bandwidth:       bytes/s this level delivers to (or accepts from) the level below it,
-                     aggregated over all instances (see the module docstring).
+                     aggregated over all instances (see the module docstring); finite and positive.
     assumption:      one line saying where the numbers come from (datasheet / estimate / calibrated).
     """
 
-    name: str
-    capacity_bytes: float | None
-    per_block_bytes: float | None
-    instances: int
-    bandwidth: float
-    assumption: str
+    name: str = field(metadata=_check("level"))
+    capacity_bytes: float | None = field(metadata=_check("bytes_or_null"))
+    per_block_bytes: float | None = field(metadata=_check("bytes_or_null"))
+    instances: int = field(metadata=_check("count"))
+    bandwidth: float = field(metadata=_check("positive"))
+    assumption: str = field(metadata=_check("text"))
+
+    def __post_init__(self) -> None:
+        why = _level_problem({f.name: getattr(self, f.name) for f in dataclasses.fields(self)})
+        if why:
+            raise HardwareError(f"memory level {_show(self.name)}: {why}")
 
     @property
     def total_capacity_bytes(self) -> float | None:
@@ -120,60 +364,93 @@ class GPU:
     Fields are keyword-only. ``tensor_flops`` holds dense tensor-core FLOP/s per dtype (``fp32`` is
     not a tensor dtype: fp32 inputs go through ``tf32``); ``cuda_core_flops`` the non-tensor
     FLOP/s. ``sfu_ops_per_clk_per_sm`` may be fractional after calibration.
+
+    Every field is checked when the profile is built (the module docstring; ``metadata["check"]``
+    names the :data:`CHECKS` entry): counts are positive integers (never bools, never 2.5), rates,
+    bandwidths, capacities, clocks and ``memory_latency_s`` finite and positive, the per-step and
+    reduction latencies and the launch overhead finite and non-negative (zero: the model adds
+    nothing for them), ``smem_reserved_per_block`` a non-negative integer (zero: the driver
+    reserves nothing). A bad value raises HardwareError naming the field.
     """
 
-    key: str
-    name: str
-    arch: str
-    sms: int
-    clock_hz: float
-    levels: tuple[Level, ...]
-    tensor_flops: dict[str, float]
-    cuda_core_flops: dict[str, float]
-    sfu_ops_per_clk_per_sm: float = 16
-    regs_per_sm_bytes: int = 65536 * 4
-    max_warps_per_sm: int = 64
-    max_threads_per_block: int = 1024
-    max_regs_per_thread: int = 255
-    mma_shapes: dict[str, tuple[int, int, int]] = field(default_factory=dict)
-    has_wgmma: bool = False
-    has_tma: bool = False
-    source: str = "datasheet"
+    key: str = field(metadata=_check("name"))
+    name: str = field(metadata=_check("name"))
+    #: The compile target, one of :data:`SUPPORTED_ARCHS` (:func:`check_arch`).
+    arch: str = field(metadata=_check("arch"))
+    sms: int = field(metadata=_check("count"))
+    clock_hz: float = field(metadata=_check("positive"))
+    #: Exactly the levels of :data:`LEVEL_ORDER`, in that order.
+    levels: tuple[Level, ...] = field(metadata=_check("levels"))
+    #: {dtype short name: FLOP/s}, each finite and positive.
+    tensor_flops: dict[str, float] = field(metadata=_check("dtype_rates"))
+    cuda_core_flops: dict[str, float] = field(metadata=_check("dtype_rates"))
+    sfu_ops_per_clk_per_sm: float = field(default=16, metadata=_check("positive"))
+    regs_per_sm_bytes: int = field(default=65536 * 4, metadata=_check("count"))
+    max_warps_per_sm: int = field(default=64, metadata=_check("count"))
+    max_threads_per_block: int = field(default=1024, metadata=_check("count"))
+    max_regs_per_thread: int = field(default=255, metadata=_check("count"))
+    #: {dtype short name: (m, n, k)} of positive integers.
+    mma_shapes: dict[str, tuple[int, int, int]] = field(default_factory=dict, metadata=_check("mma_shapes"))
+    #: wgmma needs arch sm_90a; TMA needs sm_90 or sm_90a.
+    has_wgmma: bool = field(default=False, metadata=_check("flag"))
+    has_tma: bool = field(default=False, metadata=_check("flag"))
+    source: str = field(default="datasheet", metadata=_check("text"))
     # Extras beyond the core API (CUDA occupancy-calculator constants and bookkeeping).
-    max_blocks_per_sm: int = 32
-    reg_alloc_unit: int = 256          # registers per warp are allocated in multiples of this
-    smem_alloc_unit: int = 128         # bytes; shared memory per block is rounded up to this
-    smem_reserved_per_block: int = 1024  # bytes the driver reserves per block (sm_80 and later)
-    measured: dict[str, float] = field(default_factory=dict)  # raw calibration results
-    notes: str = ""
+    max_blocks_per_sm: int = field(default=32, metadata=_check("count"))
+    #: Registers per warp are allocated in multiples of this.
+    reg_alloc_unit: int = field(default=256, metadata=_check("count"))
+    #: Bytes; shared memory per block is rounded up to this.
+    smem_alloc_unit: int = field(default=128, metadata=_check("count"))
+    #: Bytes the driver reserves per block (1 KiB on sm_80 and later; zero: none).
+    smem_reserved_per_block: int = field(default=1024, metadata=_check("count0"))
+    #: Raw calibration results ({name: value}), each finite and positive.
+    measured: dict[str, float] = field(default_factory=dict, metadata=_check("measured"))
+    notes: str = field(default="", metadata=_check("text"))
     # What napkin's kernels reach beyond the datasheet (see the performance model's predict module).
-    #: Fraction of ``tensor_flops`` the warp-level ``mma.sync`` path reaches. 1.0 where mma.sync is
-    #: the full tensor path (Ampere); on Hopper the datasheet rate needs wgmma, and a pure
-    #: mma.sync m16n8k16 bf16 loop reached 647 of 989.4 TFLOP/s on one H200 (the profile's notes).
-    mma_sync_fraction: float = 1.0
-    #: Latency of an HBM load under load, seconds: the Little's-law floor of a kernel with few
-    #: bytes in flight, and the pipeline fill every block pays before its first chunk or row
-    #: arrives (estimate; calibratable).
-    memory_latency_s: float = 800e-9
-    #: Fixed cost of one step of a streamed loop, SM clock cycles, that the block cannot overlap
-    #: with its own work (barrier, dependent operand-load -> mma restart, loop and copy issue);
-    #: co-resident blocks hide it from each other (estimate, see :data:`FIELD_SOURCES`).
-    step_overhead_clk: float = 100.0
-    #: Latency of one dependent warp-shuffle stage of a cross-thread reduction, clocks (a row
-    #: reduced by T <= 32 threads takes log2(T) stages; estimate).
-    shuffle_latency_clk: float = 30.0
+    #: Fraction of ``tensor_flops`` the warp-level ``mma.sync`` path reaches, in (0, 1]. 1.0 where
+    #: mma.sync is the full tensor path (Ampere); on Hopper the datasheet rate needs wgmma, and a
+    #: pure mma.sync m16n8k16 bf16 loop reached 647 of 989.4 TFLOP/s on one H200 (the profile's notes).
+    mma_sync_fraction: float = field(default=1.0, metadata=_check("fraction"))
+    #: Latency of an HBM load under load, seconds (finite and positive): the Little's-law floor of
+    #: a kernel with few bytes in flight, and the pipeline fill every block pays before its first
+    #: chunk or row arrives (estimate; calibratable).
+    memory_latency_s: float = field(default=800e-9, metadata=_check("positive"))
+    #: Fixed cost of one step of a streamed loop, SM clock cycles (finite, >= 0; zero: none), that
+    #: the block cannot overlap with its own work (barrier, dependent operand-load -> mma restart,
+    #: loop and copy issue); co-resident blocks hide it from each other (estimate, see
+    #: :data:`FIELD_SOURCES`).
+    step_overhead_clk: float = field(default=100.0, metadata=_check("non_negative"))
+    #: Latency of one dependent warp-shuffle stage of a cross-thread reduction, clocks (finite,
+    #: >= 0; a row reduced by T <= 32 threads takes log2(T) stages; estimate).
+    shuffle_latency_clk: float = field(default=30.0, metadata=_check("non_negative"))
     #: Latency of the cross-warp stage of a reduction that spans several warps (shared-memory
-    #: store, barrier, load), clocks (estimate).
-    sync_latency_clk: float = 80.0
-    #: Fixed cost of one kernel launch, seconds, added to every kernel's time (estimate).
-    launch_overhead_s: float = 3e-6
-    #: Where each non-datasheet field's number comes from ({field: one line}); fields not listed
-    #: fall back to :data:`FIELD_SOURCES` (see :meth:`source_of`).
-    sources: dict[str, str] = field(default_factory=dict)
-    #: Calibrated efficiency fractions per code-generation family ({"attention": {"tensor": 0.9}}),
-    #: multiplying :class:`~napkin.perfmodel.roofline.Efficiency` for that family's kernels
-    #: (written by :mod:`napkin.bench.calibration`; empty on datasheet profiles).
-    efficiency: dict[str, dict[str, float]] = field(default_factory=dict)
+    #: store, barrier, load), clocks (finite, >= 0; estimate).
+    sync_latency_clk: float = field(default=80.0, metadata=_check("non_negative"))
+    #: Fixed cost of one kernel launch, seconds (finite, >= 0), added to every kernel's time
+    #: (estimate).
+    launch_overhead_s: float = field(default=3e-6, metadata=_check("non_negative"))
+    #: Where each non-datasheet field's number comes from ({field: one line}; a key is a field
+    #: name or ``measured.<name>``); fields not listed fall back to :data:`FIELD_SOURCES` (see
+    #: :meth:`source_of`).
+    sources: dict[str, str] = field(default_factory=dict, metadata=_check("sources"))
+    #: Calibrated efficiency fractions per code-generation family ({"attention": {"tensor": 0.9}}:
+    #: names from :data:`EFFICIENCY_FRACTIONS`, values in (0, 1.5]), multiplying
+    #: :class:`~napkin.perfmodel.roofline.Efficiency` for that family's kernels (written by
+    #: :mod:`napkin.bench.calibration`; empty on datasheet profiles).
+    efficiency: dict[str, dict[str, float]] = field(default_factory=dict, metadata=_check("efficiency"))
+
+    def __post_init__(self) -> None:
+        where = f"GPU profile {_show(self.key)}"
+        levels = self.levels
+        if not isinstance(levels, (tuple, list)) or not all(isinstance(lv, Level) for lv in levels):
+            raise HardwareError(f"{where}: field 'levels' must be a tuple of Level, got {_show(levels)}")
+        if isinstance(levels, list):
+            object.__setattr__(self, "levels", tuple(levels))
+        values = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        values["levels"] = [{k: getattr(lv, k) for k in _LEVEL_FIELDS} for lv in self.levels]
+        why = _profile_problem(values)
+        if why:
+            raise HardwareError(f"{where}: {why}")
 
     def source_of(self, name: str) -> str:
         """Where the number of field ``name`` comes from: the profile's ``sources`` entry, else
@@ -285,71 +562,60 @@ class GPU:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], where: str = "profile") -> "GPU":
-        if not isinstance(data, dict):
+        """A profile from its JSON object (:meth:`to_dict`); HardwareError, naming ``where`` and
+        the field, on an unknown or missing key or a value its check refuses. Keys starting with
+        ``_`` are comments and ignored."""
+        if not isinstance(data, Mapping):
             raise HardwareError(f"{where}: a GPU profile must be a JSON object, got {type(data).__name__}")
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(k for k in data if k not in known and not k.startswith("_"))
+        specs = {f.name: f for f in dataclasses.fields(cls)}
+        unknown = [k for k in data if not (isinstance(k, str) and (k in specs or k.startswith("_")))]
         if unknown:
-            raise HardwareError(f"{where}: unknown profile field(s) {', '.join(unknown)}")
-        required = [f.name for f in dataclasses.fields(cls)
+            raise HardwareError(f"{where}: unknown profile field(s) {', '.join(map(_show, unknown))}; "
+                                f"known fields: {', '.join(specs)}")
+        required = [n for n, f in specs.items()
                     if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
         missing = [k for k in required if k not in data]
         if missing:
             raise HardwareError(f"{where}: profile lacks field(s) {', '.join(missing)}")
-        kw = {k: v for k, v in data.items() if k in known}
-        try:
-            levels = []
-            for i, lv in enumerate(kw["levels"]):
-                if not isinstance(lv, dict):
-                    raise HardwareError(f"{where}: level #{i} is not an object")
-                lmiss = [k for k in _LEVEL_FIELDS if k not in lv]
-                if lmiss:
-                    raise HardwareError(f"{where}: level #{i} lacks field(s) {', '.join(lmiss)}")
-                levels.append(Level(
-                    name=str(lv["name"]),
-                    capacity_bytes=None if lv["capacity_bytes"] is None else float(lv["capacity_bytes"]),
-                    per_block_bytes=None if lv["per_block_bytes"] is None else float(lv["per_block_bytes"]),
-                    instances=int(lv["instances"]),
-                    bandwidth=float(lv["bandwidth"]),
-                    assumption=str(lv["assumption"]),
-                ))
-            kw["levels"] = tuple(levels)
-            kw["tensor_flops"] = {str(k): float(v) for k, v in dict(kw["tensor_flops"]).items()}
-            kw["cuda_core_flops"] = {str(k): float(v) for k, v in dict(kw["cuda_core_flops"]).items()}
-            if "mma_shapes" in kw:
-                shapes = {}
-                for k, v in dict(kw["mma_shapes"]).items():
-                    t = tuple(int(x) for x in v)
-                    if len(t) != 3:
-                        raise HardwareError(f"{where}: mma shape for {k!r} must be [m, n, k], got {v!r}")
-                    shapes[str(k)] = t
-                kw["mma_shapes"] = shapes
-            if "measured" in kw:
-                kw["measured"] = {str(k): float(v) for k, v in dict(kw["measured"]).items()}
-            if "efficiency" in kw:
-                kw["efficiency"] = {str(f): {str(k): float(v) for k, v in dict(fr).items()}
-                                    for f, fr in dict(kw["efficiency"]).items()}
-            for k in ("sms", "regs_per_sm_bytes", "max_warps_per_sm", "max_threads_per_block",
-                      "max_regs_per_thread", "max_blocks_per_sm", "reg_alloc_unit",
-                      "smem_alloc_unit", "smem_reserved_per_block"):
-                if k in kw:
-                    kw[k] = int(kw[k])
-            if "sources" in kw:
-                kw["sources"] = {str(k): str(v) for k, v in dict(kw["sources"]).items()}
-            for k in ("clock_hz", "sfu_ops_per_clk_per_sm", "mma_sync_fraction", "memory_latency_s",
-                      "step_overhead_clk", "shuffle_latency_clk", "sync_latency_clk", "launch_overhead_s"):
-                if k in kw:
-                    kw[k] = float(kw[k])
-            for k in ("has_wgmma", "has_tma"):
-                if k in kw and not isinstance(kw[k], bool):
-                    raise HardwareError(f"{where}: field {k!r} must be true or false")
-            gpu = cls(**kw)
-        except HardwareError:
-            raise
-        except (TypeError, ValueError, KeyError, AttributeError) as e:
-            raise HardwareError(f"{where}: malformed GPU profile: {e}") from None
-        gpu._validate(where)
-        return gpu
+        kw = {k: v for k, v in data.items() if k in specs}
+        levels = kw["levels"]
+        if not isinstance(levels, (list, tuple)):
+            raise HardwareError(f"{where}: field 'levels' must be a list of level objects, got {_show(levels)}")
+        for i, lv in enumerate(levels):
+            at = f"{where}: level {i}" + (f" ({lv['name']})" if isinstance(lv, Mapping)
+                                          and isinstance(lv.get("name"), str) else "")
+            if not isinstance(lv, Mapping):
+                raise HardwareError(f"{at} must be an object, got {_show(lv)}")
+            odd = [k for k in lv if k not in _LEVEL_FIELDS]
+            if odd:
+                raise HardwareError(f"{at} has unknown field(s) {', '.join(map(_show, odd))}; "
+                                    f"known: {', '.join(_LEVEL_FIELDS)}")
+            lmiss = [k for k in _LEVEL_FIELDS if k not in lv]
+            if lmiss:
+                raise HardwareError(f"{at} lacks field(s) {', '.join(lmiss)}")
+            why = _level_problem(lv)
+            if why:
+                raise HardwareError(f"{at}: {why}")
+        why = _profile_problem(kw)
+        if why:
+            raise HardwareError(f"{where}: {why}")
+        # checked: now the stored types (floats for real numbers, tuples for shapes and levels)
+        for name, f in specs.items():
+            if name in kw and f.metadata["check"] in ("positive", "non_negative", "fraction"):
+                kw[name] = float(kw[name])
+        kw["levels"] = tuple(Level(**{**lv, **{k: None if lv[k] is None else float(lv[k])
+                                               for k in ("capacity_bytes", "per_block_bytes", "bandwidth")}})
+                             for lv in levels)
+        for name in ("tensor_flops", "cuda_core_flops", "measured"):
+            if name in kw:
+                kw[name] = {k: float(v) for k, v in kw[name].items()}
+        if "mma_shapes" in kw:
+            kw["mma_shapes"] = {k: tuple(v) for k, v in kw["mma_shapes"].items()}
+        if "efficiency" in kw:
+            kw["efficiency"] = {f: {k: float(v) for k, v in fr.items()} for f, fr in kw["efficiency"].items()}
+        if "sources" in kw:
+            kw["sources"] = dict(kw["sources"])
+        return cls(**kw)
 
     @classmethod
     def from_json(cls, text: str, where: str = "profile") -> "GPU":
@@ -358,42 +624,11 @@ class GPU:
             data = json.loads(text)
         except json.JSONDecodeError as e:
             raise HardwareError(f"{where}: not valid JSON ({e})") from None
+        except RecursionError:
+            raise HardwareError(f"{where}: not valid JSON (nested too deeply)") from None
+        except ValueError as e:  # e.g. an integer of more digits than Python converts
+            raise HardwareError(f"{where}: not valid JSON ({e})") from None
         return cls.from_dict(data, where)
-
-    def _validate(self, where: str) -> None:
-        names = [lv.name for lv in self.levels]
-        if not names:
-            raise HardwareError(f"{where}: profile has no memory levels")
-        if len(set(n.upper() for n in names)) != len(names):
-            raise HardwareError(f"{where}: duplicate level names {names}")
-        if self.sms <= 0 or self.clock_hz <= 0:
-            raise HardwareError(f"{where}: sms and clock_hz must be positive")
-        for lv in self.levels:
-            if not (lv.bandwidth > 0):
-                raise HardwareError(f"{where}: level {lv.name} must have a positive bandwidth")
-            if lv.instances <= 0:
-                raise HardwareError(f"{where}: level {lv.name} must have at least one instance")
-            for v in (lv.capacity_bytes, lv.per_block_bytes):
-                if v is not None and not (v > 0):
-                    raise HardwareError(f"{where}: level {lv.name} has a non-positive capacity")
-        for table in (self.tensor_flops, self.cuda_core_flops):
-            for k, v in table.items():
-                _dtype(k)  # unknown dtype names raise HardwareError
-                if not (v > 0):
-                    raise HardwareError(f"{where}: rate for {k!r} must be positive")
-        if "HBM" not in [n.upper() for n in names]:
-            raise HardwareError(f"{where}: profile needs an HBM level")
-        if not (0 < self.mma_sync_fraction <= 1):
-            raise HardwareError(f"{where}: mma_sync_fraction must be in (0, 1], got {self.mma_sync_fraction!r}")
-        if not (self.memory_latency_s > 0):
-            raise HardwareError(f"{where}: memory_latency_s must be positive")
-        for k in ("step_overhead_clk", "shuffle_latency_clk", "sync_latency_clk", "launch_overhead_s"):
-            if not (getattr(self, k) >= 0):
-                raise HardwareError(f"{where}: {k} must be non-negative, got {getattr(self, k)!r}")
-        for fam, fr in self.efficiency.items():
-            for k, v in fr.items():
-                if not (0 < v <= 1.5):
-                    raise HardwareError(f"{where}: efficiency[{fam!r}][{k!r}] must be in (0, 1.5], got {v!r}")
 
     # ------------------------------------------------------------------ overrides
     def with_overrides(self, **measured: Any) -> "GPU":
@@ -425,34 +660,34 @@ class GPU:
         for key, value in measured.items():
             low = key.lower()
             if key == "tensor_flops":
-                tensor.update({_dtype(k).name: float(v) for k, v in dict(value).items()})
+                tensor.update({_dtype(k).name: _num(v, f"tensor_flops[{k!r}]") for k, v in _table(value, key).items()})
             elif key == "cuda_core_flops":
-                cuda.update({_dtype(k).name: float(v) for k, v in dict(value).items()})
+                cuda.update({_dtype(k).name: _num(v, f"cuda_core_flops[{k!r}]") for k, v in _table(value, key).items()})
             elif key == "mma_shapes":
-                shapes.update({k: tuple(int(x) for x in v) for k, v in dict(value).items()})
+                shapes.update({k: tuple(v) if isinstance(v, list) else v for k, v in _table(value, key).items()})
             elif key == "measured":
-                meas.update({k: float(v) for k, v in dict(value).items()})
+                meas.update({k: _num(v, f"measured[{k!r}]") for k, v in _table(value, key).items()})
             elif key == "efficiency":
-                eff.update({str(f): {str(k): float(v) for k, v in dict(fr).items()} for f, fr in dict(value).items()})
+                eff.update({f: dict(_table(fr, f"efficiency[{f!r}]")) for f, fr in _table(value, key).items()})
             elif key == "sources":
-                srcs.update({str(k): str(v) for k, v in dict(value).items()})
+                srcs.update(_table(value, key))
             elif key == "levels":
-                kw["levels"] = tuple(value)
+                kw["levels"] = tuple(value) if isinstance(value, (list, tuple)) else value
             elif key in fields:
                 kw[key] = value
             elif low == "sfu_rate":
-                kw["sfu_ops_per_clk_per_sm"] = float(value) / (self.sms * self.clock_hz)
+                kw["sfu_ops_per_clk_per_sm"] = _num(value, key) / (self.sms * self.clock_hz)
             elif low.startswith("tensor_"):
-                tensor[_dtype(low[len("tensor_"):]).name] = float(value)
+                tensor[_dtype(low[len("tensor_"):]).name] = _num(value, key)
             elif low.startswith("cuda_"):
-                cuda[_dtype(low[len("cuda_"):]).name] = float(value)
+                cuda[_dtype(low[len("cuda_"):]).name] = _num(value, key)
             else:
                 for attr in ("bandwidth", "capacity_bytes", "per_block_bytes", "assumption"):
                     suffix = "_" + attr
                     if low.endswith(suffix) and low[: -len(suffix)].upper() in level_names:
                         lname = level_names[low[: -len(suffix)].upper()]
                         level_updates.setdefault(lname, {})[attr] = (
-                            value if attr == "assumption" or value is None else float(value))
+                            value if attr == "assumption" or value is None else _num(value, key))
                         break
                 else:
                     raise HardwareError(
@@ -467,7 +702,8 @@ class GPU:
                 upd = level_updates.get(lv.name)
                 if upd:
                     if "assumption" not in upd:
-                        changed = ", ".join(f"{k}={v:.4g}" for k, v in upd.items())
+                        changed = ", ".join(f"{k}={v:.4g}" if _real(v) is not None else f"{k}={_show(v)}"
+                                            for k, v in upd.items())
                         upd = {**upd, "assumption": f"measured ({changed}); was: {lv.assumption}"}
                     lv = dataclasses.replace(lv, **upd)
                 new_levels.append(lv)
@@ -476,20 +712,31 @@ class GPU:
             # the mma.sync ceiling is a hardware fact of its own: a measured full-path rate
             # (e.g. cuBLAS through wgmma) replacing the datasheet one must not move it
             for dt in ("bf16", "fp16"):
-                if dt in tensor and dt in self.tensor_flops and tensor[dt] != self.tensor_flops[dt]:
+                if (dt in tensor and dt in self.tensor_flops and tensor[dt] != self.tensor_flops[dt]
+                        and _positive(tensor[dt])):
                     kw["mma_sync_fraction"] = min(1.0, self.mma_sync_fraction * self.tensor_flops[dt] / tensor[dt])
                     break
         kw.update(levels=levels, tensor_flops=tensor, cuda_core_flops=cuda,
                   mma_shapes=shapes, measured=meas, efficiency=eff, sources=srcs)
-        try:
-            gpu = dataclasses.replace(self, **kw)
-        except (TypeError, ValueError) as e:
-            raise HardwareError(f"with_overrides: {e}") from None
-        gpu._validate("with_overrides")
-        return gpu
+        return dataclasses.replace(self, **kw)  # checked by __post_init__
 
     def __str__(self) -> str:
         return f"{self.name} ({self.key}, {self.arch}, {self.sms} SMs, {self.source})"
+
+
+def _num(value: object, what: str) -> float:
+    """``value`` as a float for :meth:`GPU.with_overrides`; HardwareError if it is no number."""
+    x = _real(value)
+    if x is None:
+        raise HardwareError(f"with_overrides: {what} must be a number, got {_show(value)}")
+    return x
+
+
+def _table(value: object, what: str) -> Mapping:
+    """``value`` if it is a mapping (for :meth:`GPU.with_overrides`), else HardwareError."""
+    if not isinstance(value, Mapping):
+        raise HardwareError(f"with_overrides: {what} must be a mapping, got {_show(value)}")
+    return value
 
 
 # ---------------------------------------------------------------------- the registry
@@ -553,10 +800,17 @@ def get_gpu(name_or_path: str | Path) -> GPU:
     key = _ALIASES.get(key, key)
     if key in _PROFILE_FILES:
         return _load_builtin(key)
-    p = Path(text).expanduser()
-    if p.suffix.lower() == ".json" or p.is_file():
-        if not p.is_file():
-            raise HardwareError(f"GPU profile file {text!r} does not exist")
+    try:
+        p = Path(text).expanduser()
+    except RuntimeError:  # ~user whose home directory is unknown
+        p = Path(text)
+    try:
+        is_file, exists = p.is_file(), p.exists()
+    except (OSError, ValueError):  # a name too long for the file system, a NUL byte
+        is_file = exists = False
+    if p.suffix.lower() == ".json" or is_file:
+        if not is_file:
+            raise HardwareError(f"GPU profile file {text!r} " + ("is not a file" if exists else "does not exist"))
         try:
             content = p.read_text("utf-8")
         except (OSError, UnicodeDecodeError) as e:
