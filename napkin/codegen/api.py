@@ -242,6 +242,7 @@ def compile(diagram, *, gpu=None, sizes: Mapping[str, int] | None = None, dtype:
     ``schedule`` runs a hand-written schedule as given; ``family`` restricts the families the
     planner may use. Kernels compile at the first call (or here when a GPU exists).
     """
+    from ..perfmodel.hardware import check_arch
     from .lower import build
     from .planner import derive, plan_schedule
     from .prepare import prepare
@@ -262,7 +263,7 @@ def compile(diagram, *, gpu=None, sizes: Mapping[str, int] | None = None, dtype:
         else:
             plan = derive(d, gpu_p, dtype, arch=arch or gpu_p.arch, explain=False,
                           families=[family] if family is not None else None).plan
-    program = build(plan, arch=arch or plan.arch)
+    program = build(plan, arch=check_arch(arch or plan.arch))
     cd = CompiledDiagram(program, arch=arch, gpu=gpu_p)
     if arch is not None:
         cd._compiled()

@@ -80,12 +80,12 @@ def generate_program(diagram, *, sizes: Mapping[str, int] | None = None, gpu: st
     its derived plan (or ``plan``, or a hand-written ``schedule``) for ``gpu``'s architecture (no
     GPU needed), and the program it holds (``program.plan`` is the plan)."""
     from ..kernels.library import inline_library
-    from ..perfmodel.hardware import get_gpu
+    from ..perfmodel.hardware import check_arch, get_gpu
     from .lower import build, lower
 
     g = get_gpu(gpu)
     if plan is not None:
-        program = build(plan)
+        program = build(plan, arch=check_arch(plan.arch))
     else:
         program = lower(diagram, schedule, gpu=g, dtype=dtype, sizes=sizes, family=family, arch=g.arch)
     arch = program.plan.arch if program.plan is not None else g.arch

@@ -37,6 +37,7 @@ from typing import Callable, Mapping, Sequence
 
 from ..diagrams.diagram import Diagram
 from ..errors import CodegenError, NapkinError, ScheduleError
+from ..perfmodel.hardware import check_arch
 from ..perfmodel.plan import FALLBACK, Plan, PlannedKernel, describe_kernel, tiles_text
 from ..perfmodel.schedule import Kernel, Schedule
 from .partition import attach_renames, is_connected, kernel_problem, plan_units
@@ -506,7 +507,7 @@ def derive(diagram, gpu=None, dtype: str | None = None, sizes: Mapping[str, int]
         check_search_size(diagram)
     d = prepare(diagram, sizes=sizes, dtype=dtype)
     g = resolve_gpu(gpu)
-    arch = arch or g.arch
+    arch = check_arch(arch or g.arch)
     dt = dtype or _diagram_dtype(d)
     fams = [fam_registry.get(f) for f in families] if families else fam_registry.available()
     if exclude_engines:
@@ -571,7 +572,7 @@ def plan_schedule(diagram, schedule: Schedule, gpu=None, *, family=None, dtype: 
 
     d = prepare(diagram, sizes=sizes, dtype=dtype)
     g = resolve_gpu(gpu)
-    arch = arch or g.arch
+    arch = check_arch(arch or g.arch)
     dt = dtype or schedule.dtype or _diagram_dtype(d)
     if schedule.diagram != d:
         try:
