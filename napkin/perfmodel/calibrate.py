@@ -22,7 +22,11 @@ torch and cupy are imported only inside the functions that use them.
 from __future__ import annotations
 
 import datetime as _dt
+import json
+import math
+import os
 import statistics
+import sys
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
@@ -31,6 +35,9 @@ from .hardware import GPU, get_gpu, match_device_name
 
 __all__ = [
     "calibrate",
+    "check_output",
+    "profile_json",
+    "write_profile",
     "calibrated_profile",
     "measure_copy_bandwidth",
     "measure_gemm_rate",
@@ -59,14 +66,14 @@ def calibrated_profile(
     """``base`` with ``measurements`` (keys of :data:`MEASUREMENT_KEYS`) overriding its numbers.
 
     Every measurement is also kept verbatim in ``GPU.measured``; ``source`` becomes
-    ``"calibrated: <date>"``. Non-positive values raise HardwareError; unknown keys are only kept
+    ``"calibrated: <date>"``. Non-positive and non-finite values raise HardwareError; unknown keys are only kept
     in ``measured``.
     """
     gpu = get_gpu(base) if isinstance(base, str) else base
     meas = {str(k): float(v) for k, v in measurements.items()}
     for k, v in meas.items():
-        if not (v > 0):
-            raise HardwareError(f"measurement {k!r} must be positive, got {v!r}")
+        if not (v > 0) or not math.isfinite(v):  # an infinite rate is a run timed at zero seconds
+            raise HardwareError(f"measurement {k!r} must be a finite positive number, got {v!r}")
     date = date or _dt.date.today().isoformat()
     ov: dict[str, Any] = {}
     if "sms" in meas and int(meas["sms"]) != gpu.sms:
@@ -224,12 +231,89 @@ def measure_sfu_rate(iters: int = 4096, blocks_per_sm: int = 8, threads: int = 2
     return ops / statistics.median(times)
 
 
+# ---------------------------------------------------------------------- the profile file
+
+
+def check_output(out_path: str | Path) -> Path | None:
+    """Where :func:`write_profile` will write (None: ``-``, stdout), checked before anything is
+    measured: a folder, a parent that is a file, or a place that cannot be written is a
+    HardwareError. A missing parent folder is created when the profile is written."""
+    text = str(out_path)
+    if text == "-":
+        return None
+    if not text or "\0" in text:
+        raise HardwareError(f"calibrate: {text!r} is not a file name for the profile")
+    out = Path(text)
+    try:
+        if out.is_dir() or text.endswith(("/", os.sep)):
+            raise HardwareError(f"calibrate: {text!r} is a folder; give the profile a file name, such as "
+                                f"{out / 'calibrated.json'}")
+        probe = out.parent
+        while not probe.exists():
+            probe = probe.parent
+        if not probe.is_dir():
+            raise HardwareError(f"calibrate: cannot write {text!r}: {str(probe)!r} is a file, not a folder")
+        if out.exists() and not os.access(out, os.W_OK):
+            raise HardwareError(f"calibrate: cannot write {text!r} (permission denied)")
+        if not out.exists() and not os.access(probe, os.W_OK | os.X_OK):
+            raise HardwareError(f"calibrate: cannot write {text!r}: folder {str(probe)!r} is not writable")
+    except OSError as e:
+        raise HardwareError(f"calibrate: cannot write {text!r}: {e.strerror or e}") from None
+    return out
+
+
+def _non_finite(data, where: str = "") -> list[str]:
+    """The places (``levels[0].bandwidth``) in ``data`` that hold an infinite or NaN number."""
+    if isinstance(data, float):
+        return [] if math.isfinite(data) else [f"{where or 'value'} = {data}"]
+    if isinstance(data, dict):
+        return [p for k, v in data.items() for p in _non_finite(v, f"{where}.{k}" if where else str(k))]
+    if isinstance(data, (list, tuple)):
+        return [p for i, v in enumerate(data) for p in _non_finite(v, f"{where}[{i}]")]
+    return []
+
+
+def profile_json(gpu: GPU) -> str:
+    """The profile as strict JSON (no ``Infinity``/``NaN``, which JSON does not have); a profile
+    holding a non-finite number is a HardwareError naming where: a measurement went wrong (a run
+    timed at zero seconds gives an infinite rate), and such a profile would mislead every
+    prediction made with it."""
+    data = gpu.to_dict()
+    bad = _non_finite(data)
+    if bad:
+        raise HardwareError(f"the calibrated profile has non-finite numbers ({', '.join(bad[:4])}"
+                            f"{', ...' if len(bad) > 4 else ''}): a measurement failed; nothing was written, "
+                            "run calibrate again")
+    return json.dumps(data, indent=2, allow_nan=False) + "\n"
+
+
+def write_profile(gpu: GPU, out_path: str | Path) -> Path | None:
+    """Write ``gpu`` as strict JSON to ``out_path`` (``-``: stdout), creating missing parent
+    folders; the path written (None for stdout). Every failure is a HardwareError."""
+    out = check_output(out_path)
+    text = profile_json(gpu)
+    if out is None:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+        return None
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(text, encoding="utf-8")
+    except OSError as e:
+        raise HardwareError(f"calibrate: cannot write {str(out)!r}: {e.strerror or e}") from None
+    return out
+
+
 def calibrate(gpu_key: str | None, out_path: str | Path, *, gemm_n: int = 8192,
               fp16_gemm: bool = True) -> GPU:
-    """Measure this machine's GPU and write a profile JSON to ``out_path``; returns the profile.
+    """Measure this machine's GPU and write a profile JSON to ``out_path`` (``-``: stdout); returns
+    the profile.
 
     ``gpu_key`` names the datasheet profile to start from (None: matched from the device name).
+    ``out_path`` is checked before anything is measured (:func:`check_output`); a non-finite
+    measurement is refused rather than written (:func:`profile_json`).
     """
+    check_output(out_path)
     torch = _require_cuda()
     dev = torch.cuda.current_device()
     props = torch.cuda.get_device_properties(dev)
@@ -250,9 +334,7 @@ def calibrate(gpu_key: str | None, out_path: str | Path, *, gemm_n: int = 8192,
     if sfu is not None:
         meas["sfu_rate"] = sfu
     gpu = calibrated_profile(base, meas, device_name=name)
-    out = Path(out_path)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(gpu.to_json(), encoding="utf-8")
+    write_profile(gpu, out_path)
     return gpu
 
 
