@@ -169,7 +169,8 @@ class Dot:
 
 @dataclass(frozen=True)
 class Text:
-    """A text label. role: ``axis``, ``array``, ``output``, ``box``, ``title``, ``legend``."""
+    """A text label. role: ``axis``, ``array``, ``output``, ``box``, ``title``, ``legend``.
+    ``kernel``: for an axis label, the kernel (1-based) whose tiles it shows, if kernels are drawn."""
 
     x: float
     y: float
@@ -178,6 +179,7 @@ class Text:
     anchor: str = "start"
     value: str = ""
     axis: str = ""
+    kernel: int | None = None
 
 
 @dataclass(frozen=True)
@@ -203,7 +205,8 @@ class Separator:
 
 @dataclass(frozen=True)
 class Box:
-    """An operation. ``name`` is its output array; ``inputs`` its input arrays in port order."""
+    """An operation. ``name`` is its output array; ``inputs`` its input arrays in port order;
+    ``kernel`` the kernel (1-based, launch order) that runs it, where kernels are drawn."""
 
     name: str
     label: str
@@ -216,6 +219,7 @@ class Box:
     own_axes: tuple[str, ...]
     woven_axes: tuple[str, ...]
     inputs: tuple[str, ...]
+    kernel: int | None = None
 
 
 @dataclass(frozen=True)
@@ -299,6 +303,7 @@ class _Item:
     box_x: float = 0.0
     label: str = ""
     out_index: int = -1
+    kernel: int | None = None     # boxes: the kernel that runs it (drawn as a tag), if kernels are drawn
 
     @property
     def bottom(self) -> float:
@@ -328,8 +333,17 @@ def _f(x: float) -> float:
 def compute_layout(diagram, options: RenderOptions | None = None, *,
                    wire_colors: Mapping[str, str] | None = None,
                    relabels: Mapping[str, str] | None = None,
+                   array_relabels: Mapping[str, Mapping[str, str]] | None = None,
+                   kernels: Mapping[str, int] | None = None,
                    title: str | None = None) -> Layout:
-    """Lay ``diagram`` out; see the module docstring for the picture it describes."""
+    """Lay ``diagram`` out; see the module docstring for the picture it describes.
+
+    ``relabels`` (axis → label) labels every wire of an axis; ``array_relabels`` (array → axis →
+    label) labels one array's wires instead, and an array listed there takes no label from
+    ``relabels`` (``{}``: plain axis labels). ``kernels`` (array → kernel number) tags each box
+    with the kernel that runs it (``k2 · Σ e``) and the relabelled axis labels of an array with
+    the kernel whose tiles they are (``Text.kernel``).
+    """
     opts = options or RenderOptions()
     P = opts.pitch
     G = opts.item_gap
@@ -350,6 +364,28 @@ def compute_layout(diagram, options: RenderOptions | None = None, *,
                                f"axes are {list(diagram.axes)}")
         if not isinstance(lab, str) or not lab:
             raise DiagramError(f"relabels: label for axis {ax!r} must be a non-empty string, got {lab!r}")
+    per_array: dict[str, dict[str, str]] = {}
+    for arr, labs in (array_relabels or {}).items():
+        if arr not in all_names:
+            raise DiagramError(f"array_relabels: diagram {diagram.name!r} has no array {arr!r}; "
+                               f"arrays are {all_names}")
+        if not isinstance(labs, Mapping):
+            raise DiagramError(f"array_relabels: the labels of array {arr!r} must be a mapping, got {labs!r}")
+        for ax, lab in labs.items():
+            if ax not in diagram.axes:
+                raise DiagramError(f"array_relabels: diagram {diagram.name!r} has no axis {ax!r}; "
+                                   f"axes are {list(diagram.axes)}")
+            if not isinstance(lab, str) or not lab:
+                raise DiagramError(f"array_relabels: label for axis {ax!r} of {arr!r} must be a non-empty "
+                                   f"string, got {lab!r}")
+        per_array[arr] = dict(labs)
+    kernel_of: dict[str, int] = {}
+    for box, k in (kernels or {}).items():
+        if box not in all_names:
+            raise DiagramError(f"kernels: diagram {diagram.name!r} has no array {box!r}; arrays are {all_names}")
+        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+            raise DiagramError(f"kernels: the kernel of {box!r} must be a positive integer, got {k!r}")
+        kernel_of[box] = k
     if opts.inputs not in ("auto", "left", "late"):
         raise DiagramError(f"render option inputs={opts.inputs!r}: use 'auto', 'left' or 'late'")
 
@@ -398,7 +434,7 @@ def compute_layout(diagram, options: RenderOptions | None = None, *,
         columns[start_col[id(v)]].append(it)
         order += 1
     for v in nodes:
-        columns[depth[id(v)]].append(_Item("box", id(v), order, 0.0, node=v))
+        columns[depth[id(v)]].append(_Item("box", id(v), order, 0.0, node=v, kernel=kernel_of.get(names[id(v)])))
         order += 1
     for vid in sorted(values, key=lambda k: (start_col[k], input_index.get(k, -1), node_index.get(k, -1))):
         for c in range(start_col[vid] + 1, last_col[vid]):
@@ -481,11 +517,16 @@ def compute_layout(diagram, options: RenderOptions | None = None, *,
         for it in items:
             it.top += shift
 
-    def label_text(v: Value, axis: str) -> str:
+    def relabel_of(name: str, axis: str) -> str | None:
+        """The relabelled axis's label on ``name``'s wire, or None."""
+        return per_array[name].get(axis) if name in per_array else relabel.get(axis)
+
+    def label_text(v: Value, name: str, axis: str) -> str:
         if axis == "":
             return "scalar"
-        if axis in relabel:
-            return relabel[axis]
+        lab = relabel_of(name, axis)
+        if lab is not None:
+            return lab
         ax = v.axis(axis)
         s = _size_text(ax, opts)
         return f"{axis} {s}" if s else axis
@@ -522,8 +563,8 @@ def compute_layout(diagram, options: RenderOptions | None = None, *,
             v = values[it.vid]
             lw = max(lw, opts.text_width(vname[it.vid], opts.name_font_size))
             for a in _wire_axes(v):
-                extra = 12.0 if a in relabel else 0.0
-                lw = max(lw, opts.text_width(label_text(v, a), opts.font_size) + extra)
+                extra = 12.0 if relabel_of(vname[it.vid], a) is not None else 0.0
+                lw = max(lw, opts.text_width(label_text(v, vname[it.vid], a), opts.font_size) + extra)
         lw = lw + 14.0 if lw else 8.0
         label_end.append(x + lw)
         # curve region: as long as the largest vertical move into the next column needs
@@ -624,11 +665,13 @@ def compute_layout(diagram, options: RenderOptions | None = None, *,
                 if it.vid not in output_ids:  # outputs are named at the right edge
                     texts.append(Text(_f(tx), _f(ys[0] - opts.font_size - 7.5), name, "array", value=name))
                 for i, a in enumerate(axs):
-                    t = label_text(v, a)
-                    texts.append(Text(_f(tx), _f(ys[i] - 4.5), t, "axis", value=name, axis=a))
-                    if a in relabel:
+                    t = label_text(v, name, a)
+                    lab = relabel_of(name, a)
+                    texts.append(Text(_f(tx), _f(ys[i] - 4.5), t, "axis", value=name, axis=a,
+                                      kernel=kernel_of.get(name) if lab is not None else None))
+                    if lab is not None:
                         mx = tx + opts.text_width(t, opts.font_size) + 6
-                        markers.append(Marker(_f(mx), _f(ys[i]), name, a, relabel[a]))
+                        markers.append(Marker(_f(mx), _f(ys[i]), name, a, lab))
 
     wires = _merge_chains(wires)
 
@@ -716,7 +759,7 @@ def _box_item(it: _Item, opts: RenderOptions, exit_ys: dict[int, list[float]], v
     it.entries = ports
     it.exit_rel = [oy + P * (i + 0.5) for i in range(n_out)]
     it.height = opts.box_header + inner + 2 * opts.box_pad
-    label = v.op.label()
+    label = v.op.label() if it.kernel is None else f"k{it.kernel} · {v.op.label()}"
     it.box_w = max(opts.box_min_width, opts.text_width(label, opts.box_font_size) + 2 * opts.box_pad_x)
     it.label = label
 
@@ -771,4 +814,4 @@ def _draw_box(it: _Item, c: int, opts: RenderOptions, values, vname, lvl, wires,
         if a in own:
             dots.append(Dot(_f(bx + bw), _f(out_ys[a]), "start", name, a, lvl[it.vid]))
     return Box(name, it.label, v.op.kind, c, _f(bx), _f(it.top), _f(bw), _f(it.height),
-               own, woven, tuple(vname[p.vid] for p in it.entries))
+               own, woven, tuple(vname[p.vid] for p in it.entries), it.kernel)

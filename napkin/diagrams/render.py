@@ -4,7 +4,9 @@ Wires run left to right, one per axis, labelled with the axis name and size; box
 operations; an operation's own axes (contracted, normalised) end at its box while woven
 axes run through it, lighter; tuple segments are separated by dashed lines. After
 scheduling, ``wire_colors`` colours arrays by memory level (:data:`LEVEL_COLORS`, with a
-legend) and ``relabels`` shows relabelled axes (``q → g_q``) with a diamond marker.
+legend) and ``relabels`` shows relabelled axes (``q → g_q``) with a diamond marker; for a plan of
+several kernels ``array_relabels`` gives each array the tiles of its own kernel and ``kernels`` tags
+each box with the kernel that runs it (``k2 · Σ e``, ``data-kernel="2"``).
 
 The output is deterministic: the same diagram and options give byte-identical SVG.
 
@@ -61,19 +63,26 @@ def _path_d(points) -> str:
 
 
 def render_svg(diagram, *, style=None, wire_colors: Mapping[str, str] | None = None,
-               relabels: Mapping[str, str] | None = None, title: str | None = None) -> str:
+               relabels: Mapping[str, str] | None = None,
+               array_relabels: Mapping[str, Mapping[str, str]] | None = None,
+               kernels: Mapping[str, int] | None = None, title: str | None = None) -> str:
     """Draw ``diagram`` as an SVG document (a string).
 
     style:       None, a :class:`RenderOptions`, or a dict of RenderOptions fields to override.
     wire_colors: array name → memory level (HBM, L2, SMEM, RF, TC); those wires take the level's
                  colour from :data:`LEVEL_COLORS` and a legend is drawn.
     relabels:    axis name → label drawn instead of the axis name (``{"q": "g_q"}``), with a marker.
+    array_relabels: array name → {axis name → label}: that array's wires only; an array listed
+                 here takes nothing from ``relabels`` (``{}``: its plain axis labels).
+    kernels:     array name → kernel number (1-based): a box is tagged ``k<n> · `` and carries
+                 ``data-kernel``; so do the relabelled axis labels of an array listed.
     title:       text at the top; ``None`` uses the diagram's name (and description), ``""`` none.
     """
     opts = RenderOptions.from_style(style)
     if title is None:
         title = diagram.name + (f" — {diagram.description}" if getattr(diagram, "description", "") else "")
-    lay = compute_layout(diagram, opts, wire_colors=wire_colors, relabels=relabels, title=title)
+    lay = compute_layout(diagram, opts, wire_colors=wire_colors, relabels=relabels,
+                         array_relabels=array_relabels, kernels=kernels, title=title)
     return layout_svg(lay)
 
 
@@ -107,8 +116,8 @@ def layout_svg(lay: Layout) -> str:
     # boxes, with the woven wires running through them
     out.append('<g class="boxes">')
     for b in lay.boxes:
-        out.append(f"<g {_attrs(class_='op', data_name=b.name, data_kind=b.kind)}>")
-        out.append(f"<rect {_attrs(class_='box', data_name=b.name, x=b.x, y=b.y, width=b.w, height=b.h, rx=6.0, ry=6.0, fill=o.box_fill, stroke=o.box_stroke, stroke_width=1.2)}/>")
+        out.append(f"<g {_attrs(class_='op', data_name=b.name, data_kind=b.kind, data_kernel=b.kernel)}>")
+        out.append(f"<rect {_attrs(class_='box', data_name=b.name, data_kernel=b.kernel, x=b.x, y=b.y, width=b.w, height=b.h, rx=6.0, ry=6.0, fill=o.box_fill, stroke=o.box_stroke, stroke_width=1.2)}/>")
         out.append(f"<line {_attrs(class_='box-rule', x1=b.x + 4, y1=b.y + o.box_header, x2=b.x + b.w - 4, y2=b.y + o.box_header, stroke=o.box_stroke, stroke_opacity=0.25, stroke_width=1.0)}/>")
         for wi in lay.wires:
             if wi.box != b.name:
@@ -166,8 +175,8 @@ def layout_svg(lay: Layout) -> str:
             a = _attrs(class_="output-name", data_value=t.value, x=t.x, y=t.y, font_size=o.name_font_size + 1,
                        font_weight="bold", fill=o.name_color)
         elif t.role == "axis":
-            a = _attrs(class_="axis-label", data_value=t.value, data_axis=t.axis, x=t.x, y=t.y,
-                       font_size=o.font_size, fill=o.label_color)
+            a = _attrs(class_="axis-label", data_value=t.value, data_axis=t.axis, data_kernel=t.kernel, x=t.x,
+                       y=t.y, font_size=o.font_size, fill=o.label_color)
         else:
             a = _attrs(class_=t.role, x=t.x, y=t.y, font_size=o.font_size, fill=o.label_color,
                        text_anchor=None if t.anchor == "start" else t.anchor)

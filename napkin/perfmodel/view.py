@@ -2,7 +2,10 @@
 
 - :func:`scheduled_svg` draws the diagram with every array's wires coloured by the
   level it lives at while its kernel runs (HBM between kernels, SMEM tiles, register
-  intermediates) and relabelled axes shown on their wires (``q → g_q``, ``x → s_x``).
+  intermediates) and relabelled axes shown on their wires (``q → g_q``, ``x → s_x``). In a plan
+  of several kernels each array shows the tiles of the one kernel that uses it
+  (:func:`array_labels`), an array passed between kernels (an HBM buffer) shows none, and each box
+  is tagged with its kernel (``k2 · Σ e``).
 - :func:`pseudocode` writes each kernel as the method reads it — init, loop body,
   finalize — with the memory held at SMEM and in registers in each column.
 
@@ -22,11 +25,13 @@ import math
 
 from ..dtypes import dtype as lookup_dtype
 from .legality import KernelPlan, analyze
-from .schedule import Schedule
+from .plan import Plan
+from .schedule import Kernel, Schedule
 
 
 def level_colors(schedule: Schedule) -> dict[str, str]:
-    """Array name → the level it lives at (kernel-local level; HBM for arrays between kernels)."""
+    """Array name → the level it lives at (kernel-local level; HBM for arrays between kernels and
+    for inputs that several kernels read)."""
     out: dict[str, str] = {}
     plans = analyze(schedule)
     d = schedule.diagram
@@ -37,29 +42,94 @@ def level_colors(schedule: Schedule) -> dict[str, str]:
             if out.get(name) not in ("SMEM",):
                 out[name] = level
     between = {d.name_of(v) for p in plans for v in p.stores} - set(d.output_names)
-    for name in between:
+    shared = {name for name, used in _users(schedule).items() if len(used) > 1}
+    for name in between | (shared & set(d.input_names)):
         out[name] = "HBM"
     for v in d.inputs:
         out.setdefault(v.name, "HBM")
     return out
 
 
-def relabel_labels(schedule: Schedule) -> dict[str, str]:
-    """Axis name → the label drawn on its wire, e.g. ``g_q=128`` (the first relabelling wins)."""
+def _kernel_labels(kernel: Kernel) -> dict[str, str]:
+    """Axis name → the label of its SMEM relabelling in ``kernel`` (``g_q=128``; the first wins)."""
     out: dict[str, str] = {}
-    for k in schedule.kernels:
-        for r in k.relabels:
-            if r.level in ("SMEM",) and r.axis not in out:
-                out[r.axis] = f"{r.symbol}={r.size}" if not r.is_symbolic else r.symbol
+    for r in kernel.relabels:
+        if r.level in ("SMEM",) and r.axis not in out:
+            out[r.axis] = f"{r.symbol}={r.size}" if not r.is_symbolic else r.symbol
     return out
 
 
-def scheduled_svg(schedule: Schedule, **options) -> str:
-    """The diagram drawn with wires coloured by level and relabelled axes."""
+def relabel_labels(schedule: Schedule) -> dict[str, str]:
+    """Axis name → the label drawn on its wire, e.g. ``g_q=128`` (the first relabelling wins).
+
+    One label per axis: right for a schedule of one kernel; :func:`array_labels` labels each
+    array by its own kernel."""
+    out: dict[str, str] = {}
+    for k in schedule.kernels:
+        for axis, label in _kernel_labels(k).items():
+            out.setdefault(axis, label)
+    return out
+
+
+def kernel_numbers(schedule: Schedule) -> dict[str, int]:
+    """Box (array) name → the kernel that computes it, numbered from 1 in launch order."""
+    return {b: i for i, k in enumerate(schedule.kernels, 1) for b in k.boxes}
+
+
+def _users(schedule: Schedule) -> dict[str, set[int]]:
+    """Array name → the kernels (numbered from 1) that compute or read it."""
+    d = schedule.diagram
+    users: dict[str, set[int]] = {}
+    for i, k in enumerate(schedule.kernels, 1):
+        for b in k.boxes:
+            users.setdefault(b, set()).add(i)
+            for a in d.value(b).args:
+                users.setdefault(d.name_of(a), set()).add(i)
+    return users
+
+
+def label_kernels(schedule: Schedule) -> dict[str, int]:
+    """Array name → the one kernel whose tiles its wires show (see :func:`array_labels`); arrays
+    used by several kernels (HBM buffers between them) are left out."""
+    return {name: next(iter(used)) for name, used in _users(schedule).items() if len(used) == 1}
+
+
+def array_labels(schedule: Schedule) -> dict[str, dict[str, str]]:
+    """Array name → {axis: label} of the one kernel that uses it: the kernel that computes it, or
+    for an input of the diagram the one kernel that reads it. An array that more than one kernel
+    uses (written by one and read by another, or an input several read) is an HBM buffer between
+    kernels and has no tiles: ``{}``. Labels are the SMEM relabellings (``g_q=128``, ``s_x=64``)
+    of the array's own axes.
+
+    >>> from napkin.diagrams import library
+    >>> d = library.get("attention").bind(q=1024, x=1024, d=64)
+    >>> array_labels(Schedule.fused(d, groups={"q": 128}, streams={"x": 64}))["O"]
+    {'q': 'g_q=128'}
+    """
+    d = schedule.diagram
+    owner = label_kernels(schedule)
+    labels = [_kernel_labels(k) for k in schedule.kernels]
+    out: dict[str, dict[str, str]] = {}
+    for v in (*d.inputs, *d.nodes):
+        name = d.name_of(v)
+        k = owner.get(name)
+        out[name] = {} if k is None else {a: lab for a, lab in labels[k - 1].items() if a in v.axis_names}
+    return out
+
+
+def scheduled_svg(schedule: Schedule | Plan, **options) -> str:
+    """The diagram of ``schedule`` (or of a plan) drawn with wires coloured by level and relabelled
+    axes: one kernel's relabellings on every wire, or, for several kernels, each array's own
+    kernel's (:func:`array_labels`) and each box tagged with its kernel."""
     from ..diagrams.render import render_svg
 
-    return render_svg(schedule.diagram, wire_colors=level_colors(schedule), relabels=relabel_labels(schedule),
-                      **options)
+    if isinstance(schedule, Plan):
+        schedule = schedule.schedule
+    colors = level_colors(schedule)
+    if len(schedule.kernels) <= 1:
+        return render_svg(schedule.diagram, wire_colors=colors, relabels=relabel_labels(schedule), **options)
+    return render_svg(schedule.diagram, wire_colors=colors, array_relabels=array_labels(schedule),
+                      kernels={**label_kernels(schedule), **kernel_numbers(schedule)}, **options)
 
 
 def _extent(plan: KernelPlan, axis: str):
