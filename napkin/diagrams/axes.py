@@ -40,6 +40,23 @@ def is_name(name) -> bool:
     return isinstance(name, str) and NAME_RE.fullmatch(name) is not None
 
 
+def shown(value, limit: int = 60) -> str:
+    """``value`` for an error message: its repr on one line (control characters escaped) and at
+    most ``limit`` characters; a huge integer by its number of digits.
+
+    >>> shown("q" + chr(10)), shown(10 ** 400)
+    ("'q\\\\n'", 'a 401-digit number')
+    """
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 10 ** 30:
+        return f"a {len(str(abs(value)))}-digit number"
+    try:
+        text = repr(value)
+    except Exception:  # noqa: BLE001 - a broken __repr__ still gets a message
+        text = f"<{type(value).__name__}>"
+    text = "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
 def check_name(name: str, what: str) -> str:
     """Return ``name`` if it is a plain identifier (:func:`is_name`), else raise a DiagramError
     naming ``what``. This is the one name check of the package.
@@ -49,7 +66,7 @@ def check_name(name: str, what: str) -> str:
     """
     if not is_name(name):
         raise DiagramError(
-            f"{what} name {name!r} is not allowed: use an ASCII letter followed by at most 31 ASCII "
+            f"{what} name {shown(name)} is not allowed: use an ASCII letter followed by at most 31 ASCII "
             "letters, digits or '_'"
         )
     return name
@@ -69,22 +86,21 @@ def check_size(name: str, size):
         if isinstance(size, sympy.Integer):
             size = int(size)
         elif not isinstance(size, sympy.Symbol):
-            raise DiagramError(f"axis {name!r}: size {size} is not an integer or a size symbol")
+            raise DiagramError(f"axis {name!r}: size {shown(size)} is not an integer or a size symbol")
         else:
             check_name(size.name, f"axis {name!r}: size symbol")
             return size
     elif isinstance(size, bool) or not isinstance(size, int):
         if isinstance(size, bool) or not hasattr(size, "__index__"):
-            raise DiagramError(f"axis {name!r}: size {size!r} is not an integer or a symbol")
+            raise DiagramError(f"axis {name!r}: size {shown(size)} is not an integer or a symbol")
         try:
             size = int(size.__index__())
         except Exception:  # noqa: BLE001 - a broken __index__ is the caller's mistake
-            raise DiagramError(f"axis {name!r}: size {size!r} is not an integer or a symbol") from None
+            raise DiagramError(f"axis {name!r}: size {shown(size)} is not an integer or a symbol") from None
     if size <= 0:
         raise DiagramError(f"axis {name!r} has size {size}; sizes must be positive integers")
     if size > MAX_AXIS_SIZE:
-        shown = size if size < 10 ** 30 else f"a {len(str(size))}-digit number"
-        raise DiagramError(f"axis {name!r} has size {shown}, more than the largest axis size 2^48 "
+        raise DiagramError(f"axis {name!r} has size {shown(size)}, more than the largest axis size 2^48 "
                            f"({MAX_AXIS_SIZE})")
     return size
 
@@ -142,7 +158,7 @@ def axes(spec: str) -> tuple[Axis, ...]:
     ['a[a]', 'b[64]']
     """
     if not isinstance(spec, str):
-        raise DiagramError(f"axes: expected a spec string like \"q x d=128\", got {spec!r}")
+        raise DiagramError(f"axes: expected a spec string like \"q x d=128\", got {shown(spec)}")
     out = []
     for token in spec.split():
         name, _, size = token.partition("=")
@@ -163,7 +179,7 @@ def as_axis_name(a: "Axis | str") -> str:
         return a.name
     if isinstance(a, str):
         return check_name(a, "axis")
-    raise DiagramError(f"expected an axis or an axis name, got {a!r}")
+    raise DiagramError(f"expected an axis or an axis name, got {shown(a)}")
 
 
 def as_axis_names(spec) -> tuple[str, ...]:
@@ -173,5 +189,5 @@ def as_axis_names(spec) -> tuple[str, ...]:
     try:
         items = tuple(spec)
     except TypeError:
-        raise DiagramError(f"expected an axis, an axis name or a list of them, got {spec!r}") from None
+        raise DiagramError(f"expected an axis, an axis name or a list of them, got {shown(spec)}") from None
     return tuple(as_axis_name(a) for a in items)

@@ -24,17 +24,20 @@ from typing import Iterable, Mapping
 import sympy
 
 from ..errors import DiagramError
-from .axes import Axis, as_axis_name, check_name
-from .ops import InputOp, Value, apply
+from .axes import Axis, as_axis_name, check_name, check_size, shown
+from .ops import InputOp, Value, apply, dtype_name
 
 
-def _as_tuple(values) -> tuple[Value, ...]:
+def _as_tuple(values, what: str) -> tuple[Value, ...]:
     if isinstance(values, Value):
         return (values,)
+    if not isinstance(values, (tuple, list)):
+        raise DiagramError(f"diagram {what} must be a napkin array or a tuple of them, got "
+                           f"{type(values).__name__}")
     out = tuple(values)
     for v in out:
         if not isinstance(v, Value):
-            raise DiagramError(f"diagram outputs must be napkin arrays, got {type(v).__name__}")
+            raise DiagramError(f"diagram {what} must be napkin arrays, got {type(v).__name__}")
     return out
 
 
@@ -50,14 +53,16 @@ class Diagram:
 
     def __init__(self, name: str, outputs, inputs: Iterable[Value] | None = None, description: str = ""):
         check_name(name, "diagram")
-        outs = _as_tuple(outputs)
+        if not isinstance(description, str):
+            raise DiagramError(f"diagram {name!r}: description must be a string, got {type(description).__name__}")
+        outs = _as_tuple(outputs, "outputs")
         if not outs:
             raise DiagramError(f"diagram {name!r} has no outputs")
         found = _collect_inputs(outs)
         if inputs is None:
             ins = tuple(found)
         else:
-            ins = tuple(inputs)
+            ins = _as_tuple(inputs, "inputs")
             missing = [v.label() for v in found if v not in ins]
             if missing:
                 raise DiagramError(f"diagram {name!r}: outputs depend on inputs not listed: {missing}")
@@ -161,7 +166,7 @@ class Diagram:
             if self.names[id(v)] == name:
                 return v
         raise DiagramError(
-            f"diagram {self.name!r} has no array {name!r}; it has {sorted(self.names.values())}"
+            f"diagram {self.name!r} has no array {shown(name)}; it has {sorted(self.names.values())}"
         )
 
     @cached_property
@@ -238,18 +243,25 @@ class Diagram:
         >>> library.get("softmax").bind(r=8, x=1000).sizes
         {'r': 8, 'x': 1000}
         """
+        if sizes is not None and not isinstance(sizes, Mapping):
+            raise DiagramError(f"bind: sizes must be a mapping of axis names to sizes, got "
+                               f"{type(sizes).__name__}")
         all_sizes = {**(sizes or {}), **more}
+        bad_names = [n for n in all_sizes if not isinstance(n, str)]
+        if bad_names:
+            raise DiagramError(f"bind: axis names must be strings, got {shown(bad_names[0])}")
         unknown = [n for n in all_sizes if n not in self.axes]
         if unknown:
             raise DiagramError(
                 f"diagram {self.name!r} has no axis {', '.join(map(repr, unknown))}; "
                 f"its axes are {list(self.axes)}"
             )
+        for n, size in all_sizes.items():
+            if size is None:
+                raise DiagramError(f"bind: axis {n!r}: size None is not an integer")
+        all_sizes = {n: check_size(n, size) for n, size in all_sizes.items()}
         input_axes = {a.name for v in self.inputs for a in v.axes}
         derived = {n: all_sizes.pop(n) for n in list(all_sizes) if n not in input_axes}
-        for n, s in all_sizes.items():
-            if isinstance(s, bool) or not isinstance(s, (int, sympy.Basic)) and not hasattr(s, "__index__"):
-                raise DiagramError(f"axis {n!r}: size {s!r} is not an integer")
         new_axes = {n: Axis(n, all_sizes[n]) for n in all_sizes}
         out = self._rebuilt({
             id(v): Value(InputOp(), (), tuple(new_axes.get(a.name, a) for a in v.axes), v.dtype, v.name)
@@ -267,9 +279,7 @@ class Diagram:
 
     def with_dtype(self, dtype: str) -> "Diagram":
         """The same diagram with every input (and so every array) in ``dtype``."""
-        from ..dtypes import dtype as lookup
-
-        dt = lookup(dtype).name
+        dt = dtype_name(dtype, f"diagram {self.name!r}: with_dtype")
         return self._rebuilt({id(v): Value(InputOp(), (), v.axes, dt, v.name) for v in self.inputs})
 
     def weave(self, axis: Axis, inputs: Iterable[str] | None = None, name: str | None = None) -> "Diagram":
@@ -283,9 +293,12 @@ class Diagram:
         'Q[h,q,d]'
         """
         if not isinstance(axis, Axis):
-            raise DiagramError(f"weave: expected an Axis, got {axis!r}")
+            raise DiagramError(f"weave: expected an Axis, got {shown(axis)}")
         if axis.name in self.axes:
             raise DiagramError(f"weave: diagram {self.name!r} already has an axis {axis.name!r}")
+        if inputs is not None and (isinstance(inputs, str) or not isinstance(inputs, (tuple, list, set, frozenset))
+                                   or not all(isinstance(n, str) for n in inputs)):
+            raise DiagramError(f"weave: inputs must be a list of input names, got {shown(inputs)}")
         chosen = set(self.input_names if inputs is None else inputs)
         unknown = chosen - set(self.input_names)
         if unknown:

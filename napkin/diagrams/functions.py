@@ -221,7 +221,7 @@ def get_function(name: str) -> ElementwiseFn:
     """Look up a whitelisted elementwise function; unknown names raise a DiagramError."""
     if not isinstance(name, str) or name not in FUNCTIONS:
         raise DiagramError(
-            f"unknown elementwise function {name!r}; known: {', '.join(sorted(FUNCTIONS))}"
+            f"unknown elementwise function {_show(name)}; known: {', '.join(sorted(FUNCTIONS))}"
         )
     return FUNCTIONS[name]
 
@@ -270,8 +270,6 @@ def _show(value) -> str:
             return "2^62"
         if value == -MAX_INT_PARAM:
             return "-2^62"
-        if abs(value) >= 10 ** 30:
-            return f"a {len(str(abs(value)))}-digit number"
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
+    from .axes import shown
 
+    return shown(value)

@@ -31,7 +31,7 @@ import sympy
 
 from ..dtypes import dtype as lookup_dtype
 from ..errors import DiagramError, NapkinError
-from .axes import Axis, as_axis_name, as_axis_names, check_name, is_name
+from .axes import Axis, as_axis_name, as_axis_names, check_name, is_name, shown
 from .functions import check_int_param, get_function
 
 # ----------------------------------------------------------------------------- ops
@@ -195,7 +195,7 @@ class Reduce(Op):
 
     def infer(self, args):
         if self.how not in ("sum", "max", "min", "mean"):
-            raise DiagramError(f"reduce: unknown reduction {self.how!r}; use sum, max, min or mean")
+            raise DiagramError(f"reduce: unknown reduction {shown(self.how)}; use sum, max, min or mean")
         (x,) = args
         _require_axis(x, self.over, f"{self.how} over {self.over}")
         return tuple(a for a in x.axes if a.name != self.over), x.dtype
@@ -237,7 +237,7 @@ class Norm(Op):
 
     def infer(self, args):
         if self.how not in ("layernorm", "rmsnorm"):
-            raise DiagramError(f"norm: unknown normalisation {self.how!r}")
+            raise DiagramError(f"norm: unknown normalisation {shown(self.how)}")
         _check_eps(self.how, self.eps)
         (x,) = args
         _require_axis(x, self.over, f"{self.how} over {self.over}")
@@ -315,7 +315,7 @@ class Value:
         for a in self.axes:
             if a.name == name:
                 return a
-        raise DiagramError(f"{self.label()} has no axis {name!r}; it carries {list(self.axis_names)}")
+        raise DiagramError(f"{self.label()} has no axis {shown(name)}; it carries {list(self.axis_names)}")
 
     @property
     def is_input(self) -> bool:
@@ -342,7 +342,7 @@ class Value:
         return _binary_or_scalar("sub", "shift", self, other, "-")
 
     def __rsub__(self, other):
-        _scalar(other, f"{other!r} - {self.label()}")
+        _scalar(other, f"{shown(other)} - {self.label()}")
         return (-self) + other
 
     def __mul__(self, other):
@@ -379,12 +379,8 @@ def _fmt_param(p) -> str:
 
 
 def _short(value) -> str:
-    """A value for an error message: its repr on one line (control characters escaped), cut to
-    60 characters; a huge integer by its number of digits."""
-    if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 10 ** 30:
-        return f"a {len(str(abs(value)))}-digit number"
-    text = "".join(c if c.isprintable() else repr(c)[1:-1] for c in repr(value))
-    return text if len(text) <= 60 else text[:57] + "..."
+    """A value for an error message, on one line (:func:`napkin.diagrams.axes.shown`)."""
+    return shown(value)
 
 
 #: The sympy node types a parameter expression may use: numbers, axis-size symbols, + * and ** (so
@@ -548,15 +544,28 @@ def array(name: str, *axes: Axis, dtype: str = "bf16") -> Value:
     names = set()
     for a in axes:
         if not isinstance(a, Axis):
-            raise DiagramError(f"array {name!r}: expected Axis objects, got {a!r}")
+            raise DiagramError(f"array {name!r}: expected Axis objects, got {shown(a)}")
         if a.name in names:
             raise DiagramError(f"array {name!r}: axis {a.name!r} appears twice")
         names.add(a.name)
+    return Value(InputOp(), (), tuple(axes), dtype_name(dtype, f"array {name!r}"), name)
+
+
+def dtype_name(dtype, where: str) -> str:
+    """The napkin name of ``dtype`` (a name such as ``"bf16"`` or ``"float16"``, or a DType); an
+    unknown one raises a DiagramError that starts with ``where``.
+
+    >>> dtype_name("float16", "array 'X'")
+    'fp16'
+    """
+    from ..dtypes import DType
+
+    if not isinstance(dtype, (str, DType)):
+        raise DiagramError(f"{where}: unknown dtype {shown(dtype)}; use a dtype name such as 'bf16'")
     try:
-        dt = lookup_dtype(dtype).name
+        return lookup_dtype(dtype).name
     except NapkinError as e:
-        raise DiagramError(f"array {name!r}: {e}") from None
-    return Value(InputOp(), (), tuple(axes), dt, name)
+        raise DiagramError(f"{where}: {e}") from None
 
 
 def contract(*xs: Value, over, out=None, name: str | None = None) -> Value:
@@ -628,9 +637,19 @@ def rmsnorm(x: Value, over, eps: float = 1e-6, name: str | None = None) -> Value
     return apply(Norm("rmsnorm", as_axis_name(over), _check_eps("rmsnorm", eps)), (x,), name)
 
 
-def rename(x: Value, name: str | None = None, **mapping) -> Value:
-    """Relabel axes: ``rename(X, q=Axis("x"))`` or ``rename(X, q="x")``."""
-    pairs = tuple((check_name(old, "axis"), as_axis_name(new)) for old, new in mapping.items())
+def rename(x: Value, mapping: Mapping | None = None, /, name: str | None = None, **more) -> Value:
+    """Relabel axes: ``rename(X, q=Axis("x"))``, ``rename(X, q="x")``, or with a mapping (for an
+    axis called ``name``): ``rename(X, {"name": "n"})``.
+
+    >>> from napkin.diagrams import axes
+    >>> q, x, e = axes("q x e")
+    >>> rename(array("X", x, e), x="k").axis_names
+    ('k', 'e')
+    """
+    if mapping is not None and not isinstance(mapping, Mapping):
+        raise DiagramError(f"rename: the mapping must map old axis names to new ones, got {shown(mapping)}")
+    both = {**(mapping or {}), **more}
+    pairs = tuple((check_name(old, "axis"), as_axis_name(new)) for old, new in both.items())
     return apply(Rename(pairs), (x,), name)
 
 
