@@ -12,13 +12,20 @@
 
 NAME is a built-in diagram (``attention``) or a diagram in a user file
 (``path/file.py:name``). Every mistake a user can make ends in one line
-``error: ...`` on stderr and exit status 2.
+``error: ...`` on stderr and exit status 2: a NapkinError, a usage error (an unknown
+command or option, a missing argument), output that cannot be written (stdout closed
+or on a full disk, an ``-o`` that names a folder). A closed pipe (``| head``) ends
+quietly with status 141. Output files are checked before any work, sizes are at most
+2^48, a diagram past the planner's limit (1000 boxes) is refused, and arrays larger
+than the GPU's memory get a warning (cost, derive, generate) or an error (verify, bench).
 
 Adding a command: write a function with the shared options of
 :mod:`napkin.cli_common` and register it under ``@app.command()`` then
-``@handle_errors``. Import heavy modules (torch, cupy, the performance model)
-inside the function, never at the top of this file: ``napkin --help`` and
-``napkin list`` must not import torch.
+``@handle_errors``. Name output files with :func:`~napkin.cli_common.output_path`
+(before the work) and write them with :func:`~napkin.cli_common.write_output`.
+Import heavy modules (torch, cupy, the performance model) inside the function,
+never at the top of this file: ``napkin --help`` and ``napkin list`` must not
+import torch.
 """
 
 from __future__ import annotations
@@ -29,13 +36,13 @@ from typing import Annotated, Optional
 import typer
 
 from . import __version__
-from .cli_common import (DEFAULT_DTYPE, DEFAULT_GPU, DtypeOpt, GpuOpt, JsonOpt, NameArg, SizesOpt,  # noqa: F401
-                         UsageError, console, format_sizes, handle_errors, load_bound, parse_sizes, print_warning,
-                         print_error, print_json)
-from .errors import NapkinError
+from .cli_common import (DEFAULT_DTYPE, DEFAULT_GPU, DtypeOpt, GpuOpt, JsonOpt, NameArg, NapkinGroup,  # noqa: F401
+                         SizesOpt, UsageError, check_memory, console, format_sizes, handle_errors, load_bound,
+                         output_dir, output_path, parse_sizes, print_error, print_json, print_warning, write_output)
 
 app = typer.Typer(
     name="napkin",
+    cls=NapkinGroup,
     help="Neural circuit diagrams to IO-aware GPU algorithms: list, show, render, cost, derive, generate, verify, bench, calibrate.",
     no_args_is_help=True,
     add_completion=False,
@@ -165,38 +172,41 @@ def _render_text(diagram, fmt: str) -> str:
         raise
 
 
+#: What ``render`` draws, by the suffix of ``-o``.
+RENDER_SUFFIXES = {".svg": "svg", ".dot": "dot", ".gv": "dot"}
+
+
+def _render_format(fmt: Optional[str], output: Optional[Path]) -> str:
+    """The format ``render`` writes: ``--format``, else the suffix of ``-o``, else svg. A format or
+    suffix napkin does not draw (png, pdf, ...), or a suffix that contradicts ``--format``, is a
+    UsageError naming what it does draw."""
+    drawn = "napkin draws svg or dot (graphviz source; `dot -Tpng FILE.dot -o FILE.png` makes a PNG)"
+    if fmt is not None:
+        fmt = fmt.lower()
+        if fmt not in ("svg", "dot"):
+            raise UsageError(f"render: unknown format {fmt!r}; {drawn}")
+    suffix = output.suffix.lower() if output is not None and str(output) != "-" else ""
+    if suffix and suffix not in RENDER_SUFFIXES:
+        raise UsageError(f"render -o {str(output)!r}: {drawn}, not {suffix[1:]}; name the file .svg or .dot")
+    if fmt is not None and suffix and RENDER_SUFFIXES[suffix] != fmt:
+        raise UsageError(f"render -o {str(output)!r} --format {fmt}: the suffix {suffix} says "
+                         f"{RENDER_SUFFIXES[suffix]}; give one or make them agree")
+    return fmt or RENDER_SUFFIXES.get(suffix, "svg")
+
+
 @app.command()
 @handle_errors
 def render(name: NameArg, size: SizesOpt = None, output: OutOpt = None, fmt: FormatOpt = None) -> None:
     """Draw a diagram as a neural circuit diagram (SVG) or as graphviz DOT source."""
-    if fmt is not None:
-        fmt = fmt.lower()
-        if fmt not in ("svg", "dot"):
-            raise UsageError(f"render: unknown format {fmt!r}; use svg or dot")
-    elif output is not None and output.suffix.lower() in (".dot", ".gv"):
-        fmt = "dot"
-    else:
-        fmt = "svg"
+    fmt = _render_format(fmt, output)
     diagram = load_bound(name, size, use_defaults=False)
+    target = output_path("render", "-o", output, Path(f"{diagram.name}.{fmt}"), suffixes=tuple(RENDER_SUFFIXES))
     text = _render_text(diagram, fmt)
-    path = _write_output("render", text, output, Path(f"{diagram.name}.{fmt}"))
+    path = write_output("render", text, target)
     if path is not None:
         from rich.text import Text
 
         console().print(Text(f"wrote {path} ({fmt}, {len(text.encode('utf-8')) / 1024:.1f} KiB)"))
-
-
-def _write_output(command: str, text: str, output: Optional[Path], default: Path) -> Optional[Path]:
-    """Write ``text`` to ``output`` (``-``: stdout, None: ``default``); the path written, or None."""
-    if output is not None and str(output) == "-":
-        typer.echo(text, nl=not text.endswith("\n"))
-        return None
-    path = output if output is not None else default
-    try:
-        path.write_text(text, encoding="utf-8")
-    except OSError as e:
-        raise UsageError(f"{command}: cannot write {str(path)!r}: {e.strerror or e}") from None
-    return path
 
 
 # ----------------------------------------------------------------------------- cost, derive
@@ -220,7 +230,12 @@ def _progress():
     from .cli_common import err_console
 
     def say(message: str) -> None:
-        err_console().print(f"[dim]… {message}[/dim]")
+        from rich.text import Text
+
+        try:  # one line each (never wrapped), and a stderr that fails does not stop the search
+            err_console().print(Text(f"… {message}", style="dim"), soft_wrap=True, highlight=False)
+        except (OSError, ValueError):
+            pass
 
     return say
 
@@ -249,7 +264,8 @@ def cost(name: NameArg, size: SizesOpt = None, gpu: GpuOpt = DEFAULT_GPU, dtype:
     """
     from .perfmodel.report import cost_report, format_cost_report
 
-    diagram = load_bound(name, size, use_defaults=True)
+    diagram = load_bound(name, size, use_defaults=True, plan=True)
+    check_memory(diagram, dtype, gpu=gpu, consequence="the prediction assumes they fit")
     der = _plan(diagram, gpu, dtype, group, stream, quiet=json_out, explain=False)
     rep = cost_report(der.plan, symbolic=symbolic)
     if explain:
@@ -293,13 +309,15 @@ def derive(name: NameArg, size: SizesOpt = None, gpu: GpuOpt = DEFAULT_GPU, dtyp
     from .codegen.planner import derive as run_derive
     from .perfmodel.report import parse_relabels
 
-    diagram = load_bound(name, size, use_defaults=True)
+    diagram = load_bound(name, size, use_defaults=True, plan=True)
+    svg_target = output_path("derive", "--svg", svg, suffixes=(".svg",), stdout=False) if svg is not None else None
     fixed = parse_relabels(group, stream)
+    check_memory(diagram, dtype, gpu=gpu, consequence="the prediction assumes they fit")
     der = run_derive(diagram, gpu, dtype, fixed=fixed, top=top, progress=None if json_out else _progress())
-    if svg is not None:
+    if svg_target is not None:
         from .perfmodel.view import scheduled_svg
 
-        _write_output("derive", scheduled_svg(der.best), svg, svg)
+        write_output("derive", scheduled_svg(der.best), svg_target)
     if json_out:
         out = der.to_dict()
         if pseudocode:
@@ -315,11 +333,21 @@ def derive(name: NameArg, size: SizesOpt = None, gpu: GpuOpt = DEFAULT_GPU, dtyp
         from .perfmodel.view import pseudocode as code
 
         typer.echo("\n" + code(der.best))
-    if svg is not None:
-        typer.echo(f"wrote {svg}")
+    if svg_target is not None:
+        typer.echo(f"wrote {svg_target}")
 
 
 # ----------------------------------------------------------------------------- generate, verify, bench
+
+def _check_device_memory(command: str, diagram, dtype: str) -> None:
+    """Refuse, before anything is allocated, a diagram whose inputs and outputs do not fit in the
+    memory of the GPU at hand."""
+    import torch
+
+    props = torch.cuda.get_device_properties(torch.cuda.current_device())
+    check_memory(diagram, dtype, capacity=float(props.total_memory), device=str(props.name), refuse=True,
+                 consequence=f"{command} would not find room for them; give smaller sizes with -s")
+
 
 def _require_gpu(command: str) -> None:
     """One clear error when a command needs CUDA and this machine has none."""
@@ -356,12 +384,14 @@ def generate(name: NameArg, size: SizesOpt = None, gpu: GpuOpt = DEFAULT_GPU, dt
     """
     from .codegen.generate import generate_program
 
-    diagram = load_bound(name, size, use_defaults=True)
-    der = _plan(diagram, gpu, dtype, group, stream, quiet=json_out, explain=False)
-    text, program = generate_program(diagram, gpu=gpu, plan=der.plan)
     if json_out and output is not None and str(output) == "-":
         raise UsageError("generate --json prints the plan on stdout; give the .cu a file name with -o FILE")
-    path = _write_output("generate", text, output, Path(f"{diagram.name}.cu"))
+    diagram = load_bound(name, size, use_defaults=True, plan=True)
+    target = output_path("generate", "-o", output, Path(f"{diagram.name}.cu"))
+    check_memory(diagram, dtype, gpu=gpu, consequence="the generated kernels assume they fit")
+    der = _plan(diagram, gpu, dtype, group, stream, quiet=json_out, explain=False)
+    text, program = generate_program(diagram, gpu=gpu, plan=der.plan)
+    path = write_output("generate", text, target)
     if json_out:
         print_json({"plan": program.plan.to_dict(), "output": str(path) if path is not None else None,
                     "launches": [{"name": k.name, "template": k.template, "grid": list(k.grid),
@@ -386,10 +416,11 @@ def verify(name: NameArg, size: SizesOpt = None, gpu: GpuOpt = DEFAULT_GPU, dtyp
     multiples, tiny odd sizes), outputs poisoned with NaN first; prints the relative error of
     every output and exits 1 if any misses its tolerance (1e-2 for bf16/fp16, 1e-5 for fp32).
     """
+    diagram = load_bound(name, size, use_defaults=True, plan=True)
     _require_gpu("verify")
+    _check_device_memory("verify", diagram, dtype)
     from .codegen.verify import verify as run_verify
 
-    diagram = load_bound(name, size, use_defaults=True)
     report = run_verify(diagram, dtype=dtype, gpu=gpu, seed=seed)
     if json_out:
         print_json({"ok": report.ok, "rows": [r.__dict__ if hasattr(r, "__dict__") else str(r)
@@ -418,7 +449,14 @@ def bench(name: NameArg, size: SizesOpt = None, gpu: Annotated[Optional[str], ty
     if name not in library.names():
         raise UsageError(f"bench runs the built-in diagrams ({', '.join(library.names())}); "
                          f"{name!r} is not one")
+    if sweep:
+        output_dir("bench", "--out", out)
+        diagram = None
+    else:
+        diagram = load_bound(name, size, use_defaults=True, plan=True)
     _require_gpu("bench")
+    if diagram is not None:
+        _check_device_memory("bench", diagram, dtype)
     from .bench import suite
     from .bench.baselines import family_of
 
@@ -433,7 +471,6 @@ def bench(name: NameArg, size: SizesOpt = None, gpu: Annotated[Optional[str], ty
         rep = report_mod.generate(gpu_dir)
         typer.echo(f"{len(records)} points on {device.get('name', '?')}; JSON, plots and {rep.markdown} in {gpu_dir}")
         return
-    diagram = load_bound(name, size, use_defaults=True)
     sizes = {n: int(a.size) for n, a in diagram.axes.items() if n in {x for v in diagram.inputs
                                                                         for x in v.axis_names}}
     fam = family_of(diagram)
@@ -481,33 +518,34 @@ class _SweepDefaults:
 @handle_errors
 def calibrate(gpu: Annotated[Optional[str], typer.Option("--gpu", metavar="GPU",
                              help="Datasheet profile to start from (default: matched to this device).")] = None,
-              output: Annotated[Path, typer.Option("--output", "-o", metavar="FILE",
-                                help="Where to write the calibrated profile JSON.")] = Path("calibrated.json")
+              output: Annotated[Optional[Path], typer.Option("--output", "-o", metavar="FILE",
+                                help="Where to write the calibrated profile JSON ('-' for stdout); default: "
+                                "calibrated.json.", show_default=False)] = None
               ) -> None:
     """Measure copy bandwidth, GEMM rate and exp rate on this GPU and write a profile that overrides
     the datasheet values (use it with --gpu FILE)."""
+    target = output_path("calibrate", "-o", output, Path("calibrated.json"))  # before minutes of measuring
     _require_gpu("calibrate")
     from .perfmodel.calibrate import calibrate as run_calibrate
 
-    prof = run_calibrate(gpu, output)
-    typer.echo(str(prof))
+    prof = run_calibrate(gpu, target if target is not None else "-")
+    say = typer.echo if target is not None else (lambda line: typer.echo(line, err=True))  # stdout: the JSON
+    say(str(prof))
     units = {"copy_bandwidth": ("TB/s", 1e12), "gemm_bf16": ("TFLOP/s", 1e12), "gemm_fp16": ("TFLOP/s", 1e12),
              "sfu_rate": ("Gexp/s", 1e9), "hbm_bytes": ("GiB", 2**30), "l2_bytes": ("MiB", 2**20)}
     for key, value in sorted(prof.measured.items()):
         unit, scale = units.get(key, ("", 1))
-        typer.echo(f"  measured {key}: {value / scale:,.2f} {unit}".rstrip())
-    typer.echo(f"wrote {output}")
+        say(f"  measured {key}: {value / scale:,.2f} {unit}".rstrip())
+    if target is not None:
+        typer.echo(f"wrote {target}")
 
 
 # ----------------------------------------------------------------------------- entry point
 
 def main(argv: list[str] | None = None) -> None:
-    """Console-script entry point (``napkin``) and ``python -m napkin``."""
-    try:
-        app(args=argv, prog_name="napkin")
-    except NapkinError as e:  # errors raised outside a command (callbacks); commands handle their own
-        print_error(str(e))
-        raise SystemExit(2) from None
+    """Console-script entry point (``napkin``) and ``python -m napkin``: runs the command line and
+    exits with its status (:class:`~napkin.cli_common.NapkinGroup` handles every failure)."""
+    app(args=argv, prog_name="napkin")
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -698,6 +698,106 @@ def test_user_file_can_define_a_dataclass(tmp_path):
     assert code == 0, err
 
 
+# ----------------------------------------------------------------------------- issue #16: usage errors
+
+USAGE_CASES = [
+    (["nosuchcommand"], ["No such command 'nosuchcommand'", "napkin --help"]),
+    (["show", "attention", "--bogus"], ["No such option: --bogus", "napkin show --help"]),
+    (["show"], ["Missing argument", "napkin show --help"]),
+    (["derive", "attention", "--top", "x"], ["'--top'", "napkin derive --help"]),
+    (["render", "attention", "-o"], ["requires an argument"]),
+    (["cost", "softmax", "--json", "extra"], ["unexpected extra argument", "extra"]),
+]
+
+
+@pytest.mark.parametrize("args, fragments", USAGE_CASES, ids=[" ".join(a) for a, _ in USAGE_CASES])
+def test_usage_errors_are_one_error_line(args, fragments):
+    """Click's usage errors: one `error:` line (not a boxed panel), exit 2, in-process and as a
+    subprocess."""
+    assert_user_error(*invoke(*args), *fragments)
+    code, out, err = run_module(*args)
+    assert_user_error(code, out, err, *fragments)
+    assert "╭" not in err and "Usage:" not in err
+
+
+def test_no_arguments_prints_the_help_and_exits_0():
+    code, out, err = run_module()
+    assert code == 0, err
+    assert "Usage" in out and "derive" in out and not err.strip()
+    code, out, err = run_module("derive", "--help")
+    assert code == 0 and "--svg" in out and not err.strip()
+
+
+# ----------------------------------------------------------------------------- issue #16: sizes
+
+HUGE = "1" + "0" * 320
+
+
+@pytest.mark.parametrize("command", ["show", "cost", "derive", "generate", "render"])
+@pytest.mark.parametrize("value, fragments", [
+    (HUGE, ["321-digit size", "2^48", str(cli_common.MAX_AXIS_SIZE)]),
+    ("1" + "0" * 5000, ["5001-digit size", "2^48"]),
+    (str(2 ** 48 + 1), [str(2 ** 48 + 1), "largest axis size 2^48"]),
+    ("-" + HUGE, ["positive"]),
+], ids=["1e320", "1e5000", "2^48+1", "-1e320"])
+def test_axis_sizes_have_a_stated_upper_bound(command, value, fragments):
+    args = [command, "attention", "-s", f"q={value}"] + (["-o", "-"] if command in ("generate", "render") else [])
+    line = assert_user_error(*invoke(*args), "axis 'q'", *fragments)
+    assert len(line) < 400  # a 5000-digit number is not echoed whole
+
+
+def test_the_largest_axis_size_is_accepted():
+    assert parse_size(f"q={2 ** 48}") == ("q", 2 ** 48)
+    code, out, err = invoke("show", "attention", "-s", f"q={2 ** 48}")
+    assert code == 0, err
+
+
+def test_the_cli_bound_is_the_diagrams_bound():
+    from napkin.diagrams import axes as axes_mod
+
+    bound = getattr(axes_mod, "MAX_AXIS_SIZE", None)
+    if bound is None:
+        pytest.skip("napkin.diagrams.axes states no bound")
+    assert bound == cli_common.MAX_AXIS_SIZE
+
+
+def _warnings(err: str) -> list[str]:
+    return [ln for ln in err.splitlines() if ln.startswith("warning: ")]
+
+
+@pytest.mark.parametrize("command", ["cost", "derive", "generate"])
+def test_arrays_beyond_the_gpus_memory_get_one_warning(command):
+    """matmul with A[a,b] of 2^21·2^15 bf16 values: 128 GiB of input (129 GiB with B and C), more
+    than an H100's 80 GiB."""
+    args = [command, "matmul", "-s", f"a={2 ** 21}", "-s", f"b={2 ** 15}", "-s", "c=128"]
+    if command == "generate":
+        args += ["-o", os.devnull]
+    code, out, err = invoke(*args)
+    assert code == 0, err
+    warnings = [w for w in _warnings(err) if "HBM" in w]
+    assert len(warnings) == 1, err
+    w = warnings[0]
+    assert "'matmul' need 129 GiB at bf16" in w and "80 GiB of HBM" in w and "H100" in w
+    assert ("assumes they fit" in w) or ("assume they fit" in w)
+    code, out, err = invoke(*args, "--gpu", "h200")
+    assert not [w for w in _warnings(err) if "HBM" in w], err  # 141 GB of HBM: fits
+
+
+def test_arrays_that_fit_get_no_memory_warning():
+    code, out, err = invoke("cost", "attention")
+    assert code == 0 and not [w for w in _warnings(err) if "HBM" in w], err
+
+
+def test_check_memory_refuses_for_commands_that_allocate():
+    d = library.get("matmul").bind(a=2 ** 21, b=2 ** 15, c=128)
+    assert cli_common.array_bytes(d, "bf16") == 2 * (2 ** 36 + 2 ** 22 + 2 ** 28)
+    with pytest.raises(cli_common.UsageError, match="need 129 GiB at bf16, more than the 40 GiB of HBM of the "
+                                                    "Test GPU; verify would not find room"):
+        cli_common.check_memory(d, "bf16", capacity=40 * 2 ** 30, device="Test GPU", refuse=True,
+                                consequence="verify would not find room for them")
+    cli_common.check_memory(d, "bf16", capacity=200 * 2 ** 30, device="Test GPU", refuse=True, consequence="x")
+
+
 # ----------------------------------------------------------------------------- issue #16: bounded search
 
 def test_a_diagram_past_the_planners_limit_is_refused_fast(tmp_path):
