@@ -151,9 +151,9 @@ class Map(Op):
                 if value.free_symbols:
                     names = ", ".join(sorted(s.name for s in value.free_symbols))
                     raise DiagramError(f"map {self.fn}: parameter {p} needs the size of axis {names}")
-                out.append(_finite_float(value, where, i in f.nonzero_params))
+                out.append(_finite_float(value, where, i in f.nonzero_params, fp32=True))
             else:
-                out.append(_finite_float(p, where, i in f.nonzero_params))
+                out.append(_finite_float(p, where, i in f.nonzero_params, fp32=True))
         return tuple(out)
 
     def label(self) -> str:
@@ -406,8 +406,15 @@ def _check_expr(expr: sympy.Basic, where: str) -> sympy.Basic:
     return expr
 
 
-def _finite_float(value, where: str, nonzero: bool = False) -> float:
-    """``value`` (a real number or a number-valued sympy expression) as a finite float."""
+#: The largest finite float32, and the smallest normal one: kernels compute in fp32, so a map
+#: parameter must be finite there, and one the kernel divides by must not flush to 0.
+FLT_MAX = 3.4028234663852886e38
+FLT_MIN = 1.1754943508222875e-38
+
+
+def _finite_float(value, where: str, nonzero: bool = False, fp32: bool = False) -> float:
+    """``value`` (a real number or a number-valued sympy expression) as a finite float; ``fp32``:
+    also finite in float32 (and, when ``nonzero``, not below its smallest normal magnitude)."""
     if isinstance(value, bool) or not isinstance(value, (numbers.Real, sympy.Basic)):
         raise DiagramError(f"{where}: {_short(value)} is not a number")
     try:
@@ -418,6 +425,12 @@ def _finite_float(value, where: str, nonzero: bool = False) -> float:
         raise DiagramError(f"{where}: {_short(value)} is not a finite real number")
     if nonzero and v == 0:
         raise DiagramError(f"{where}: must not be 0")
+    if fp32 and abs(v) > FLT_MAX:
+        raise DiagramError(f"{where}: {_short(value)} is beyond the float32 range kernels compute in "
+                           f"(|value| <= {FLT_MAX:.7g})")
+    if fp32 and nonzero and abs(v) < FLT_MIN:
+        raise DiagramError(f"{where}: {_short(value)} is below the smallest normal float32 "
+                           f"({FLT_MIN:.7g}); kernels divide by it")
     return v
 
 
@@ -429,8 +442,8 @@ def _as_param(p, fn: str = "", i: int = 0):
     nonzero = bool(f and i in f.nonzero_params)
     if isinstance(p, sympy.Basic):
         _check_expr(p, where)
-        return p if p.free_symbols else _finite_float(p, where, nonzero)
-    return _finite_float(p, where, nonzero)
+        return p if p.free_symbols else _finite_float(p, where, nonzero, fp32=True)
+    return _finite_float(p, where, nonzero, fp32=True)
 
 
 def check_params(fn: str, params) -> tuple:
@@ -618,7 +631,7 @@ def softmax(x: Value, over, name: str | None = None) -> Value:
 
 def _check_eps(how: str, eps) -> float:
     """``eps`` of a normalisation as a float: a finite number > 0, else a DiagramError."""
-    v = _finite_float(eps, f"{how}: eps")
+    v = _finite_float(eps, f"{how}: eps", fp32=True)
     if v <= 0:
         raise DiagramError(f"{how}: eps: {_short(eps)} is not > 0")
     return v
