@@ -1,6 +1,6 @@
 // reduce.cuh — reductions across the threads of a warp, of an mma quad, and of a block.
 //
-// Provides the operators SumOp and MaxOp (with their identities), and
+// Provides the operators SumOp, MaxOp and MinOp (with their identities), and
 //   warp_reduce<Op>, warp_sum, warp_max   all 32 lanes (butterfly __shfl_xor_sync; every lane
 //                                         gets the result)
 //   quad_reduce<Op>, quad_sum, quad_max   the 4 lanes 4g..4g+3 that hold one row of an mma
@@ -24,6 +24,11 @@ struct SumOp {
 struct MaxOp {
   NAPKIN_DEVICE static float identity() { return neg_inf(); }
   NAPKIN_DEVICE float operator()(float a, float b) const { return fmaxf(a, b); }
+};
+
+struct MinOp {
+  NAPKIN_DEVICE static float identity() { return pos_inf(); }
+  NAPKIN_DEVICE float operator()(float a, float b) const { return fminf(a, b); }
 };
 
 // Reduces over the aligned group of WIDTH lanes (a power of two up to 32) holding this lane.
