@@ -124,11 +124,15 @@ class KernelOptions:
     streams per level; these say the rest, as typed fields (never note strings):
 
     - ``engine``: the tensor-core or core instruction path (:data:`ENGINES`);
-    - ``stages``: pipeline depth (cp.async stages, or slots of a TMA ring);
+    - ``stages``: pipeline depth (cp.async stages, or slots of a TMA ring; the pointwise
+      family's vector loads a thread issues before it uses the first);
     - ``warps``: warps per block; ``warpgroups``: consumer warpgroups (wgmma);
-    - ``threads_per_row``: threads sharing one row (row-wise kernels);
+    - ``threads_per_row``: threads sharing one row (row-wise kernels), or one reduced element
+      (pointwise reductions);
     - ``blocks_per_sm``: residency the register budget is sized for;
-    - ``regs_per_thread``: the register budget the kernel is compiled with.
+    - ``regs_per_thread``: the register budget the kernel is compiled with;
+    - ``splits``: blocks that share one reduced element (a split reduction: fp32 partials in HBM
+      and a second, combining launch).
 
     >>> KernelOptions(engine="wgmma", stages=4).to_dict()
     {'engine': 'wgmma', 'stages': 4}
@@ -141,6 +145,7 @@ class KernelOptions:
     threads_per_row: int | None = None
     blocks_per_sm: int | None = None
     regs_per_thread: int | None = None
+    splits: int | None = None
 
     def __post_init__(self):
         if self.engine is not None and self.engine not in ENGINES:
