@@ -17,7 +17,8 @@ per multiply-add, elementwise maps their whitelist cost. Either way, a family ma
 roofline cannot see (``launch_estimate``: blocks, threads, registers, shared memory, bytes in
 flight per thread, idle lanes; and how the template issues its work, :data:`FAMILY_EXECUTION`),
 which feeds wave quantisation, occupancy and the latency floor of the one prediction path in
-:mod:`napkin.perfmodel.predict`.
+:mod:`napkin.perfmodel.predict`; a kernel with a second, small pass (a split reduction's
+combine) states its extra launches and HBM bytes there too (:func:`extra_pass_seconds`).
 """
 
 from __future__ import annotations
@@ -33,7 +34,8 @@ from ..errors import CodegenError, NapkinError, ScheduleError
 from ..perfmodel.schedule import Schedule
 
 __all__ = ["rank_candidates", "predict_schedule", "launch_shape", "model_work", "local_work",
-           "model_footprint", "resolve_gpu", "Ranked", "MEMORY_LATENCY_S", "FAMILY_EXECUTION"]
+           "model_footprint", "resolve_gpu", "Ranked", "MEMORY_LATENCY_S", "FAMILY_EXECUTION",
+           "extra_pass_seconds"]
 
 #: The default latency of the bytes-in-flight floor (kept here for compatibility; the floor, and
 #: the profile's ``memory_latency_s`` that overrides this, live in napkin.perfmodel.predict).
@@ -266,16 +268,8 @@ FAMILY_EXECUTION: dict[str, dict] = {
 MMA_SYNC_DTYPES = ("fp16", "bf16")
 
 
-def launch_shape(diagram: Diagram, family, schedule: Schedule, gpu):
-    """The :class:`~napkin.perfmodel.predict.LaunchShape` of the kernel ``family`` generates for
-    ``schedule``: its ``launch_estimate`` (blocks, threads, registers, shared memory, bytes in
-    flight per thread, idle lanes) plus how it issues its work (:data:`FAMILY_EXECUTION`, or the
-    estimate's own ``tensor_path`` / ``overlap_compute`` / ``overlap_operands``). None when the
-    family gives no estimate with blocks, threads and registers."""
-    from ..perfmodel.predict import LaunchShape
-
-    gpu = _gpu(gpu)
-    fam = _family(family)
+def _estimate(diagram: Diagram, fam, schedule: Schedule, gpu) -> dict | None:
+    """The family's ``launch_estimate`` for ``schedule``, or None where it gives none."""
     if not hasattr(fam, "launch_estimate"):
         return None
     try:
@@ -283,6 +277,24 @@ def launch_shape(diagram: Diagram, family, schedule: Schedule, gpu):
     except (NapkinError, KeyError, ValueError):
         return None
     if not est or not est.get("blocks") or not est.get("threads") or not est.get("regs"):
+        return None
+    return est
+
+
+def launch_shape(diagram: Diagram, family, schedule: Schedule, gpu):
+    """The :class:`~napkin.perfmodel.predict.LaunchShape` of the kernel ``family`` generates for
+    ``schedule``: its ``launch_estimate`` (blocks, threads, registers, shared memory, bytes in
+    flight per thread, idle lanes) plus how it issues its work (:data:`FAMILY_EXECUTION`, or the
+    estimate's own ``tensor_path`` / ``overlap_compute`` / ``overlap_operands``). None when the
+    family gives no estimate with blocks, threads and registers."""
+    fam = _family(family)
+    return _shape_of(_estimate(diagram, fam, schedule, _gpu(gpu)), fam, schedule)
+
+
+def _shape_of(est: dict | None, fam, schedule: Schedule):
+    from ..perfmodel.predict import LaunchShape
+
+    if est is None:
         return None
     facts = dict(FAMILY_EXECUTION.get(getattr(fam, "name", ""), {}))
     if schedule.dtype not in MMA_SYNC_DTYPES:
@@ -302,6 +314,22 @@ def launch_shape(diagram: Diagram, family, schedule: Schedule, gpu):
                        idle_lanes=float(est.get("idle_lanes") or 0.0), **facts)
 
 
+def extra_pass_seconds(est: dict | None, gpu) -> float:
+    """What a kernel's second, small pass adds beyond its main launch (a split reduction's
+    combine: ``extra_launches`` launch overheads, and ``extra_hbm_bytes`` of fp32 partials
+    written and read back at the HBM rate), as the family's ``launch_estimate`` states it."""
+    from ..perfmodel.roofline import launch_overhead_of
+
+    if not est:
+        return 0.0
+    launches = float(est.get("extra_launches") or 0)
+    moved = float(est.get("extra_hbm_bytes") or 0.0)
+    if not launches and not moved:
+        return 0.0
+    g = _gpu(gpu)
+    return launches * launch_overhead_of(g) + moved / g.level("HBM").bandwidth
+
+
 def predict_schedule(diagram: Diagram, family, schedule: Schedule, gpu, *, efficiency=None) -> Ranked:
     """Predicted time of one candidate: the cost model's transfers and FLOPs with the family's
     launch (:func:`launch_shape`) through :func:`napkin.perfmodel.predict.predict_schedule`, the
@@ -314,7 +342,9 @@ def predict_schedule(diagram: Diagram, family, schedule: Schedule, gpu, *, effic
     gpu = _gpu(gpu)
     fam = _family(family)
     name = getattr(fam, "name", None)
-    shape = launch_shape(diagram, fam, schedule, gpu)
+    est = _estimate(diagram, fam, schedule, gpu)
+    shape = _shape_of(est, fam, schedule)
+    extra = extra_pass_seconds(est, gpu)
     eff = efficiency if efficiency is not None else Efficiency()
     detail = ""
     schedule = model_view(schedule)
@@ -327,13 +357,13 @@ def predict_schedule(diagram: Diagram, family, schedule: Schedule, gpu, *, effic
         k = p.kernels[0]
         if shape is not None:
             detail = f"blocks {k.blocks}, {k.blocks_per_sm} per SM, {p.bound}-bound"
-        return Ranked(schedule, p.seconds, "cost", detail, p.bound)
+        return Ranked(schedule, p.seconds + extra, "cost", detail, p.bound)
     work = local_work(schedule, tensor_cores=name in ("contraction", "attention")
                       and schedule.dtype in MMA_SYNC_DTYPES)
     kp = predict_kernel(gpu, work, shape, name=name or "kernel", efficiency=family_efficiency(gpu, name, eff))
     if shape is not None:
         detail = f"blocks {kp.blocks}, {kp.blocks_per_sm} per SM, {kp.bound}-bound"
-    extra = max(0, len(schedule.kernels) - 1) * LAUNCH_OVERHEAD_S
+    extra += max(0, len(schedule.kernels) - 1) * LAUNCH_OVERHEAD_S
     return Ranked(schedule, kp.seconds + extra, "local", detail, kp.bound)
 
 
