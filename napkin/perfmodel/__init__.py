@@ -34,6 +34,12 @@ _EXPORTS = {
 
 __all__ = sorted(_EXPORTS)
 
+# The function ``cost`` shares its name with its module: bound lazily, the first
+# ``import napkin.perfmodel.cost`` would set the package's ``cost`` to the module, and
+# ``from napkin.perfmodel import cost`` would then depend on import order. Bound here, it is the
+# function whatever was imported first.
+from .cost import cost  # noqa: E402
+
 
 def __getattr__(name: str):
     mod = _EXPORTS.get(name)

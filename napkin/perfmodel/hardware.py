@@ -135,14 +135,20 @@ def _real(v: object) -> float | None:
         return math.inf
 
 
+#: Every real number of a profile lies in this range (or is 0 where zero is allowed): the model
+#: divides rates by rates, so a denormal rate (5e-324 FLOP/s) or 1e300 bytes would underflow or
+#: overflow into a zero or infinite prediction. Seconds, bytes, clocks and rates of any GPU fit.
+_MIN_REAL, _MAX_REAL = 1e-12, 1e18
+
+
 def _positive(v: object) -> bool:
     x = _real(v)
-    return x is not None and math.isfinite(x) and x > 0
+    return x is not None and _MIN_REAL <= x <= _MAX_REAL
 
 
 def _non_negative(v: object) -> bool:
     x = _real(v)
-    return x is not None and math.isfinite(x) and x >= 0
+    return x is not None and (x == 0 or _MIN_REAL <= x <= _MAX_REAL)
 
 
 #: What each ``metadata["check"]`` of a profile field accepts: (test, what the field must be).
@@ -154,11 +160,11 @@ CHECKS: dict[str, tuple[Any, str]] = {
     "flag": (lambda v: isinstance(v, bool), "true or false"),
     "count": (lambda v: _is_int(v) and 1 <= v < _MAX_INT, "a positive integer (below 2^53)"),
     "count0": (lambda v: _is_int(v) and 0 <= v < _MAX_INT, "a non-negative integer (below 2^53)"),
-    "positive": (_positive, "a finite positive number"),
-    "non_negative": (_non_negative, "a finite non-negative number"),
+    "positive": (_positive, "a finite positive number (between 1e-12 and 1e18)"),
+    "non_negative": (_non_negative, "a finite non-negative number (0, or between 1e-12 and 1e18)"),
     "fraction": (lambda v: _positive(v) and float(v) <= 1, "a number in (0, 1]"),
-    "bytes": (_positive, "a finite positive number of bytes"),
-    "bytes_or_null": (lambda v: v is None or _positive(v), "a finite positive number of bytes or null"),
+    "bytes": (_positive, "a finite positive number of bytes (at most 1e18)"),
+    "bytes_or_null": (lambda v: v is None or _positive(v), "a finite positive number of bytes (at most 1e18) or null"),
 }
 
 

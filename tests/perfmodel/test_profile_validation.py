@@ -33,8 +33,8 @@ NAN, INF = float("nan"), float("inf")
 BAD = {
     "count": [NAN, INF, 0, -1, True, "x", 2.5, 132.0, None],
     "count0": [NAN, -1, True, "x", 2.5, None],
-    "positive": [NAN, INF, -INF, 0, 0.0, -1, True, False, "x", "1e12", None, [1.0]],
-    "non_negative": [NAN, INF, -1, -1e-9, True, "x", None],
+    "positive": [NAN, INF, -INF, 0, 0.0, -1, True, False, "x", "1e12", None, [1.0], 5e-324, 1e300],
+    "non_negative": [NAN, INF, -1, -1e-9, True, "x", None, 5e-324, 1e300],
     "fraction": [NAN, INF, 0, -1, 1.5, True, "x", None],
     "flag": [0, 1, "true", None, NAN],
     "name": ["", "  ", 3, None, True],
@@ -45,7 +45,7 @@ BAD = {
 GOOD = {
     "count0": [0, 7],
     "non_negative": [0, 0.0, 1e-9, 5],
-    "positive": [1, 2.5, 1e300],
+    "positive": [1, 2.5, 1e15, 1e-9],
     "fraction": [1, 1.0, 1e-6],
 }
 
@@ -262,7 +262,7 @@ def test_files(tmp_path):
         get_gpu("x" * 5000 + ".json")
     p = tmp_path / "nan.json"
     p.write_text(json.dumps({**h100_dict(), "clock_hz": NAN}))
-    with pytest.raises(HardwareError, match=rf"^{p}: field 'clock_hz' must be a finite positive number, got nan$"):
+    with pytest.raises(HardwareError, match=rf"^{p}: field 'clock_hz' must be a finite positive number \(between 1e-12 and 1e18\), got nan$"):
         get_gpu(str(p))
 
 
