@@ -121,9 +121,9 @@ def parse_size(text: str) -> tuple[str, int]:
     if not m:
         raise UsageError(f"-s {text!r}: expected NAME=VALUE, for example -s q=4096")
     name, raw = m.group(1), m.group(2)
-    from .diagrams.axes import NAME_RE
+    from .diagrams.axes import is_name
 
-    if not NAME_RE.match(name):
+    if not is_name(name):
         raise UsageError(f"-s {text!r}: {name!r} is not an axis name (a letter followed by letters, "
                          "digits or '_')")
     if not re.fullmatch(r"[+-]?\d+(_\d+)*", raw):

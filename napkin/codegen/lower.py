@@ -19,7 +19,7 @@ import math
 import re
 from typing import Mapping
 
-from ..diagrams.axes import NAME_RE
+from ..diagrams.axes import is_name
 from ..errors import CodegenError, NapkinError
 from ..perfmodel.schedule import Schedule
 from .prepare import prepare, unbound_axes
@@ -29,7 +29,8 @@ from .select import resolve_gpu
 __all__ = ["lower", "build", "prepare", "resolve_gpu", "check_program", "unbound_axes",
            "SMEM_TOLERANCE", "REG_BAND"]
 
-_C_IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+#: Kernel names are C identifiers built from checked names and hashes (longer than 32 characters).
+_C_IDENT = re.compile(r"\A[A-Za-z_][A-Za-z0-9_]*\Z")
 
 #: How far the cost model's memory may be from a family's own footprint before it is ignored
 #: (a factor either way: a unit mix-up, per warp against per block, is far outside it).
@@ -44,10 +45,10 @@ def check_program(program: Program) -> Program:
     known = set(d.input_names) | set(d.output_names) | {b.name for b in program.buffers}
     seen = set()
     for b in program.buffers:
-        if not NAME_RE.match(b.name):
+        if not is_name(b.name):
             raise CodegenError(f"buffer name {b.name!r} is not a checked identifier")
     for k in program.launches:
-        if not _C_IDENT.match(k.name):
+        if not _C_IDENT.fullmatch(k.name):
             raise CodegenError(f"kernel name {k.name!r} is not a C identifier")
         if k.name in seen:
             raise CodegenError(f"two launches are called {k.name!r}")

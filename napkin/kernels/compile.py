@@ -30,7 +30,7 @@ from .library import header_sources, inline_library
 #: Options every NVRTC compilation gets (before the caller's own).
 BASE_OPTIONS = ("-std=c++17",)
 
-_ARCH = re.compile(r"^sm_(\d+)([af]?)$")
+_ARCH = re.compile(r"\Asm_(\d+)([af]?)\Z")
 _DIAG = re.compile(
     r"^(?P<file>.*?)\((?P<line>\d+)\)(?:: | )(?P<kind>catastrophic error|error|warning)\b")
 

@@ -80,3 +80,36 @@ def test_every_accepted_name_fully_matches_the_plain_identifier_pattern(name):
     else:
         with pytest.raises(DiagramError):
             check_name(name, "array")
+
+
+@pytest.mark.parametrize("text", ["1q=4", "é=4", "q" + "x" * 32 + "=4"])
+def test_size_option_names_pass_the_one_check(text):
+    from napkin.cli_common import UsageError, parse_size
+
+    with pytest.raises(UsageError, match="not an axis name"):
+        parse_size(text)
+
+
+@pytest.mark.parametrize("arch", ["sm_90\n", "sm_80\n", "\nsm_80"])
+def test_an_arch_with_a_line_break_never_reaches_the_compiler(arch):
+    from napkin.kernels.compile import check_arch
+
+    with pytest.raises(CodegenError, match="unknown GPU architecture"):
+        check_arch(arch)
+
+
+def test_a_buffer_whose_name_ends_in_a_line_break_is_refused():
+    import dataclasses
+
+    from napkin.codegen.lower import build, check_program
+    from napkin.codegen.planner import derive
+    from napkin.diagrams import library
+    from napkin.perfmodel import get_gpu
+
+    plan = derive(library.get("transformer_block").bind({"q": 64, "e": 64, "h": 2, "d": 32, "f": 128}),
+                  get_gpu("h100"), "bf16", explain=False).plan
+    program = build(plan)
+    assert program.buffers
+    bad = dataclasses.replace(program.buffers[0], name=program.buffers[0].name + "\n")
+    with pytest.raises(CodegenError, match="not a checked identifier"):
+        check_program(dataclasses.replace(program, buffers=(bad, *program.buffers[1:])))
