@@ -96,11 +96,13 @@ def _align(t: np.ndarray, have: tuple[str, ...], want: tuple[str, ...]) -> np.nd
 
 def _einsum(args: list[np.ndarray], arg_axes: list[tuple[str, ...]], out_axes: tuple[str, ...]) -> np.ndarray:
     letters: dict[str, str] = {}
-    pool = iter(string.ascii_letters)
     for axes in (*arg_axes, out_axes):
         for a in axes:
             if a not in letters:
-                letters[a] = next(pool)
+                if len(letters) == len(string.ascii_letters):
+                    raise ScheduleError(f"the interpreter runs contractions over at most {len(string.ascii_letters)} "
+                                        f"axes (einsum's subscripts); this one has more ({', '.join(letters)}, ...)")
+                letters[a] = string.ascii_letters[len(letters)]
     spec = ",".join("".join(letters[a] for a in ax) for ax in arg_axes) + "->" + "".join(letters[a] for a in out_axes)
     return np.einsum(spec, *args, optimize=len(args) > 2)
 

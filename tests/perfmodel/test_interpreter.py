@@ -176,3 +176,17 @@ def test_interpreter_does_not_import_torch():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          cwd=str(__import__("pathlib").Path(__file__).resolve().parents[2]))
     assert out.stdout.strip() == "False", out.stderr
+
+
+def test_a_contraction_over_more_axes_than_einsum_has_letters_is_refused_with_a_message():
+    from napkin.diagrams import Axis, Diagram, array, contract
+    from napkin.errors import ScheduleError
+    from napkin.perfmodel import Schedule, interpret
+
+    ax = [Axis(f"a{i}", 1) for i in range(30)]
+    bx = [Axis(f"b{i}", 1) for i in range(30)]
+    k = Axis("k", 2)
+    d = Diagram("wide", contract(array("A", *ax, k, dtype="fp32"), array("B", k, *bx, dtype="fp32"),
+                                 over=k, name="C"))
+    with pytest.raises(ScheduleError, match="at most 52 axes"):
+        interpret(Schedule.unfused(d), seed=0)
