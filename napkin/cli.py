@@ -442,13 +442,14 @@ def bench(name: NameArg, size: SizesOpt = None, gpu: Annotated[Optional[str], ty
           out: Annotated[Path, typer.Option("--out", metavar="DIR", help="With --sweep: results folder.")] =
           Path("benchmarks/results"),
           json_out: JsonOpt = False) -> None:
-    """Time the generated kernel next to the baselines (cuBLAS, SDPA backends, FlexAttention,
+    """Time the generated kernels next to the baselines (cuBLAS, SDPA backends, FlexAttention, and
+    for any other diagram, a user's file included, its PyTorch reference eager and under
     torch.compile) and the model's prediction: CUDA events, warm-up, medians, rotated inputs."""
     from .diagrams import library
 
-    if name not in library.names():
-        raise UsageError(f"bench runs the built-in diagrams ({', '.join(library.names())}); "
-                         f"{name!r} is not one")
+    if sweep and name not in library.names():
+        raise UsageError(f"--sweep runs the sweep of a built-in diagram's family; {name!r} is not built in "
+                         "(leave out --sweep to time it)")
     if sweep:
         output_dir("bench", "--out", out)
         diagram = None
@@ -498,6 +499,11 @@ def bench(name: NameArg, size: SizesOpt = None, gpu: Annotated[Optional[str], ty
         else:
             t.add_row(b, "—", "—", str(v)[:60])
     console().print(t)
+    kernels = (rec.get("napkin") or {}).get("kernels") or []
+    if kernels:
+        slow = kernels.count("fallback")
+        console().print(f"napkin ran {len(kernels)} kernel(s): {', '.join(kernels)}"
+                        + (f"; {slow} on the scalar fallback (a slow path)" if slow else ""))
     if rec.get("pred_s"):
         err = rec.get("pred_err")
         console().print(f"model: predicted {rec['pred_s'] * 1e3:.3f} ms"

@@ -10,6 +10,8 @@ compare their results with napkin's.
 | matmul    | ``cublas``: ``torch.matmul`` |
 | mlp       | ``eager``: ``F.gelu(F.linear(X, W, bias))`` (unfused); ``compile``: ``torch.compile`` of it |
 | rowwise   | ``eager``: ``torch.softmax`` / ``F.layer_norm`` / ``F.rms_norm``; ``compile``: ``torch.compile`` of it |
+| composed  | ``eager``: napkin's PyTorch reference of the diagram, run eagerly in the diagram's dtype (the
+              PyTorch a user would write box by box); ``compile``: ``torch.compile`` of it |
 | attention | ``sdpa_flash``, ``sdpa_cudnn``, ``sdpa_efficient``: ``F.scaled_dot_product_attention`` under
               ``torch.nn.attention.sdpa_kernel`` with one backend each (a backend that refuses the case
               is skipped with its reason); ``flex``: ``torch.compile(flex_attention)`` with the mask as a
@@ -36,6 +38,7 @@ __all__ = [
     "matmul_baselines",
     "mlp_baselines",
     "rowwise_baselines",
+    "composed_baselines",
     "attention_baselines",
     "reference_compiled",
     "traceable_reference",
@@ -56,6 +59,8 @@ _LIBRARY_FAMILY = {
     "softmax": "rowwise", "layernorm": "rowwise", "rmsnorm": "rowwise",
     "attention": "attention", "mha": "attention", "attention_causal": "attention", "gqa": "attention",
     "attention_window": "attention", "attention_alibi": "attention", "attention_softcap": "attention",
+    "transformer_block": "composed", "swiglu": "composed", "rmsnorm_linear": "composed",
+    "gemm_softmax": "composed", "gelu_tanh": "composed", "column_sum": "composed",
 }
 
 
@@ -100,21 +105,26 @@ def _short(text: str, limit: int = 400) -> str:
 
 
 def family_of(diagram) -> str:
-    """The benchmark family of a diagram: matmul, mlp, rowwise, attention (or ``other``)."""
+    """The benchmark family of a diagram: matmul, mlp, rowwise or attention when the diagram is
+    exactly that one template shape (their baselines are cuBLAS, F.linear, F.layer_norm, SDPA),
+    else ``composed`` (baselines: its own PyTorch reference, eager and compiled)."""
     name = getattr(diagram, "name", str(diagram))
     if name in _LIBRARY_FAMILY:
         return _LIBRARY_FAMILY[name]
     kinds = [v.op.kind for v in diagram.nodes]
-    fns = [getattr(v.op, "fn", None) for v in diagram.nodes]
-    if kinds.count("contract") == 2 and "softmax" in kinds:
+    fns = sorted(getattr(v.op, "fn", "") for v in diagram.nodes if v.op.kind == "map")
+    n_in = len(diagram.inputs)
+    if kinds.count("contract") == 2 and kinds.count("softmax") == 1 and n_in == 3 \
+            and set(kinds) <= {"contract", "softmax", "map"}:
         return "attention"
-    if kinds and all(k == "contract" for k in kinds):
+    if kinds == ["contract"] and n_in == 2:
         return "matmul"
-    if "contract" in kinds and "gelu" in fns:
+    if sorted(kinds) == ["contract", "map", "map"] and fns == ["add", "gelu"] and n_in == 3:
         return "mlp"
-    if "contract" not in kinds and ("softmax" in kinds or "norm" in kinds):
+    if "contract" not in kinds and kinds.count("softmax") + kinds.count("norm") == 1 \
+            and set(kinds) <= {"softmax", "norm", "map"}:
         return "rowwise"
-    return "other"
+    return "composed"
 
 
 def _compile(fn: Callable, backend: str | None, **kw) -> Callable:
@@ -586,6 +596,21 @@ def reference_compiled(diagram, *, compile_backend: str | None = None) -> Baseli
     return Baseline("reference_compiled", _compile(ref, compile_backend), note="torch.compile(diagram.reference)")
 
 
+def composed_baselines(diagram, *, compile: bool = True, compile_backend: str | None = None, **_) -> list[Baseline]:
+    """Any diagram (a composed library entry, a user's file): its PyTorch reference run eagerly
+    (``eager``) and under ``torch.compile`` (``compile``), first output, in the diagram's dtype."""
+    try:
+        ref = traceable_reference(diagram)
+    except Exception as e:
+        reason = _short(f"{type(e).__name__}: {e}")
+        return [Baseline("eager", None, skipped=reason), Baseline("compile", None, skipped=reason)]
+    out = [Baseline("eager", ref, note="the diagram's PyTorch reference, eager, box by box")]
+    if compile:
+        out.append(Baseline("compile", _compile(ref, compile_backend),
+                            note="torch.compile of the diagram's PyTorch reference"))
+    return out
+
+
 # ----------------------------------------------------------------------------- dispatch
 
 
@@ -594,6 +619,7 @@ _BUILDERS = {
     "mlp": mlp_baselines,
     "rowwise": rowwise_baselines,
     "attention": attention_baselines,
+    "composed": composed_baselines,
 }
 
 

@@ -84,6 +84,16 @@ TARGETS: tuple[Target, ...] = (
     Target("rowwise_vs_copy", "Softmax/layernorm/rmsnorm ≥ 0.85 × the measured copy rate (GB/s)", "rowwise",
            "copy", 0.85),
     Target("rowwise_vs_eager", "Softmax/layernorm/rmsnorm ≥ 1.5 × PyTorch eager", "rowwise", "eager", 1.5),
+    Target("composed_vs_eager", "Composed diagrams ≥ 1.0 × their PyTorch reference run eagerly", "composed",
+           "eager", 1.0),
+    Target("block_vs_eager", "transformer_block (defaults and 7B-like) ≥ 1.2 × eager", "composed", "eager", 1.2,
+           select=lambda p: p.get("diagram") == "transformer_block"),
+    Target("block_vs_compile", "transformer_block (defaults and 7B-like) ≥ 1.0 × torch.compile", "composed",
+           "compile", 1.0, select=lambda p: p.get("diagram") == "transformer_block"),
+    Target("swiglu_vs_eager", "SwiGLU ≥ 1.15 × eager", "composed", "eager", 1.15,
+           select=lambda p: p.get("diagram") == "swiglu"),
+    Target("composed_memory_vs_copy", "Elementwise chain and column reduction ≥ 0.9 × the measured copy rate "
+           "(GB/s)", "composed", "copy", 0.9, select=lambda p: p.get("metric") == "gbps"),
 )
 
 #: The model must predict napkin's time within this median relative error, per family.
@@ -194,6 +204,8 @@ def point_label(p: dict) -> str:
         return f"{s.get('a')} tokens, {s.get('b')}→{s.get('c')}"
     if fam == "rowwise" and s:
         return f"{p.get('diagram')} {p.get('dtype')} width {s.get('x')} × {s.get('r')} rows"
+    if fam == "composed" and s:
+        return f"{p.get('diagram')} {p.get('dtype')} " + " ".join(f"{k}={v}" for k, v in s.items())
     return str(p.get("id", "?"))
 
 
@@ -444,8 +456,11 @@ def render_markdown(device: dict, points: Sequence[dict], plots: Iterable[str] =
     L.append("")
     L.append("pred ms: the model's prediction for napkin's kernel on the datasheet profile (re-predicted now where "
              "the record names its schedule).")
-    for fam in ("attention", "matmul", "mlp", "rowwise"):
-        pts = sorted((p for p in points if p.get("family") == fam), key=_sort_key)
+    tables = [(fam, None) for fam in ("attention", "matmul", "mlp", "rowwise")]
+    tables += [("composed", "tflops"), ("composed", "gbps")]  # composed points are rated by FLOPs or bytes
+    for fam, metric in tables:
+        pts = sorted((p for p in points if p.get("family") == fam
+                      and (metric is None or p.get("metric", "tflops") == metric)), key=_sort_key)
         if not pts:
             continue
         names = list(dict.fromkeys(n for p in pts for n in (p.get("baselines") or {})))

@@ -68,7 +68,7 @@ __all__ = [
     "summary_rows",
 ]
 
-FAMILIES = ("attention", "matmul", "mlp", "rowwise")
+FAMILIES = ("attention", "matmul", "mlp", "rowwise", "composed")
 
 ATTENTION_TOKENS = 16384
 ATTENTION_HEADS = 16
@@ -133,12 +133,17 @@ class Point:
 
     @property
     def metric(self) -> str:
+        if self.family == "composed":
+            # a composed diagram with a contraction is placed by its FLOPs, one without by its bytes
+            return "tflops" if any(v.op.kind == "contract" for v in self.bound_diagram().nodes) else "gbps"
         return "gbps" if self.family == "rowwise" else "tflops"
 
     def bound_diagram(self):
-        from ..diagrams import library
+        """The diagram (a library name, or a user file as ``path/file.py:name``), cast and bound."""
+        from ..diagrams import library, load_diagram
 
-        return library.get(self.diagram).with_dtype(self.dtype).bind(self.sizes)
+        d = library.get(self.diagram) if self.diagram in library.names() else load_diagram(self.diagram)
+        return d.with_dtype(self.dtype).bind(self.sizes)
 
     @property
     def flops(self) -> float:
@@ -151,6 +156,8 @@ class Point:
             return gemm_flops(s["a"], s["c"], s["b"]) * math.prod(v for k, v in s.items() if k not in "abc")
         if self.family == "rowwise":
             return float(_ROWWISE_FLOPS_PER_ELEMENT.get(self.diagram, 5) * s["r"] * s["x"])
+        if self.family == "composed":
+            return composed_flops(self.bound_diagram())
         return 0.0
 
     @property
@@ -181,6 +188,41 @@ def attention_points(quick: bool = False, dtype: str = "bf16", heads: int = ATTE
                 out.append(Point("attention", "attention_causal" if causal else "mha",
                                  {"h": heads * batch, "q": seq, "x": seq, "d": d}, dtype,
                                  {"d": d, "causal": causal, "seq": seq, "batch": batch, "heads": heads}))
+    return out
+
+
+def composed_flops(diagram) -> float:
+    """FLOPs of a bound diagram, box by box (tensor-core and CUDA-core work of the unfused
+    schedule: what every implementation must do at least once)."""
+    from ..perfmodel import Schedule, cost
+
+    c = cost(Schedule.unfused(diagram))
+    return float(sum(float(v) for k, v in c.flops.items() if k != "sfu"))
+
+
+#: The composed sweep: diagrams no single template is, at their library default sizes (quick:
+#: smaller), and the transformer block also at a LLaMA-7B-like width.
+COMPOSED = ("transformer_block", "swiglu", "rmsnorm_linear", "gemm_softmax", "gelu_tanh", "column_sum")
+_COMPOSED_QUICK = {"transformer_block": {"q": 1024, "e": 1024, "h": 8, "d": 128, "f": 4096},
+                   "swiglu": {"a": 2048, "b": 2048, "f": 5504},
+                   "rmsnorm_linear": {"r": 2048, "x": 2048, "c": 2048},
+                   "gemm_softmax": {"a": 2048, "b": 1024, "c": 2048},
+                   "gelu_tanh": {"r": 4096, "x": 4096},
+                   "column_sum": {"r": 8192, "x": 4096}}
+
+
+def composed_points(quick: bool = False, dtype: str = "bf16") -> list[Point]:
+    """transformer_block, SwiGLU, RMSNorm → linear, GEMM → softmax, an elementwise chain and a
+    column reduction at their default sizes, and the block at q=4096, e=4096, h=32, d=128, f=11008."""
+    from ..diagrams import library
+
+    out = []
+    for name in COMPOSED:
+        sizes = dict(_COMPOSED_QUICK[name]) if quick else dict(library.entry(name).default_sizes)
+        out.append(Point("composed", name, sizes, dtype, {"size": "default" if not quick else "quick"}))
+    if not quick:
+        out.append(Point("composed", "transformer_block", {"q": 4096, "e": 4096, "h": 32, "d": 128, "f": 11008},
+                         dtype, {"size": "7b"}))
     return out
 
 
@@ -219,6 +261,7 @@ def all_points(quick: bool = False, families: Sequence[str] = FAMILIES) -> list[
         "matmul": matmul_points(quick),
         "mlp": mlp_points(quick),
         "rowwise": rowwise_points(quick),
+        "composed": composed_points(quick),
     }
     unknown = [f for f in families if f not in by_family]
     if unknown:
@@ -228,13 +271,14 @@ def all_points(quick: bool = False, families: Sequence[str] = FAMILIES) -> list[
         "matmul": lambda p: p.labels["n"] == 8192,
         "mlp": lambda p: True,
         "rowwise": lambda p: p.labels["width"] in (4096, 32768) and p.dtype == "bf16",
+        "composed": lambda p: p.diagram in ("transformer_block", "swiglu"),
     }
     first: list[Point] = []
     rest: list[Point] = []
     for f in families:
         pts = by_family[f]
         head = [p for p in pts if headline[f](p)]
-        first.extend(head[:2] if f != "rowwise" else head)
+        first.extend(head[:2] if f not in ("rowwise", "composed") else head)
         rest.extend(p for p in pts if p not in first)
     return first + rest
 
@@ -351,14 +395,16 @@ def _napkin_kernel(point: Point, cfg: SuiteConfig, sets: list, k: int, rec: dict
     from ..codegen import compile as napkin_compile
     from .timing import time_fn
 
-    from ..diagrams import library
+    from ..diagrams import library, load_diagram
 
-    base = library.get(point.diagram).with_dtype(point.dtype)
+    base = (library.get(point.diagram) if point.diagram in library.names()
+            else load_diagram(point.diagram)).with_dtype(point.dtype)
     sizes = dict(point.sizes)
     info: dict[str, Any] = {}
     rec["napkin"] = info
     tuned = None
-    if cfg.autotune:
+    # the autotuner ranks one kernel's configurations; a composed diagram runs the planner's plan
+    if cfg.autotune and point.family != "composed":
         try:
             from ..codegen.select import rank_candidates  # noqa: F401
 
@@ -387,6 +433,9 @@ def _napkin_kernel(point: Point, cfg: SuiteConfig, sets: list, k: int, rec: dict
                                                   schedule=tuned.schedule)
     else:
         kernel = napkin_compile(base, gpu=cfg.gpu, sizes=sizes, dtype=point.dtype)
+    plan = getattr(kernel, "plan", None)
+    if plan is not None:
+        info["kernels"] = [pk.kernel.family for pk in plan.kernels]
     sched = getattr(kernel, "schedule", None)
     if sched is not None:
         from .autotune import describe_schedule, schedule_id

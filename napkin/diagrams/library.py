@@ -5,7 +5,9 @@
 - row-wise ops over rows ``r`` and the normalised axis ``x``: softmax, layernorm, rmsnorm;
 - attention ``Q[q,d]``, ``K,V[x,d]``; multi-head woven over ``h``; GQA with ``h`` key/value
   heads and ``j`` query heads sharing each; causal, sliding-window, ALiBi and soft-capped;
-- a pre-norm transformer block composed from these.
+- a pre-norm transformer block composed from these;
+- composed shapes users write and benchmarks time: SwiGLU, RMSNorm → linear, GEMM → softmax, an
+  elementwise chain (tanh-form GELU) and a column reduction.
 
 >>> from napkin.diagrams import library
 >>> "attention" in library.names()
@@ -16,6 +18,7 @@ True
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -24,8 +27,8 @@ import sympy
 from ..errors import DiagramError
 from .axes import Axis, size_symbol
 from .diagram import Diagram
-from .ops import (Value, alibi, array, causal, contract, gelu, layernorm, rename, rmsnorm, scale, softcap,
-                  sliding_window, softmax)
+from .ops import (Value, alibi, array, causal, contract, gelu, layernorm, rename, rmsnorm, scale, silu, softcap,
+                  sliding_window, softmax, sum_over, tanh)
 
 
 @dataclass(frozen=True)
@@ -234,6 +237,55 @@ def transformer_block() -> Diagram:
     H = gelu(contract(Xn2, W1, over=e, out=(q, f), name="H1") + b1, name="H")
     Y = (X2 + contract(H, W2, over=f, out=(q, e), name="M")).named("Y")
     return Diagram("transformer_block", Y, description="pre-norm transformer block")
+
+
+# ------------------------------------------------------------------ composed
+
+@_entry("swiglu", "Y[a,b] = Σ_f (silu(X·Wgᵀ) ⊙ X·Wuᵀ)[a,f]·Wd[b,f] (LLaMA feed-forward)", "composed",
+        a=4096, b=4096, f=11008)
+def swiglu() -> Diagram:
+    a, b, f = Axis("a"), Axis("b"), Axis("f")
+    X, Wg, Wu, Wd = array("X", a, b), array("Wg", f, b), array("Wu", f, b), array("Wd", b, f)
+    G = silu(contract(X, Wg, over=b, out=(a, f), name="G_lin"), name="G")
+    U = contract(X, Wu, over=b, out=(a, f), name="U")
+    Y = contract((G * U).named("H"), Wd, over=f, out=(a, b), name="Y")
+    return Diagram("swiglu", Y, description="SwiGLU feed-forward: (silu(X·Wg) ⊙ X·Wu)·Wd")
+
+
+@_entry("rmsnorm_linear", "Y[r,c] = Σ_x (rmsnorm_x(X)·gamma)[r,x]·W[c,x] (pre-norm projection)", "composed",
+        r=4096, x=4096, c=4096)
+def rmsnorm_linear() -> Diagram:
+    r, x, c = Axis("r"), Axis("x"), Axis("c")
+    X, gamma, W = array("X", r, x), array("gamma", x), array("W", c, x)
+    Xn = (rmsnorm(X, over=x, name="N") * gamma).named("Xn")
+    return Diagram("rmsnorm_linear", contract(Xn, W, over=x, out=(r, c), name="Y"),
+                   description="RMSNorm then a linear layer")
+
+
+@_entry("gemm_softmax", "P[a,c] = softmax_c(Σ_b A[a,b]·B[c,b]) (logits then probabilities)", "composed",
+        a=4096, b=1024, c=4096)
+def gemm_softmax() -> Diagram:
+    a, b, c = Axis("a"), Axis("b"), Axis("c")
+    A, B = array("A", a, b), array("B", c, b)
+    return Diagram("gemm_softmax", softmax(contract(A, B, over=b, out=(a, c), name="L"), over=c, name="P"),
+                   description="a GEMM whose rows are softmaxed")
+
+
+@_entry("gelu_tanh", "Y[r,x] = 0.5·X·(1 + tanh(√(2/π)·(X + 0.044715·X³))) (an elementwise chain)",
+        "composed", r=8192, x=8192)
+def gelu_tanh() -> Diagram:
+    r, x = Axis("r"), Axis("x")
+    X = array("X", r, x)
+    inner = scale(X + scale(X * X * X, 0.044715), math.sqrt(2.0 / math.pi))
+    Y = (scale(X, 0.5) * (tanh(inner) + 1.0)).named("Y")
+    return Diagram("gelu_tanh", Y, description="tanh-form GELU written as a chain of maps")
+
+
+@_entry("column_sum", "Y[x] = Σ_r X[r,x] (a reduction over the non-contiguous axis)", "composed",
+        r=16384, x=4096)
+def column_sum() -> Diagram:
+    r, x = Axis("r"), Axis("x")
+    return Diagram("column_sum", sum_over(array("X", r, x), r, name="Y"), description="column sums")
 
 
 def symbol(name: str) -> sympy.Symbol:

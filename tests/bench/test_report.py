@@ -281,7 +281,17 @@ def test_the_full_sweep():
         assert p.sizes["r"] * p.sizes["x"] * 2 == 256 * 2**20 and p.metric == "gbps"
     assert {p.dtype for p in fam["rowwise"]} == {"bf16", "fp16"}
     assert pts[0].labels == {"d": 128, "causal": False, "seq": 16384, "batch": 1, "heads": 16}
-    assert len(all_points(quick=True)) < 16
+    assert len(all_points(quick=True)) < 20
+    composed = {(p.diagram, p.labels["size"]): p for p in fam["composed"]}
+    assert {d for d, _ in composed} == {"transformer_block", "swiglu", "rmsnorm_linear", "gemm_softmax",
+                                        "gelu_tanh", "column_sum"}
+    assert composed[("transformer_block", "7b")].sizes == {"q": 4096, "e": 4096, "h": 32, "d": 128, "f": 11008}
+    assert composed[("swiglu", "default")].metric == "tflops"
+    assert composed[("column_sum", "default")].metric == "gbps"
+    # a composed point's FLOPs are the boxes' work: SwiGLU is three GEMMs plus its maps
+    sw = composed[("swiglu", "default")]
+    gemms = 3 * gemm_flops(sw.sizes["a"], sw.sizes["f"], sw.sizes["b"])
+    assert gemms <= sw.flops < gemms * 1.01
     assert [p.family for p in all_points(quick=True, families=("matmul",))] == ["matmul", "matmul"]
     with pytest.raises(ValueError):
         all_points(families=("nope",))
@@ -341,7 +351,10 @@ CASES = [("mha", dict(h=2, q=64, x=64, d=16)), ("attention_causal", dict(h=2, q=
          ("attention_softcap", dict(h=2, q=64, x=64, d=16)), ("gqa", dict(h=2, j=3, q=64, x=64, d=16)),
          ("softmax", dict(r=4, x=32)), ("layernorm", dict(r=4, x=32)), ("rmsnorm", dict(r=4, x=32)),
          ("mlp", dict(a=8, b=16, c=24)), ("matmul", dict(a=8, b=16, c=24)), ("matmul_t", dict(a=8, b=16, c=24)),
-         ("batched_matmul", dict(n=2, a=8, b=16, c=24))]
+         ("batched_matmul", dict(n=2, a=8, b=16, c=24)),
+         ("transformer_block", dict(q=16, e=32, h=2, d=8, f=48)), ("swiglu", dict(a=8, b=16, f=24)),
+         ("rmsnorm_linear", dict(r=4, x=32, c=8)), ("gemm_softmax", dict(a=4, b=16, c=8)),
+         ("gelu_tanh", dict(r=4, x=32)), ("column_sum", dict(r=9, x=32))]
 
 
 @pytest.mark.parametrize("name,sizes", CASES, ids=[c[0] for c in CASES])
@@ -371,6 +384,27 @@ def test_baselines_compute_the_diagram(name, sizes):
     if name == "attention_softcap":
         skipped = {b.name: b.skipped for b in baselines_for(d, compile=False, device="cpu")}
         assert all("soft-cap" in v for v in skipped.values())
+
+
+def test_composed_diagrams_and_user_files_are_timed_against_their_reference(tmp_path):
+    """Any diagram that is not one template shape (a user's file included) is benchmarked against
+    its own PyTorch reference, eager and compiled; a point can name a user file."""
+    pytest.importorskip("torch")
+    from napkin.bench.baselines import baselines_for, family_of
+    from napkin.bench.suite import Point
+    from napkin.diagrams import library
+
+    f = tmp_path / "mine.py"
+    f.write_text("from napkin.diagrams import *\n"
+                 "r, x = axes('r x')\n"
+                 "chain = Diagram('chain', (tanh(array('X', r, x)) * 0.5 + 0.5).named('Y'))\n")
+    p = Point("composed", f"{f}:chain", {"r": 4, "x": 8}, "fp32")
+    d = p.bound_diagram()
+    assert d.name == "chain" and family_of(d) == "composed" and p.metric == "gbps"
+    assert [b.name for b in baselines_for(d, compile_backend="eager", device="cpu")] == ["eager", "compile"]
+    assert family_of(library.get("transformer_block")) == "composed"
+    assert family_of(library.get("matmul").renamed("mine")) == "matmul"
+    assert family_of(library.get("swiglu").renamed("mine")) == "composed"
 
 
 def test_traceable_reference_is_one_graph():

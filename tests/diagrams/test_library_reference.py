@@ -72,7 +72,7 @@ MM_SHAPES = [dict(a=37, b=53, c=16), dict(a=64, b=64, c=64), dict(a=1, b=7, c=3)
 def test_every_library_diagram_is_covered():
     covered = {"matmul", "batched_matmul", "matmul_t", "mlp", "softmax", "layernorm", "rmsnorm", "attention",
                "mha", "attention_causal", "gqa", "attention_window", "attention_alibi", "attention_softcap",
-               "transformer_block"}
+               "transformer_block", "swiglu", "rmsnorm_linear", "gemm_softmax", "gelu_tanh", "column_sum"}
     assert set(library.names()) == covered, "a library diagram was added or removed: test it here"
 
 
@@ -348,3 +348,48 @@ def test_reference_runs_on_cuda(name):
     assert out_bf16.dtype == torch.bfloat16 and out_bf16.device.type == "cuda"
     (out_64,) = d.reference(x_cpu, dtype=F64).values()
     assert rel_err(out_bf16.cpu(), out_64) < 5e-2
+
+
+# ----------------------------------------------------------------------------- composed
+
+@pytest.mark.parametrize("dtype", [F64, F32])
+@pytest.mark.parametrize("sizes", [dict(a=37, b=53, f=16), dict(a=1, b=7, f=3)])
+def test_swiglu(sizes, dtype):
+    x, out = run("swiglu", sizes, dtype)
+    want = F.linear(F.silu(F.linear(x["X"], x["Wg"])) * F.linear(x["X"], x["Wu"]), x["Wd"])
+    check(out, want, wrong=[F.linear(F.silu(F.linear(x["X"], x["Wu"])) * F.linear(x["X"], x["Wg"]), x["Wd"]),
+                            F.linear(F.linear(x["X"], x["Wg"]) * F.linear(x["X"], x["Wu"]), x["Wd"])], dtype=dtype)
+
+
+@pytest.mark.parametrize("dtype", [F64, F32])
+@pytest.mark.parametrize("sizes", [dict(r=7, x=53, c=16), dict(r=1, x=8, c=3)])
+def test_rmsnorm_linear(sizes, dtype):
+    x, out = run("rmsnorm_linear", sizes, dtype)
+    want = F.linear(F.rms_norm(x["X"], (sizes["x"],), x["gamma"], eps=1e-6), x["W"])
+    check(out, want, wrong=[F.linear(x["X"] * x["gamma"], x["W"]),
+                            F.linear(F.layer_norm(x["X"], (sizes["x"],), x["gamma"], eps=1e-6), x["W"])],
+          dtype=dtype)
+
+
+@pytest.mark.parametrize("dtype", [F64, F32])
+@pytest.mark.parametrize("sizes", [dict(a=7, b=53, c=16), dict(a=3, b=1, c=5)])
+def test_gemm_softmax(sizes, dtype):
+    x, out = run("gemm_softmax", sizes, dtype)
+    logits = F.linear(x["A"], x["B"])
+    check(out, torch.softmax(logits, dim=-1), wrong=[torch.softmax(logits, dim=0)], dtype=dtype)
+
+
+@pytest.mark.parametrize("dtype", [F64, F32])
+@pytest.mark.parametrize("sizes", ROW_SHAPES)
+def test_gelu_tanh(sizes, dtype):
+    x, out = run("gelu_tanh", sizes, dtype, scale_inputs={"X": 3.0})
+    check(out, F.gelu(x["X"], approximate="tanh"), wrong=[F.gelu(x["X"] + 0.5, approximate="tanh")],
+          dtype=dtype)
+
+
+@pytest.mark.parametrize("dtype", [F64, F32])
+@pytest.mark.parametrize("sizes", [dict(r=7, x=53), dict(r=33, x=1), dict(r=1, x=5)])
+def test_column_sum(sizes, dtype):
+    x, out = run("column_sum", sizes, dtype)
+    wrong = [x["X"].sum(dim=0) + 1.0]
+    check(out, x["X"].sum(dim=0), wrong=wrong, dtype=dtype)
