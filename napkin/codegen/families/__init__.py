@@ -1,7 +1,8 @@
 """The code-generation families, in the order lowering tries them.
 
 ``rowwise`` (fused softmax/norms), ``contraction`` (tiled matmul with epilogue), ``attention``
-(streamed attention), then ``fallback`` (any valid diagram, one simple kernel per box).
+(streamed attention), ``pointwise`` (fused elementwise chains and reductions over any axes), then
+``fallback`` (any valid diagram, one simple kernel per box).
 
 Each family lives in its own module here and is imported lazily and tolerantly: a module that
 fails to import (not written yet, a syntax error, a missing dependency) is skipped and its error
@@ -11,7 +12,7 @@ as ``FAMILY`` (an object with ``name``, ``matches``, ``candidates`` and ``lower`
 those methods that can be built without arguments, is accepted too.
 
 >>> [f for f in ORDER]
-['rowwise', 'contraction', 'attention', 'fallback']
+['rowwise', 'contraction', 'attention', 'pointwise', 'fallback']
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import traceback
 from ...errors import CodegenError
 
 #: The order in which lowering tries the families.
-ORDER = ("rowwise", "contraction", "attention", "fallback")
+ORDER = ("rowwise", "contraction", "attention", "pointwise", "fallback")
 
 _lock = threading.Lock()
 _loaded: dict[str, object] = {}

@@ -1,0 +1,977 @@
+"""The pointwise family: chains of elementwise maps, and reductions over any axis or axes with
+the maps before and after them, in one pass over HBM (docs/architecture.md, "The pointwise
+family").
+
+What it accepts (:func:`analyse`): every box is an elementwise ``Map`` (any whitelisted function,
+index maps included; inputs broadcast by axis name) or a ``Reduce``; the reductions form one
+chain of the same kind (``sum``, ``max``, ``min`` or ``mean``: a mean of means is the mean, the
+counts being uniform), each reducing the one before, over the set ``R`` of their axes. The maps
+before the chain are evaluated on the iteration space ``U`` (the axes of the chain's input), the
+maps after it on the kept space ``K = U \\ R``. Outputs hold all of ``U`` (written in the pass
+that reads the data) or all of ``K`` (written after the reduction). Softmax, norms,
+contractions and renames are other families' boxes.
+
+How it runs: the *vector axis* is the innermost axis of the largest array that holds every axis
+of ``U``; a thread works on ``VEC`` consecutive positions along it (``VEC`` values fill 16
+bytes, fewer where the axis' size is not a multiple), with one vector access for arrays that
+hold it innermost, strided scalar accesses for arrays that hold it elsewhere and one broadcast
+scalar for arrays that lack it. Maps are evaluated in fp32 registers; every input is read once and
+every output written once. Three kernels, by where the vector axis is:
+
+- ``map`` (no reduction): ``THREADS`` threads per block, each ``UNROLL`` vectors of the flattened
+  space (all loads issued before the first is used);
+- ``row`` (the vector axis is reduced): ``THREADS_PER_ROW`` threads stride along the flattened
+  ``R`` of one kept element, coalesced, ``UNROLL`` vectors in flight each, then shuffles (a part
+  of a warp) or a block reduction;
+- ``col`` (the vector axis is kept): a warp's ``TX`` lanes on consecutive vectors of kept elements
+  (coalesced rows of ``TX·16`` bytes), ``TY`` threads per kept vector splitting ``R``, combined in
+  shared memory in a fixed order.
+
+When the kept space does not give enough blocks, ``R`` is split over ``SPLITS`` blocks as well:
+fp32 partials go to an HBM workspace and a second, small launch combines them in a fixed order
+(the result does not depend on timing: no atomics). Sizes need not be multiples of anything;
+indices are 64-bit when an array passes 2^30 elements.
+
+The tunables travel as the kernel's typed options (``warps``; ``stages`` = ``UNROLL``;
+``threads_per_row`` = the threads sharing one reduced element, ``THREADS_PER_ROW`` or ``TY``;
+``splits``; ``regs_per_thread``), so that a planned kernel lowers to the same kernel again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from dataclasses import dataclass
+
+from ...diagrams.axes import NAME_RE
+from ...diagrams.diagram import Diagram
+from ...diagrams.functions import get_function
+from ...diagrams.ops import Map, Reduce, Value
+from ...dtypes import dtype as lookup_dtype
+from ...errors import CodegenError
+from ...perfmodel.schedule import Kernel, KernelOptions, Relabel, Schedule
+from ..program import Arg, Buffer, KernelLaunch, Program
+from ..render import Code, c_i64, c_int, comment, cuda_type, ident, map_expr, render
+
+NAME = "pointwise"
+TEMPLATE = "pointwise.cu.jinja"
+_SUPPORTED = ("bf16", "fp16", "fp32")
+
+#: Threads per block of the map and row kernels (a row kernel with more than 32 threads per row
+#: holds one row per block, its block being that many threads).
+BLOCK_THREADS = (128, 256, 512)
+#: Vectors per thread in flight (``UNROLL``, the options' ``stages``): the map kernel, reductions.
+UNROLLS = (1, 2, 4)
+RED_UNROLLS = (1, 2, 4)
+#: Threads sharing one kept element in the row kernel.
+THREADS_PER_ROW = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+#: Lanes along the kept vectors in the column kernel (TX·16 contiguous bytes per row of R).
+COL_TX = (8, 16, 32, 64, 128)
+#: The most blocks one reduction is split over (grid.y).
+MAX_SPLITS = 1024
+#: Threads per block of the combining launch of a split reduction.
+COMBINE_THREADS = 256
+#: Indices are 64-bit when any array, or the iteration space, passes this many elements.
+INT32_LIMIT = 2 ** 30
+#: Registers of the footprint formula beside the values in flight: indices, offsets, loop state.
+BASE_REGS = 16
+MAX_REGS = 255
+#: Bytes the GPU reads per transaction run: below this many contiguous bytes per row of R, the
+#: column kernel's rows waste part of their sectors (the model's idle lanes).
+_SECTOR = 32
+
+_OPS = {"sum": "napkin::SumOp", "mean": "napkin::SumOp", "max": "napkin::MaxOp", "min": "napkin::MinOp"}
+
+
+# ----------------------------------------------------------------------------- analysis
+
+
+@dataclass(frozen=True, eq=False)
+class PointwiseShape:
+    """What the family found in a diagram (names are the diagram's checked names)."""
+
+    diagram: Diagram
+    dtype: str
+    sizes: dict
+    mode: str                          # map | row | col
+    how: str | None                    # the reduction's kind (None: no reduction)
+    order: tuple[str, ...]             # the iteration space U, outermost first; order[-1] = vector axis
+    red: tuple[str, ...]               # R, in U's order
+    kept: tuple[str, ...]              # K = U \ R, in U's order
+    chain: tuple[Value, ...]           # the reductions, first to last
+    loop: tuple[Value, ...]            # maps evaluated per element of U (topological)
+    post: tuple[Value, ...]            # maps evaluated per kept element after the reduction
+    full_out: tuple[tuple[str, Value], ...]   # outputs holding U, written in the pass
+    kept_out: tuple[tuple[str, Value], ...]   # outputs holding K, written after the reduction
+    vec: int
+
+    @property
+    def inner(self) -> str:
+        return self.order[-1]
+
+    def n(self, axes) -> int:
+        return math.prod(self.sizes[a] for a in axes)
+
+    @property
+    def nu(self) -> int:
+        return self.n(self.order)
+
+    @property
+    def nr(self) -> int:
+        return self.n(self.red)
+
+    @property
+    def nk(self) -> int:
+        return self.n(self.kept)
+
+    @property
+    def bytes(self) -> int:
+        return lookup_dtype(self.dtype).bytes
+
+    @property
+    def reduce_in(self) -> Value | None:
+        return self.chain[0].args[0] if self.chain else None
+
+    @property
+    def reduce_out(self) -> Value | None:
+        return self.chain[-1] if self.chain else None
+
+    def name(self, v: Value) -> str:
+        return self.diagram.name_of(v)
+
+    @property
+    def loop_inputs(self) -> tuple[Value, ...]:
+        """Inputs read in the pass over U (by the loop maps, the reduction or as a full output)."""
+        reads = [a for b in self.loop for a in b.args if a.is_input]
+        if self.chain and self.reduce_in.is_input:
+            reads.append(self.reduce_in)
+        return tuple({id(v): v for v in reads}.values())
+
+    @property
+    def post_inputs(self) -> tuple[Value, ...]:
+        reads = [a for b in self.post for a in b.args if a.is_input]
+        return tuple({id(v): v for v in reads}.values())
+
+    @property
+    def big(self) -> bool:
+        """Whether 64-bit indices are needed: the space passes 2^30 elements (every array, and the
+        partials of a split, which has at most as many splits as R has vectors, are no larger)."""
+        return self.nu >= INT32_LIMIT
+
+
+def _ancestors(values, stop: set[int]) -> set[int]:
+    """ids of the computed values the given ones depend on (themselves included), not going
+    through the ids in ``stop``."""
+    out: set[int] = set()
+    stack = list(values)
+    while stack:
+        v = stack.pop()
+        if v.is_input or id(v) in out or id(v) in stop:
+            continue
+        out.add(id(v))
+        stack.extend(v.args)
+    return out
+
+
+def analyse(diagram: Diagram) -> PointwiseShape | str:
+    """The pointwise structure of ``diagram``, or a sentence saying why it has none."""
+    d = diagram
+    nodes = d.nodes
+    if not nodes:
+        return "has no boxes"
+    for v in nodes:
+        if not isinstance(v.op, (Map, Reduce)):
+            return (f"box {d.name_of(v)} is a {v.op.kind}, not an elementwise map or a reduction "
+                    "(other families run softmax, norms, contractions and renames)")
+    dts = {v.dtype for v in (*d.inputs, *nodes)}
+    if len(dts) != 1 or next(iter(dts)) not in _SUPPORTED:
+        return f"dtype {sorted(dts)} is not one of {', '.join(_SUPPORTED)}"
+    if not d.is_bound:
+        return "axis sizes are not bound"
+    for v in d.outputs:
+        if v.is_input:
+            return f"output {d.name_of(v)} is an input (a copy, not a computation)"
+    sizes = {n: a.bound_size for n, a in d.axes.items()}
+    consumers = d.consumers
+    out_ids = {id(v) for v in d.outputs}
+    reduces = [v for v in nodes if isinstance(v.op, Reduce)]
+
+    chain: list[Value] = []
+    if reduces:
+        firsts = [v for v in reduces if not isinstance(v.args[0].op, Reduce)]
+        if len(firsts) != 1:
+            return (f"its {len(reduces)} reductions are not one chain (each reducing the one before); "
+                    f"{len(firsts)} of them read a value that is no reduction")
+        chain = [firsts[0]]
+        while True:
+            nxt = [c for c in consumers.get(id(chain[-1]), ()) if isinstance(c.op, Reduce)]
+            if not nxt:
+                break
+            if len(nxt) > 1 or len(consumers[id(chain[-1])]) > 1 or id(chain[-1]) in out_ids:
+                return (f"reduction {d.name_of(chain[-1])} is read by more than the next reduction "
+                        "of the chain (one pass computes only the last)")
+            chain.append(nxt[0])
+        if len(chain) != len(reduces):
+            return "its reductions are not one chain (each reducing the one before)"
+        hows = {v.op.how for v in chain}
+        if len(hows) != 1:
+            return (f"the chain mixes reductions ({', '.join(sorted(hows))}); one pass runs one kind "
+                    "(sum, max, min or mean)")
+        first_in = chain[0].args[0]
+        order0 = first_in.axis_names
+        red = {v.op.over for v in chain}
+    else:
+        order0 = ()
+        red = set()
+
+    last = chain[-1] if chain else None
+    after = set() if last is None else _desc(nodes, last)
+    # the iteration space U and the maps of each phase
+    if chain:
+        U = set(order0)
+    else:
+        U = set()
+        for v in nodes:
+            U |= set(v.axis_names)
+    K = U - red
+    post_ids = {id(v) for v in nodes if id(v) in after and isinstance(v.op, Map)}
+    for v in nodes:
+        if id(v) in post_ids and not set(v.axis_names) <= K:
+            return (f"box {d.name_of(v)} carries a reduced axis ({', '.join(sorted(set(v.axis_names) & red))}) "
+                    "after the reduction: that is a second pass over the data")
+    full_out, kept_out = [], []
+    for n, v in zip(d.output_names, d.outputs):
+        if any(n == m for m, _ in full_out + kept_out):
+            continue
+        axes = set(v.axis_names)
+        if chain and (id(v) in after or id(v) == id(last)):
+            if axes != K:
+                return f"output {n} holds ({', '.join(v.axis_names)}), not the kept axes ({', '.join(sorted(K))})"
+            kept_out.append((n, v))
+        elif axes == U:
+            full_out.append((n, v))
+        elif chain and axes == K:
+            kept_out.append((n, v))
+        else:
+            space = "the kept axes" if chain else "the iteration space"
+            return (f"output {n} holds ({', '.join(v.axis_names)}), not every axis of {space} "
+                    f"({', '.join(sorted(K if chain else U))})")
+    chain_ids = {id(v) for v in chain}
+    # values read after the reduction (post maps and outputs on K) and their map ancestors
+    post_roots = [v for v in nodes if id(v) in post_ids] + [v for _, v in kept_out if id(v) not in chain_ids]
+    post_need = _ancestors(post_roots, chain_ids)
+    loop_roots = [v for _, v in full_out] + ([chain[0].args[0]] if chain else [])
+    loop_need = _ancestors(loop_roots, chain_ids)
+    for v in nodes:
+        if id(v) in chain_ids:
+            continue
+        if not set(v.axis_names) <= U:
+            return (f"box {d.name_of(v)} carries ({', '.join(v.axis_names)}), outside the iteration space "
+                    f"({', '.join(sorted(U))})")
+        if id(v) in post_need and not set(v.axis_names) <= K:
+            return (f"box {d.name_of(v)} carries a reduced axis ({', '.join(sorted(set(v.axis_names) & red))}) "
+                    "but is needed after the reduction: that is a second pass over the data")
+    loop = tuple(v for v in nodes if id(v) in loop_need)
+    post = tuple(v for v in nodes if id(v) in post_need)
+
+    # the layout: the largest array that holds every axis of U fixes the order (outputs first on ties)
+    arrays = [v for _, v in full_out] + [v for v in d.inputs if set(v.axis_names) == U]
+    if arrays:
+        primary = max(arrays, key=lambda v: lookup_dtype(v.dtype).bytes)
+        order = primary.axis_names
+    elif chain:
+        order = order0
+    else:
+        order = tuple(a for a in d.axes if a in U)
+    if not order:
+        return "the iteration space has no axis (a scalar computation)"
+    inner = order[-1]
+    mode = "map" if not chain else ("row" if inner in red else "col")
+    bytes_ = lookup_dtype(next(iter(dts))).bytes
+    vec = 16 // bytes_
+    while sizes[inner] % vec:
+        vec //= 2
+    return PointwiseShape(d, next(iter(dts)), sizes, mode, chain[0].op.how if chain else None, tuple(order),
+                          tuple(a for a in order if a in red), tuple(a for a in order if a in K), tuple(chain),
+                          loop, post, tuple(full_out), tuple(kept_out), vec)
+
+
+def _desc(nodes, root: Value) -> set[int]:
+    """ids of the values computed from ``root`` (not itself)."""
+    out: set[int] = set()
+    for v in nodes:
+        if any(id(a) == id(root) or id(a) in out for a in v.args):
+            out.add(id(v))
+    return out
+
+
+_CACHE: dict[int, tuple[Diagram, PointwiseShape | str]] = {}
+
+
+def _analysed(diagram: Diagram) -> PointwiseShape | str:
+    """:func:`analyse`, once per diagram object (the shape holds that object's values)."""
+    hit = _CACHE.get(id(diagram))
+    if hit is not None and hit[0] is diagram:
+        return hit[1]
+    if len(_CACHE) > 512:
+        _CACHE.clear()
+    s = analyse(diagram)
+    _CACHE[id(diagram)] = (diagram, s)
+    return s
+
+
+# ----------------------------------------------------------------------------- tunables
+
+
+@dataclass(frozen=True)
+class Config:
+    """One configuration of the template.
+
+    ``threads``: threads per block; ``unroll``: vectors a thread has in flight; ``tpr``: threads
+    sharing one kept element (row: ``THREADS_PER_ROW``, col: ``TY``; 1 in the map kernel);
+    ``splits``: blocks sharing one kept element (partials and a combining launch when > 1).
+    """
+
+    mode: str
+    threads: int
+    unroll: int
+    tpr: int = 1
+    splits: int = 1
+
+    @property
+    def rows_per_block(self) -> int:
+        """Kept elements per block (row kernel)."""
+        return max(1, self.threads // self.tpr)
+
+    @property
+    def tx(self) -> int:
+        """Lanes along the kept vectors (column kernel)."""
+        return self.threads // self.tpr
+
+    def options(self, shape: PointwiseShape) -> KernelOptions:
+        return KernelOptions(warps=self.threads // 32, stages=self.unroll,
+                             threads_per_row=self.tpr if shape.mode != "map" else None,
+                             splits=self.splits if self.splits > 1 else None,
+                             regs_per_thread=regs_estimate(shape, self))
+
+
+def _check_config(shape: PointwiseShape, cfg: Config) -> None:
+    why = None
+    if cfg.unroll < 1 or cfg.unroll > 8:
+        why = f"UNROLL={cfg.unroll} is not in 1..8"
+    elif cfg.threads % 32 or not 32 <= cfg.threads <= 1024:
+        why = f"{cfg.threads} threads per block: a multiple of 32, at most 1024"
+    elif cfg.splits < 1 or cfg.splits > min(MAX_SPLITS, max(1, _vectors_r(shape))):
+        why = f"SPLITS={cfg.splits} is not in 1..{min(MAX_SPLITS, max(1, _vectors_r(shape)))}"
+    elif shape.mode == "map" and (cfg.tpr != 1 or cfg.splits != 1):
+        why = "the map kernel has no reduction to share or split"
+    elif shape.mode == "row":
+        if cfg.tpr not in THREADS_PER_ROW:
+            why = f"THREADS_PER_ROW={cfg.tpr} is not one of {THREADS_PER_ROW}"
+        elif cfg.tpr > 32 and cfg.threads != cfg.tpr:
+            why = f"with {cfg.tpr} threads per row a block holds one row ({cfg.tpr} threads)"
+    elif shape.mode == "col":
+        if cfg.threads % cfg.tpr or cfg.tx < 1:
+            why = f"TY={cfg.tpr} does not divide the block's {cfg.threads} threads"
+    if why:
+        raise CodegenError(f"pointwise: {why}")
+
+
+def _vectors_r(shape: PointwiseShape) -> int:
+    """Vectors along the flattened R (row kernel) or rows of R (column kernel)."""
+    return shape.nr // shape.vec if shape.mode == "row" else shape.nr
+
+
+def base_blocks(shape: PointwiseShape, cfg: Config) -> int:
+    """Blocks before any split: tiles of the space (map), rows (row), kept vectors (col)."""
+    if shape.mode == "map":
+        return -(-(shape.nu // shape.vec) // (cfg.threads * cfg.unroll))
+    if shape.mode == "row":
+        return -(-shape.nk // cfg.rows_per_block)
+    return -(-(shape.nk // shape.vec) // cfg.tx)
+
+
+def grid(shape: PointwiseShape, cfg: Config) -> tuple[int, int, int]:
+    return (base_blocks(shape, cfg), cfg.splits, 1)
+
+
+def chunk(shape: PointwiseShape, cfg: Config) -> int:
+    """The part of the reduction one block runs: vectors of R (row) or rows of R (col)."""
+    return -(-_vectors_r(shape) // cfg.splits)
+
+
+def _pow2_ceil(n: float) -> int:
+    return 1 << max(0, math.ceil(math.log2(max(1.0, n))))
+
+
+def configs(shape: PointwiseShape, sms: int = 132) -> list[Config]:
+    """Every configuration the template builds for this shape (``sms``: the GPU's SM count, which
+    sizes the split of a reduction whose kept space gives too few blocks)."""
+    out: list[Config] = []
+    if shape.mode == "map":
+        nv = shape.nu // shape.vec
+        for t in BLOCK_THREADS:
+            for u in UNROLLS:
+                if u > 1 and nv <= t * (u // 2):
+                    continue  # the second half of every thread's vectors would be empty
+                out.append(Config("map", t, u))
+        return out or [Config("map", BLOCK_THREADS[0], 1)]
+    nrv = _vectors_r(shape)
+    base: list[Config] = []
+    if shape.mode == "row":
+        for tpr in THREADS_PER_ROW:
+            if tpr > 1 and nrv * 2 < tpr:
+                continue  # more than half the row's threads would have no vector
+            for u in RED_UNROLLS:
+                if u > 1 and nrv < tpr * u:
+                    continue  # a thread's unrolled vectors would be partly empty
+                base.append(Config("row", tpr if tpr > 32 else 256, u, tpr))
+    else:
+        nkv = shape.nk // shape.vec
+        for tx in COL_TX:
+            if tx > COL_TX[0] and nkv * 2 <= tx:
+                continue  # more than half the lanes would have no kept vector
+            for t in (128, 256, 512):
+                ty = t // tx
+                if ty > 1 and nrv * 2 < ty and t > 128:
+                    continue  # more than half the rows' threads would have no row of R
+                for u in RED_UNROLLS:
+                    if u > 1 and nrv < ty * u:
+                        continue
+                    base.append(Config("col", t, u, ty))
+    if not base:
+        base.append(Config("row", 256, 1, 1))
+    for c in base:
+        per = (c.tpr * c.unroll)
+        room = max(1, nrv // per)           # splits that leave every thread at least one vector
+        b = base_blocks(shape, c)
+        want = _pow2_ceil(4 * sms / b)      # about four blocks per SM
+        splits = {1} | {min(s, room, MAX_SPLITS) for s in (want // 2, want, want * 2)} - {0}
+        for s in sorted(splits):
+            out.append(Config(c.mode, c.threads, c.unroll, c.tpr, s))
+    return out
+
+
+def config_from_schedule(shape: PointwiseShape, schedule: Schedule) -> Config:
+    """The configuration a schedule's kernel names in its options, or the first one the family
+    proposes where it names none (a schedule written by hand)."""
+    opts = schedule.kernels[0].options if len(schedule.kernels) == 1 else None
+    if opts is not None and opts.warps is not None and opts.stages is not None:
+        tpr = opts.threads_per_row if shape.mode != "map" else 1
+        if shape.mode != "map" and tpr is None:
+            raise CodegenError("pointwise: a reduction's kernel names its threads per row (threads_per_row)")
+        cfg = Config(shape.mode, opts.warps * 32, opts.stages, tpr, opts.splits or 1)
+        _check_config(shape, cfg)
+        return cfg
+    options = configs(shape)
+    return options[len(options) // 2] if shape.mode != "map" else Config("map", 256, 2)
+
+
+def regs_need(shape: PointwiseShape, cfg: Config) -> int:
+    """The footprint formula: the vectors a thread holds in flight, ``UNROLL`` per loaded array
+    (packed, 4 bytes a register, where the map kernel converts them one value at a time; unpacked,
+    1.5 registers a value, where a reduction's accumulators take them; one register a value for
+    strided arrays, whose values arrive one by one; one value for a broadcast array), one packed
+    vector per output written in the pass, the fp32 accumulators, index arithmetic (2 per axis
+    whose own index the pass computes and per index an index map reads; with 64-bit indices 4
+    more in the map kernel, and 5 each and 16 more in a reduction, whose per-thread offsets and
+    loop bounds are 64-bit too), one per map, and a fixed base for addresses and loop state (8
+    more for the column kernel's shared-memory combine)."""
+    b = shape.bytes
+    unpack = shape.mode != "map" and cfg.unroll > 1
+    g = _Gen(shape)
+
+    def held(v: Value) -> int:
+        kind, _ = g.access(v)
+        if kind == "bcast":
+            return 1
+        if kind == "strided":
+            return shape.vec
+        return -(-shape.vec * 3 // 2) if unpack else -(-shape.vec * b // 4)
+
+    loads = sum(held(v) for v in shape.loop_inputs)
+    stores = sum(-(-shape.vec * b // 4) for _ in shape.full_out)
+    acc = 0 if shape.mode == "map" else (cfg.unroll if shape.mode == "row" else shape.vec)
+    outer, loop = _pass_needs(shape, g)
+    per, extra = (2, 0) if not shape.big else ((2, 4) if shape.mode == "map" else (5, 16))
+    index = per * (len(outer) + len(loop) + sum(len(m.op.index_axes) for m in shape.loop)) + extra
+    base = BASE_REGS + (8 if shape.mode == "col" else 0)
+    return base + cfg.unroll * loads + stores + acc + index + len(shape.loop)
+
+
+def regs_estimate(shape: PointwiseShape, cfg: Config) -> int:
+    """The register budget the model assumes and the kernel asks for (``__maxnreg__``): the
+    footprint plus 4, rounded up to the allocation unit (8), within what a block may have."""
+    budget = -(-(regs_need(shape, cfg) + 4) // 8) * 8
+    return min(MAX_REGS, budget, (65536 // cfg.threads) // 8 * 8)
+
+
+def smem_estimate(shape: PointwiseShape, cfg: Config) -> int:
+    """Static shared memory: the column kernel's TY x TX*VEC fp32 partial vectors, a row
+    kernel's block reduction scratch (32 floats)."""
+    if shape.mode == "col":
+        return cfg.threads * shape.vec * 4
+    if shape.mode == "row" and cfg.tpr > 32:
+        return 32 * 4
+    return 0
+
+
+# ----------------------------------------------------------------------------- schedules
+
+
+def _spread(axes: tuple[str, ...], sizes: dict, n: int) -> list[tuple[str, int]]:
+    """Groups of ``axes`` (innermost first) that together hold about ``n`` elements."""
+    out = []
+    left = n
+    for a in reversed(axes):
+        g = max(1, min(left, sizes[a]))
+        out.append((a, g))
+        left = max(1, -(-left // g))
+    return list(reversed(out))
+
+
+def schedule_for(shape: PointwiseShape, cfg: Config, gpu: str | None) -> Schedule:
+    """The schedule a configuration stands for: the block's tile of the space (map) or of the
+    kept axes (reductions) grouped at SMEM, the reduction's loop a stream over one axis of R,
+    every array in registers."""
+    s = shape.sizes
+    rel: list[Relabel] = []
+    if shape.mode == "map":
+        tile = cfg.threads * cfg.unroll * shape.vec
+        rel += [Relabel(a, g, "SMEM", "group") for a, g in _spread(shape.order, s, tile)]
+    elif shape.mode == "row":
+        rel += [Relabel(a, g, "SMEM", "group") for a, g in _spread(shape.kept, s, cfg.rows_per_block)]
+        rel.append(Relabel(shape.inner, min(s[shape.inner], cfg.tpr * shape.vec * cfg.unroll), "SMEM", "stream"))
+    else:
+        rel += [Relabel(a, g, "SMEM", "group") for a, g in _spread(shape.kept, s, cfg.tx * shape.vec)]
+        r = shape.red[-1]
+        rel.append(Relabel(r, min(s[r], cfg.tpr * cfg.unroll), "SMEM", "stream"))
+    d = shape.diagram
+    boxes = tuple(d.name_of(v) for v in d.nodes)
+    touched = {d.name_of(v) for v in (*d.inputs, *d.nodes)}
+    placement = tuple((n, "RF") for n in sorted(touched))
+    kernel = Kernel(NAME, boxes, tuple(rel), placement, family=NAME, options=cfg.options(shape))
+    return Schedule(d, (kernel,), gpu, shape.dtype)
+
+
+# ----------------------------------------------------------------------------- lowering
+
+
+def _strides(v: Value, sizes: dict) -> dict[str, int]:
+    out = {}
+    st = 1
+    for a in reversed(v.axis_names):
+        out[a] = st
+        st *= sizes[a]
+    return out
+
+
+class _Gen:
+    """Builds the CUDA pieces of one kernel: index decompositions, offsets, loads, stores and
+    the elementwise statements, all from checked identifiers and numbers."""
+
+    def __init__(self, shape: PointwiseShape):
+        self.s = shape
+        self.big = shape.big
+        self.idx = Code("long long" if self.big else "int")
+
+    def lit(self, n: int) -> Code:
+        return c_i64(n) if self.big else c_int(n)
+
+    def decompose(self, axes: tuple[str, ...], flat: Code, prefix: str, need: set) -> list[tuple[Code, Code]]:
+        """``(variable, expression)`` of the indices along the axes in ``need`` from a flat index
+        over ``axes`` (outermost first in ``axes``), innermost first."""
+        out: list[tuple[Code, Code]] = []
+        left = [a for a in axes if a in need]
+        rem = flat
+        for i, a in enumerate(reversed(axes)):
+            if not left:
+                break
+            var = ident(a, prefix)
+            if i == len(axes) - 1:
+                out.append((var, rem))
+                break
+            n = self.s.sizes[a]
+            if a in need:
+                out.append((var, Code(f"{rem} % {self.lit(n)}")))
+                left.remove(a)
+            if left:
+                q = ident(a, prefix + "q")
+                out.append((q, Code(f"{rem} / {self.lit(n)}")))
+                rem = q
+        return out
+
+    def part(self, v: Value, group: tuple[str, ...], flat: Code, prefix: str, need: set) -> list[Code]:
+        """Terms of ``v``'s element offset along the axes of ``group`` (flat index ``flat``)."""
+        have = [a for a in group if a in v.axis_names]
+        if not have:
+            return []
+        st = _strides(v, self.s.sizes)
+        names = v.axis_names
+        if len(have) == len(group):
+            pos = [names.index(a) for a in group]
+            if pos == list(range(pos[0], pos[0] + len(group))):
+                last = st[group[-1]]
+                return [flat if last == 1 else Code(f"{flat} * {self.lit(last)}")]
+        need.update(have)
+        return [ident(a, prefix) if st[a] == 1 else Code(f"{ident(a, prefix)} * {self.lit(st[a])}") for a in have]
+
+    @staticmethod
+    def total(terms: list[Code]) -> Code:
+        return Code(" + ".join(terms)) if terms else Code("0")
+
+    def access(self, v: Value) -> tuple[str, int]:
+        """How the pass moves ``v`` along the vector axis: ("vec", 1), ("strided", stride) or
+        ("bcast", 0)."""
+        inner = self.s.inner
+        if inner not in v.axis_names:
+            return "bcast", 0
+        if v.axis_names[-1] == inner:
+            return "vec", 1
+        return "strided", _strides(v, self.s.sizes)[inner]
+
+    def index_args(self, b: Value, prefix: str, in_loop: bool) -> list[Code]:
+        out = []
+        for a in b.op.index_axes:
+            var = ident(a, prefix)
+            out.append(Code(f"({var} + e)") if in_loop and a == self.s.inner else var)
+        return out
+
+
+def _groups(shape: PointwiseShape) -> tuple[tuple[str, ...], Code, tuple[str, ...], Code]:
+    """The axes the pass walks once per thread (the kept axes of a reduction) and per step (the
+    space of a map, R of a reduction), with the flat index variable of each."""
+    if shape.mode == "map":
+        return (), Code("0"), shape.order, Code("flat")
+    if shape.mode == "row":
+        return shape.kept, Code("row"), shape.red, Code("rflat")
+    return shape.kept, Code("kflat"), shape.red, Code("r")
+
+
+def _pass_needs(shape: PointwiseShape, g: "_Gen") -> tuple[set[str], set[str]]:
+    """The axes whose own index the pass computes (for index maps, and for the offsets of arrays
+    that do not hold a group's axes together in its order), per group."""
+    outer_group, outer_flat, loop_group, loop_flat = _groups(shape)
+    outer_need: set[str] = set()
+    loop_need: set[str] = set()
+    for b in shape.loop:
+        for a in b.op.index_axes:
+            (outer_need if a in outer_group else loop_need).add(a)
+    for v in (*shape.loop_inputs, *(v for _, v in shape.full_out)):
+        g.part(v, outer_group, outer_flat, "i_", outer_need)
+        g.part(v, loop_group, loop_flat, "i_", loop_need)
+    return outer_need, loop_need
+
+
+def _map_stmt(shape: PointwiseShape, b: Value, var, idx: list[Code]) -> Code:
+    op = b.op
+    get_function(op.fn)  # refuses functions outside the whitelist
+    ns = [shape.sizes[a] for a in op.index_axes]
+    expr = map_expr(op.fn, [var(a) for a in b.args], op.param_values(shape.sizes), idx, ns)
+    return Code(f"const float {ident(shape.name(b), 'a_')} = {expr};")
+
+
+def _part_name(shape: PointwiseShape) -> str:
+    """A buffer name for the partials that no array of the diagram has."""
+    d = shape.diagram
+    taken = {d.name_of(v) for v in (*d.inputs, *d.nodes)}
+    want = f"{d.name}_partials"
+    if NAME_RE.match(want) and want not in taken:
+        return want
+    h = hashlib.sha1(d.name.encode()).hexdigest()[:10]
+    return f"partials_{h}"
+
+
+def lower_shape(shape: PointwiseShape, cfg: Config, schedule: Schedule, arch: str,
+                base: Code) -> tuple[list[KernelLaunch], list[Buffer]]:
+    """The launches (the pass, and the combining launch of a split reduction) and the buffers."""
+    _check_config(shape, cfg)
+    g = _Gen(shape)
+    d = shape.diagram
+    name = shape.name
+    T = cuda_type(shape.dtype)
+    mode = shape.mode
+    split = cfg.splits > 1
+    loop_inputs = shape.loop_inputs
+    post_inputs = shape.post_inputs
+    used_inputs = [v for v in d.inputs if any(v is u for u in (*loop_inputs, *post_inputs))]
+    outputs = [(n, v) for n, v in (*shape.full_out, *shape.kept_out)]
+    part = _part_name(shape) if split else None
+
+    outer_group, outer_flat, loop_group, loop_flat = _groups(shape)
+    outer_need, loop_need = _pass_needs(shape, g)
+
+    def offsets(v: Value) -> tuple[Code, Code]:
+        ko = g.total(g.part(v, outer_group, outer_flat, "i_", outer_need))
+        lo = g.total(g.part(v, loop_group, loop_flat, "i_", loop_need))
+        return ko, lo
+
+    hoisted: list[tuple[Code, Code]] = []      # per-thread offsets along the kept axes
+    loads_decl: list[Code] = []
+    loads: list[Code] = []
+    vec_ptrs: list[Code] = []
+    elem_loads: list[Code] = []
+    for v in loop_inputs:
+        nm = name(v)
+        ptr, ld = ident(nm, "in_"), ident(nm, "ld_")
+        kind, stride = g.access(v)
+        ko, lo = offsets(v)
+        koff = ident(nm, "koff_")
+        hoisted.append((koff, ko))
+        off = Code(f"{koff} + {lo}")
+        if kind == "bcast":
+            loads_decl.append(Code(f"T {ld}[UNROLL];"))
+            loads.append(Code(f"{ld}[u] = {ptr}[{off}];"))
+            elem_loads.append(Code(f"const float {ident(nm, 'a_')} = napkin::to_float({ld}[u]);"))
+        else:
+            loads_decl.append(Code(f"napkin_pwh::Pack<T, VEC> {ld}[UNROLL];"))
+            if kind == "vec":
+                vec_ptrs.append(ptr)
+                loads.append(Code(f"napkin_pwh::load<T, VEC>({ld}[u], {ptr} + ({off}), vec_ok);"))
+            else:
+                loads.append(Code(f"napkin_pwh::load_strided<T, VEC>({ld}[u], {ptr} + ({off}), "
+                                  f"{g.lit(stride)});"))
+            elem_loads.append(Code(f"const float {ident(nm, 'a_')} = napkin::to_float({ld}[u].x[e]);"))
+    full_stores_decl: list[Code] = []
+    full_stores: list[Code] = []
+    elem_stores: list[Code] = []
+    for n, v in shape.full_out:
+        ptr, st = ident(n, "out_"), ident(n, "st_")
+        kind, stride = g.access(v)
+        ko, lo = offsets(v)
+        koff = ident(n, "koff_")
+        hoisted.append((koff, ko))
+        off = Code(f"{koff} + {lo}")
+        full_stores_decl.append(Code(f"napkin_pwh::Pack<T, VEC> {st};"))
+        elem_stores.append(Code(f"{st}.x[e] = napkin::from_float<T>({ident(name(v), 'a_')});"))
+        if kind == "vec":
+            vec_ptrs.append(ptr)
+            full_stores.append(Code(f"napkin_pwh::store<T, VEC>({ptr} + ({off}), {st}, vec_ok);"))
+        else:
+            full_stores.append(Code(f"napkin_pwh::store_strided<T, VEC>({ptr} + ({off}), {st}, {g.lit(stride)});"))
+
+    def loop_var(a: Value) -> Code:
+        return ident(name(a), "a_")
+
+    elem = list(elem_loads)
+    for b in shape.loop:
+        elem.append(_map_stmt(shape, b, loop_var, g.index_args(b, "i_", True)))
+    red_in = ident(name(shape.reduce_in), "a_") if shape.chain else None
+
+    # ---- after the reduction: per kept element kf (prefix k_)
+    post_need: set[str] = set()
+    for b in shape.post:
+        post_need.update(b.op.index_axes)
+    post_loads = []
+    for v in post_inputs:
+        terms = g.part(v, shape.kept, Code("kf"), "k_", post_need)
+        post_loads.append(Code(f"const float {ident(name(v), 'a_')} = napkin::to_float("
+                               f"{ident(name(v), 'in_')}[{g.total(terms)}]);"))
+    post_stmts = [_map_stmt(shape, b, loop_var, g.index_args(b, "k_", False)) for b in shape.post]
+    post_stores = []
+    for n, v in shape.kept_out:
+        terms = g.part(v, shape.kept, Code("kf"), "k_", post_need)
+        post_stores.append(Code(f"{ident(n, 'out_')}[{g.total(terms)}] = napkin::from_float<T>("
+                                f"{ident(name(v), 'a_')});"))
+    post_index = g.decompose(shape.kept, Code("kf"), "k_", post_need)
+    outer_index = g.decompose(outer_group, outer_flat, "i_", outer_need)
+    loop_index = g.decompose(loop_group, loop_flat, "i_", loop_need)
+
+    vec_ok = Code("true") if shape.vec == 1 or not vec_ptrs else Code(
+        "((" + " | ".join(f"reinterpret_cast<unsigned long long>({p})" for p in vec_ptrs)
+        + f") % {shape.vec * shape.bytes}ULL) == 0ULL")
+
+    params = [Code(f"const {T}* __restrict__ {ident(name(v), 'in_')}") for v in used_inputs]
+    args = [Arg("tensor", name(v), dtype=shape.dtype, axes=v.axis_names) for v in used_inputs]
+    full_names = {n for n, _ in shape.full_out}
+    for n, v in outputs:
+        if n in full_names or not split:
+            params.append(Code(f"{T}* __restrict__ {ident(n, 'out_')}"))
+            args.append(Arg("tensor", n, dtype=shape.dtype, axes=v.axis_names))
+    if split:
+        params.append(Code(f"float* __restrict__ {ident(part, 'ws_')}"))
+        args.append(Arg("tensor", part, dtype="fp32", axes=()))
+
+    red_axes_text = ", ".join(shape.red) or "(none)"
+    kept_axes_text = ", ".join(shape.kept) or "(none)"
+    space = ", ".join(shape.order)
+    legend = [f"iteration space U = ({space}), flattened outermost first; vector axis {shape.inner} "
+              f"(innermost): VEC = {shape.vec} consecutive values per thread"]
+    sched = []
+    if mode == "map":
+        legend.append("U -> flat = ((blockIdx.x * UNROLL + u) * THREADS + threadIdx.x) * VEC, u < UNROLL (grid.x)")
+        legend.append(f"tunables: THREADS = {cfg.threads}, UNROLL = {cfg.unroll}, VEC = {shape.vec}")
+        sched.append(f"one tile of THREADS * UNROLL * VEC = {cfg.threads * cfg.unroll * shape.vec} values per block, "
+                     "every load issued before the first use")
+    elif mode == "row":
+        legend.append(f"kept K = ({kept_axes_text}) -> row = blockIdx.x * ROWS_PER_BLOCK + threadIdx.x / "
+                      "THREADS_PER_ROW (grid.x)")
+        legend.append(f"reduced R = ({red_axes_text}) -> rflat = (rv0 + u * THREADS_PER_ROW) * VEC, lanes "
+                      "stride along R; split s = blockIdx.y takes CHUNK vectors of R (grid.y = SPLITS)")
+        legend.append(f"tunables: THREADS_PER_ROW = {cfg.tpr}, ROWS_PER_BLOCK = {cfg.rows_per_block}, "
+                      f"UNROLL = {cfg.unroll}, VEC = {shape.vec}, SPLITS = {cfg.splits}")
+        sched.append(f"{shape.how} over R in fp32: UNROLL accumulators per thread, then "
+                     + ("a block reduction" if cfg.tpr > 32 else f"a {cfg.tpr}-lane shuffle reduction"))
+    else:
+        legend.append(f"kept K = ({kept_axes_text}) -> kflat = (blockIdx.x * TX + threadIdx.x % TX) * VEC (grid.x): "
+                      "a warp's lanes on consecutive kept vectors (coalesced)")
+        legend.append(f"reduced R = ({red_axes_text}) -> r = r_begin + threadIdx.x / TX + (k * UNROLL + u) * TY; "
+                      "split s = blockIdx.y takes CHUNK rows of R (grid.y = SPLITS)")
+        legend.append(f"tunables: TX = {cfg.tx}, TY = {cfg.tpr}, UNROLL = {cfg.unroll}, VEC = {shape.vec}, "
+                      f"SPLITS = {cfg.splits}")
+        sched.append(f"{shape.how} over R in fp32: VEC accumulators per thread, the TY partial vectors "
+                     "combined in shared memory in a fixed order")
+    legend.append(f"register budget: {regs_estimate(shape, cfg)} per thread (__maxnreg__), as the performance "
+                  "model assumed")
+    if split:
+        sched.append(f"split reduction: SPLITS = {cfg.splits} fp32 partials per kept element in {part}, "
+                     "combined by a second launch in a fixed order (deterministic)")
+    sched.append("HBM: every input read once, every output written once")
+    sched += [f"schedule: {r}" for k in schedule.kernels for r in k.relabels]
+
+    nrv = _vectors_r(shape)
+    ctx = dict(
+        mode=mode, T=T, IDX=g.idx, dtype=shape.dtype, arch=comment(arch), diagram=comment(d.name),
+        legend=[comment(s) for s in legend], schedule_lines=[comment(s) for s in sched],
+        REGS=regs_estimate(shape, cfg), THREADS=cfg.threads, UNROLL=cfg.unroll, VEC=shape.vec,
+        TPR=cfg.tpr, RPB=cfg.rows_per_block, TX=cfg.tx, TY=cfg.tpr, SPLITS=cfg.splits, split=split,
+        NVEC=g.lit(shape.nu // shape.vec), NK=g.lit(shape.nk), NR=g.lit(shape.nr), NRV=g.lit(nrv),
+        NKV=g.lit(shape.nk // shape.vec), CHUNK=g.lit(chunk(shape, cfg) if mode != "map" else 1),
+        op=Code(_OPS.get(shape.how or "sum")), how=shape.how or "none",
+        INV_COUNT=1.0 / shape.nr if shape.chain else 1.0, mean=shape.how == "mean",
+        block_mode=mode == "row" and cfg.tpr > 32,
+        vec_ok=vec_ok, params=params, hoisted=hoisted, outer_index=outer_index, loop_index=loop_index,
+        loads_decl=loads_decl, loads=loads, elem=elem, red_in=red_in,
+        full_stores_decl=full_stores_decl, full_stores=full_stores, elem_stores=elem_stores,
+        post_index=post_index, post_loads=post_loads, post_stmts=post_stmts, post_stores=post_stores,
+        red_out=ident(name(shape.reduce_out), "a_") if shape.chain else None,
+        ws=ident(part, "ws_") if split else None,
+    )
+    kernel = Code(f"{base}_{mode}")
+    src = render(TEMPLATE, kernel=kernel, stage="pass", **ctx)
+    g0 = grid(shape, cfg)
+    launches = [KernelLaunch(
+        name=str(kernel), source=src, grid=g0, block=(cfg.threads, 1, 1), shared_bytes=0, args=tuple(args),
+        template=TEMPLATE,
+        tunables=(("MODE", mode), ("THREADS", cfg.threads), ("UNROLL", cfg.unroll), ("VEC", shape.vec),
+                  ("THREADS_PER_ROW", cfg.tpr), ("SPLITS", cfg.splits)),
+        model_smem_bytes=smem_estimate(shape, cfg), model_regs_per_thread=regs_estimate(shape, cfg))]
+    buffers = []
+    if split:
+        ckernel = Code(f"{base}_combine")
+        cparams = [p for p, a in zip(params, args) if a.name in {name(v) for v in post_inputs}]
+        cargs = [a for a in args if a.name in {name(v) for v in post_inputs}]
+        for n, v in shape.kept_out:
+            cparams.append(Code(f"{T}* __restrict__ {ident(n, 'out_')}"))
+            cargs.append(Arg("tensor", n, dtype=shape.dtype, axes=v.axis_names))
+        cparams.append(Code(f"const float* __restrict__ {ident(part, 'ws_')}"))
+        cargs.append(Arg("tensor", part, dtype="fp32", axes=()))
+        cregs = combine_regs(shape)
+        csrc = render(TEMPLATE, kernel=ckernel, stage="combine", **{
+            **ctx, "params": cparams, "THREADS": COMBINE_THREADS, "REGS": cregs,
+            "legend": [comment(f"kept K = ({kept_axes_text}) -> kf = blockIdx.x * THREADS + threadIdx.x (grid.x)"),
+                       comment(f"combines the SPLITS = {cfg.splits} fp32 partials of each kept element of {part} "
+                               "in a fixed order, then the maps after the reduction"),
+                       comment(f"tunables: THREADS = {COMBINE_THREADS}; register budget {cregs} (__maxnreg__)")],
+            "schedule_lines": [comment("HBM: the partials read once, every output written once")]})
+        launches.append(KernelLaunch(
+            name=str(ckernel), source=csrc, grid=(max(1, -(-shape.nk // COMBINE_THREADS)), 1, 1),
+            block=(COMBINE_THREADS, 1, 1), shared_bytes=0, args=tuple(cargs), template=TEMPLATE,
+            tunables=(("MODE", "combine"), ("THREADS", COMBINE_THREADS), ("SPLITS", cfg.splits)),
+            model_smem_bytes=0, model_regs_per_thread=cregs))
+        buffers.append(Buffer(part, ("split", "kept"), (cfg.splits, shape.nk), "fp32"))
+    return launches, buffers
+
+
+def combine_regs(shape: PointwiseShape) -> int:
+    """The combining launch's register budget (indices, the running value, the post maps)."""
+    need = BASE_REGS + 4 * len(shape.kept) + 2 * len(shape.post) + (4 if shape.big else 0)
+    return -(-need // 8) * 8 + 8
+
+
+class PointwiseFamily:
+    """Elementwise chains and reductions over any axes, fused, vectorised and coalesced."""
+
+    name = NAME
+
+    def explain(self, diagram: Diagram) -> str | None:
+        """None if the family takes ``diagram``, else why not."""
+        s = _analysed(diagram)
+        return s if isinstance(s, str) else None
+
+    def matches(self, diagram: Diagram) -> bool:
+        return self.explain(diagram) is None
+
+    def _shape(self, diagram: Diagram) -> PointwiseShape:
+        s = _analysed(diagram)
+        if isinstance(s, str):
+            raise CodegenError(f"pointwise family cannot run diagram {diagram.name!r}: {s}")
+        return s
+
+    def candidates(self, diagram: Diagram, gpu, dtype: str | None = None) -> list[Schedule]:
+        shape = self._shape(diagram)
+        key = getattr(gpu, "key", gpu)
+        sms = int(getattr(gpu, "sms", 0) or 0) or _sms_of(key)
+        return [schedule_for(shape, c, key) for c in configs(shape, sms)]
+
+    def config(self, diagram: Diagram, schedule: Schedule) -> Config:
+        return config_from_schedule(self._shape(diagram), schedule)
+
+    def launch_estimate(self, diagram: Diagram, schedule: Schedule, gpu) -> dict:
+        """Blocks, threads, registers and shared memory of the pass a schedule stands for, its
+        bytes in flight (Little's law), the reduction's latency facts, and the combining launch
+        and partials of a split reduction (``extra_launches``, ``extra_hbm_bytes``)."""
+        shape = self._shape(diagram)
+        cfg = config_from_schedule(shape, schedule)
+        gx, gy, _ = grid(shape, cfg)
+        # bytes in flight: the vectors of the arrays read fresh from HBM for every element (those
+        # holding every axis of U); a broadcast array is read by every block from L2
+        fresh = [v for v in shape.loop_inputs if set(v.axis_names) == set(shape.order)]
+        per_vec = sum(shape.vec * shape.bytes if shape.inner in v.axis_names else shape.bytes for v in fresh)
+        in_flight = cfg.unroll * max(per_vec, shape.vec * shape.bytes)
+        idle = 0.0
+        if shape.mode == "map":
+            nv = shape.nu // shape.vec
+            idle = 1.0 - nv / (gx * cfg.threads * cfg.unroll)
+        elif shape.mode == "row":
+            lanes = min(cfg.tpr, chunk(shape, cfg))
+            idle = 1.0 - (lanes / cfg.tpr) * (shape.nk / (gx * cfg.rows_per_block))
+        else:
+            rows = min(cfg.tpr, chunk(shape, cfg))
+            kv = shape.nk // shape.vec
+            idle = 1.0 - (rows / cfg.tpr) * (kv / (gx * cfg.tx))
+            # a row of fewer than 32 contiguous bytes wastes the rest of its sector
+            run = cfg.tx * shape.vec * shape.bytes
+            if shape.kept and shape.inner == shape.kept[-1] and run < _SECTOR:
+                idle = 1.0 - (1.0 - idle) * run / _SECTOR
+        est = dict(blocks=gx * gy, threads=cfg.threads, regs=regs_estimate(shape, cfg),
+                   smem=smem_estimate(shape, cfg), in_flight_bytes_per_thread=in_flight,
+                   idle_lanes=min(0.95, max(0.0, idle)), bytes_per_value=shape.bytes, stream_steps=0,
+                   reductions=0 if shape.mode == "map" else 1,
+                   threads_per_row=1 if shape.mode == "map" else cfg.tpr)
+        if cfg.splits > 1:
+            est["extra_launches"] = 1
+            est["extra_hbm_bytes"] = 2 * 4 * cfg.splits * shape.nk
+        return est
+
+    def lower(self, diagram: Diagram, schedule: Schedule, arch: str) -> Program:
+        shape = self._shape(diagram)
+        if len(schedule.kernels) != 1:
+            raise CodegenError(f"pointwise family runs one fused kernel; the schedule has {len(schedule.kernels)}")
+        cfg = config_from_schedule(shape, schedule)
+        base = Code(f"{ident(diagram.name)}_pointwise")
+        launches, buffers = lower_shape(shape, cfg, schedule, arch, base)
+        return Program(diagram=diagram, schedule=schedule, family=NAME, launches=tuple(launches),
+                       buffers=tuple(buffers), sizes=dict(shape.sizes))
+
+
+def _sms_of(key) -> int:
+    try:
+        from ..select import resolve_gpu
+
+        return int(resolve_gpu(key).sms)
+    except Exception:  # noqa: BLE001 - no profile by that name: a full-size part
+        return 132
+
+
+FAMILY = PointwiseFamily()
