@@ -350,7 +350,7 @@ def test_pinned_tiles_error_subprocess():
 
 def test_generate_json_is_the_plan_and_its_launches(tmp_path):
     """A plan of several kernels (fp32 layernorm rows of 32768: the norm on rowwise, the last
-    elementwise box on the fallback): one launch per kernel, the intermediate in an HBM buffer."""
+    elementwise box on the pointwise family): one launch per kernel, the intermediate in an HBM buffer."""
     target = tmp_path / "ln.cu"
     code, out, err = invoke("generate", "layernorm", "-s", "r=7", "-s", "x=32768", "--dtype", "fp32",
                             "-o", str(target), "--json")
@@ -359,13 +359,13 @@ def test_generate_json_is_the_plan_and_its_launches(tmp_path):
     assert set(data) == {"plan", "output", "launches", "buffers"}
     assert data["output"] == str(target) and target.exists()
     kernels = data["plan"]["kernels"]
-    assert [k["family"] for k in kernels] == ["rowwise", "fallback"]
+    assert [k["family"] for k in kernels] == ["rowwise", "pointwise"]
     assert sorted(b for k in kernels for b in k["boxes"]) == ["N", "Y", "mul"]
     assert len(data["launches"]) == 2
     assert data["buffers"] == [kernels[0]["boxes"][-1]]  # the array the first kernel hands the second
     src = target.read_text()
-    assert "family rowwise+fallback" in src and "plan (2 kernels" in src
-    assert "kernel N [rowwise]" in src and "kernel Y [fallback]" in src
+    assert "family rowwise+pointwise" in src and "plan (2 kernels" in src
+    assert "kernel N [rowwise]" in src and "kernel Y [pointwise]" in src
     # derive --json prints the same plan
     code, out, err = invoke("derive", "layernorm", "-s", "r=7", "-s", "x=32768", "--dtype", "fp32", "--json")
     assert code == 0, err

@@ -19,15 +19,21 @@ import pytest
 import torch
 
 import napkin.codegen as cg
-from napkin.diagrams import Axis, Diagram, array, library, map_fn
+from napkin.diagrams import Axis, Diagram, array, library, map_fn, softmax
 from napkin.dtypes import torch_dtype
 from napkin.errors import LaunchError
 
 def bias_add() -> Diagram:
-    """Y[h,q,x] = X + B[q,x] (B broadcast over h): one elementwise box, which no fast family
-    builds on its own, so the plan is one kernel on the scalar fallback."""
+    """Y[h,q,x] = X + B[q,x] (B broadcast over h): one elementwise box, one pointwise kernel."""
     h, q, x = Axis("h"), Axis("q"), Axis("x")
     return Diagram("bias_add", map_fn("add", array("X", h, q, x), array("B", q, x), name="Y"))
+
+
+def softmax_over_rows() -> Diagram:
+    """softmax over q of X[h,q,x], q not innermost: no fast family builds it (the row-wise one
+    needs the normalised axis contiguous), so the plan is one kernel on the scalar fallback."""
+    h, q, x = Axis("h"), Axis("q"), Axis("x")
+    return Diagram("softmax_over_rows", softmax(array("X", h, q, x), over=q, name="Y"))
 
 
 #: family → (library diagram name or diagram, sizes, dtype): each plans as one kernel of that
@@ -37,7 +43,8 @@ CASES = {
     "rowwise": ("layernorm", dict(r=37, x=1001), "bf16"),
     "contraction": ("matmul_t", dict(a=70, b=72, c=80), "bf16"),
     "attention": ("mha", dict(h=2, q=65, x=77, d=64), "fp16"),
-    "fallback": (bias_add(), dict(h=2, q=5, x=7), "fp32"),
+    "pointwise": (bias_add(), dict(h=2, q=5, x=7), "fp32"),
+    "fallback": (softmax_over_rows(), dict(h=2, q=5, x=7), "fp32"),
 }
 
 

@@ -116,13 +116,13 @@ def test_rowwise_takes_library_rowwise_ops(name, x, dtype):
     if (name, x, dtype) == ("layernorm", 32768, "fp32"):
         # 32 fp32 values, gamma and beta vectors need more than the 64 registers of a
         # 1024-thread block (a known limit of the family): rowwise runs the norm with what fits,
-        # and only the elementwise box no fast family takes goes to the fallback
-        assert p.family == "rowwise+fallback"
-        rw, fb = p.plan.kernels
+        # and the last elementwise box runs as a pointwise kernel
+        assert p.family == "rowwise+pointwise"
+        rw, pw = p.plan.kernels
         assert rw.family == "rowwise" and "N" in rw.boxes
-        assert fb.family == "fallback" and fb.boxes == ("Y",)
+        assert pw.family == "pointwise" and pw.boxes == ("Y",)
         assert len(p.launches) == 2 and [b.name for b in p.buffers] == [rw.boxes[-1]]
-        assert any("scalar fallback" in n and "Y" in n for n in p.notes)
+        assert not any("scalar fallback" in n for n in p.notes)
         return
     assert p.family == "rowwise" and len(p.launches) == 1
     k = p.launches[0]
@@ -216,7 +216,7 @@ def test_a_multi_kernel_schedule_lowers_each_kernel_by_its_family():
     # without families, each kernel goes to the first family that takes its sub-diagram
     bare = s.replace(kernels=tuple(k.replace(family=None) for k in s.kernels))
     p = lower(d, bare)
-    assert p.plan.families == ("rowwise", "fallback", "fallback") and p.family == "rowwise+fallback"
+    assert p.plan.families == ("rowwise", "pointwise", "pointwise") and p.family == "rowwise+pointwise"
     assert len(p.launches) == 3 and {b.name for b in p.buffers} == {"N", "mul"}
     # a named family that cannot build one of the kernels is refused, naming the kernel
     with pytest.raises(CodegenError, match=r"family rowwise cannot generate kernel k1_mul of 'layernorm'"):
@@ -258,7 +258,7 @@ def test_rank_fallback_has_one_candidate():
 
 
 def test_family_order_and_lookup():
-    assert families.ORDER == ("rowwise", "contraction", "attention", "fallback")
+    assert families.ORDER == ("rowwise", "contraction", "attention", "pointwise", "fallback")
     assert families.get("rowwise") is rowwise.FAMILY
     assert families.get("fallback") is fallback.FAMILY
     with pytest.raises(CodegenError, match="unknown"):
