@@ -1,0 +1,383 @@
+"""The pointwise family without a GPU: what it accepts and refuses (with reasons), what the planner
+picks it for (an elementwise chain as one kernel, column sums, reductions over several axes, the
+L2 norm, a mean over a non-last axis), its schedules and launch estimates, lowering (one pass, and
+a combining launch with fp32 partials for a split reduction), 64-bit indices, random shapes
+(sizes of 1, primes, non-multiples of the vector width) and nvcc builds for sm_80 and sm_90a within
+the registers and shared memory the model assumed.
+
+Register tolerance (stated, as tests/codegen/test_templates_nvcc.py): ptxas may use at most the
+budget the kernel asks for (``__maxnreg__``) without spills, and the budget may exceed what it
+uses by at most max(32, 60 %); shared memory within ``SMEM_TOLERANCE`` of the model's.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from napkin.codegen.families import pointwise as pw
+from napkin.codegen.lower import SMEM_TOLERANCE, build, lower
+from napkin.codegen.planner import derive
+from napkin.codegen.prepare import prepare
+from napkin.diagrams import (Diagram, array, axes, contract, layernorm, max_over, mean_over, relu, rename, scale,
+                             softmax, sum_over, tanh)
+from napkin.perfmodel.plan import Plan
+from test_pointwise_diagrams import (ACCEPTED, alibi_map, broadcast_chain, column_mean, column_sum, full_and_reduced,
+                                     l2_norm, masked_rowmax, post_maps, row_sum, sigmoid_chain, sum_bh, sum_bs, total,
+                                     transposed_add)
+
+FAMILY = pw.FAMILY
+
+
+def bound(build, sizes, dtype="bf16") -> Diagram:
+    return prepare(build(), sizes=sizes, dtype=dtype)
+
+
+# ----------------------------------------------------------------------------- explain
+
+
+@pytest.mark.parametrize("build, sizes, mode", ACCEPTED, ids=[c[0].__name__ for c in ACCEPTED])
+def test_explain_accepts_maps_and_reductions_over_any_axes(build, sizes, mode):
+    d = bound(build, sizes)
+    assert FAMILY.explain(d) is None
+    shape = pw.analyse(d)
+    assert shape.mode == mode
+    assert FAMILY.candidates(d, "h100", "bf16")
+
+
+def _softmax_then_map():
+    r, x = axes("r x")
+    return Diagram("sm", (softmax(array("X", r, x), x, name="P") * 2.0).named("Y"))
+
+
+def _matmul_then_map():
+    a, b, c = axes("a b c")
+    return Diagram("mm", relu(contract(array("A", a, b), array("B", b, c), over=b, name="C"), name="Y"))
+
+
+def _rename_then_map():
+    r, x = axes("r x")
+    return Diagram("rn", relu(rename(array("X", r, x), r="q"), name="Y"))
+
+
+def _mixed_kinds():
+    r, x = axes("r x")
+    return Diagram("mixed", max_over(sum_over(array("X", r, x), r, name="S"), x, name="M"))
+
+
+def _two_reductions():
+    r, x = axes("r x")
+    X = array("X", r, x)
+    return Diagram("two", (sum_over(X, r, name="A"), sum_over(X, x, name="B")))
+
+
+def _centred():
+    r, x = axes("r x")
+    X = array("X", r, x)
+    return Diagram("centred", (X - mean_over(X, x, name="m")).named("Y"))
+
+
+def _intermediate_output():
+    r, x = axes("r x")
+    S1 = sum_over(array("X", r, x), r, name="S1")
+    return Diagram("inter", (S1, sum_over(S1, x, name="S")))
+
+
+def _layernorm():
+    r, x = axes("r x")
+    return Diagram("ln", layernorm(array("X", r, x), x, name="N"))
+
+
+REFUSED = [
+    (_softmax_then_map, "softmax"),
+    (_matmul_then_map, "contract"),
+    (_rename_then_map, "rename"),
+    (_layernorm, "norm"),
+    (_mixed_kinds, "mixes reductions"),
+    (_two_reductions, "not one chain"),
+    (_centred, "second pass"),
+    (_intermediate_output, "more than the next reduction"),
+]
+
+
+@pytest.mark.parametrize("build, why", REFUSED, ids=[w for _, w in REFUSED])
+def test_explain_refuses_with_a_reason(build, why):
+    d = prepare(build(), sizes={a: 8 for a in build().axes}, dtype="bf16")
+    reason = FAMILY.explain(d)
+    assert reason is not None and why in reason, reason
+    assert not FAMILY.matches(d)
+
+
+def test_explain_refuses_unbound_sizes():
+    assert "not bound" in FAMILY.explain(sigmoid_chain())
+
+
+# ----------------------------------------------------------------------------- the planner
+
+
+def _plan(build, sizes, dtype="bf16", gpu="h100"):
+    return derive(bound(build, sizes, dtype), gpu, dtype, explain=False).plan
+
+
+def test_an_elementwise_chain_is_one_pointwise_kernel():
+    plan = _plan(sigmoid_chain, dict(r=4096, x=4096))
+    assert plan.families == ("pointwise",)
+    (k,) = plan.kernels
+    assert set(k.boxes) == {"h", "t", "scale", "Y"}
+    p = build(plan)
+    assert len(p.launches) == 1 and not p.buffers
+    # the fallback ran it as one kernel per box, four launches
+    fb = derive(bound(sigmoid_chain, dict(r=4096, x=4096)), "h100", "bf16", families=["fallback"],
+                explain=False).plan
+    assert len(fb.kernels) == 4 and plan.seconds < fb.seconds / 3
+
+
+@pytest.mark.parametrize("build, sizes", [
+    (column_sum, dict(r=8192, x=4096)),
+    (row_sum, dict(r=8192, x=4096)),
+    (sum_bh, dict(b=16, h=64, s=4096)),
+    (sum_bs, dict(b=16, h=64, s=4096)),
+    (total, dict(r=4096, x=4096)),
+    (l2_norm, dict(r=4096, x=4096)),
+    (column_mean, dict(r=8192, x=4096)),
+    (post_maps, dict(r=4096, x=1024)),
+], ids=lambda v: v.__name__ if callable(v) else "")
+def test_reductions_plan_as_one_pointwise_kernel(build, sizes):
+    plan = _plan(build, sizes)
+    assert plan.families == ("pointwise",), plan
+    assert set(plan.kernels[0].boxes) == {plan.diagram.name_of(v) for v in plan.diagram.nodes}
+
+
+def test_the_split_of_a_small_kept_space_is_planned_and_costed():
+    # a column sum over 4096 kept columns gives 64 column blocks: R is split over blocks too
+    plan = _plan(column_sum, dict(r=8192, x=4096))
+    o = plan.kernels[0].kernel.options
+    assert o.splits and o.splits > 1
+    p = build(plan)
+    assert [l.name.rsplit("_", 1)[-1] for l in p.launches] == ["col", "combine"]
+    (buf,) = p.buffers
+    assert buf.dtype == "fp32" and buf.shape == (o.splits, 4096)
+    est = FAMILY.launch_estimate(plan.diagram, plan.schedule, "h100")
+    assert est["extra_launches"] == 1 and est["extra_hbm_bytes"] == 2 * 4 * o.splits * 4096
+    # many kept columns: no split
+    wide = _plan(column_sum, dict(r=64, x=1 << 20))
+    assert not wide.kernels[0].kernel.options.splits
+
+
+def test_cli_derive_of_a_user_file(tmp_path):
+    from typer.testing import CliRunner
+
+    from napkin.cli import app
+
+    f = tmp_path / "chain.py"
+    f.write_text("from napkin.diagrams import Diagram, array, axes, tanh, scale\n"
+                 "r, x = axes('r x')\n"
+                 "t = tanh(scale(array('X', r, x), 0.5, name='h'), name='t')\n"
+                 "sig = Diagram('sig', (t * 0.5 + 0.5).named('Y'))\n")
+    res = CliRunner().invoke(app, ["derive", f"{f}:sig", "-s", "r=4096", "-s", "x=4096"], catch_exceptions=False)
+    assert res.exit_code == 0, res.stdout
+    assert "1 kernel" in res.stdout and "pointwise:" in res.stdout and "fallback" not in res.stdout
+
+
+def test_maps_between_contractions_run_on_no_fallback():
+    """Elementwise boxes between two contractions (reading a further full-size input) are fused
+    where the model finds it cheaper; none of them is left to the scalar fallback."""
+    a, b, c, e = axes("a b c e")
+    Y1 = contract(array("X", a, b), array("W1", b, c), over=b, name="Y1")
+    t = tanh(scale(Y1, 0.5, name="h"), name="t")
+    G = ((t * 0.5 + 0.5).named("g") * array("R", a, c)).named("G")
+    Y2 = contract(G, array("W2", c, e), over=c, name="Y2")
+    d = prepare(Diagram("between", Y2), sizes=dict(a=2048, b=1024, c=1024, e=1024), dtype="bf16")
+    plan = derive(d, "h100", "bf16", explain=False).plan
+    assert "fallback" not in plan.families
+    maps = {d.name_of(v) for v in d.nodes if v.op.kind == "map"}
+    homes = [k for k in plan.kernels if maps & set(k.boxes)]
+    assert all(k.family in ("contraction", "pointwise") for k in homes)
+    assert sum(k.family == "pointwise" for k in homes) <= 1
+
+
+# ----------------------------------------------------------------------------- schedules and lowering
+
+
+def test_a_planned_kernel_lowers_to_the_same_kernel_again():
+    """plan → build decides nothing: the plan's JSON read back builds the same launches."""
+    for build_, sizes in [(sigmoid_chain, dict(r=300, x=1000)), (column_sum, dict(r=8192, x=4096)),
+                          (l2_norm, dict(r=7, x=65536))]:
+        plan = _plan(build_, sizes)
+        again = Plan.from_dict(plan.diagram, plan.to_dict())
+        a, b = build(plan), build(again)
+        assert [(l.name, l.source, l.grid, l.block) for l in a.launches] == \
+               [(l.name, l.source, l.grid, l.block) for l in b.launches]
+
+
+def test_options_carry_every_tunable():
+    d = bound(column_sum, dict(r=999, x=72))
+    shape = pw.analyse(d)
+    for s in FAMILY.candidates(d, "h100", "bf16"):
+        cfg = FAMILY.config(d, s)
+        o = s.kernels[0].options
+        assert (o.warps * 32, o.stages, o.threads_per_row, o.splits or 1) == \
+               (cfg.threads, cfg.unroll, cfg.tpr, cfg.splits)
+        assert o.regs_per_thread == pw.regs_estimate(shape, cfg)
+
+
+def test_the_template_opens_with_a_legend():
+    p = lower(bound(post_maps, dict(r=20, x=24)), family="pointwise", gpu="h100")
+    src = p.launches[0].source
+    assert "// Legend: diagram axes -> template symbols -> tunables" in src
+    assert re.search(r"tunables: TX = \d+, TY = \d+, UNROLL = \d+, VEC = 8, SPLITS = \d+", src)
+    assert "extern \"C\" __global__" in src
+
+
+def test_vector_access_kinds():
+    """A thread moves VEC values along the vector axis: one access for arrays holding it
+    innermost, strided loads for arrays holding it elsewhere, one broadcast scalar otherwise."""
+    src = lower(bound(broadcast_chain, dict(r=7, x=24)), family="pointwise", gpu="h100").launches[0].source
+    assert "napkin_pwh::load<T, VEC>(ld_X[u]" in src and "napkin_pwh::load<T, VEC>(ld_b[u]" in src
+    assert "ld_c[u] = in_c[" in src                    # c[r] lacks x: one scalar per vector
+    assert "napkin_pwh::store<T, VEC>(out_Y" in src
+    src = lower(bound(transposed_add, dict(r=6, x=16)), family="pointwise", gpu="h100").launches[0].source
+    assert "napkin_pwh::load_strided<T, VEC>(ld_Z[u]" in src
+
+
+@pytest.mark.parametrize("x, vec", [(4096, 8), (4092, 4), (4094, 2), (4095, 1), (1, 1)])
+def test_the_vector_width_divides_the_vector_axis(x, vec):
+    assert pw.analyse(bound(sigmoid_chain, dict(r=3, x=x))).vec == vec
+    assert pw.analyse(bound(sigmoid_chain, dict(r=3, x=x), "fp32")).vec == min(vec, 4)
+
+
+def test_indices_are_64_bit_past_2_to_the_30():
+    big = lower(bound(row_sum, dict(r=3, x=3 * 2 ** 30)), family="pointwise", gpu="h100")
+    for launch in big.launches:
+        assert "typedef long long idx_t;" in launch.source
+    assert "3221225472LL" in big.launches[0].source
+    small = lower(bound(row_sum, dict(r=3, x=1000)), family="pointwise", gpu="h100")
+    assert "typedef int idx_t;" in small.launches[0].source
+
+
+def test_launch_estimate_counts_full_size_inputs_in_flight():
+    d = bound(broadcast_chain, dict(r=4096, x=4096))
+    s = FAMILY.candidates(d, "h100", "bf16")[0]
+    est = FAMILY.launch_estimate(d, s, "h100")
+    cfg = FAMILY.config(d, s)
+    # X[r,x] is read fresh; b[x] and c[r] are broadcast (L2)
+    assert est["in_flight_bytes_per_thread"] == cfg.unroll * 16
+    assert est["blocks"] == math.ceil(4096 * 4096 / 8 / (cfg.threads * cfg.unroll))
+    assert "extra_launches" not in est
+
+
+# ----------------------------------------------------------------------------- random shapes
+
+SIZES = st.sampled_from([1, 2, 3, 5, 7, 8, 13, 31, 64, 97, 100, 127, 1000, 4093])
+BUILDS = [sigmoid_chain, broadcast_chain, transposed_add, column_sum, row_sum, sum_bh, sum_bs, total,
+          l2_norm, column_mean, post_maps, full_and_reduced, masked_rowmax]
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(which=st.integers(0, len(BUILDS) - 1), dtype=st.sampled_from(["bf16", "fp16", "fp32"]),
+       data=st.data())
+def test_random_shapes_lower_and_cover_the_space(which, dtype, data):
+    build_ = BUILDS[which]
+    names = list(build_().axes)
+    sizes = {a: data.draw(SIZES, label=a) for a in names}
+    d = bound(build_, sizes, dtype)
+    assert FAMILY.explain(d) is None
+    shape = pw.analyse(d)
+    assert shape.sizes[shape.inner] % shape.vec == 0
+    cands = FAMILY.candidates(d, "h100", dtype)
+    assert cands
+    for s in (cands[0], cands[-1]):
+        cfg = FAMILY.config(d, s)
+        p = FAMILY.lower(d, s, "sm_90a")
+        gx, gy, _ = p.launches[0].grid
+        assert gy == cfg.splits and p.launches[0].block[0] == cfg.threads
+        # the grid covers the space: every vector (map), row (row) or kept vector (col)
+        if shape.mode == "map":
+            assert gx * cfg.threads * cfg.unroll * shape.vec >= shape.nu
+        elif shape.mode == "row":
+            assert gx * cfg.rows_per_block >= shape.nk
+        else:
+            assert gx * cfg.tx * shape.vec >= shape.nk
+        if shape.mode != "map":
+            assert pw.chunk(shape, cfg) * cfg.splits >= pw._vectors_r(shape)
+        assert len(p.launches) == (2 if cfg.splits > 1 else 1)
+        est = FAMILY.launch_estimate(d, s, "h100")
+        assert 0.0 <= est["idle_lanes"] < 1.0 and est["blocks"] == gx * gy
+
+
+# ----------------------------------------------------------------------------- nvcc
+
+NVCC_CASES = [
+    (sigmoid_chain, dict(r=64, x=4096)), (broadcast_chain, dict(r=64, x=4093)), (transposed_add, dict(r=64, x=64)),
+    (alibi_map, dict(h=4, q=64, x=64)), (column_sum, dict(r=4096, x=512)), (row_sum, dict(r=4, x=1 << 16)),
+    (row_sum, dict(r=4096, x=4097)), (sum_bh, dict(b=16, h=64, s=512)), (sum_bs, dict(b=16, h=8, s=512)),
+    (total, dict(r=512, x=512)), (post_maps, dict(r=1024, x=1024)), (full_and_reduced, dict(r=256, x=1024)),
+    (masked_rowmax, dict(q=256, x=256)), (row_sum, dict(r=3, x=3 * 2 ** 30)),
+]
+
+
+def _rename(launch, new: str):
+    return dataclasses.replace(launch, name=new, source=re.sub(rf"\b{re.escape(launch.name)}\b", new, launch.source))
+
+
+def _nvcc_launches() -> list:
+    out = []
+    for ci, (build_, sizes) in enumerate(NVCC_CASES):
+        for dt in ("bf16", "fp16", "fp32"):
+            d = bound(build_, sizes, dt)
+            cands = FAMILY.candidates(d, "h100", dt)
+            picks = {"bf16": {0, len(cands) - 1}, "fp16": {len(cands) // 3}, "fp32": {len(cands) // 2}}[dt]
+            for i in picks:
+                p = FAMILY.lower(d, cands[i], "sm_90a")
+                out += [_rename(l, f"{l.name}_{ci}_{dt}_{i}") for l in p.launches]
+    return out
+
+
+@pytest.mark.nvcc
+def test_kernels_compile_for_sm80_and_sm90a_within_the_model():
+    from napkin.kernels import nvcc_compile
+
+    launches = _nvcc_launches()
+    src = "\n".join(l.source for l in launches)
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        builds = list(pool.map(lambda arch: (arch, nvcc_compile(src, arch)), ("sm_80", "sm_90a")))
+    problems = []
+    modes = set()
+    for arch, usage in builds:
+        for k in launches:
+            modes.add(dict(k.tunables)["MODE"])
+            r = usage.kernels[k.name]
+            where = f"{k.name} ({arch}, {dict(k.tunables)})"
+            model = k.model_regs_per_thread
+            if r.spills:
+                problems.append(f"{where}: spills {r.spill_stores} B stores / {r.spill_loads} B loads")
+            if r.registers > model:
+                problems.append(f"{where}: {r.registers} registers, the model assumed {model}")
+            if model - r.registers > max(32, 0.6 * model):
+                problems.append(f"{where}: {r.registers} registers, far under the model's {model}")
+            if abs(r.shared_bytes + k.shared_bytes - (k.model_smem_bytes or 0)) > SMEM_TOLERANCE:
+                problems.append(f"{where}: {r.shared_bytes} B shared memory, the model assumed {k.model_smem_bytes}")
+    assert modes == {"map", "row", "col", "combine"}
+    assert not problems, "\n".join(problems)
+
+
+@pytest.mark.nvcc
+def test_generated_file_of_a_planned_chain_compiles_as_it_stands(tmp_path):
+    import shutil
+    import subprocess
+
+    from napkin.codegen.generate import generate_source
+
+    src = generate_source(column_sum(), sizes=dict(r=8192, x=4096), gpu="h100", dtype="bf16")
+    f = tmp_path / "colsum.cu"
+    f.write_text(src)
+    cmd = [shutil.which("nvcc"), "-cubin", "-gencode=arch=compute_90a,code=sm_90a", str(f), "-o",
+           str(tmp_path / "k.cubin")]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stdout + p.stderr

@@ -1,0 +1,112 @@
+"""The diagrams the pointwise family's tests share (tests/codegen/test_pointwise.py on the CPU,
+tests/codegen/test_pointwise_gpu.py on a GPU): elementwise chains, reductions over one or several
+axes of either kind (the vector axis reduced or kept), maps before and after a reduction. No tests
+of its own."""
+
+from __future__ import annotations
+
+from napkin.diagrams import (Diagram, alibi, array, axes, causal, exp, map_fn, max_over, mean_over, reduce, scale,
+                             sum_over, tanh)
+
+
+def sigmoid_chain() -> Diagram:
+    """sigmoid written as 0.5·tanh(0.5·x) + 0.5: three elementwise boxes."""
+    r, x = axes("r x")
+    t = tanh(scale(array("X", r, x), 0.5, name="h"), name="t")
+    return Diagram("sigmoid_chain", (t * 0.5 + 0.5).named("Y"))
+
+
+def broadcast_chain() -> Diagram:
+    r, x = axes("r x")
+    X, b, c = array("X", r, x), array("b", x), array("c", r)
+    return Diagram("broadcast_chain", ((X * b).named("P") + c).named("Y"))
+
+
+def transposed_add() -> Diagram:
+    r, x = axes("r x")
+    return Diagram("transposed_add", (array("X", r, x) + array("Z", x, r)).named("Y"))
+
+
+def column_sum() -> Diagram:
+    r, x = axes("r x")
+    return Diagram("column_sum", sum_over(array("X", r, x), r, name="S"))
+
+
+def row_sum() -> Diagram:
+    r, x = axes("r x")
+    return Diagram("row_sum", sum_over(array("X", r, x), x, name="S"))
+
+
+def sum_bh() -> Diagram:
+    """Σ over the two non-last axes b, h of X[b,h,s]."""
+    b, h, s = axes("b h s")
+    return Diagram("sum_bh", sum_over(sum_over(array("X", b, h, s), b, name="S1"), h, name="S"))
+
+
+def sum_bs() -> Diagram:
+    """Σ over b and s of X[b,h,s]: the reduced axes are not next to each other."""
+    b, h, s = axes("b h s")
+    return Diagram("sum_bs", sum_over(sum_over(array("X", b, h, s), b, name="S1"), s, name="S"))
+
+
+def total() -> Diagram:
+    r, x = axes("r x")
+    return Diagram("total", sum_over(sum_over(array("X", r, x), r, name="S1"), x, name="S"))
+
+
+def l2_norm() -> Diagram:
+    r, x = axes("r x")
+    ss = sum_over(map_fn("square", array("X", r, x)), x, name="ss")
+    return Diagram("l2_norm", map_fn("sqrt", ss, name="N"))
+
+
+def column_mean() -> Diagram:
+    r, x = axes("r x")
+    return Diagram("column_mean", mean_over(array("X", r, x), r, name="M"))
+
+
+def reduce_of(how: str, over: str) -> Diagram:
+    r, x = axes("r x")
+    return Diagram(f"{how}_{over}", reduce(exp(scale(array("X", r, x), 0.25)), over, how, name="S"))
+
+
+def post_maps() -> Diagram:
+    """sqrt(Σ_r (X·W)²)·g + 1: maps before and after a column reduction, inputs on either side."""
+    r, x = axes("r x")
+    X, W, g = array("X", r, x), array("W", r, x), array("g", x)
+    S = sum_over(map_fn("square", X * W), r, name="S")
+    return Diagram("post_maps", (map_fn("sqrt", S) * g + 1.0).named("Y"))
+
+
+def full_and_reduced() -> Diagram:
+    r, x = axes("r x")
+    Y = (array("X", r, x) * 2.0).named("Y")
+    return Diagram("full_and_reduced", (Y, max_over(Y, x, name="M")))
+
+
+def masked_rowmax() -> Diagram:
+    q, x = axes("q x")
+    return Diagram("masked_rowmax", max_over(causal(array("S", q, x), "q", "x"), x, name="M"))
+
+
+def alibi_map() -> Diagram:
+    h, q, x = axes("h q x")
+    return Diagram("alibi_map", alibi(array("S", h, q, x), "h", "q", "x", name="Y"))
+
+
+ACCEPTED = [
+    (sigmoid_chain, dict(r=5, x=37), "map"),
+    (broadcast_chain, dict(r=7, x=24), "map"),
+    (transposed_add, dict(r=6, x=16), "map"),
+    (alibi_map, dict(h=2, q=5, x=16), "map"),
+    (column_sum, dict(r=37, x=24), "col"),
+    (row_sum, dict(r=5, x=100), "row"),
+    (sum_bh, dict(b=3, h=5, s=32), "col"),
+    (sum_bs, dict(b=3, h=5, s=32), "row"),
+    (total, dict(r=9, x=40), "row"),
+    (l2_norm, dict(r=6, x=72), "row"),
+    (column_mean, dict(r=29, x=40), "col"),
+    (post_maps, dict(r=20, x=24), "col"),
+    (full_and_reduced, dict(r=4, x=40), "row"),
+    (masked_rowmax, dict(q=9, x=9), "row"),
+]

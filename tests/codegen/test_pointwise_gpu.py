@@ -1,0 +1,142 @@
+"""The pointwise family on a GPU: elementwise chains and reductions over any axes, planned by
+derive and forced configuration by configuration (split reductions, block reductions, unrolls),
+against the float64 reference on fresh random inputs with NaN-poisoned outputs (an element a
+kernel does not write stays NaN and fails the check), bf16/fp16/fp32, sizes that are not
+multiples of the vector width (1, primes, odd), inputs that start at an unaligned address, and
+split sums that give the same bits on every run.
+
+Tolerance (stated): the norm-wise relative error ``‖out − ref‖ / ‖ref‖`` of each output against
+the float64 reference is below ``napkin.codegen.verify.TOLERANCE`` (1e-2 for bf16 and fp16: the
+outputs are rounded to the dtype; 1e-5 for fp32), and below 1e-4 for fp32 sums of more than 10^6
+values (fp32 accumulation, as PyTorch's own).
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from napkin.codegen import compile as napkin_compile
+from napkin.codegen.families import pointwise as pw
+from napkin.codegen.prepare import prepare
+from napkin.codegen.verify import TOLERANCE
+from napkin.diagrams.reference import random_inputs
+
+from test_pointwise_diagrams import (alibi_map, broadcast_chain, column_mean, column_sum, full_and_reduced, l2_norm,
+                             masked_rowmax, post_maps, reduce_of, row_sum, sigmoid_chain, sum_bh, sum_bs, total,
+                             transposed_add)
+
+pytestmark = pytest.mark.gpu
+
+
+def _tolerance(d, dtype: str) -> float:
+    summed = max((math.prod(a.bound_size for a in v.args[0].axes) // max(1, math.prod(a.bound_size for a in v.axes))
+                  for v in d.nodes if v.op.kind == "reduce"), default=0)
+    if dtype == "fp32" and summed > 10 ** 6:
+        return 1e-4
+    return TOLERANCE[dtype]
+
+
+def check(cd, seed: int = 0, offset: int = 0) -> list[tuple[str, float]]:
+    """Run ``cd`` on fresh random inputs (each a contiguous view ``offset`` elements into its
+    storage) with NaN-poisoned outputs; the relative error of each output, asserted."""
+    import torch
+
+    d = cd.diagram
+    ins = random_inputs(d, device="cuda", seed=seed)
+    if offset:
+        ins = {n: torch.cat([t.new_zeros(offset), t.reshape(-1)])[offset:].view(t.shape) for n, t in ins.items()}
+    outs = cd(**ins, out=cd.empty_outputs("cuda", float("nan")))
+    torch.cuda.synchronize()
+    outs = outs if isinstance(outs, tuple) else (outs,)
+    ref = d.reference({n: t.double() for n, t in ins.items()}, dtype=torch.float64)
+    tol = _tolerance(d, d.inputs[0].dtype)
+    rows = []
+    for n, o in zip(cd.output_names, outs):
+        r = ref[n].to(o.device)
+        assert not torch.isnan(o).any(), f"{d.name} {n}: {int(torch.isnan(o).sum())} elements not written"
+        err = float((o.double() - r).norm() / max(float(r.norm()), 1e-30))
+        assert err < tol, f"{d.name} {dict(d.sizes)} {n}: relative error {err:.2e} over {tol:.0e}"
+        rows.append((n, err))
+    return rows
+
+
+PLANNED = [
+    (sigmoid_chain, [dict(r=33, x=1000), dict(r=7, x=4095), dict(r=1, x=1), dict(r=3, x=4094), dict(r=4096, x=4096)]),
+    (broadcast_chain, [dict(r=5, x=1001), dict(r=64, x=4096)]),
+    (transposed_add, [dict(r=37, x=41), dict(r=256, x=512)]),
+    (alibi_map, [dict(h=2, q=37, x=37)]),
+    (column_sum, [dict(r=8192, x=4096), dict(r=37, x=1000), dict(r=1000, x=7), dict(r=3, x=1)]),
+    (row_sum, [dict(r=8192, x=4096), dict(r=33, x=1000), dict(r=2, x=100003), dict(r=1, x=1)]),
+    (sum_bh, [dict(b=16, h=64, s=4096), dict(b=3, h=5, s=97)]),
+    (sum_bs, [dict(b=16, h=64, s=4096), dict(b=3, h=5, s=97)]),
+    (total, [dict(r=1024, x=1024), dict(r=13, x=31)]),
+    (l2_norm, [dict(r=4096, x=4096), dict(r=7, x=1001)]),
+    (column_mean, [dict(r=8192, x=4096), dict(r=29, x=40)]),
+    (post_maps, [dict(r=4096, x=1024), dict(r=20, x=24)]),
+    (full_and_reduced, [dict(r=64, x=1000), dict(r=4, x=40)]),
+    (masked_rowmax, [dict(q=100, x=100)]),
+]
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp16", "fp32"])
+@pytest.mark.parametrize("build, shapes", PLANNED, ids=[b.__name__ for b, _ in PLANNED])
+def test_planned_kernels_verify(build, shapes, dtype):
+    if dtype == "fp16" and build not in (sigmoid_chain, column_sum, row_sum, l2_norm):
+        pytest.skip("fp16 on a representative subset")
+    for i, sizes in enumerate(shapes):
+        cd = napkin_compile(build(), sizes=sizes, dtype=dtype)
+        assert cd.plan.families == ("pointwise",), (sizes, cd.plan)
+        check(cd, seed=i)
+
+
+FORCED = [
+    (sigmoid_chain, dict(r=7, x=4095)),
+    (broadcast_chain, dict(r=33, x=1000)),
+    (column_sum, dict(r=1000, x=72)),
+    (row_sum, dict(r=9, x=3001)),
+    (lambda: reduce_of("max", "x"), dict(r=5, x=1000)),
+    (lambda: reduce_of("min", "r"), dict(r=500, x=24)),
+    (total, dict(r=37, x=1000)),
+    (sum_bh, dict(b=7, h=9, s=40)),
+    (sum_bs, dict(b=7, h=9, s=40)),
+    (post_maps, dict(r=300, x=24)),
+    (full_and_reduced, dict(r=5, x=1000)),
+]
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp32"])
+@pytest.mark.parametrize("case", range(len(FORCED)))
+def test_every_kind_of_configuration_verifies(case, dtype):
+    """A spread of each diagram's configurations (threads, unrolls, threads per row, splits),
+    each as its own compiled kernel."""
+    build, sizes = FORCED[case]
+    d = prepare(build(), sizes=sizes, dtype=dtype)
+    cands = pw.FAMILY.candidates(d, "h100", dtype)
+    split = [i for i, s in enumerate(cands) if (s.kernels[0].options.splits or 1) > 1]
+    wide = [i for i, s in enumerate(cands) if (s.kernels[0].options.threads_per_row or 0) > 32]
+    picks = sorted({0, len(cands) // 2, len(cands) - 1, *split[:1], *split[-1:], *wide[:1]})
+    for i in picks:
+        cd = napkin_compile(d, schedule=cands[i], family="pointwise")
+        check(cd, seed=i)
+
+
+@pytest.mark.parametrize("build, sizes", [(sigmoid_chain, dict(r=33, x=1000)), (column_sum, dict(r=1000, x=72)),
+                                          (row_sum, dict(r=9, x=3000)), (sum_bh, dict(b=7, h=9, s=40))],
+                         ids=["chain", "column_sum", "row_sum", "sum_bh"])
+def test_inputs_that_start_unaligned(build, sizes):
+    """A contiguous view one element into its storage: the vector accesses fall back to scalars."""
+    cd = napkin_compile(build(), sizes=sizes, dtype="bf16")
+    check(cd, seed=3, offset=1)
+
+
+def test_a_split_sum_is_deterministic():
+    import torch
+
+    cd = napkin_compile(column_sum(), sizes=dict(r=8192, x=4096), dtype="fp32")
+    assert (cd.plan.kernels[0].kernel.options.splits or 1) > 1 and len(cd.launches) == 2
+    X = torch.randn(8192, 4096, device="cuda")
+    first = cd(X)
+    for _ in range(3):
+        assert torch.equal(cd(X), first)
