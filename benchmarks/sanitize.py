@@ -34,6 +34,36 @@ def _column_sum():
     return Diagram("column_sum", sum_over(array("X", r, x), r, name="Y"))
 
 
+def _sigmoid_chain():
+    from napkin.diagrams import Diagram, array, axes, scale, tanh
+
+    r, x = axes("r x")
+    t = tanh(scale(array("X", r, x), 0.5, name="h"), name="t")
+    return Diagram("sigmoid_chain", (t * 0.5 + 0.5).named("Y"))
+
+
+def _broadcast_chain():
+    from napkin.diagrams import Diagram, array, axes
+
+    r, x = axes("r x")
+    X, b, c = array("X", r, x), array("b", x), array("c", r)
+    return Diagram("broadcast_chain", ((X * b).named("P") + c).named("Y"))
+
+
+def _row_l2():
+    from napkin.diagrams import Diagram, array, axes, map_fn, sum_over
+
+    r, x = axes("r x")
+    return Diagram("row_l2", map_fn("sqrt", sum_over(map_fn("square", array("X", r, x)), x, name="ss"), name="N"))
+
+
+def _sum_bh():
+    from napkin.diagrams import Diagram, array, axes, sum_over
+
+    b, h, s = axes("b h s")
+    return Diagram("sum_bh", sum_over(sum_over(array("X", b, h, s), b, name="S1"), h, name="S"))
+
+
 @dataclass(frozen=True)
 class Case:
     """One sanitizer run: a diagram (a library name or a builder), sizes, dtype and the planner's
@@ -75,7 +105,15 @@ CASES = [
          dtype="fp32", family="fallback"),
     Case("fallback_row.cu.jinja", "layernorm", {"r": 3, "x": 100}, dtype="fp32", family="fallback"),
     Case("fallback_map.cu.jinja", "layernorm", {"r": 3, "x": 100}, dtype="fp32", family="fallback"),
-    Case("fallback_reduce.cu.jinja", _column_sum, {"r": 37, "x": 1000}),
+    Case("fallback_reduce.cu.jinja", _column_sum, {"r": 37, "x": 1000}, family="fallback"),
+    # pointwise: a chain with rows of an odd length (scalar accesses), a vectorised chain with
+    # broadcast inputs, a column sum and a row norm split over blocks (partials and the combining
+    # launch), a sum over two non-last axes
+    Case("pointwise.cu.jinja", _sigmoid_chain, {"r": 7, "x": 4095}, family="pointwise"),
+    Case("pointwise.cu.jinja", _broadcast_chain, {"r": 33, "x": 1024}, dtype="fp32", family="pointwise"),
+    Case("pointwise.cu.jinja", _column_sum, {"r": 4096, "x": 1000}, family="pointwise"),
+    Case("pointwise.cu.jinja", _row_l2, {"r": 3, "x": 100003}, family="pointwise"),
+    Case("pointwise.cu.jinja", _sum_bh, {"b": 9, "h": 37, "s": 96}, family="pointwise"),
     # the planner's own choice: several kernels of several families, HBM buffers between them
     Case("rowwise.cu.jinja", "transformer_block", {"q": 77, "e": 72, "h": 2, "d": 64, "f": 136}),
 ]
