@@ -14,15 +14,18 @@ from . import library
 from .axes import Axis, axes
 from .diagram import Diagram
 from .functions import FUNCTIONS
-from .ops import (Contract, InputOp, Map, Norm, Reduce, Rename, Softmax, Value, alibi, array, causal, contract,
-                  exp, gelu, layernorm, log, map_fn, max_over, mean_over, reduce, relu, rename, rmsnorm, scale,
-                  silu, sliding_window, softcap, softmax, square, sum_over, tanh)
+from .ops import (Contract, InputOp, Map, Norm, Reduce, Rename, Softmax, Value, absolute, alibi, array, causal,
+                  clamp, contract, elu, erf, exp, gelu, hardsigmoid, hardswish, hardtanh, layernorm, leaky_relu,
+                  log, logsumexp, map_fn, max_over, maximum, mean_over, minimum, mish, power, reduce, relu, rename,
+                  rmsnorm, rsqrt, scale, selu, sigmoid, silu, sliding_window, softcap, softmax, softplus, sqrt,
+                  square, sum_over, tanh)
 from .userfile import load_diagram
 
 __all__ = [
     "Axis", "axes", "Diagram", "Value", "FUNCTIONS", "library", "load_diagram",
     "Contract", "InputOp", "Map", "Norm", "Reduce", "Rename", "Softmax",
-    "alibi", "array", "causal", "contract", "exp", "gelu", "layernorm", "log", "map_fn", "max_over",
-    "mean_over", "reduce", "relu", "rename", "rmsnorm", "scale", "silu", "sliding_window", "softcap",
-    "softmax", "square", "sum_over", "tanh",
+    "absolute", "alibi", "array", "causal", "clamp", "contract", "elu", "erf", "exp", "gelu", "hardsigmoid",
+    "hardswish", "hardtanh", "layernorm", "leaky_relu", "log", "logsumexp", "map_fn", "max_over", "maximum",
+    "mean_over", "minimum", "mish", "power", "reduce", "relu", "rename", "rmsnorm", "rsqrt", "scale", "selu",
+    "sigmoid", "silu", "sliding_window", "softcap", "softmax", "softplus", "sqrt", "square", "sum_over", "tanh",
 ]

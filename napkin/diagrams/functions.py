@@ -24,6 +24,7 @@ refused when the diagram is built, never truncated in one place and not in the o
 
 from __future__ import annotations
 
+import contextlib
 import math
 import numbers
 from dataclasses import dataclass, field
@@ -58,7 +59,9 @@ class ElementwiseFn:
     ``{n0}`` (inputs, parameters, indices, index-axis sizes), in fp32; an integer
     parameter (``int_params``) is written as a ``long long`` literal (``3LL``), any
     other as a float literal. ``param_names`` name the parameters in error messages;
-    ``nonzero_params`` lists those that must not be 0 (a divisor).
+    ``nonzero_params`` lists those that must not be 0 (a divisor), ``positive_params`` those that
+    must be > 0 (softplus's beta) and ``ordered_params`` pairs ``(i, j)`` with ``params[i] <=
+    params[j]`` (a clamp's bounds); :func:`check_param_relations` checks the last two.
     """
 
     name: str
@@ -74,6 +77,8 @@ class ElementwiseFn:
     param_names: tuple[str, ...] = ()
     int_params: tuple[IntParam, ...] = ()
     nonzero_params: tuple[int, ...] = ()
+    positive_params: tuple[int, ...] = ()
+    ordered_params: tuple[tuple[int, int], ...] = ()
 
     def param_name(self, i: int) -> str:
         """The name of parameter ``i`` (``offset``, ``window``, ``c``...)."""
@@ -111,6 +116,62 @@ class ArrayOps:
         self.log = self.m.log
         self.tanh = self.m.tanh
         self.sqrt = self.m.sqrt
+        self.log1p = self.m.log1p
+        self.expm1 = self.m.expm1
+        self.signbit = self.m.signbit
+
+    def quiet(self):
+        """A context in which numpy does not warn of overflow, 0/0 or inf - inf (the functions
+        define those results: inf, NaN); nothing for torch, which never warns."""
+        if self.name == "torch":
+            return contextlib.nullcontext()
+        return self.m.errstate(all="ignore")
+
+    def select(self, cond, a, b, like):
+        """``cond ? a : b`` elementwise, the C conditional the CUDA forms use (a NaN compares false,
+        so it takes ``b``). ``a`` or ``b`` may be a number, taken in ``like``'s dtype as ``where``
+        takes it (one beyond fp16's range becomes ±inf there, not an error)."""
+        if isinstance(a, numbers.Real) and isinstance(b, numbers.Real):
+            a = self.where(cond, self.full_like(like, 0.0), self.full_like(like, 0.0)) + a
+        return self.where(cond, a, b)
+
+    def fmin(self, a, b):
+        """``fminf`` on the GPU: a NaN operand gives the other one, and -0.0 orders below +0.0 (PTX
+        min; torch.fmin and numpy's fmin return their first operand of a pair of zeros)."""
+        with self.quiet():
+            r = self.m.fmin(a, b)
+            zeros = (a == 0) & (b == 0)
+            return self.where(zeros, self.where(self.signbit(a), a, b), r)
+
+    def fmax_exact(self, a, b):
+        """``fmaxf`` on the GPU: a NaN operand gives the other one, +0.0 orders above -0.0."""
+        with self.quiet():
+            r = self.m.fmax(a, b)
+            zeros = (a == 0) & (b == 0)
+            return self.where(zeros, self.where(self.signbit(a), b, a), r)
+
+    def rsqrt(self, x):
+        """1/√x: rsqrt(±0) = ±inf, rsqrt(inf) = 0, rsqrt(x < 0) = NaN."""
+        if self.name == "torch":
+            return self.m.rsqrt(x)
+        with self.quiet():
+            return 1.0 / self.m.sqrt(x)
+
+    def pow(self, x, p: float):
+        """C's ``pow(x, p)`` for a scalar exponent: pow(x, 0) = 1 (NaN included), a negative base
+        with a non-integer exponent gives NaN, pow(-inf, 0.5) = inf and pow(-0.0, 0.5) = +0.0.
+        (torch.pow with a Python float exponent 0.5 takes sqrt there, giving NaN and -0.0; a tensor
+        exponent keeps C's rules, so the exponent is passed as one.)"""
+        with self.quiet():
+            return self.m.pow(x, self.full_like(x, p)) if self.name == "torch" else \
+                self.m.power(x, self.full_like(x, p))
+
+    def sigmoid(self, x):
+        """1/(1 + e⁻ˣ): sigmoid(-inf) = 0, sigmoid(inf) = 1."""
+        if self.name == "torch":
+            return self.m.sigmoid(x)
+        with self.quiet():
+            return 1.0 / (1.0 + self.m.exp(-x))
 
     def full_like(self, x, value):
         """An array shaped and typed like ``x`` filled with ``value``."""
@@ -146,6 +207,77 @@ def _alibi_slope(h, n_heads, m):
     return m.exp(-(8.0 * (h + 1) / n_heads) * math.log(2.0))
 
 
+#: SELU's constants (Klambauer et al. 2017), as torch.nn.functional.selu spells them.
+SELU_ALPHA = 1.6732632423543772848170429916717
+SELU_SCALE = 1.0507009873554804934193349852946
+_SELU_SA = SELU_SCALE * SELU_ALPHA
+
+
+def _lit(v: float) -> str:
+    """A float constant of a CUDA form, as an fp32 literal (the shortest form of the double)."""
+    return repr(float(v)) + "f"
+
+
+def _hardtanh(m, xs, p, i, n):
+    x = xs[0]
+    return m.select(x < p[0], p[0], m.select(x > p[1], p[1], x, x), x)
+
+
+def _softplus(m, xs, p, i, n):
+    x = xs[0]
+    beta, threshold = p
+    with m.quiet():
+        z = x * beta
+        soft = (m.select(z > 0, z, 0.0, z) + m.log1p(m.exp(-m.abs(z)))) / beta
+        return m.select(z > threshold, x, soft, x)
+
+
+def _mish(m, xs, p, i, n):
+    x = xs[0]
+    with m.quiet():
+        return x * m.tanh(m.log1p(m.exp(x)))
+
+
+def _selu(m, xs, p, i, n):
+    x = xs[0]
+    with m.quiet():
+        return m.select(x < 0, _SELU_SA * m.expm1(x), SELU_SCALE * x, x)
+
+
+def _elu(m, xs, p, i, n):
+    x = xs[0]
+    with m.quiet():
+        return m.select(x < 0, p[0] * m.expm1(x), x, x)
+
+
+def _leaky_relu(m, xs, p, i, n):
+    x = xs[0]
+    with m.quiet():
+        return m.select(x > 0, x, x * p[0], x)
+
+
+def _relu6_over_6(m, t):
+    """fminf(fmaxf(t, 0), 6) / 6: NaN gives 0, as fmaxf does."""
+    r = m.select(t > 0, t, 0.0, t)
+    return m.select(r < 6.0, r, 6.0, t) / 6.0
+
+
+def _hardswish(m, xs, p, i, n):
+    x = xs[0]
+    with m.quiet():
+        return x * _relu6_over_6(m, x + 3.0)
+
+
+def _hardsigmoid(m, xs, p, i, n):
+    t = xs[0] + 3.0
+    return m.select(t < 0, 0.0, m.select(t > 6.0, 1.0, t / 6.0, t), t)
+
+
+def _zero_inf(m, xs, p, i, n):
+    x = xs[0]
+    return m.select(m.abs(x) == math.inf, 0.0, x, x)
+
+
 FUNCTIONS: dict[str, ElementwiseFn] = {}
 
 
@@ -158,8 +290,12 @@ for _fn in [
     ElementwiseFn("sub", 2, lambda m, xs, p, i, n: xs[0] - xs[1], "({x0} - {x1})", doc="x - y"),
     ElementwiseFn("mul", 2, lambda m, xs, p, i, n: xs[0] * xs[1], "({x0} * {x1})", doc="x * y"),
     ElementwiseFn("div", 2, lambda m, xs, p, i, n: xs[0] / xs[1], "({x0} / {x1})", doc="x / y"),
-    ElementwiseFn("maximum", 2, lambda m, xs, p, i, n: m.fmax(xs[0], xs[1]), "fmaxf({x0}, {x1})",
-                  doc="max(x, y) (as fmaxf: a NaN operand gives the other one)"),
+    ElementwiseFn("maximum", 2, lambda m, xs, p, i, n: m.fmax_exact(xs[0], xs[1]), "fmaxf({x0}, {x1})",
+                  doc="max(x, y) as fmaxf: a NaN operand gives the other one (torch.fmax; torch.maximum "
+                      "would give NaN), and +0.0 orders above -0.0"),
+    ElementwiseFn("minimum", 2, lambda m, xs, p, i, n: m.fmin(xs[0], xs[1]), "fminf({x0}, {x1})",
+                  doc="min(x, y) as fminf: a NaN operand gives the other one (torch.fmin; torch.minimum "
+                      "would give NaN; both NaN gives NaN), and -0.0 orders below +0.0"),
     ElementwiseFn("scale", 1, lambda m, xs, p, i, n: xs[0] * p[0], "({x0} * {p0})", n_params=1,
                   param_names=("c",), doc="c * x"),
     ElementwiseFn("shift", 1, lambda m, xs, p, i, n: xs[0] + p[0], "({x0} + {p0})", n_params=1,
@@ -167,11 +303,77 @@ for _fn in [
     ElementwiseFn("neg", 1, lambda m, xs, p, i, n: -xs[0], "(-{x0})", doc="-x"),
     ElementwiseFn("square", 1, lambda m, xs, p, i, n: xs[0] * xs[0], "({x0} * {x0})", doc="x²"),
     ElementwiseFn("exp", 1, lambda m, xs, p, i, n: m.exp(xs[0]), "__expf({x0})", sfu=1, doc="eˣ"),
-    ElementwiseFn("log", 1, lambda m, xs, p, i, n: m.log(xs[0]), "__logf({x0})", sfu=1, doc="ln x"),
-    ElementwiseFn("sqrt", 1, lambda m, xs, p, i, n: m.sqrt(xs[0]), "sqrtf({x0})", sfu=1, doc="√x"),
+    ElementwiseFn("log", 1, lambda m, xs, p, i, n: m.log(xs[0]), "logf({x0})", sfu=1,
+                  doc="ln x with logf: log(0) = -inf, log(x < 0) = NaN, accurate near 1 and for subnormal x "
+                      "(__logf's error near 1 is absolute, 2^-21.4, so log(1 + 1e-4) lost 3 digits)"),
+    ElementwiseFn("sqrt", 1, lambda m, xs, p, i, n: m.sqrt(xs[0]), "sqrtf({x0})", sfu=1,
+                  doc="√x: sqrt(-0.0) = -0.0, sqrt(x < 0) = NaN, sqrt(inf) = inf"),
+    ElementwiseFn("rsqrt", 1, lambda m, xs, p, i, n: m.rsqrt(xs[0]), "rsqrtf({x0})", sfu=1,
+                  doc="1/√x as torch.rsqrt: rsqrt(±0) = ±inf, rsqrt(inf) = 0, rsqrt(x < 0) = NaN"),
+    ElementwiseFn("erf", 1, lambda m, xs, p, i, n: m.erf(xs[0]), "erff({x0})", sfu=1,
+                  doc="erf x: erf(±inf) = ±1, erf(-0.0) = -0.0"),
+    ElementwiseFn("abs", 1, lambda m, xs, p, i, n: m.abs(xs[0]), "fabsf({x0})",
+                  doc="|x|: abs(-0.0) = +0.0, abs(NaN) = NaN"),
+    ElementwiseFn("pow", 1, lambda m, xs, p, i, n: m.pow(xs[0], p[0]), "powf({x0}, {p0})",
+                  n_params=1, flops=8, sfu=2, param_names=("exponent",),
+                  doc="x^p for a scalar p, as C's powf (torch.pow with a tensor exponent): pow(x, 0) = 1 "
+                      "(NaN included), a negative x with a non-integer p gives NaN, pow(-inf, 0.5) = inf, "
+                      "pow(-0.0, 0.5) = +0.0, pow(±0, p < 0) = inf (-inf for -0.0 and odd integer p)"),
     ElementwiseFn("tanh", 1, lambda m, xs, p, i, n: m.tanh(xs[0]), "tanhf({x0})", sfu=1, doc="tanh x"),
     ElementwiseFn("relu", 1, lambda m, xs, p, i, n: m.relu(xs[0]), "fmaxf({x0}, 0.0f)",
                   doc="max(x, 0) as fmaxf(x, 0): relu(-0.0) = +0.0, relu(NaN) = 0"),
+    ElementwiseFn("sigmoid", 1, lambda m, xs, p, i, n: m.sigmoid(xs[0]), "(1.0f / (1.0f + expf(-{x0})))",
+                  flops=2, sfu=1,
+                  doc="σ(x) = 1/(1 + e⁻ˣ) as torch.sigmoid: σ(-inf) = 0 (expf(inf) = inf), σ(inf) = 1, "
+                      "σ(NaN) = NaN"),
+    ElementwiseFn("hardtanh", 1, _hardtanh,
+                  "(({x0} < {p0}) ? {p0} : (({x0} > {p1}) ? {p1} : {x0}))",
+                  n_params=2, flops=2, param_names=("min_val", "max_val"), ordered_params=((0, 1),),
+                  doc="clamp x to [min_val, max_val] (finite, min_val <= max_val) as "
+                      "torch.nn.functional.hardtanh: x unless it lies strictly outside, so NaN stays NaN "
+                      "and -0.0 stays -0.0"),
+    ElementwiseFn("softplus", 1, _softplus,
+                  "((({x0} * {p0}) > {p1}) ? {x0} : ((fmaxf({x0} * {p0}, 0.0f) + "
+                  "log1pf(expf(-fabsf({x0} * {p0})))) / {p0}))",
+                  n_params=2, flops=7, sfu=2, param_names=("beta", "threshold"), nonzero_params=(0,),
+                  positive_params=(0,),
+                  doc="log(1 + e^(beta·x))/beta, and x where beta·x > threshold, as "
+                      "torch.nn.functional.softplus; computed as (max(z, 0) + log1p(e^-|z|))/beta "
+                      "(z = beta·x), which never overflows (where torch's exp would, a threshold above "
+                      "88 in fp32, it gives x rather than inf); softplus(-inf) = 0, softplus(NaN) = NaN"),
+    ElementwiseFn("mish", 1, _mish, "({x0} * tanhf(log1pf(expf({x0}))))", flops=1, sfu=3,
+                  doc="x·tanh(softplus(x)) as torch.nn.functional.mish: mish(inf) = inf, and "
+                      "mish(-inf) = -inf·0 = NaN as torch gives"),
+    ElementwiseFn("selu", 1, _selu,
+                  "(({x0} < 0.0f) ? (" + _lit(_SELU_SA) + " * expm1f({x0})) : (" + _lit(SELU_SCALE)
+                  + " * {x0}))",
+                  flops=2, sfu=1,
+                  doc="scale·x for x >= 0, scale·alpha·(eˣ - 1) below, as torch.nn.functional.selu "
+                      "(alpha = 1.6732632423543772848, scale = 1.0507009873554804934): selu(-inf) = "
+                      "-scale·alpha, selu(-0.0) = -0.0"),
+    ElementwiseFn("elu", 1, _elu, "(({x0} < 0.0f) ? ({p0} * expm1f({x0})) : {x0})",
+                  n_params=1, flops=2, sfu=1, param_names=("alpha",),
+                  doc="x for x >= 0, alpha·(eˣ - 1) below, as torch.nn.functional.elu: elu(-inf) = "
+                      "-alpha, elu(-0.0) = -0.0"),
+    ElementwiseFn("leaky_relu", 1, _leaky_relu, "(({x0} > 0.0f) ? {x0} : ({x0} * {p0}))",
+                  n_params=1, flops=2, param_names=("negative_slope",),
+                  doc="x for x > 0, negative_slope·x otherwise, as torch.nn.functional.leaky_relu "
+                      "(so leaky_relu(-inf) = NaN when negative_slope = 0, -inf·0)"),
+    ElementwiseFn("hardswish", 1, _hardswish,
+                  "({x0} * (fminf(fmaxf({x0} + 3.0f, 0.0f), 6.0f) / 6.0f))",
+                  flops=5,
+                  doc="x·relu6(x + 3)/6 as torch.nn.functional.hardswish, multiplied as x·(relu6(x + 3)/6) "
+                      "so a large x does not overflow; hardswish(-inf) = -inf·0 = NaN as torch gives"),
+    ElementwiseFn("hardsigmoid", 1, _hardsigmoid,
+                  "(((({x0} + 3.0f) < 0.0f) ? 0.0f : ((({x0} + 3.0f) > 6.0f) ? 1.0f : "
+                  "(({x0} + 3.0f) / 6.0f))))",
+                  flops=4,
+                  doc="relu6(x + 3)/6 as torch.nn.functional.hardsigmoid: 0 below -3, 1 above 3, "
+                      "hardsigmoid(NaN) = NaN"),
+    ElementwiseFn("zero_inf", 1, _zero_inf, "((fabsf({x0}) > 3.4028234663852886e38f) ? 0.0f : {x0})", flops=2,
+                  doc="x with ±inf replaced by 0 (NaN stays NaN): the shift logsumexp subtracts, so a row "
+                      "of -inf gives log(0) = -inf and not NaN (as torch.logsumexp). |x| > FLT_MAX is the "
+                      "test (NVRTC's kernels have no INFINITY macro without a math header)"),
     ElementwiseFn(
         "gelu", 1,
         lambda m, xs, p, i, n: 0.5 * xs[0] * (1.0 + m.erf(xs[0] * _INV_SQRT2)),
@@ -224,6 +426,26 @@ def get_function(name: str) -> ElementwiseFn:
             f"unknown elementwise function {_show(name)}; known: {', '.join(sorted(FUNCTIONS))}"
         )
     return FUNCTIONS[name]
+
+
+def check_param_relations(fn: str, values) -> None:
+    """Refuse parameters of ``fn`` that break its relations: one that must be > 0 (softplus's
+    beta) or bounds out of order (a clamp's ``min_val > max_val``). Parameters that are not numbers
+    yet (sympy expressions in unbound axis sizes) are checked once they are.
+
+    >>> check_param_relations("hardtanh", (-1.0, 1.0))
+    """
+    f = get_function(fn)
+    for i in f.positive_params:
+        v = values[i] if i < len(values) else None
+        if isinstance(v, numbers.Real) and not v > 0:
+            raise DiagramError(f"map {fn}: parameter {f.param_name(i)} must be > 0, got {_show(v)}")
+    for i, j in f.ordered_params:
+        a = values[i] if i < len(values) else None
+        b = values[j] if j < len(values) else None
+        if isinstance(a, numbers.Real) and isinstance(b, numbers.Real) and not a <= b:
+            raise DiagramError(f"map {fn}: parameter {f.param_name(i)} ({_show(a)}) must not exceed "
+                               f"{f.param_name(j)} ({_show(b)})")
 
 
 def check_int_param(fn: str, i: int, value) -> int:

@@ -32,7 +32,7 @@ import sympy
 from ..dtypes import dtype as lookup_dtype
 from ..errors import DiagramError, NapkinError
 from .axes import Axis, as_axis_name, as_axis_names, check_name, is_name, shown
-from .functions import check_int_param, get_function
+from .functions import check_int_param, check_param_relations, get_function
 
 # ----------------------------------------------------------------------------- ops
 
@@ -154,6 +154,7 @@ class Map(Op):
                 out.append(_finite_float(value, where, i in f.nonzero_params, fp32=True))
             else:
                 out.append(_finite_float(p, where, i in f.nonzero_params, fp32=True))
+        check_param_relations(self.fn, out)
         return tuple(out)
 
     def label(self) -> str:
@@ -358,8 +359,8 @@ class Value:
                            "whitelisted map; build an array of the numerator and use map_fn('div', ...)")
 
     def __pow__(self, other):
-        raise DiagramError(f"{self.label()} ** {_short(other)}: powers are not a whitelisted map; use "
-                           "square(x), sqrt through map_fn('sqrt', x) or x * x")
+        raise DiagramError(f"{self.label()} ** {_short(other)}: powers are not a whitelisted map operator; "
+                           "use power(x, p) for a scalar exponent p (C's powf), square(x) or sqrt(x)")
 
     def __matmul__(self, other):
         raise DiagramError(f"{self.label()} @ ...: name the contracted axis with contract(a, b, over=axis)")
@@ -460,8 +461,10 @@ def check_params(fn: str, params) -> tuple:
         raise DiagramError(f"map {fn}: params must be a tuple of numbers, got {_short(params)}")
     if len(params) != f.n_params:
         raise DiagramError(f"map {fn}: takes {f.n_params} scalar parameter(s), got {len(params)}")
-    return tuple(check_int_param(fn, i, p) if f.int_param(i) else _as_param(p, fn, i)
-                 for i, p in enumerate(params))
+    out = tuple(check_int_param(fn, i, p) if f.int_param(i) else _as_param(p, fn, i)
+                for i, p in enumerate(params))
+    check_param_relations(fn, out)
+    return out
 
 
 def _scalar(other, where: str):
@@ -682,6 +685,87 @@ gelu = _unary("gelu", "GELU (erf form, as torch's default) elementwise.")
 silu = _unary("silu", "SiLU x·σ(x) elementwise.")
 relu = _unary("relu", "max(x, 0) elementwise.")
 square = _unary("square", "x² elementwise.")
+sqrt = _unary("sqrt", "√x elementwise: sqrt(-0.0) = -0.0, NaN below 0.")
+rsqrt = _unary("rsqrt", "1/√x elementwise (torch.rsqrt): rsqrt(±0) = ±inf, rsqrt(inf) = 0, NaN below 0.")
+erf = _unary("erf", "erf x elementwise.")
+absolute = _unary("abs", "|x| elementwise (the whitelisted map ``abs``; named as NumPy's ``absolute`` so a "
+                         "star import does not hide Python's ``abs``).")
+sigmoid = _unary("sigmoid", "σ(x) = 1/(1 + e⁻ˣ) elementwise (torch.sigmoid): 0 at -inf, 1 at inf.")
+mish = _unary("mish", "x·tanh(softplus(x)) elementwise (torch.nn.functional.mish; NaN at -inf, as torch).")
+selu = _unary("selu", "SELU elementwise (torch.nn.functional.selu, its alpha and scale).")
+hardswish = _unary("hardswish", "x·relu6(x + 3)/6 elementwise (torch.nn.functional.hardswish; NaN at -inf, "
+                                "as torch).")
+hardsigmoid = _unary("hardsigmoid", "relu6(x + 3)/6 elementwise (torch.nn.functional.hardsigmoid).")
+
+
+def minimum(x: Value, y: Value, name: str | None = None) -> Value:
+    """min(x, y) elementwise, broadcast by axis name, as ``fminf``: a NaN operand gives the other one
+    (as torch.fmin; torch.minimum would give NaN) and -0.0 orders below +0.0."""
+    return map_fn("minimum", x, y, name=name)
+
+
+def maximum(x: Value, y: Value, name: str | None = None) -> Value:
+    """max(x, y) elementwise, broadcast by axis name, as ``fmaxf``: a NaN operand gives the other one
+    (as torch.fmax; torch.maximum would give NaN) and +0.0 orders above -0.0."""
+    return map_fn("maximum", x, y, name=name)
+
+
+def power(x: Value, p: float, name: str | None = None) -> Value:
+    """x^p for a scalar exponent ``p`` (finite), as C's ``powf``: a negative x with a non-integer
+    ``p`` gives NaN, pow(x, 0) = 1. (``x ** p`` is refused, naming this builder.)"""
+    return map_fn("pow", x, params=(p,), name=name)
+
+
+def hardtanh(x: Value, min_val: float = -1.0, max_val: float = 1.0, name: str | None = None) -> Value:
+    """x clamped to ``[min_val, max_val]`` (torch.nn.functional.hardtanh); see :func:`clamp`."""
+    return map_fn("hardtanh", x, params=(min_val, max_val), name=name)
+
+
+def clamp(x: Value, lo: float, hi: float, name: str | None = None) -> Value:
+    """x clamped to ``[lo, hi]``: the ``hardtanh`` map. ``lo`` and ``hi`` are finite fp32 numbers (or
+    expressions in axis sizes) with ``lo <= hi``, else a DiagramError; ±inf is refused, as for every
+    map parameter (for a bound on one side only, pass ±3.4028234663852886e38, which maps ±inf to that
+    bound). NaN stays NaN, and x is returned unchanged unless it lies strictly outside, so -0.0 stays
+    -0.0 with ``lo = 0``.
+
+    >>> from napkin.diagrams import Axis
+    >>> clamp(array("X", Axis("r")), 0.0, 6.0).op.label()
+    'hardtanh(0, 6)'
+    """
+    return map_fn("hardtanh", x, params=(lo, hi), name=name)
+
+
+def softplus(x: Value, beta: float = 1.0, threshold: float = 20.0, name: str | None = None) -> Value:
+    """log(1 + e^(beta·x))/beta elementwise, and x where beta·x > threshold, as
+    torch.nn.functional.softplus; ``beta`` > 0. Computed so that it never overflows."""
+    return map_fn("softplus", x, params=(beta, threshold), name=name)
+
+
+def elu(x: Value, alpha: float = 1.0, name: str | None = None) -> Value:
+    """x for x >= 0, alpha·(eˣ − 1) below (torch.nn.functional.elu)."""
+    return map_fn("elu", x, params=(alpha,), name=name)
+
+
+def leaky_relu(x: Value, negative_slope: float = 0.01, name: str | None = None) -> Value:
+    """x for x > 0, negative_slope·x otherwise (torch.nn.functional.leaky_relu)."""
+    return map_fn("leaky_relu", x, params=(negative_slope,), name=name)
+
+
+def logsumexp(x: Value, over, name: str | None = None) -> Value:
+    """log Σ_over eˣ, woven over every other axis, as torch.logsumexp: composed of existing boxes,
+    ``m = zero_inf(max_over(x))``, ``log(sum_over(exp(x − m))) + m``.
+
+    Subtracting the row's max keeps every exponent <= 0 (no overflow). ``zero_inf`` replaces a max
+    of ±inf by 0 (as torch.logsumexp does): a row of only -inf then gives log(0) + 0 = -inf rather
+    than -inf − (-inf) = NaN, and a row holding +inf gives +inf. A NaN in the row gives NaN.
+
+    >>> from napkin.diagrams import Axis
+    >>> logsumexp(array("X", Axis("r"), Axis("c")), over="c").axis_names
+    ('r',)
+    """
+    over = as_axis_name(over)
+    m = map_fn("zero_inf", max_over(x, over))
+    return map_fn("add", log(sum_over(exp(x - m), over)), m, name=name)
 
 
 def scale(x: Value, c: float, name: str | None = None) -> Value:
