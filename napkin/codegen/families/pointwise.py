@@ -60,9 +60,8 @@ _SUPPORTED = ("bf16", "fp16", "fp32")
 #: Threads per block of the map and row kernels (a row kernel with more than 32 threads per row
 #: holds one row per block, its block being that many threads).
 BLOCK_THREADS = (128, 256, 512)
-#: Vectors per thread in flight (``UNROLL``, the options' ``stages``): the map kernel, reductions.
+#: Vectors per thread in flight (``UNROLL``, the options' ``stages``).
 UNROLLS = (1, 2, 4)
-RED_UNROLLS = (1, 2, 4)
 #: Threads sharing one kept element in the row kernel.
 THREADS_PER_ROW = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 #: Lanes along the kept vectors in the column kernel (TX·16 contiguous bytes per row of R).
@@ -405,24 +404,26 @@ def _pow2_ceil(n: float) -> int:
 
 
 def configs(shape: PointwiseShape, sms: int = 132) -> list[Config]:
-    """Every configuration the template builds for this shape (``sms``: the GPU's SM count, which
-    sizes the split of a reduction whose kept space gives too few blocks)."""
+    """Every configuration the template builds for this shape, in the family's order of
+    preference (:func:`preference`: the planner keeps the first of configurations the model times
+    alike). ``sms``, the GPU's SM count, sizes the split of a reduction whose kept space gives too
+    few blocks: about four blocks per SM, half and twice that."""
     out: list[Config] = []
     if shape.mode == "map":
         nv = shape.nu // shape.vec
         for t in BLOCK_THREADS:
-            for u in UNROLLS:
+            for u in _unrolls(shape):
                 if u > 1 and nv <= t * (u // 2):
                     continue  # the second half of every thread's vectors would be empty
                 out.append(Config("map", t, u))
-        return out or [Config("map", BLOCK_THREADS[0], 1)]
+        return sorted(out or [Config("map", BLOCK_THREADS[0], 1)], key=lambda c: preference(shape, c, sms))
     nrv = _vectors_r(shape)
     base: list[Config] = []
     if shape.mode == "row":
         for tpr in THREADS_PER_ROW:
             if tpr > 1 and nrv * 2 < tpr:
                 continue  # more than half the row's threads would have no vector
-            for u in RED_UNROLLS:
+            for u in _unrolls(shape):
                 if u > 1 and nrv < tpr * u:
                     continue  # a thread's unrolled vectors would be partly empty
                 base.append(Config("row", tpr if tpr > 32 else 256, u, tpr))
@@ -433,23 +434,50 @@ def configs(shape: PointwiseShape, sms: int = 132) -> list[Config]:
                 continue  # more than half the lanes would have no kept vector
             for t in (128, 256, 512):
                 ty = t // tx
+                if t == 128 and nrv >= 64:
+                    continue  # small blocks only where R is short
                 if ty > 1 and nrv * 2 < ty and t > 128:
                     continue  # more than half the rows' threads would have no row of R
-                for u in RED_UNROLLS:
+                for u in _unrolls(shape):
                     if u > 1 and nrv < ty * u:
                         continue
                     base.append(Config("col", t, u, ty))
-    if not base:
-        base.append(Config("row", 256, 1, 1))
     for c in base:
-        per = (c.tpr * c.unroll)
-        room = max(1, nrv // per)           # splits that leave every thread at least one vector
-        b = base_blocks(shape, c)
-        want = _pow2_ceil(4 * sms / b)      # about four blocks per SM
-        splits = {1} | {min(s, room, MAX_SPLITS) for s in (want // 2, want, want * 2)} - {0}
-        for s in sorted(splits):
-            out.append(Config(c.mode, c.threads, c.unroll, c.tpr, s))
-    return out
+        room = max(1, nrv // (c.tpr * c.unroll))   # splits that leave every thread a vector
+        want = _pow2_ceil(4 * sms / base_blocks(shape, c))
+        splits = {1}
+        # a row split only beside a block of 256 or more threads per row (more lanes first)
+        if want > 1 and (c.mode == "col" or c.tpr >= 256):
+            splits |= {min(s, room, MAX_SPLITS) for s in (want // 2, want, want * 2)} - {0}
+        out += [Config(c.mode, c.threads, c.unroll, c.tpr, s) for s in sorted(splits)]
+    return sorted(out, key=lambda c: preference(shape, c, sms))
+
+
+def _unrolls(shape: PointwiseShape) -> tuple[int, ...]:
+    """Vectors a thread keeps in flight: 1, 2, 4, and 8 where a vector is under 8 bytes (an axis
+    whose size is not a multiple of the 16-byte vector), so a thread still has 16 bytes in flight."""
+    return UNROLLS + ((8,) if shape.vec * shape.bytes < 8 else ())
+
+
+def preference(shape: PointwiseShape, cfg: Config, sms: int = 132) -> tuple:
+    """The family's order among configurations (smaller first), which decides between those the
+    model times alike: 256-thread blocks; two vectors in flight per thread in the map kernel, four
+    in a reduction; a row kernel whose threads get about 16 vectors of R each; column rows of
+    32 lanes (512 contiguous bytes); about four blocks per SM (the split that gives them)."""
+    def dist(a: float, b: float) -> float:
+        return abs(math.log2(max(a, 1e-9) / max(b, 1e-9)))
+
+    small = shape.vec * shape.bytes < 8   # scalar accesses: more of them in flight
+    if shape.mode == "map":
+        unroll = ({8: 0, 4: 1, 2: 2, 1: 3} if small else {2: 0, 4: 1, 1: 2, 8: 3})[cfg.unroll]
+        return (dist(cfg.threads, 256), cfg.threads < 256, unroll)
+    blocks = base_blocks(shape, cfg) * cfg.splits
+    fill = dist(min(blocks, 4 * sms), 4 * sms)
+    unroll = ({8: 0, 4: 1, 2: 2, 1: 3} if small else {4: 0, 2: 1, 1: 2, 8: 3})[cfg.unroll]
+    if shape.mode == "row":
+        ideal = min(1024, max(1, _pow2_ceil(_vectors_r(shape) / 16)))
+        return (round(fill), dist(cfg.tpr, ideal), unroll, cfg.splits, dist(cfg.threads, 256))
+    return (round(fill), dist(cfg.tx, 32), dist(cfg.threads, 256), unroll, cfg.splits)
 
 
 def config_from_schedule(shape: PointwiseShape, schedule: Schedule) -> Config:
