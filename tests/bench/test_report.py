@@ -546,3 +546,21 @@ def test_report_re_predicts_committed_results_and_writes_the_calibrated_profile(
     assert set(prof.efficiency) == {"attention", "contraction", "rowwise"} and "calibrated" in prof.source
     # the recorded JSON is untouched: re-prediction works on copies
     assert json.loads((folder / "matmul.json").read_text()) == json.loads((src / "matmul.json").read_text())
+
+
+def test_composed_points_are_checked_against_float64_within_twice_eager_error():
+    torch = pytest.importorskip("torch")
+    from napkin.bench.suite import _check_against_float64
+    from napkin.bench.timing import diagram_inputs
+    from napkin.diagrams import library
+
+    d = library.get("gelu_tanh").with_dtype("bf16").bind(r=8, x=64)
+    args = diagram_inputs(d, "bf16", "cpu", seed=0)
+    exact = d.reference({n: t.double() for n, t in zip(d.input_names, args)}, dtype=torch.float64)["Y"]
+    eager = exact.to(torch.bfloat16)
+    close = _check_against_float64(d, args, {"napkin": eager.clone(), "baseline:eager": eager}, 1e-6)
+    assert close["ok"] and close["rel_err"] == close["eager_rel_err"] > 0
+    wrong = _check_against_float64(d, args, {"napkin": exact.flip(0), "baseline:eager": eager}, 2e-2)
+    assert not wrong["ok"]
+    nan = _check_against_float64(d, args, {"napkin": exact * float("nan"), "baseline:eager": eager}, 2e-2)
+    assert not nan["ok"]
