@@ -461,9 +461,10 @@ def _unrolls(shape: PointwiseShape) -> tuple[int, ...]:
 
 def preference(shape: PointwiseShape, cfg: Config, sms: int = 132) -> tuple:
     """The family's order among configurations (smaller first), which decides between those the
-    model times alike: 256-thread blocks; two vectors in flight per thread in the map kernel, four
-    in a reduction; a row kernel whose threads get about 16 vectors of R each; column rows of
-    32 lanes (512 contiguous bytes); about four blocks per SM (the split that gives them)."""
+    model times alike: 256-thread blocks; two vectors in flight per thread in the map kernel (eight
+    where a vector is a scalar), four in a reduction; a row kernel whose threads get about 64 bytes
+    of R each; column rows of 32 lanes (512 contiguous bytes); about four blocks per SM (the split
+    that gives them)."""
     def dist(a: float, b: float) -> float:
         return abs(math.log2(max(a, 1e-9) / max(b, 1e-9)))
 
@@ -473,9 +474,11 @@ def preference(shape: PointwiseShape, cfg: Config, sms: int = 132) -> tuple:
         return (dist(cfg.threads, 256), cfg.threads < 256, unroll)
     blocks = base_blocks(shape, cfg) * cfg.splits
     fill = dist(min(blocks, 4 * sms), 4 * sms)
-    unroll = ({8: 0, 4: 1, 2: 2, 1: 3} if small else {4: 0, 2: 1, 1: 2, 8: 3})[cfg.unroll]
+    unroll = {4: 0, 8: 1, 2: 2, 1: 3}[cfg.unroll] if small else {4: 0, 2: 1, 1: 2, 8: 3}[cfg.unroll]
     if shape.mode == "row":
-        ideal = min(1024, max(1, _pow2_ceil(_vectors_r(shape) / 16)))
+        # about 64 bytes of each kept element's R per thread (measured best on an H100: rows of
+        # 8 KiB read by 128 threads)
+        ideal = min(1024, max(1, _pow2_ceil(shape.nr * shape.bytes / 64)))
         return (round(fill), dist(cfg.tpr, ideal), unroll, cfg.splits, dist(cfg.threads, 256))
     return (round(fill), dist(cfg.tx, 32), dist(cfg.threads, 256), unroll, cfg.splits)
 
