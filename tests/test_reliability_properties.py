@@ -440,7 +440,8 @@ def test_cli_user_file_that_builds_generates(user_files, tmp_path):
     (["generate", "softmax", "--dtype", "fp8", "-o", "-"], ["fp8", "bf16, fp16, fp32"]),
     (["generate", "softmax", "--dtype", "fp5", "-o", "-"], ["unknown dtype"]),
     (["generate", "softmax", "--gpu", "h900", "-o", "-"], ["unknown GPU 'h900'"]),
-    (["bench", "nope"], ["bench runs the built-in diagrams"]),
+    (["bench", "nope"], ["unknown diagram 'nope'", "path/to/file.py:diagram"]),
+    (["bench", "nope", "--sweep"], ["--sweep runs the sweep of a built-in diagram's family"]),
 ])
 def test_cli_other_bad_input_exits_2(args, fragments):
     assert_exit_2(*_cli(*args), *fragments)
