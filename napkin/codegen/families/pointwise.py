@@ -30,7 +30,7 @@ every output written once. Three kernels, by where the vector axis is:
 When the kept space does not give enough blocks, ``R`` is split over ``SPLITS`` blocks as well:
 fp32 partials go to an HBM workspace and a second, small launch combines them in a fixed order
 (the result does not depend on timing: no atomics). Sizes need not be multiples of anything;
-indices are 64-bit when an array passes 2^30 elements.
+indices are 64-bit when the iteration space (and so any array) passes 2^30 elements.
 
 The tunables travel as the kernel's typed options (``warps``; ``stages`` = ``UNROLL``;
 ``threads_per_row`` = the threads sharing one reduced element, ``THREADS_PER_ROW`` or ``TY``;
