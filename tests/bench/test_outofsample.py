@@ -173,7 +173,7 @@ def test_committed_results_of_both_gpus_out_of_sample(tmp_path):
             assert s.n_favourite_known == s.n_choice_points
         for target in ("H100", "H200"):
             assert any(x.family == fam and x.target == target and x.setting == "datasheet" for x in oos.scores)
-    assert set(oos.factors["H100"]) == set(oos.factors["H200"]) == {"attention", "contraction", "rowwise"}
+    assert set(oos.factors["H100"]) == set(oos.factors["H200"]) == {"attention", "contraction", "rowwise", "pointwise"}
     text = summary.read_text()
     assert text.startswith("# head\n") and "## Model error out of sample" in text and "H100 → H200" in text
     for r in reps:
