@@ -7,8 +7,10 @@ from pathlib import Path
 
 import pytest
 
-# Run straight from a checkout (the GPU machine has no install of napkin).
+# Run straight from a checkout (the GPU machine has no install of napkin); tests/ itself holds
+# napkin_test_support, the helpers several test files share.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 
 def _gpu_available() -> bool:

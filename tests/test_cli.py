@@ -16,10 +16,9 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
+from napkin_test_support import cli_invoke
 
 from napkin import cli_common
-from napkin.cli import app
 from napkin.cli_common import parse_size, parse_sizes, resolve_sizes
 from napkin.diagrams import library
 from napkin.errors import DiagramError, NapkinError
@@ -28,16 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = "examples/my_diagram.py"
 
 
-def _runner() -> CliRunner:
-    try:  # click < 8.2 mixes stderr into stdout unless told not to
-        return CliRunner(mix_stderr=False)  # type: ignore[call-arg]
-    except TypeError:
-        return CliRunner()
-
-
-def invoke(*args: str):
-    result = _runner().invoke(app, list(args), catch_exceptions=False)
-    return result.exit_code, result.stdout, result.stderr
+invoke = cli_invoke
 
 
 def run_module(*args: str, cwd: Path = ROOT, timeout: float = 120):
@@ -572,19 +562,14 @@ def test_readme_python_example_runs():
 
 # ----------------------------------------------------------------------------- issue #16: user files
 
-CHAIN = """\
-from napkin.diagrams import Axis, Diagram, array, contract
+#: A user file of n small matmuls in a row: the example's chain (examples/matmul_chain.py), narrow.
+CHAIN = f"""\
+import sys
+sys.path.insert(0, {str(ROOT / "examples")!r})
+from matmul_chain import chain as _chain
 
 def chain(n):
-    t = Axis("t", 64)
-    ax = [Axis(f"a{i}", 32) for i in range(n + 1)]
-    cur = array("X", t, ax[0])
-    inputs = [cur]
-    for i in range(n):
-        w = array(f"W{i}", ax[i], ax[i + 1])
-        inputs.append(w)
-        cur = contract(cur, w, over=ax[i].name, name=f"Y{i}")
-    return Diagram(f"chain{n}", cur, inputs)
+    return _chain(n, width=32, tokens=64)
 """
 
 GOOD = """\

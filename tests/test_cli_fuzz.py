@@ -30,9 +30,8 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from typer.testing import CliRunner
+from napkin_test_support import cli_invoke
 
-from napkin.cli import app
 from napkin.diagrams import library
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -53,13 +52,6 @@ def _has_gpu() -> bool:
 COMMANDS = ["list", "show", "render", "cost", "derive", "generate"] + ([] if _has_gpu() else
                                                                       ["verify", "bench", "calibrate"])
 
-_runner_kwargs: dict = {}
-try:  # click < 8.2 mixes stderr into stdout unless told not to
-    CliRunner(mix_stderr=False)  # type: ignore[call-arg]
-    _runner_kwargs = {"mix_stderr": False}
-except TypeError:
-    pass
-
 _counter = itertools.count()
 
 
@@ -77,8 +69,7 @@ def _fresh_folder():
 
 
 def run(args: list[str]) -> tuple[int, str, str]:
-    r = CliRunner(**_runner_kwargs).invoke(app, args, catch_exceptions=False)
-    return r.exit_code, r.stdout, r.stderr
+    return cli_invoke(*args)
 
 
 def check_contract(args: list[str], code: int, out: str, err: str) -> None:

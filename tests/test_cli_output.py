@@ -22,10 +22,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
+from napkin_test_support import cli_invoke
 
 from napkin import cli_common
-from napkin.cli import app
 from napkin.cli_common import UsageError, output_dir, output_path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -38,13 +37,7 @@ def _env() -> dict:
     return env
 
 
-def invoke(*args: str):
-    try:
-        runner = CliRunner(mix_stderr=False)  # type: ignore[call-arg]
-    except TypeError:
-        runner = CliRunner()
-    r = runner.invoke(app, list(args), catch_exceptions=False)
-    return r.exit_code, r.stdout, r.stderr
+invoke = cli_invoke
 
 
 def shell(command: str, cwd: Path = ROOT, timeout: float = 120) -> tuple[int, str]:

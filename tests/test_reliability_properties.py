@@ -339,16 +339,9 @@ def test_names_are_refused_or_reach_cuda_only_inside_generated_identifiers(name)
 
 
 def _cli(*args: str):
-    from typer.testing import CliRunner
+    from napkin_test_support import cli_invoke
 
-    from napkin.cli import app
-
-    try:
-        runner = CliRunner(mix_stderr=False)  # type: ignore[call-arg]
-    except TypeError:
-        runner = CliRunner()
-    r = runner.invoke(app, list(args), catch_exceptions=False)
-    return r.exit_code, r.stdout, r.stderr
+    return cli_invoke(*args)
 
 
 def _module(*args: str):

@@ -59,8 +59,6 @@ _LIBRARY_FAMILY = {
     "softmax": "rowwise", "layernorm": "rowwise", "rmsnorm": "rowwise",
     "attention": "attention", "mha": "attention", "attention_causal": "attention", "gqa": "attention",
     "attention_window": "attention", "attention_alibi": "attention", "attention_softcap": "attention",
-    "transformer_block": "composed", "swiglu": "composed", "rmsnorm_linear": "composed",
-    "gemm_softmax": "composed", "gelu_tanh": "composed", "column_sum": "composed",
 }
 
 
@@ -108,9 +106,13 @@ def family_of(diagram) -> str:
     """The benchmark family of a diagram: matmul, mlp, rowwise or attention when the diagram is
     exactly that one template shape (their baselines are cuBLAS, F.linear, F.layer_norm, SDPA),
     else ``composed`` (baselines: its own PyTorch reference, eager and compiled)."""
+    from ..diagrams import library
+
     name = getattr(diagram, "name", str(diagram))
     if name in _LIBRARY_FAMILY:
         return _LIBRARY_FAMILY[name]
+    if name in library.names() and library.entry(name).family in ("composed", "block"):
+        return "composed"
     kinds = [v.op.kind for v in diagram.nodes]
     fns = sorted(getattr(v.op, "fn", "") for v in diagram.nodes if v.op.kind == "map")
     n_in = len(diagram.inputs)

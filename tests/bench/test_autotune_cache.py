@@ -13,41 +13,23 @@ import json
 import os
 import shutil
 import subprocess
-import sys
-import textwrap
 import warnings
 from pathlib import Path
 
 import pytest
+from napkin_test_support import run_child, run_roles
 
 from napkin.bench import autotune
 from napkin.bench.autotune import AutotuneCache, AutotuneCacheWarning, calibration_records, schedule_id, tune
 from napkin.diagrams import library
 from napkin.perfmodel.schedule import Schedule
 
-ROOT = Path(__file__).resolve().parents[2]
 POSIX = os.name == "posix"
 needs_posix = pytest.mark.skipif(not POSIX, reason="symlinks, FIFOs and /dev/zero are POSIX")
 
-_LIMITS = """
-import resource
-try:
-    resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30))
-except (ValueError, OSError):
-    pass
-"""
-
-
-def _env() -> dict:
-    return dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-
 
 def _child(script: str, *args: str, timeout: float = 60) -> subprocess.CompletedProcess:
-    try:
-        return subprocess.run([sys.executable, "-c", _LIMITS + textwrap.dedent(script), *args],
-                              env=_env(), capture_output=True, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        pytest.fail(f"the autotune cache hung for more than {timeout} s on a hostile file")
+    return run_child(script, *args, timeout=timeout, what="the autotune cache, on a hostile file,")
 
 
 def _entry(n=1):
@@ -378,24 +360,7 @@ def test_many_processes_putting_reading_clearing_and_corrupting(tmp_path):
     (outside / "planted.json").write_text(_cache_text(planted))
 
     roles = ["clearer", "corrupter", "user", "user", "user", "user"]
-    procs = [subprocess.Popen([sys.executable, "-c", _LIMITS + _WORKER, role, str(path), str(outside), str(n), "4"],
-                              env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for n, role in enumerate(roles)]
-    results = []
-    try:
-        for p in procs:
-            results.append(p.communicate(timeout=40))
-    except subprocess.TimeoutExpired:
-        pytest.fail("a process hung on the autotune cache (a FIFO or /dev/zero followed?)")
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-    counts = []
-    for role, p, (out, err) in zip(roles, procs, results):
-        assert p.returncode == 0, f"{role} failed:\n{err[-3000:]}"
-        counts.append(json.loads(out.strip().splitlines()[-1]))
+    counts = run_roles(_WORKER, roles, str(path), str(outside), seconds=4, timeout=40, what="the autotune cache")
     users = [c for role, c in zip(roles, counts) if role == "user"]
     assert sum(c["wrong"] for c in users) == 0, "a read returned another key's or a corrupt entry"
     assert sum(c["hits"] for c in users) > 0, "no read ever found an entry: the test tested nothing"

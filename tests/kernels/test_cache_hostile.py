@@ -15,39 +15,21 @@ import logging
 import os
 import shutil
 import subprocess
-import sys
-import textwrap
 import warnings
 from pathlib import Path
 
 import pytest
+from napkin_test_support import run_child, run_roles
 
 from napkin.kernels import cache as cache_mod
 from napkin.kernels.cache import KernelCache, KernelCacheWarning, decode_entry, encode_entry
 
-REPO = Path(__file__).resolve().parents[2]
 POSIX = os.name == "posix"
 needs_posix = pytest.mark.skipif(not POSIX, reason="symlinks, FIFOs and /dev/zero are POSIX")
 
-#: Prepended to every child script: no more than 2 GiB of address space, so a read without bound
-#: ends in MemoryError, not in a machine out of memory.
-_LIMITS = """
-import resource
-try:
-    resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30))
-except (ValueError, OSError):
-    pass
-"""
-
 
 def _child(script: str, *args: str, timeout: float = 30) -> subprocess.CompletedProcess:
-    """Run ``script`` in a fresh Python; a hang past ``timeout`` seconds fails the test."""
-    env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    try:
-        return subprocess.run([sys.executable, "-c", _LIMITS + textwrap.dedent(script), *args],
-                              env=env, capture_output=True, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        pytest.fail(f"the cache hung for more than {timeout} s on a hostile entry")
+    return run_child(script, *args, timeout=timeout, what="the cache, on a hostile entry,")
 
 
 # ----------------------------------------------------------------------------- hostile entries
@@ -396,27 +378,8 @@ def test_many_processes_storing_reading_clearing_and_corrupting(tmp_path):
         key = probe.key(f"source {i}", (), "sm_80")
         (outside / f"planted-{i}.cubin").write_bytes(encode_entry(key, b"PLANTED"))
 
-    env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     roles = ["clearer", "corrupter", "user", "user", "user", "user"]
-    procs = [subprocess.Popen([sys.executable, "-c", _LIMITS + _WORKER, role, str(directory),
-                               str(outside), str(n), "4"],
-                              env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for n, role in enumerate(roles)]
-    results = []
-    try:
-        for p in procs:
-            results.append(p.communicate(timeout=40))
-    except subprocess.TimeoutExpired:
-        pytest.fail("a process hung on the cache (a FIFO or /dev/zero followed?)")
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-    counts = []
-    for role, p, (out, err) in zip(roles, procs, results):
-        assert p.returncode == 0, f"{role} failed:\n{err[-3000:]}"
-        counts.append(json.loads(out.strip().splitlines()[-1]))
+    counts = run_roles(_WORKER, roles, str(directory), str(outside), seconds=4, timeout=40, what="the cache")
     users = [c for role, c in zip(roles, counts) if role == "user"]
     assert sum(c["wrong"] for c in users) == 0, "a read returned another key's or a corrupt payload"
     assert sum(c["hits"] for c in users) > 0, "no read ever found an entry: the test tested nothing"
