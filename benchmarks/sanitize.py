@@ -34,6 +34,14 @@ def _column_sum():
     return Diagram("column_sum", sum_over(array("X", r, x), r, name="Y"))
 
 
+def _sum_over_h_d():
+    from napkin.diagrams import Diagram, array, axes, contract
+
+    h, a, d, c = axes("h a d c")
+    return Diagram("sum_over_h_d", contract(array("O", h, a, d), array("W", c, h, d), over=(h, d), out=(a, c),
+                                            name="Y"))
+
+
 def _sigmoid_chain():
     from napkin.diagrams import Diagram, array, axes, scale, tanh
 
@@ -98,6 +106,9 @@ CASES = [
     Case("matmul_mma.cu.jinja", "matmul", {"a": 77, "b": 72, "c": 40}, family="contraction"),
     Case("matmul_mma.cu.jinja", "matmul", {"a": 77, "b": 72, "c": 42}, family="contraction"),  # 84-byte rows
     Case("matmul_mma.cu.jinja", "mlp", {"a": 65, "b": 64, "c": 136}, family="contraction"),
+    Case("matmul_mma.cu.jinja", _sum_over_h_d, {"h": 3, "a": 77, "d": 72, "c": 40}, family="contraction"),
+    Case("matmul_simt.cu.jinja", _sum_over_h_d, {"h": 2, "a": 33, "d": 20, "c": 40}, dtype="fp32",
+         family="contraction"),
     Case("matmul_simt.cu.jinja", "matmul", {"a": 77, "b": 72, "c": 40}, dtype="fp32", family="contraction"),
     Case("attention_fwd.cu.jinja", "attention_causal", {"h": 2, "q": 77, "x": 77, "d": 64}, family="attention"),
     Case("attention_fwd.cu.jinja", "gqa", {"h": 1, "j": 2, "q": 45, "x": 45, "d": 128}, family="attention"),

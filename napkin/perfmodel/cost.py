@@ -480,7 +480,10 @@ class _KernelModel:
         self.s = plan.stream[0] if plan.stream else None
         self.ss = plan.stream[1] if plan.stream else None
         self.N = {a: ar.groups(n[a], g) for a, g in self.G.items()}
+        self.outer = tuple(plan.outer_streams)
         self.steps = ar.groups(n[self.s], self.ss) if self.s else one
+        for a in self.outer:  # walked one index at a time around the stream's loop
+            self.steps = self.steps * n[a]
         # Fully masked (query tile, key chunk) pairs are skipped (napkin.perfmodel.masks): numeric only.
         if ar.symbolic:
             self.f_steps = self.f_loads = self.f_warp_loads = self.f_area = one
@@ -505,6 +508,8 @@ class _KernelModel:
             return self.G[a]
         if a == self.s:
             return self.ss
+        if a in self.outer:
+            return self.one
         return self.n[a]
 
     def tile(self, axes) -> object:
@@ -606,6 +611,8 @@ class _KernelModel:
                     out = out * _Num.subcount(self.n[a], self.G[a], t)
                 elif a == self.s:
                     out = out * _Num.subcount(self.n[a], self.ss, t)
+                elif a in self.outer:
+                    out = out * _Num.subcount(self.n[a], 1, t)
                 else:
                     out = out * -(-int(self.n[a]) // t)
         return out

@@ -138,6 +138,9 @@ class KernelPlan:
     uses: dict                             # id(array) -> tuple of (column, box) reading it
     names: dict = field(repr=False)        # id(value) -> name
     computed: frozenset = frozenset()      # ids of arrays computed by non-rename boxes of this kernel
+    #: further contracted axes walked one index at a time outside the stream's loop (a sum over
+    #: (h, d) streams d and walks h): extent 1 in every tile, one loop of the stream per index
+    outer_streams: tuple[str, ...] = ()
 
     @property
     def name(self) -> str:
@@ -167,6 +170,34 @@ class KernelPlan:
         for a in b.args:
             out.update(a.axis_names)
         return out
+
+
+def _outer_streams(streams: list[Relabel], boxes, kname: str) -> tuple[list[Relabel], tuple[str, ...]]:
+    """(the kernel's one stream, the axes walked one index at a time around it).
+
+    A kernel streams one axis: its loop. Several streams are one loop only when they are the
+    axes of one sum: every box that carries a further streamed axis contracts it together with
+    the main one, and the further ones are streamed in chunks of 1 (one index at a time, nested
+    outside the main stream's chunks)."""
+    if len(streams) <= 1:
+        return streams, ()
+    wider = [r for r in streams if not (_is_num(r.size) and int(r.size) == 1)]
+    main = wider[0] if len(wider) == 1 else (streams[-1] if not wider else None)
+    outer = [r for r in streams if r is not main]
+    ok = main is not None
+    for r in outer if ok else ():
+        for b in boxes:
+            if r.axis in b.axis_names or any(r.axis in a.axis_names for a in b.args):
+                over = getattr(b.op, "over", None)
+                over = tuple(over) if isinstance(over, (tuple, list)) else (over,)
+                if b.op.kind != "contract" or r.axis not in over or main.axis not in over:
+                    ok = False
+    if not ok:
+        raise ScheduleError(
+            f"kernel {kname!r}: streams axes {', '.join(repr(r.axis) for r in streams)}; a kernel streams "
+            "one axis (its loop) — stream one and group or keep the others whole (several streams are one "
+            "loop only when one contraction sums over all of them and all but one stream chunks of 1)")
+    return [main], tuple(r.axis for r in outer)
 
 
 def _verb(b: Value, axis: str) -> str:
@@ -316,10 +347,7 @@ def _plan_kernel(schedule: Schedule, index: int, boxes: tuple[Value, ...], names
             if r.axis in target:
                 raise ScheduleError(f"{where}: axis {r.axis!r} is grouped twice at {r.level}")
             target[r.axis] = r.size
-    if len(streams) > 1:
-        raise ScheduleError(
-            f"kernel {kname!r}: streams axes {', '.join(repr(r.axis) for r in streams)}; a kernel streams "
-            "one axis (its loop) — stream one and group or keep the others whole")
+    streams, outer_streams = _outer_streams(streams, boxes, kname)
     stream = (streams[0].axis, streams[0].size) if streams else None
     s = stream[0] if stream else None
     if s is not None and s in groups:
@@ -573,7 +601,7 @@ def _plan_kernel(schedule: Schedule, index: int, boxes: tuple[Value, ...], names
 
     return KernelPlan(
         index=index, kernel=k, boxes=boxes, inputs=tuple(inputs), outputs=tuple(outputs), stores=tuple(stores),
-        groups=groups, stream=stream, rf_groups=rf_groups, sizes=sizes, phase=phase, box_phase=box_phase,
+        groups=groups, stream=stream, outer_streams=outer_streams, rf_groups=rf_groups, sizes=sizes, phase=phase, box_phase=box_phase,
         level=level, root=root, online=online, columns=columns, n_pre=n_pre, n_body=n_body,
         residents=tuple(residents), uses={k2: tuple(v) for k2, v in uses.items()}, names=names,
         computed=frozenset(computed),
@@ -614,6 +642,8 @@ def peak_memory(plan: KernelPlan, accumulator_dtype: str | None = None,
             n = plan.groups[a]
         elif plan.stream and plan.stream[0] == a:
             n = plan.stream[1]
+        elif a in plan.outer_streams:
+            n = 1
         if not _is_num(n):
             return None
         ext[a] = int(n)
@@ -787,6 +817,8 @@ def _tile_of(plan: KernelPlan, axis: str):
         return plan.groups[axis], f"g_{axis}"
     if plan.stream and plan.stream[0] == axis:
         return plan.stream[1], f"s_{axis}"
+    if axis in plan.outer_streams:
+        return 1, f"s_{axis}"
     return None, None
 
 

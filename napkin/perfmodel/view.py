@@ -137,6 +137,8 @@ def _extent(plan: KernelPlan, axis: str):
         return plan.groups[axis]
     if plan.stream and plan.stream[0] == axis:
         return plan.stream[1]
+    if axis in plan.outer_streams:
+        return 1
     return plan.sizes[axis]
 
 
@@ -145,7 +147,7 @@ def _tile(plan: KernelPlan, axes) -> str:
     for a in axes:
         if a in plan.groups:
             parts.append(f"g_{a}")
-        elif plan.stream and plan.stream[0] == a:
+        elif (plan.stream and plan.stream[0] == a) or a in plan.outer_streams:
             parts.append(f"s_{a}")
         else:
             parts.append(a)

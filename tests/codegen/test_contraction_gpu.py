@@ -12,9 +12,9 @@ from napkin.codegen.families.contraction import FAMILY, MMA_CONFIGS, SIMT_CONFIG
 from napkin.diagrams import library
 
 try:
-    from .test_contraction_nvcc import mm_epilogue, mm_layout
+    from .test_contraction_nvcc import mm_epilogue, mm_layout, mm_multi_sum
 except ImportError:  # tests/codegen is not a package: pytest puts its folder on sys.path
-    from test_contraction_nvcc import mm_epilogue, mm_layout
+    from test_contraction_nvcc import mm_epilogue, mm_layout, mm_multi_sum
 
 pytestmark = pytest.mark.gpu
 
@@ -65,6 +65,27 @@ def test_operand_layouts(a_first, b_first, dtype):
 @pytest.mark.parametrize("dtype", ["bf16", "fp16", "fp32"])
 def test_epilogue_scale_bias_silu_residual(dtype):
     check(mm_epilogue(), dtype, [dict(a=1000, b=520, c=776), dict(a=45, b=64, c=24)])
+
+
+@pytest.mark.parametrize("a_kmajor,b_kmajor", [(True, True), (False, False), (False, True)],
+                         ids=["A[h,a,b]B[c,h,b]", "A[b,h,a]B[h,b,c]", "A[b,h,a]B[c,h,b]"])
+@pytest.mark.parametrize("dtype", ["bf16", "fp32"])
+def test_sum_over_two_axes(a_kmajor, b_kmajor, dtype):
+    """Attention's output projection: a sum over (h, b), with a residual; odd sizes and rows that
+    are not 16-byte aligned (b=100 in bf16) take the element-copy path."""
+    check(mm_multi_sum(a_kmajor, b_kmajor, residual=True), dtype,
+          [dict(h=4, a=300, b=128, c=136), dict(h=3, a=77, b=100, c=72), dict(h=1, a=64, b=64, c=64)])
+
+
+def test_transformer_block_output_projection_on_tensor_cores():
+    """The block's A = Σ_{h,d} O·Wo plans on the contraction family (it ran on the fallback)."""
+    from napkin.codegen.planner import derive
+
+    d = library.get("transformer_block").bind(q=256, e=256, h=4, d=64, f=512)
+    plan = derive(d, gpu="h100").plan
+    fams = {k.name: k.family for k in plan.kernels}
+    assert fams["A"] == "contraction", fams
+    check(library.get("transformer_block"), "bf16", [dict(q=256, e=256, h=4, d=64, f=512, x=256)], family=None)
 
 
 # ---------------------------------------------------------------------------- the wgmma template

@@ -12,7 +12,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from napkin.codegen.families.contraction import FAMILY, MMA_CONFIGS, SIMT_CONFIGS, WGMMA_CONFIGS, MatmulConfig
+from napkin.codegen.families.contraction import (FAMILY, MMA_CONFIGS, SIMT_CONFIGS, WGMMA_CONFIGS, MatmulConfig,
+                                                 analyze)
 from napkin.diagrams import Axis, Diagram, array, contract, library
 from napkin.diagrams.ops import map_fn
 from napkin.errors import CodegenError
@@ -39,7 +40,20 @@ def mm_epilogue(dtype="bf16") -> Diagram:
     return Diagram("mm_epilogue", Y)
 
 
-SIZES = dict(a=1000, b=520, c=776, n=3)
+def mm_multi_sum(a_kmajor: bool = True, b_kmajor: bool = True, residual: bool = False, dtype="bf16",
+                 name="mm_multi_sum") -> Diagram:
+    """C[a,c] = Σ_{h,b} A·B, a sum over two axes (attention's output projection, O[h,a,b]·Wo[c,h,b]):
+    A stored [h][a][b] or [b][h][a], B [c][h][b] or [h][b][c]; ``residual`` adds R[a,c]."""
+    a, b, c, h = Axis("a"), Axis("b"), Axis("c"), Axis("h")
+    A = array("A", *((h, a, b) if a_kmajor else (b, h, a)), dtype=dtype)
+    B = array("B", *((c, h, b) if b_kmajor else (h, b, c)), dtype=dtype)
+    C = contract(A, B, over=(h, b), out=(a, c), name="C")
+    if residual:
+        C = map_fn("add", C, array("R", a, c, dtype=dtype), name="Y")
+    return Diagram(name, C)
+
+
+SIZES = dict(a=1000, b=520, c=776, n=3, h=3)
 
 
 def bound(d: Diagram, dtype: str) -> Diagram:
@@ -70,6 +84,10 @@ CASES = (
                                        ("A[b,a]B[b,c]", mm_layout(False, True), "fp16"),
                                        ("A[b,a]B[c,b]", mm_layout(False, False), "bf16"),
                                        ("epilogue", mm_epilogue(), "fp16")])]
+    + [case("sum-over-2-axes-bf16", mm_multi_sum(residual=True), "bf16", MMA_CONFIGS[0], "sm_90a"),
+       case("sum-over-2-axes-bf16", mm_multi_sum(), "bf16", MMA_CONFIGS[4], "sm_80"),
+       case("sum-over-2-axes-mn-major-fp16", mm_multi_sum(False, False), "fp16", MMA_CONFIGS[6], "sm_90a"),
+       case("sum-over-2-axes-fp32", mm_multi_sum(False, True, residual=True), "fp32", SIMT_CONFIGS[0], "sm_90a")]
     + [case(f"mlp-fp32-{c[0]}x{c[1]}x{c[2]}", library.get("mlp"), "fp32", c, "sm_90a") for c in SIMT_CONFIGS]
     + [case("A[b,a]-batched-fp32", library.get("batched_matmul"), "fp32", SIMT_CONFIGS[0], "sm_80"),
        case("A[b,a]B[c,b]-fp32", mm_layout(False, False), "fp32", SIMT_CONFIGS[2], "sm_80")]
@@ -149,6 +167,41 @@ def test_refusals():
         FAMILY.lower(d, big.replace(kernels=(big.kernels[0].replace(options=KernelOptions(stages=4)),)), "sm_80")
     # the same tiles with two stages fit the A100 (it is the stages option that is read)
     FAMILY.lower(d, big.replace(kernels=(big.kernels[0].replace(options=KernelOptions(stages=2)),)), "sm_80")
+
+
+def test_sum_over_several_axes():
+    """A sum over (h, b) streams b in chunks and walks h one index at a time: the schedule streams
+    h in chunks of 1, the model counts every chunk, and the kernel walks both."""
+    d = bound(mm_multi_sum(residual=True), "bf16")
+    p = analyze(d)
+    assert (p.b, p.k_outer, p.a, p.c, p.batch) == ("b", ("h",), "a", "c", ())
+    s = FAMILY.candidates(d, "h100", "bf16")[0]
+    assert {(r.axis, r.size) for r in s.kernels[0].streams} == {("h", 1), ("b", 64)}
+    assert {s.kernels[0].options.engine for s in FAMILY.candidates(d, "h100", "bf16")} == {"mma.sync"}
+    assert "two-dimensional" in FAMILY.wgmma_reason(d, "h100")
+    launch = FAMILY.lower(d, s, "sm_90a").launches[0]
+    args = {a.name: a.value for a in launch.args if a.kind in ("int", "i64")}
+    # strides along h: A[h][a][b] moves a*b per index, B[c][h][b] moves b
+    assert (args["n_h"], args["sA_h"], args["sB_h"], args["K"]) == (3, 1000 * 520, 520, 520)
+    assert "h -> outer sum" in launch.source
+    # the model: the same traffic as one sum over h*b, three times the loop's chunks
+    from napkin.perfmodel.legality import analyze as analyze_plan
+
+    plan = analyze_plan(s)[0]
+    assert plan.stream == ("b", 64) and plan.outer_streams == ("h",)
+    # A is the contracted axes' layout: B stored with h last cannot stream b in contiguous chunks
+    a, b, c, h = Axis("a"), Axis("b"), Axis("c"), Axis("h")
+    bad = Diagram("bad", contract(array("A", a, h, b), array("B", c, b, h), over=(h, b), out=(a, c)))
+    assert "different contracted axes last" in FAMILY.explain(bad)
+
+
+def test_several_streams_need_one_sum():
+    from napkin.errors import ScheduleError
+    from napkin.perfmodel.legality import analyze as analyze_plan
+
+    d = bound(library.get("matmul"), "bf16")
+    with pytest.raises(ScheduleError, match="streams one axis"):
+        analyze_plan(Schedule.fused(d, groups={"a": 128}, streams={"b": 64, "c": 1}))
 
 
 def test_wgmma_only_where_it_can_run():

@@ -19,7 +19,7 @@ from napkin.codegen.lower import check_program, lower, prepare
 from napkin.codegen.planner import derive
 from napkin.codegen.program import Program
 from napkin.codegen.verify import VerifyReport, VerifyRow, default_shapes
-from napkin.diagrams import Axis, Diagram, array, causal, layernorm, library, scale, softmax
+from napkin.diagrams import Axis, Diagram, array, causal, contract, layernorm, library, scale, softmax
 from napkin.errors import CodegenError, DiagramError, NapkinError, ScheduleError
 from napkin.perfmodel.schedule import Schedule
 
@@ -336,12 +336,24 @@ def test_a_composed_diagram_plans_each_kernel_on_a_family():
     for b in p.buffers:
         assert b.name in computed and b.name not in d.output_names and b.dtype == d.value(b.name).dtype
     assert {"rowwise", "contraction", "attention"} <= set(plan.families), plan
-    # only boxes that no fast family builds run on the fallback: here the output projection
-    # A = Σ_{h,d} O·Wo, a contraction over two axes (the contraction family sums over one)
-    slow = [k for k in plan.kernels if k.family == "fallback"]
-    assert [k.boxes for k in slow] == [("A",)], plan
-    assert "sums over 2 axes" in slow[0].why
-    assert any("scalar fallback" in n and "A" in n for n in p.notes)
+    # every kernel on a fast family: the output projection A = Σ_{h,d} O·Wo, a sum over two axes,
+    # is a contraction that walks h around its stream of d
+    assert not [k for k in plan.kernels if k.family == "fallback"], plan
+    a = next(k for k in plan.kernels if "A" in k.boxes)
+    assert a.family == "contraction" and not any("scalar fallback" in n for n in p.notes)
+
+
+def test_a_kernel_no_fast_family_builds_is_said_aloud():
+    """Only boxes that no fast family builds run on the fallback, and the program says so: here a
+    sum over (h, d) whose operands keep different contracted axes contiguous."""
+    a, c, h, dd = Axis("a"), Axis("c"), Axis("h"), Axis("d")
+    odd = Diagram("odd", contract(array("A", a, h, dd), array("B", c, dd, h), over=(h, dd), out=(a, c), name="Y"))
+    d = prepare(odd, sizes=dict(a=64, c=64, h=4, d=32), dtype="bf16")
+    p = lower(d, gpu="h100")
+    slow = [k for k in p.plan.kernels if k.family == "fallback"]
+    assert [k.boxes for k in slow] == [("Y",)], p.plan
+    assert "different contracted axes last" in slow[0].why
+    assert any("scalar fallback" in n and "Y" in n for n in p.notes)
 
 
 def test_a_plan_lowers_as_given():

@@ -101,6 +101,9 @@ class MatmulProblem:
     a_kmajor: bool  # A's last axis is b ([a][b]); else a ([b][a])
     b_kmajor: bool  # B's last axis is b ([c][b]); else c ([b][c])
     dtype: str
+    #: the other contracted axes (a sum over (h, d) streams d in chunks and walks h one index at
+    #: a time, each operand offset by its stride along h), in A's axis order
+    k_outer: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -162,6 +165,22 @@ class MatmulConfig:
         return min(240, (65536 - 128 * 40) // (128 * consumers) // 8 * 8)
 
 
+def _inner_contracted_axis(A: Value, B: Value, over: tuple[str, ...]) -> str | None:
+    """The contracted axis streamed in chunks (the others are walked one index at a time).
+
+    A K-major operand (its last axis contracted) fixes it: the chunk is a contiguous run of that
+    axis. Two K-major operands must agree. Otherwise it is the contracted axis with the smallest
+    stride in A (its rows are then the chunk's rows)."""
+    a_last, b_last = A.axis_names[-1], B.axis_names[-1]
+    if a_last in over and b_last in over and a_last != b_last:
+        return None
+    if a_last in over:
+        return a_last
+    if b_last in over:
+        return b_last
+    return [n for n in A.axis_names if n in over][-1]
+
+
 def _reason_or_problem(diagram: Diagram) -> MatmulProblem | str:
     contracts = [v for v in diagram.nodes if not isinstance(v.op, Map)]
     if len(contracts) != 1 or not isinstance(contracts[0].op, Contract):
@@ -171,15 +190,15 @@ def _reason_or_problem(diagram: Diagram) -> MatmulProblem | str:
     op: Contract = C.op
     if len(C.args) != 2 or not all(a.is_input for a in C.args) or C.args[0] is C.args[1]:
         return "the contraction must multiply two distinct diagram inputs"
-    if len(op.over) != 1:
-        return f"the contraction sums over {len(op.over)} axes; this family sums over one"
-    b = op.over[0]
     reason = check_epilogue(diagram, C)
     if reason:
         return reason
     out = diagram.outputs[0]
     c = out.axis_names[-1]
     x, y = C.args
+    for n in op.over:
+        if not (n in x.axis_names and n in y.axis_names):
+            return f"the contracted axis {n!r} must belong to both operands"
     carriers = [v for v in (x, y) if c in v.axis_names]
     if len(carriers) != 1:
         return f"the output's last axis {c!r} must belong to exactly one operand"
@@ -187,7 +206,12 @@ def _reason_or_problem(diagram: Diagram) -> MatmulProblem | str:
     A = y if B is x else x
     if any(v.dtype != A.dtype for v in diagram.inputs):
         return "inputs have different dtypes"
-    own_a = [n for n in A.axis_names if n != b and n not in B.axis_names]
+    b = _inner_contracted_axis(A, B, tuple(op.over))
+    if b is None:
+        return (f"operands {A.label()} and {B.label()} are stored with different contracted axes last; "
+                "the chunk of the sum must be contiguous in both")
+    k_outer = tuple(n for n in A.axis_names if n in op.over and n != b)
+    own_a = [n for n in A.axis_names if n not in op.over and n not in B.axis_names]
     if not own_a:
         return f"operand {A.label()} has no axis of its own (rows)"
     a = [n for n in out.axis_names if n in own_a][-1]
@@ -197,10 +221,17 @@ def _reason_or_problem(diagram: Diagram) -> MatmulProblem | str:
     if B.axis_names[-1] not in (b, c):
         return f"operand {B.label()} must be stored with {b!r} or {c!r} last (contiguous)"
     for n in B.axis_names:
-        if n not in (b, c) and n not in batch:
+        if n not in (b, c) and n not in batch and n not in k_outer:
             return f"operand {B.label()}: axis {n!r} is neither contracted nor in the output"
     return MatmulProblem(C, A, B, out, a, b, c, batch, A.axis_names[-1] == b,
-                         B.axis_names[-1] == b, A.dtype)
+                         B.axis_names[-1] == b, A.dtype, k_outer)
+
+
+def _chunk_count(sizes, p: MatmulProblem, chunk: int) -> int | None:
+    """How many chunks the kernel's loop over the sum walks (outer indices x chunks of b)."""
+    if not all(isinstance(sizes.get(n), int) for n in (*p.k_outer, p.b)):
+        return None
+    return math.prod(sizes[n] for n in p.k_outer) * math.ceil(sizes[p.b] / chunk)
 
 
 def analyze(diagram: Diagram) -> MatmulProblem:
@@ -256,7 +287,10 @@ class ContractionFamily:
         sz = diagram.sizes
         return index_size_problem(sz, [(sz.get(p.a), f"axis {p.a!r} of {p.A.label()}", big),
                                        (sz.get(p.c), f"axis {p.c!r} of {p.B.label()}", big),
-                                       (sz.get(p.b), f"axis {p.b!r} of {p.A.label()}", big)], "contraction")
+                                       (sz.get(p.b), f"axis {p.b!r} of {p.A.label()}", big),
+                                       (_chunk_count(sz, p, min(c[2] for c in (*MMA_CONFIGS, *WGMMA_CONFIGS, *SIMT_CONFIGS))),
+                                        f"the chunks of the sum over "
+                                        f"{[*p.k_outer, p.b]}", 1)], "contraction")
 
     def matches(self, diagram: Diagram) -> bool:
         return self.why_not(diagram) is None
@@ -296,6 +330,9 @@ class ContractionFamily:
             return f"{arch} has no wgmma (it needs sm_90a)"
         if p.batch:
             return f"batch axes {list(p.batch)}: the wgmma template's tensor maps are two-dimensional"
+        if p.k_outer:
+            return (f"the sum runs over {[*p.k_outer, p.b]}: the wgmma template's tensor maps are "
+                    "two-dimensional (one contracted axis)")
         for v in (p.A, p.B):
             last = diagram.sizes.get(v.axis_names[-1])
             if isinstance(last, int) and (last * _elem(dtype)) % 16:
@@ -329,8 +366,9 @@ class ContractionFamily:
         """The fused schedule of one configuration: groups of a, c at SMEM and RF, stream of b."""
         p = analyze(diagram)
         # one batch element per block: a group of 1 on each batch axis
+        # the outer contracted axes are walked one index at a time: streams of 1
         s = Schedule.fused(diagram, groups={**{a: 1 for a in p.batch}, p.a: cfg.BM, p.c: cfg.BN},
-                           streams={p.b: cfg.BK},
+                           streams={**{k: 1 for k in p.k_outer}, p.b: cfg.BK},
                            rf_groups={p.a: cfg.WM, p.c: cfg.WN}, gpu=_gpu_key(gpu),
                            dtype=dtype or p.dtype)
         return s.replace(kernels=(s.kernels[0].replace(family=self.name, options=cfg.options()),))
@@ -377,8 +415,11 @@ class ContractionFamily:
             if key is None:
                 if r.kind == "group" and r.axis in p.batch and r.size == 1:
                     continue  # one batch element per block: what the grid does anyway
+                if r.kind == "stream" and r.axis in p.k_outer and r.size == 1:
+                    continue  # an outer contracted axis, walked one index at a time anyway
+                outer = f", walks {', '.join(p.k_outer)} one index at a time" if p.k_outer else ""
                 raise CodegenError(f"contraction family: the template cannot realise {r} "
-                                   f"(it groups {p.a}, {p.c} at SMEM and RF and streams {p.b} at SMEM)")
+                                   f"(it groups {p.a}, {p.c} at SMEM and RF and streams {p.b} at SMEM{outer})")
             sizes[key] = int(r.size)
         BM = sizes["BM"] or default.BM
         BN = sizes["BN"] or default.BN
@@ -520,6 +561,15 @@ class ContractionFamily:
             batch.append(names)
         if nbatch > 65535:
             raise CodegenError(f"contraction family: {nbatch} batch elements; at most 65535")
+        kouter = []
+        for ax in p.k_outer:
+            names = dict(size=ident(ax, "n_"), sA=ident(ax, "sA_"), sB=ident(ax, "sB_"))
+            params += [int_param(names["size"], sz[ax]),
+                       stride_param(names["sA"], sA[ax], f"stride of {p.A.label()} along {ax}"),
+                       stride_param(names["sB"], sB[ax], f"stride of {p.B.label()} along {ax}")]
+            kouter.append(names)
+        check_index_size(_chunk_count(sz, p, cfg.BK), f"the chunks of the sum over {[*p.k_outer, p.b]}", 1,
+                         "contraction")
         index_vars = {ax: ident(ax, "i_") for ax in (p.a, p.c, *p.batch)}
         epi = epilogue_code(d, p.contraction, p.out, index_vars=index_vars, ctype_name=T)
         params += epi.params
@@ -531,7 +581,7 @@ class ContractionFamily:
             raise CodegenError(f"contraction family: the tiles need {smem} bytes of shared memory; "
                                f"{arch} allows {limit} per block")
         layout = ("k" if p.a_kmajor else "m") + ("k" if p.b_kmajor else "n")
-        tag = short_hash(T, layout, [str(x) for x in epi.lines], p.batch, cfg)
+        tag = short_hash(T, layout, [str(x) for x in epi.lines], p.batch, p.k_outer, cfg)
         kind = "simt" if cfg.simt else "mma"
         kname = Code(f"napkin_mm_{kind}_{T}_{cfg.BM}x{cfg.BN}x{cfg.BK}_w{cfg.WM}x{cfg.WN}"
                      f"_s{cfg.stages}_{layout}_{tag}")
@@ -539,7 +589,7 @@ class ContractionFamily:
         ctx = dict(
             kname=kname, T=ctype(T), BM=cfg.BM, BN=cfg.BN, BK=cfg.BK, WM=cfg.WM, WN=cfg.WN,
             STAGES=cfg.stages, GROUP_M=GROUP_M, MIN_BLOCKS=cfg.blocks_per_sm, A_KMAJOR=p.a_kmajor, B_KMAJOR=p.b_kmajor,
-            params=signature(params), batch=batch, legend=legend,
+            params=signature(params), batch=batch, kouter=kouter, legend=legend,
             idx_a=index_vars[p.a], idx_c=index_vars[p.c],
             epi_body=epi.body("    "), epi_result=epi.result, epi_identity=epi.is_identity,
         )
@@ -618,6 +668,8 @@ class ContractionFamily:
             f"  A stored {'[a][b]' if p.a_kmajor else '[b][a]'}, B stored "
             f"{'[c][b]' if p.b_kmajor else '[b][c]'}",
         ]
+        for ax in p.k_outer:
+            lines.append(f"  {ax} -> outer sum (one index at a time: s_{ax} = 1, every chunk of {p.b} per index)")
         for ax in p.batch:
             lines.append(f"  {ax} -> batch (grid.y)")
         lines.append("  epilogue: " + (", ".join(boxes) if boxes else "none"))
