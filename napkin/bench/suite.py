@@ -207,13 +207,14 @@ _COMPOSED_QUICK = {"transformer_block": {"q": 1024, "e": 1024, "h": 8, "d": 128,
                    "rmsnorm_linear": {"r": 2048, "x": 2048, "c": 2048},
                    "gemm_softmax": {"a": 2048, "b": 1024, "c": 2048},
                    "gelu_tanh": {"r": 4096, "x": 4096},
-                   "column_sum": {"r": 8192, "x": 4096}}
+                   "column_sum": {"r": 8192, "x": 4096},
+                   "matvec": {"a": 4096, "b": 4096}}
 COMPOSED = tuple(_COMPOSED_QUICK)
 
 
 def composed_points(quick: bool = False, dtype: str = "bf16") -> list[Point]:
-    """transformer_block, SwiGLU, RMSNorm → linear, GEMM → softmax, an elementwise chain and a
-    column reduction at their default sizes, and the block at q=4096, e=4096, h=32, d=128, f=11008."""
+    """transformer_block, SwiGLU, RMSNorm → linear, GEMM → softmax, an elementwise chain, a
+    column reduction and a matrix-vector product at their default sizes, and the block at q=4096, e=4096, h=32, d=128, f=11008."""
     from ..diagrams import library
 
     out = []
@@ -227,8 +228,18 @@ def composed_points(quick: bool = False, dtype: str = "bf16") -> list[Point]:
 
 
 def matmul_points(quick: bool = False, dtype: str = "bf16") -> list[Point]:
-    """Square bf16 GEMMs 4096³ and 8192³."""
-    return [Point("matmul", "matmul", {"a": n, "b": n, "c": n}, dtype, {"n": n}) for n in (4096, 8192)]
+    """Square bf16 GEMMs 4096³ and 8192³, and (not quick) the shapes cuBLAS is compared on besides:
+    odd sizes (8205 × 2949 × 5921), a transposed operand (nn.Linear's layout), a batch of 8, a sum
+    over K = 262144 into a 256 × 256 output, and fp32 4096³."""
+    out = [Point("matmul", "matmul", {"a": n, "b": n, "c": n}, dtype, {"n": n}) for n in (4096, 8192)]
+    if quick:
+        return out
+    out += [Point("matmul", "matmul", {"a": 8205, "b": 2949, "c": 5921}, dtype, {"shape": "odd"}),
+            Point("matmul", "matmul_t", {"a": 4096, "b": 4096, "c": 4096}, dtype, {"shape": "transposed"}),
+            Point("matmul", "batched_matmul", {"n": 8, "a": 2048, "b": 2048, "c": 2048}, dtype, {"shape": "batched"}),
+            Point("matmul", "matmul", {"a": 256, "b": 262144, "c": 256}, dtype, {"shape": "K=256k"}),
+            Point("matmul", "matmul", {"a": 4096, "b": 4096, "c": 4096}, "fp32", {"n": 4096, "shape": "fp32"})]
+    return out
 
 
 def mlp_points(quick: bool = False, dtype: str = "bf16") -> list[Point]:
@@ -268,7 +279,7 @@ def all_points(quick: bool = False, families: Sequence[str] = FAMILIES) -> list[
         raise ValueError(f"unknown families {unknown}; known: {', '.join(FAMILIES)}")
     headline = {
         "attention": lambda p: p.labels["seq"] == 16384 and p.labels["d"] == 128,
-        "matmul": lambda p: p.labels["n"] == 8192,
+        "matmul": lambda p: p.labels.get("n") == 8192,
         "mlp": lambda p: True,
         "rowwise": lambda p: p.labels["width"] in (4096, 32768) and p.dtype == "bf16",
         "composed": lambda p: p.diagram in ("transformer_block", "swiglu"),
@@ -1007,6 +1018,9 @@ def _child_main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--start", type=int, default=0)
     ap.add_argument("--deadline", type=float, default=None)
     a = ap.parse_args(argv)
+    from ..settings import use_cuda_device
+
+    use_cuda_device()  # NAPKIN_DEVICE, inherited from the parent (napkin --device N bench)
     points = all_points(a.quick, _families(a.families))
     cfg = config_from_args(a)
     return run_points(points, cfg, Path(a.jsonl), start=a.start, deadline=a.deadline,

@@ -315,19 +315,24 @@ def _shape_of(est: dict | None, fam, schedule: Schedule):
 
 
 def extra_pass_seconds(est: dict | None, gpu) -> float:
-    """What a kernel's second, small pass adds beyond its main launch (a split reduction's
-    combine: ``extra_launches`` launch overheads, and ``extra_hbm_bytes`` of fp32 partials
-    written and read back at the HBM rate), as the family's ``launch_estimate`` states it."""
+    """What a kernel's work adds beyond what the cost model sees, as the family's
+    ``launch_estimate`` states it: a second, small pass (a split reduction's combine:
+    ``extra_launches`` launch overheads, and ``extra_hbm_bytes`` of fp32 partials written and
+    read back at the HBM rate), and ``extra_l2_bytes`` of scalar loads that the cost model counts
+    as one read per array but that a kernel without tiles issues per thread and per iteration (one
+    32-byte sector each where a warp's lanes touch different lines), at the L2 rate."""
     from ..perfmodel.roofline import launch_overhead_of
 
     if not est:
         return 0.0
     launches = float(est.get("extra_launches") or 0)
     moved = float(est.get("extra_hbm_bytes") or 0.0)
-    if not launches and not moved:
+    sectors = float(est.get("extra_l2_bytes") or 0.0)
+    if not launches and not moved and not sectors:
         return 0.0
     g = _gpu(gpu)
-    return launches * launch_overhead_of(g) + moved / g.level("HBM").bandwidth
+    l2 = g.level("L2").bandwidth if "L2" in [lv.name for lv in g.levels] else g.level("HBM").bandwidth
+    return launches * launch_overhead_of(g) + moved / g.level("HBM").bandwidth + sectors / l2
 
 
 def predict_schedule(diagram: Diagram, family, schedule: Schedule, gpu, *, efficiency=None) -> Ranked:

@@ -99,6 +99,14 @@ def matmul_t() -> Diagram:
     return Diagram("matmul_t", contract(A, B, over=b, out=(a, c), name="C"), description="C = A·Bᵀ")
 
 
+@_entry("matvec", "y[a] = Σ_b W[a,b]·x[b] (a matrix-vector product: a linear layer at decode)", "composed",
+        a=8192, b=8192)
+def matvec() -> Diagram:
+    a, b = Axis("a"), Axis("b")
+    return Diagram("matvec", contract(array("W", a, b), array("x", b), over=b, out=(a,), name="y"),
+                   description="a matrix-vector product, bound by reading W once")
+
+
 @_entry("mlp", "Y[a,c] = gelu(Σ_b X[a,b]·W[c,b] + bias[c]) (linear + bias + GELU)", "contraction",
         a=4096, b=4096, c=16384)
 def mlp() -> Diagram:

@@ -267,7 +267,7 @@ def test_flop_conventions():
 def test_the_full_sweep():
     pts = all_points(quick=False)
     fam = {f: [p for p in pts if p.family == f] for f in suite.FAMILIES}
-    assert len(fam["attention"]) == 20 and len(fam["matmul"]) == 2 and len(fam["mlp"]) == 2
+    assert len(fam["attention"]) == 20 and len(fam["matmul"]) == 7 and len(fam["mlp"]) == 2
     assert len(fam["rowwise"]) == 36
     assert len({p.id for p in pts}) == len(pts)
     for p in fam["attention"]:
@@ -277,15 +277,18 @@ def test_the_full_sweep():
         assert p.flops == attention_flops(s["h"], s["q"], s["x"], s["d"], lab["causal"])
     assert {(p.labels["d"], p.labels["seq"]) for p in fam["attention"]} == \
         {(d, s) for d in (64, 128) for s in (1024, 2048, 4096, 8192, 16384)}
-    assert {p.sizes["a"] for p in fam["matmul"]} == {4096, 8192}
+    square = [p for p in fam["matmul"] if "n" in p.labels and p.dtype == "bf16"]
+    assert {p.sizes["a"] for p in square} == {4096, 8192}
+    assert {p.labels.get("shape") for p in fam["matmul"]} == {None, "odd", "transposed", "batched", "K=256k", "fp32"}
+    assert {p.diagram for p in fam["matmul"]} == {"matmul", "matmul_t", "batched_matmul"}
     for p in fam["rowwise"]:
         assert p.sizes["r"] * p.sizes["x"] * 2 == 256 * 2**20 and p.metric == "gbps"
     assert {p.dtype for p in fam["rowwise"]} == {"bf16", "fp16"}
     assert pts[0].labels == {"d": 128, "causal": False, "seq": 16384, "batch": 1, "heads": 16}
-    assert len(all_points(quick=True)) < 20
+    assert len(all_points(quick=True)) <= 20
     composed = {(p.diagram, p.labels["size"]): p for p in fam["composed"]}
     assert {d for d, _ in composed} == {"transformer_block", "swiglu", "rmsnorm_linear", "gemm_softmax",
-                                        "gelu_tanh", "column_sum"}
+                                        "gelu_tanh", "column_sum", "matvec"}
     assert composed[("transformer_block", "7b")].sizes == {"q": 4096, "e": 4096, "h": 32, "d": 128, "f": 11008}
     assert composed[("swiglu", "default")].metric == "tflops"
     assert composed[("column_sum", "default")].metric == "gbps"

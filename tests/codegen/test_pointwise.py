@@ -28,9 +28,9 @@ from napkin.codegen.prepare import prepare
 from napkin.diagrams import (Diagram, array, axes, contract, layernorm, max_over, mean_over, relu, rename, scale,
                              softmax, sum_over, tanh)
 from napkin.perfmodel.plan import Plan
-from test_pointwise_diagrams import (ACCEPTED, alibi_map, broadcast_chain, column_mean, column_sum, full_and_reduced,
-                                     l2_norm, masked_rowmax, post_maps, row_sum, sigmoid_chain, sum_bh, sum_bs, total,
-                                     transposed_add)
+from test_pointwise_diagrams import (ACCEPTED, alibi_map, batched_matvec_gelu, broadcast_chain, column_mean,
+                                     column_sum, dot_all, full_and_reduced, l2_norm, masked_rowmax, matvec, post_maps,
+                                     row_sum, sigmoid_chain, sum_bh, sum_bs, total, transposed_add, vecmat)
 
 FAMILY = pw.FAMILY
 
@@ -152,6 +152,30 @@ def test_reductions_plan_as_one_pointwise_kernel(build, sizes):
     plan = _plan(build, sizes)
     assert plan.families == ("pointwise",), plan
     assert set(plan.kernels[0].boxes) == {plan.diagram.name_of(v) for v in plan.diagram.nodes}
+
+
+@pytest.mark.parametrize("build, sizes", [
+    (matvec, dict(a=8192, b=8192)), (vecmat, dict(b=8192, c=8192)), (batched_matvec_gelu, dict(n=8, a=1024, b=4096)),
+    (dot_all, dict(r=4096, x=4096)),
+], ids=lambda v: v.__name__ if callable(v) else "")
+def test_a_matrix_vector_product_is_one_bandwidth_bound_pointwise_kernel(build, sizes):
+    """A contraction one of whose factors carries no axis of its own is a sum of products: one
+    pass reads the matrix once (it fell to the scalar fallback), predicted at about the HBM rate."""
+    plan = _plan(build, sizes)
+    assert plan.families == ("pointwise",), plan
+    d = plan.diagram
+    big = max(d.inputs, key=lambda v: math.prod(a.bound_size for a in v.axes))
+    hbm_s = math.prod(a.bound_size for a in big.axes) * 2 / 3.35e12
+    assert hbm_s <= plan.seconds < 2.5 * hbm_s + 10e-6, (plan.seconds, hbm_s)
+    fb = derive(bound(build, sizes), "h100", "bf16", families=["fallback"], explain=False).plan
+    assert set(fb.families) == {"fallback"} and fb.seconds > plan.seconds
+
+
+def test_a_matrix_product_is_left_to_the_contraction_family():
+    a, b, c = axes("a b c")
+    d = prepare(Diagram("mm", contract(array("A", a, b), array("B", c, b), over=b, out=(a, c))),
+                sizes=dict(a=8, b=8, c=8), dtype="bf16")
+    assert "each carry an axis the other lacks" in FAMILY.explain(d)
 
 
 def test_the_split_of_a_small_kept_space_is_planned_and_costed():
@@ -318,7 +342,8 @@ NVCC_CASES = [
     (alibi_map, dict(h=4, q=64, x=64)), (column_sum, dict(r=4096, x=512)), (row_sum, dict(r=4, x=1 << 16)),
     (row_sum, dict(r=4096, x=4097)), (sum_bh, dict(b=16, h=64, s=512)), (sum_bs, dict(b=16, h=8, s=512)),
     (total, dict(r=512, x=512)), (post_maps, dict(r=1024, x=1024)), (full_and_reduced, dict(r=256, x=1024)),
-    (masked_rowmax, dict(q=256, x=256)), (row_sum, dict(r=3, x=3 * 2 ** 30)),
+    (masked_rowmax, dict(q=256, x=256)), (row_sum, dict(r=3, x=3 * 2 ** 30)), (matvec, dict(a=1000, b=4099)),
+    (vecmat, dict(b=4096, c=1000)), (batched_matvec_gelu, dict(n=3, a=64, b=1000)), (dot_all, dict(r=64, x=1000)),
 ]
 
 

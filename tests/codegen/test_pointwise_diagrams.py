@@ -5,8 +5,8 @@ of its own."""
 
 from __future__ import annotations
 
-from napkin.diagrams import (Diagram, alibi, array, axes, causal, exp, map_fn, max_over, mean_over, reduce, scale,
-                             sum_over, tanh)
+from napkin.diagrams import (Diagram, alibi, array, axes, causal, contract, exp, map_fn, max_over, mean_over, reduce,
+                             scale, sum_over, tanh)
 
 
 def sigmoid_chain() -> Diagram:
@@ -109,4 +109,37 @@ ACCEPTED = [
     (post_maps, dict(r=20, x=24), "col"),
     (full_and_reduced, dict(r=4, x=40), "row"),
     (masked_rowmax, dict(q=9, x=9), "row"),
+]
+
+
+def matvec() -> Diagram:
+    """y[a] = Σ_b W[a,b]·x[b]: a sum of products over the contiguous axis."""
+    a, b = axes("a b")
+    return Diagram("matvec", contract(array("W", a, b), array("x", b), over=b, out=(a,), name="y"))
+
+
+def vecmat() -> Diagram:
+    """y[c] = Σ_b x[b]·W[b,c]: the sum runs over the non-contiguous axis."""
+    b, c = axes("b c")
+    return Diagram("vecmat", contract(array("x", b), array("W", b, c), over=b, out=(c,), name="y"))
+
+
+def batched_matvec_gelu() -> Diagram:
+    """y[n,a] = gelu(Σ_b W[n,a,b]·x[n,b] + bias[a]): a batched product with maps after it."""
+    n, a, b = axes("n a b")
+    y = contract(array("W", n, a, b), array("x", n, b), over=b, out=(n, a), name="p")
+    return Diagram("batched_matvec_gelu", map_fn("gelu", (y + array("bias", a)).named("z"), name="y"))
+
+
+def dot_all() -> Diagram:
+    """s = Σ_{r,x} X[r,x]·Y[r,x], then a sum of a sum: a contraction over every axis."""
+    r, x = axes("r x")
+    return Diagram("dot_all", contract(array("X", r, x), array("Y", r, x), over=(r, x), out=(), name="s"))
+
+
+ACCEPTED += [
+    (matvec, dict(a=7, b=100), "row"),
+    (vecmat, dict(b=37, c=24), "col"),
+    (batched_matvec_gelu, dict(n=2, a=5, b=40), "row"),
+    (dot_all, dict(r=9, x=40), "row"),
 ]

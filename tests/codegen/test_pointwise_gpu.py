@@ -23,16 +23,16 @@ from napkin.codegen.prepare import prepare
 from napkin.codegen.verify import TOLERANCE
 from napkin.diagrams.reference import random_inputs
 
-from test_pointwise_diagrams import (alibi_map, broadcast_chain, column_mean, column_sum, full_and_reduced, l2_norm,
-                             masked_rowmax, post_maps, reduce_of, row_sum, sigmoid_chain, sum_bh, sum_bs, total,
-                             transposed_add)
+from test_pointwise_diagrams import (alibi_map, batched_matvec_gelu, broadcast_chain, column_mean, column_sum,
+                                     dot_all, full_and_reduced, l2_norm, masked_rowmax, matvec, post_maps, reduce_of,
+                                     row_sum, sigmoid_chain, sum_bh, sum_bs, total, transposed_add, vecmat)
 
 pytestmark = pytest.mark.gpu
 
 
 def _tolerance(d, dtype: str) -> float:
     summed = max((math.prod(a.bound_size for a in v.args[0].axes) // max(1, math.prod(a.bound_size for a in v.axes))
-                  for v in d.nodes if v.op.kind == "reduce"), default=0)
+                  for v in d.nodes if v.op.kind in ("reduce", "contract")), default=0)
     if dtype == "fp32" and summed > 10 ** 6:
         return 1e-4
     return TOLERANCE[dtype]
@@ -77,6 +77,10 @@ PLANNED = [
     (post_maps, [dict(r=4096, x=1024), dict(r=20, x=24)]),
     (full_and_reduced, [dict(r=64, x=1000), dict(r=4, x=40)]),
     (masked_rowmax, [dict(q=100, x=100)]),
+    (matvec, [dict(a=8192, b=8192), dict(a=1000, b=4099), dict(a=1, b=7), dict(a=33, b=100003)]),
+    (vecmat, [dict(b=8192, c=8192), dict(b=4099, c=1000), dict(b=7, c=1)]),
+    (batched_matvec_gelu, [dict(n=8, a=1024, b=4096), dict(n=3, a=77, b=999)]),
+    (dot_all, [dict(r=4096, x=4096), dict(r=13, x=31)]),
 ]
 
 
@@ -103,6 +107,8 @@ FORCED = [
     (sum_bs, dict(b=7, h=9, s=40)),
     (post_maps, dict(r=300, x=24)),
     (full_and_reduced, dict(r=5, x=1000)),
+    (matvec, dict(a=300, b=1001)),
+    (vecmat, dict(b=1001, c=300)),
 ]
 
 

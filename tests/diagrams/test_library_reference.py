@@ -70,7 +70,7 @@ MM_SHAPES = [dict(a=37, b=53, c=16), dict(a=64, b=64, c=64), dict(a=1, b=7, c=3)
 
 
 def test_every_library_diagram_is_covered():
-    covered = {"matmul", "batched_matmul", "matmul_t", "mlp", "softmax", "layernorm", "rmsnorm", "attention",
+    covered = {"matmul", "batched_matmul", "matmul_t", "matvec", "mlp", "softmax", "layernorm", "rmsnorm", "attention",
                "mha", "attention_causal", "gqa", "attention_window", "attention_alibi", "attention_softcap",
                "transformer_block", "swiglu", "rmsnorm_linear", "gemm_softmax", "gelu_tanh", "column_sum"}
     assert set(library.names()) == covered, "a library diagram was added or removed: test it here"
@@ -92,6 +92,12 @@ def test_batched_matmul(sizes):
     want = torch.matmul(x["A"], x["B"])
     # wrong: every batch multiplied by batch 0's B
     check(out, want, wrong=[torch.matmul(x["A"], x["B"][:1].expand_as(x["B"]))])
+
+
+@pytest.mark.parametrize("sizes", MM_SHAPES)
+def test_matvec(sizes):
+    x, out = run("matvec", {"a": sizes["a"], "b": sizes["b"]})
+    check(out, torch.mv(x["W"], x["x"]), wrong=[torch.mv(x["W"], perturbed(x, "x")["x"])])
 
 
 @pytest.mark.parametrize("sizes", MM_SHAPES)

@@ -194,6 +194,8 @@ def _reason_or_problem(diagram: Diagram) -> MatmulProblem | str:
     if reason:
         return reason
     out = diagram.outputs[0]
+    if not out.axis_names:
+        return "the output is a scalar (a sum over every axis: no rows or columns to tile)"
     c = out.axis_names[-1]
     x, y = C.args
     for n in op.over:

@@ -23,6 +23,7 @@ import math
 from ...diagrams.diagram import Diagram
 from ...diagrams.functions import get_function
 from ...diagrams.ops import Contract, Map, Norm, Reduce, Rename, Softmax, Value
+from ...dtypes import dtype as lookup_dtype
 from ...errors import CodegenError
 from ...perfmodel.schedule import Kernel, KernelOptions, Schedule
 from ..program import Arg, Buffer, KernelLaunch, Program
@@ -354,6 +355,46 @@ class _Lowerer:
         return Code(" + ".join(parts) if parts else "0")
 
 
+#: Bytes one 32-byte sector costs a warp's 32 lanes: per lane, per access.
+SECTOR_BYTES = 32
+
+
+def scalar_loop_bytes(diagram: Diagram) -> float:
+    """What the per-thread loops of contractions and reductions move through L2: one thread per
+    output element walks every summed index and loads each input once per index. Lanes that read
+    the same element (an input without the output's innermost axis) share one sector per warp;
+    lanes that read consecutive elements (that axis contiguous in the input) share its lines;
+    otherwise every lane's load is a sector of its own. (Maps and row kernels read each element
+    once, which the cost model counts already.)
+
+    >>> from napkin.diagrams import library
+    >>> d = library.get("matmul").bind(a=256, b=512, c=256)   # B[b,c]: c contiguous, A[a,b]: shared
+    >>> scalar_loop_bytes(d) == 256 * 256 * 512 * (2 + SECTOR_BYTES / 32)
+    True
+    """
+    total = 0.0
+    for v in diagram.nodes:
+        op = v.op
+        if op.kind not in ("contract", "reduce") or not v.axes:
+            continue
+        over = tuple(op.over) if isinstance(op.over, (tuple, list)) else (op.over,)
+        steps = math.prod(diagram.axes[a].bound_size for a in over)
+        if steps <= 1:
+            continue
+        inner = v.axis_names[-1]
+        per = 0.0
+        for x in v.args:
+            elem = lookup_dtype(x.dtype).bytes
+            if inner not in x.axis_names:
+                per += SECTOR_BYTES / 32
+            elif x.axis_names[-1] == inner:
+                per += elem
+            else:
+                per += SECTOR_BYTES
+        total += math.prod(a.bound_size for a in v.axes) * steps * per
+    return total
+
+
 class FallbackFamily:
     """Any valid diagram: one simple kernel per box, intermediates in HBM."""
 
@@ -376,7 +417,8 @@ class FallbackFamily:
 
     def launch_estimate(self, diagram: Diagram, schedule: Schedule, gpu) -> dict:
         n = max((math.prod(a.bound_size for a in v.axes) for v in diagram.nodes), default=1)
-        return dict(blocks=max(1, -(-n // THREADS)), threads=THREADS, regs=BASE_REGS + 8, smem=0)
+        return dict(blocks=max(1, -(-n // THREADS)), threads=THREADS, regs=BASE_REGS + 8, smem=0,
+                    extra_l2_bytes=scalar_loop_bytes(diagram))
 
     def lower(self, diagram: Diagram, schedule: Schedule, arch: str) -> Program:
         why = self.explain(diagram)

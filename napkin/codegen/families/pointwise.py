@@ -46,7 +46,7 @@ from dataclasses import dataclass
 from ...diagrams.axes import NAME_RE
 from ...diagrams.diagram import Diagram
 from ...diagrams.functions import get_function
-from ...diagrams.ops import Map, Reduce, Value
+from ...diagrams.ops import Contract, Map, Reduce, Value
 from ...dtypes import dtype as lookup_dtype
 from ...errors import CodegenError
 from ...perfmodel.schedule import Kernel, KernelOptions, Relabel, Schedule
@@ -132,6 +132,14 @@ class PointwiseShape:
         return self.chain[0].args[0] if self.chain else None
 
     @property
+    def reduce_args(self) -> tuple[Value, ...]:
+        """The values the first reduction reads: its input, or both factors of a contraction (a
+        matrix-vector product is a sum of products, read once from HBM)."""
+        if not self.chain:
+            return ()
+        return tuple(self.chain[0].args) if _is_product_sum(self.chain[0]) else (self.chain[0].args[0],)
+
+    @property
     def reduce_out(self) -> Value | None:
         return self.chain[-1] if self.chain else None
 
@@ -142,8 +150,7 @@ class PointwiseShape:
     def loop_inputs(self) -> tuple[Value, ...]:
         """Inputs read in the pass over U (by the loop maps, the reduction or as a full output)."""
         reads = [a for b in self.loop for a in b.args if a.is_input]
-        if self.chain and self.reduce_in.is_input:
-            reads.append(self.reduce_in)
+        reads += [a for a in self.reduce_args if a.is_input]
         return tuple({id(v): v for v in reads}.values())
 
     @property
@@ -172,6 +179,24 @@ def _ancestors(values, stop: set[int]) -> set[int]:
     return out
 
 
+def _is_product_sum(v: Value) -> bool:
+    """Whether box ``v`` is a contraction of two factors one of which carries no axis the other
+    lacks (a matrix-vector product, a weighted sum, a dot product): a sum of products that reads
+    each factor once, which this family runs at the memory's rate."""
+    if not isinstance(v.op, Contract) or len(v.args) != 2 or not v.op.over:
+        return False
+    x, y = (set(a.axis_names) for a in v.args)
+    return x <= y or y <= x
+
+
+def _over(v: Value) -> tuple[str, ...]:
+    return tuple(v.op.over) if isinstance(v.op, Contract) else (v.op.over,)
+
+
+def _how(v: Value) -> str:
+    return "sum" if isinstance(v.op, Contract) else v.op.how
+
+
 def analyse(diagram: Diagram) -> PointwiseShape | str:
     """The pointwise structure of ``diagram``, or a sentence saying why it has none."""
     d = diagram
@@ -179,7 +204,10 @@ def analyse(diagram: Diagram) -> PointwiseShape | str:
     if not nodes:
         return "has no boxes"
     for v in nodes:
-        if not isinstance(v.op, (Map, Reduce)):
+        if isinstance(v.op, Contract) and not _is_product_sum(v):
+            return (f"box {d.name_of(v)} is a contraction of two factors that each carry an axis the other "
+                    "lacks (a matrix product: the contraction family runs it)")
+        if not isinstance(v.op, (Map, Reduce, Contract)):
             return (f"box {d.name_of(v)} is a {v.op.kind}, not an elementwise map or a reduction "
                     "(other families run softmax, norms, contractions and renames)")
     dts = {v.dtype for v in (*d.inputs, *nodes)}
@@ -193,17 +221,21 @@ def analyse(diagram: Diagram) -> PointwiseShape | str:
     sizes = {n: a.bound_size for n, a in d.axes.items()}
     consumers = d.consumers
     out_ids = {id(v) for v in d.outputs}
-    reduces = [v for v in nodes if isinstance(v.op, Reduce)]
+    reduces = [v for v in nodes if isinstance(v.op, (Reduce, Contract))]
 
     chain: list[Value] = []
     if reduces:
-        firsts = [v for v in reduces if not isinstance(v.args[0].op, Reduce)]
+        for v in reduces:
+            if isinstance(v.op, Contract) and any(isinstance(a.op, (Reduce, Contract)) for a in v.args):
+                return (f"contraction {d.name_of(v)} reads a reduction; a sum of products starts the chain "
+                        "of reductions")
+        firsts = [v for v in reduces if not isinstance(v.args[0].op, (Reduce, Contract))]
         if len(firsts) != 1:
             return (f"its {len(reduces)} reductions are not one chain (each reducing the one before); "
                     f"{len(firsts)} of them read a value that is no reduction")
         chain = [firsts[0]]
         while True:
-            nxt = [c for c in consumers.get(id(chain[-1]), ()) if isinstance(c.op, Reduce)]
+            nxt = [c for c in consumers.get(id(chain[-1]), ()) if isinstance(c.op, (Reduce, Contract))]
             if not nxt:
                 break
             if len(nxt) > 1 or len(consumers[id(chain[-1])]) > 1 or id(chain[-1]) in out_ids:
@@ -212,13 +244,13 @@ def analyse(diagram: Diagram) -> PointwiseShape | str:
             chain.append(nxt[0])
         if len(chain) != len(reduces):
             return "its reductions are not one chain (each reducing the one before)"
-        hows = {v.op.how for v in chain}
+        hows = {_how(v) for v in chain}
         if len(hows) != 1:
             return (f"the chain mixes reductions ({', '.join(sorted(hows))}); one pass runs one kind "
                     "(sum, max, min or mean)")
-        first_in = chain[0].args[0]
+        first_in = max(chain[0].args, key=lambda a: len(a.axis_names))  # the larger factor of a product
         order0 = first_in.axis_names
-        red = {v.op.over for v in chain}
+        red = {a for v in chain for a in _over(v)}
     else:
         order0 = ()
         red = set()
@@ -259,7 +291,7 @@ def analyse(diagram: Diagram) -> PointwiseShape | str:
     # values read after the reduction (post maps and outputs on K) and their map ancestors
     post_roots = [v for v in nodes if id(v) in post_ids] + [v for _, v in kept_out if id(v) not in chain_ids]
     post_need = _ancestors(post_roots, chain_ids)
-    loop_roots = [v for _, v in full_out] + ([chain[0].args[0]] if chain else [])
+    loop_roots = [v for _, v in full_out] + (list(chain[0].args) if chain else [])
     loop_need = _ancestors(loop_roots, chain_ids)
     for v in nodes:
         if id(v) in chain_ids:
@@ -290,7 +322,7 @@ def analyse(diagram: Diagram) -> PointwiseShape | str:
     vec = 16 // bytes_
     while sizes[inner] % vec:
         vec //= 2
-    return PointwiseShape(d, next(iter(dts)), sizes, mode, chain[0].op.how if chain else None, tuple(order),
+    return PointwiseShape(d, next(iter(dts)), sizes, mode, _how(chain[0]) if chain else None, tuple(order),
                           tuple(a for a in order if a in red), tuple(a for a in order if a in K), tuple(chain),
                           loop, post, tuple(full_out), tuple(kept_out), vec)
 
@@ -507,9 +539,11 @@ def regs_need(shape: PointwiseShape, cfg: Config) -> int:
     whose own index the pass computes and per index an index map reads; with 64-bit indices 4
     more in the map kernel, and 5 each and 16 more in a reduction, whose per-thread offsets and
     loop bounds are 64-bit too), one per map, and a fixed base for addresses and loop state (8
-    more for the column kernel's shared-memory combine)."""
+    more for the column kernel's shared-memory combine). A sum of products holds both factors unpacked."""
     b = shape.bytes
-    unpack = shape.mode != "map" and cfg.unroll > 1
+    # a reduction unrolled, or a sum of products (both factors converted before they multiply),
+    # holds its vectors as fp32 values
+    unpack = shape.mode != "map" and (cfg.unroll > 1 or len(shape.reduce_args) > 1)
     g = _Gen(shape)
 
     def held(v: Value) -> int:
@@ -787,7 +821,7 @@ def lower_shape(shape: PointwiseShape, cfg: Config, schedule: Schedule, arch: st
     elem = list(elem_loads)
     for b in shape.loop:
         elem.append(_map_stmt(shape, b, loop_var, g.index_args(b, "i_", True)))
-    red_in = ident(name(shape.reduce_in), "a_") if shape.chain else None
+    red_in = Code(" * ".join(str(ident(name(a), "a_")) for a in shape.reduce_args)) if shape.chain else None
 
     # ---- after the reduction: per kept element kf (prefix k_)
     post_need: set[str] = set()
