@@ -63,12 +63,34 @@ def _root(
         bool,
         typer.Option("--version", callback=_version, is_eager=True, help="Print the version and exit."),
     ] = False,
+    verbose: Annotated[
+        int, typer.Option("--verbose", "-v", count=True,
+                          help="Log what napkin does on stderr: -v info (plans, compiles, caches), -vv debug."),
+    ] = 0,
+    log_level: Annotated[
+        Optional[str], typer.Option("--log-level", metavar="LEVEL",
+                                    help="debug, info, warning or error (default: $NAPKIN_LOG_LEVEL, else warning).",
+                                    show_default=False),
+    ] = None,
+    device: Annotated[
+        Optional[str], typer.Option("--device", metavar="N",
+                                    help="CUDA device for verify, bench and calibrate (default: $NAPKIN_DEVICE, "
+                                         "else the current one).", show_default=False),
+    ] = None,
 ) -> None:
     """Neural circuit diagrams to IO-aware GPU algorithms.
 
     NAME is a built-in diagram (see `napkin list`) or path/file.py:name.
     Bind axis sizes with -s name=value (repeatable).
     """
+    import os
+
+    from .settings import DEVICE_ENV, configure_logging, parse_device
+
+    configure_logging(verbose, log_level)
+    if device is not None:
+        parse_device(device, "--device ")  # a bad value is refused here, naming it
+        os.environ[DEVICE_ENV] = device  # the benchmark's child processes inherit it
 
 
 # ----------------------------------------------------------------------------- list
@@ -358,6 +380,9 @@ def _require_gpu(command: str) -> None:
     if not torch.cuda.is_available():
         raise UsageError(f"{command} needs a CUDA GPU and this machine has none "
                          "(generate, cost and derive work without one)")
+    from .settings import use_cuda_device
+
+    use_cuda_device()
     try:
         import cupy  # noqa: F401
     except ImportError:

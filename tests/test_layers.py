@@ -18,7 +18,7 @@ graph.
 
 Layers, lowest first; a module may import its own layer and the layers listed as below it:
 
-- base: ``napkin.errors``, ``napkin.dtypes``;
+- base: ``napkin.errors``, ``napkin.dtypes``, ``napkin.settings`` (the environment variables);
 - diagrams: ``napkin.diagrams``;
 - perfmodel: ``napkin.perfmodel`` (the model: it imports neither code generation nor the
   benchmarks, not even inside functions; fitting factors to measurements lives in
@@ -28,10 +28,12 @@ Layers, lowest first; a module may import its own layer and the layers listed as
   codegen: it may import the base only;
 - codegen: ``napkin.codegen`` (may import base, diagrams, perfmodel, kernels);
 - bench: ``napkin.bench`` (may import everything below, codegen included);
+- torch: ``napkin.torch``, the PyTorch operators, module and CUDA graphs (beside bench: it may
+  import everything below it, codegen included, but not bench);
 - cli: ``napkin.cli``, ``napkin.cli_common``, ``napkin.__main__`` (may import everything).
 
-The intended order is diagrams → perfmodel → codegen → kernels/bench → cli; kernels sits below
-codegen because codegen compiles through it, and it imports nothing of napkin but the base.
+The intended order is diagrams → perfmodel → codegen → kernels/bench/torch → cli; kernels sits
+below codegen because codegen compiles through it, and it imports nothing of napkin but the base.
 """
 
 from __future__ import annotations
@@ -44,12 +46,13 @@ PACKAGE_DIR = Path(__file__).resolve().parents[1] / "napkin"
 
 #: layer name -> the module prefixes it holds (longest prefix wins)
 LAYERS: dict[str, tuple[str, ...]] = {
-    "base": ("napkin.errors", "napkin.dtypes"),
+    "base": ("napkin.errors", "napkin.dtypes", "napkin.settings"),
     "diagrams": ("napkin.diagrams",),
     "perfmodel": ("napkin.perfmodel",),
     "kernels": ("napkin.kernels",),
     "codegen": ("napkin.codegen",),
     "bench": ("napkin.bench",),
+    "torch": ("napkin.torch",),
     "cli": ("napkin.cli", "napkin.cli_common", "napkin.__main__"),
 }
 
@@ -61,6 +64,7 @@ ALLOWED: dict[str, frozenset[str]] = {
     "kernels": frozenset({"base", "kernels"}),
     "codegen": frozenset({"base", "diagrams", "perfmodel", "kernels", "codegen"}),
     "bench": frozenset({"base", "diagrams", "perfmodel", "kernels", "codegen", "bench"}),
+    "torch": frozenset({"base", "diagrams", "perfmodel", "kernels", "codegen", "torch"}),
     "cli": frozenset(LAYERS),
 }
 
