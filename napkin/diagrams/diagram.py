@@ -391,6 +391,19 @@ class Diagram:
 
         return run_reference(self, inputs, **kwargs)
 
+    def grad(self, wrt=None, save=(), name: str | None = None) -> "Diagram":
+        """The backward diagram: inputs, then ``d``+output cotangents, then ``save``d forward arrays →
+        ``d``+input gradients for the inputs in ``wrt`` (default: all); see
+        :func:`napkin.diagrams.grad.grad` (what ``save`` may name: :func:`~napkin.diagrams.grad.saveable`).
+
+        >>> from napkin.diagrams import library
+        >>> library.get("mlp").grad(wrt=["W", "bias"]).output_names
+        ('dW', 'dbias')
+        """
+        from .grad import grad
+
+        return grad(self, wrt, save, name)
+
 
 def _default_name(v: Value) -> str:
     op = v.op

@@ -374,6 +374,11 @@ for _fn in [
                   doc="x with ±inf replaced by 0 (NaN stays NaN): the shift logsumexp subtracts, so a row "
                       "of -inf gives log(0) = -inf and not NaN (as torch.logsumexp). |x| > FLT_MAX is the "
                       "test (NVRTC's kernels have no INFINITY macro without a math header)"),
+    ElementwiseFn("gate", 2, lambda m, xs, p, i, n: m.select(xs[1] > 0, xs[0], 0.0, xs[0]),
+                  "(({x1} > 0.0f) ? {x0} : 0.0f)",
+                  doc="x where c > 0, else +0.0 (a NaN c gives 0, and x is not read there), as "
+                      "torch.where(c > 0, x, 0): the kinks of relu, clamp, abs, max and the masks in the "
+                      "backward diagrams Diagram.grad writes"),
     ElementwiseFn(
         "gelu", 1,
         lambda m, xs, p, i, n: 0.5 * xs[0] * (1.0 + m.erf(xs[0] * _INV_SQRT2)),

@@ -235,7 +235,7 @@ def _run_box(v: Value, args, ops: ArrayOps, sizes):
         idx = index_grids(v, op.index_axes, xs[0])
         n = [v.axis(a).bound_size for a in op.index_axes]
         out = f.impl(ops, xs, op.param_values(sizes), idx, n)
-        return out.expand(*[a.bound_size for a in v.axes]).to(args[0].dtype)
+        return out.expand([a.bound_size for a in v.axes]).to(args[0].dtype)  # a list: also 0 axes
     if isinstance(op, Reduce):
         (x,) = v.args
         dim = x.axis_names.index(op.over)

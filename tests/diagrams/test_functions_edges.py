@@ -78,7 +78,7 @@ UNARY_CASES: list[tuple[str, tuple]] = [
     ("pow", (2.0,)), ("pow", (3.0,)), ("pow", (0.5,)), ("pow", (-0.5,)), ("pow", (-1.0,)), ("pow", (-2.0,)),
     ("pow", (0.0,)), ("pow", (1.5,)), ("pow", (1 / 3,)), ("pow", (7.0,)), ("pow", (-3.0,)), ("pow", (2.5,)),
 ]
-BINARY = ["add", "sub", "mul", "div", "maximum", "minimum"]
+BINARY = ["add", "sub", "mul", "div", "maximum", "minimum", "gate"]
 
 #: fp32 ULPs allowed against the float64 reference (CUDA's own functions are within 1 to 4 ULP; a
 #: composed form adds its roundings). pow: the kernel's exponent is an fp32 literal, so pow(x, 1/3)
