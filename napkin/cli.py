@@ -11,7 +11,8 @@
     napkin calibrate [-o profile.json]            measure this GPU's rates into a profile (GPU)
 
 NAME is a built-in diagram (``attention``) or a diagram in a user file
-(``path/file.py:name``). Every mistake a user can make ends in one line
+(``path/file.py:name``). ``--grad`` (show, derive, generate) takes its backward diagram instead
+(``Diagram.grad``, with the forward arrays the performance model chooses to save). Every mistake a user can make ends in one line
 ``error: ...`` on stderr and exit status 2: a NapkinError, a usage error (an unknown
 command or option, a missing argument), output that cannot be written (stdout closed
 or on a full disk, an ``-o`` that names a folder). A closed pipe (``| head``) ends
@@ -122,16 +123,43 @@ def list_(json_out: JsonOpt = False) -> None:
 
 # ----------------------------------------------------------------------------- show
 
+GradOpt = Annotated[bool, typer.Option("--grad", help="Use the diagram's backward (Diagram.grad): the "
+                                       "gradients from the cotangents, saving the forward arrays the "
+                                       "model chooses to save (the table says which and why).")]
+
+
+def _backward(diagram, gpu: str, dtype: Optional[str]):
+    """The backward diagram of ``diagram`` and the model's save-or-recompute choice on ``gpu`` (None
+    where sizes are symbolic: then everything is recomputed)."""
+    if not diagram.is_bound:
+        return diagram.grad(), None
+    from .perfmodel.saving import backward
+
+    return backward(diagram, gpu, dtype)
+
+
+def _print_saves(saves) -> None:
+    if saves is None:
+        typer.echo("saved: nothing (sizes are symbolic; bind them with -s to let the model choose what "
+                   "the backward saves)")
+    else:
+        typer.echo(str(saves))
+
+
 @app.command()
 @handle_errors
-def show(name: NameArg, size: SizesOpt = None, json_out: JsonOpt = False) -> None:
+def show(name: NameArg, size: SizesOpt = None, json_out: JsonOpt = False, grad: GradOpt = False) -> None:
     """Print a diagram: inputs, boxes (with the axes each is woven over), outputs and sizes.
 
-    Without -s a built-in diagram keeps its sizes symbolic.
+    Without -s a built-in diagram keeps its sizes symbolic. --grad prints its backward diagram.
     """
     diagram = load_bound(name, size, use_defaults=False)
+    saves = None
+    if grad:
+        diagram, saves = _backward(diagram, DEFAULT_GPU, None)
     if json_out:
         print_json({
+            **({"saves": saves.to_dict() if saves is not None else None} if grad else {}),
             "name": diagram.name,
             "description": diagram.description,
             "sizes": {n: (s if isinstance(s, int) else str(s)) for n, s in diagram.sizes.items()},
@@ -156,6 +184,8 @@ def show(name: NameArg, size: SizesOpt = None, json_out: JsonOpt = False) -> Non
                         + Text(f"  (symbolic: {', '.join(n for n in sizes if n not in bound)})"))
     else:
         console().print(Text("sizes: ", style="bold") + Text("symbolic (bind with -s name=value)"))
+    if grad:
+        _print_saves(saves)
 
 
 # ----------------------------------------------------------------------------- render
@@ -325,13 +355,18 @@ def derive(name: NameArg, size: SizesOpt = None, gpu: GpuOpt = DEFAULT_GPU, dtyp
            svg: Annotated[Optional[Path], typer.Option("--svg", metavar="FILE",
                           help="Also draw the plan (wires coloured by level).")] = None,
            pseudocode: Annotated[bool, typer.Option("--pseudocode", help="Print the plan as "
-                                 "pseudocode with the memory held per column.")] = False) -> None:
+                                 "pseudocode with the memory held per column.")] = False,
+           grad: GradOpt = False) -> None:
     """Derive the plan: the method's steps (naive → fuse → group → stream), then the kernels, each
-    with the family that builds it, its tiles and options. `napkin generate` builds this plan."""
+    with the family that builds it, its tiles and options. `napkin generate` builds this plan.
+    --grad derives the backward diagram's plan."""
     from .codegen.planner import derive as run_derive
     from .perfmodel.report import parse_relabels
 
     diagram = load_bound(name, size, use_defaults=True, plan=True)
+    saves = None
+    if grad:
+        diagram, saves = _backward(diagram, gpu, dtype)
     svg_target = output_path("derive", "--svg", svg, suffixes=(".svg",), stdout=False) if svg is not None else None
     fixed = parse_relabels(group, stream)
     check_memory(diagram, dtype, gpu=gpu, consequence="the prediction assumes they fit")
@@ -342,12 +377,17 @@ def derive(name: NameArg, size: SizesOpt = None, gpu: GpuOpt = DEFAULT_GPU, dtyp
         write_output("derive", scheduled_svg(der.best), svg_target)
     if json_out:
         out = der.to_dict()
+        if grad:
+            out["saves"] = saves.to_dict() if saves is not None else None
         if pseudocode:
             from .perfmodel.view import pseudocode as code
 
             out["pseudocode"] = code(der.best)
         print_json(out)
         return
+    if grad:
+        _print_saves(saves)
+        typer.echo("")
     typer.echo(str(der))
     for note in der.plan.notes:
         print_warning(note)
@@ -400,18 +440,21 @@ CudaOutOpt = Annotated[
 @handle_errors
 def generate(name: NameArg, size: SizesOpt = None, gpu: GpuOpt = DEFAULT_GPU, dtype: DtypeOpt = DEFAULT_DTYPE,
              group: GroupOpt = None, stream: StreamOpt = None, output: CudaOutOpt = None,
-             json_out: JsonOpt = False) -> None:
+             json_out: JsonOpt = False, grad: GradOpt = False) -> None:
     """Write the kernels of the derived plan as one self-contained .cu (no GPU needed).
 
     The device library is inlined, so `nvcc -cubin -gencode=arch=compute_90a,code=sm_90a FILE.cu`
     compiles it as it stands. --json prints the plan (the same object `napkin derive --json`
-    prints under "plan") and the launches.
+    prints under "plan") and the launches. --grad writes the backward diagram's kernels (NAME_grad.cu).
     """
     from .codegen.generate import generate_program
 
     if json_out and output is not None and str(output) == "-":
         raise UsageError("generate --json prints the plan on stdout; give the .cu a file name with -o FILE")
     diagram = load_bound(name, size, use_defaults=True, plan=True)
+    saves = None
+    if grad:
+        diagram, saves = _backward(diagram, gpu, dtype)
     target = output_path("generate", "-o", output, Path(f"{diagram.name}.cu"))
     check_memory(diagram, dtype, gpu=gpu, consequence="the generated kernels assume they fit")
     der = _plan(diagram, gpu, dtype, group, stream, quiet=json_out, explain=False)
@@ -421,10 +464,13 @@ def generate(name: NameArg, size: SizesOpt = None, gpu: GpuOpt = DEFAULT_GPU, dt
         print_json({"plan": program.plan.to_dict(), "output": str(path) if path is not None else None,
                     "launches": [{"name": k.name, "template": k.template, "grid": list(k.grid),
                                   "block": list(k.block), "shared_bytes": k.shared_bytes} for k in program.launches],
-                    "buffers": [b.name for b in program.buffers]})
+                    "buffers": [b.name for b in program.buffers],
+                    **({"saves": saves.to_dict() if saves is not None else None} if grad else {})})
         return
     for note in program.plan.notes:
         print_warning(note)
+    if grad and path is not None:
+        _print_saves(saves)
     if path is not None:
         typer.echo(text.split("\n\n", 1)[0])  # the header comment: plan and launches
         typer.echo(f"wrote {path} ({len(text.encode('utf-8')) / 1024:.1f} KiB)")

@@ -108,7 +108,8 @@ class SavePlan:
         for c in self.choices:
             lines.append(f"  {c.name:<{w}}  {c.kind:<5} {c.bytes / 2**20:5.1f} {c.save_s * 1e6:9.2f} "
                          f"{c.recompute_s * 1e6:13.2f}  {'save' if c.saved else 'recompute'}: {c.reason}")
-        lines.append(f"  saved for the backward: {self.saved_bytes / 2**20:.1f} MiB")
+        kib = self.saved_bytes / 1024
+        lines.append(f"  saved for the backward: " + (f"{kib / 1024:.1f} MiB" if kib >= 1024 else f"{kib:.1f} KiB"))
         return "\n".join(lines)
 
 
