@@ -98,6 +98,10 @@ class Case:
 CASES = [
     Case("rowwise.cu.jinja", "softmax", {"r": 5, "x": 1000}, family="rowwise"),
     Case("rowwise.cu.jinja", "layernorm", {"r": 3, "x": 4100}, family="rowwise"),
+    # the chain kernel: a row of two axes in registers (gamma/beta gathered per element), and a row
+    # too long for registers, streamed in three passes
+    Case("rowwise.cu.jinja", "group_norm", {"n": 2, "g": 3, "c": 5, "s": 99}, family="rowwise"),
+    Case("rowwise.cu.jinja", "log_softmax", {"r": 3, "x": 70001}, family="rowwise"),
     # large enough that Hopper's planner takes wgmma + TMA; 333 and 264 are not tile multiples
     Case("matmul_wgmma.cu.jinja", "matmul", {"a": 333, "b": 520, "c": 264}, family="contraction",
          archs=("sm_90a",)),
@@ -109,6 +113,7 @@ CASES = [
     Case("matmul_mma.cu.jinja", _sum_over_h_d, {"h": 3, "a": 77, "d": 72, "c": 40}, family="contraction"),
     Case("matmul_simt.cu.jinja", _sum_over_h_d, {"h": 2, "a": 33, "d": 20, "c": 40}, dtype="fp32",
          family="contraction"),
+    Case("matmul_combine.cu.jinja", "mlp", {"a": 33, "b": 8192, "c": 40}, family="contraction"),
     Case("matmul_simt.cu.jinja", "matmul", {"a": 77, "b": 72, "c": 40}, dtype="fp32", family="contraction"),
     Case("attention_fwd.cu.jinja", "attention_causal", {"h": 2, "q": 77, "x": 77, "d": 64}, family="attention"),
     Case("attention_fwd.cu.jinja", "gqa", {"h": 1, "j": 2, "q": 45, "x": 45, "d": 128}, family="attention"),

@@ -128,7 +128,7 @@ def test_lower_reads_tiles_from_the_schedule():
 
 def test_candidates_are_schedules_with_the_tiles():
     d = bound(library.get("matmul"), "bf16")
-    cands = FAMILY.candidates(d, "h100", "bf16")
+    cands = [s for s in FAMILY.candidates(d, "h100", "bf16") if not s.kernels[0].options.splits]
     assert len(cands) == len(WGMMA_CONFIGS) + len(MMA_CONFIGS)
     for s, cfg in zip(cands, WGMMA_CONFIGS):
         o = s.kernels[0].options
@@ -193,6 +193,57 @@ def test_sum_over_several_axes():
     a, b, c, h = Axis("a"), Axis("b"), Axis("c"), Axis("h")
     bad = Diagram("bad", contract(array("A", a, h, b), array("B", c, b, h), over=(h, b), out=(a, c)))
     assert "different contracted axes last" in FAMILY.explain(bad)
+
+
+def test_a_small_output_over_a_long_sum_splits_it():
+    """256 x 256 outputs over K = 262144 are 4 tiles for 132 SMs: the sum is shared by blocks that
+    write fp32 partials, and a second launch adds them and applies the epilogue."""
+    d = prepare_bound(library.get("mlp"), dict(a=256, b=262144, c=256))
+    splits = [s.kernels[0].options.splits or 1 for s in FAMILY.candidates(d, "h100", "bf16")]
+    assert max(splits) > 1 and 1 in splits
+    from napkin.codegen.planner import derive
+
+    plan = derive(d, gpu="h100", explain=False).plan
+    k = plan.kernels[0].kernel
+    assert k.options.splits and k.options.splits > 1 and k.options.engine == "mma.sync", plan
+    prog = FAMILY.lower(d, plan.schedule, "sm_90a")
+    main, combine = prog.launches
+    (buf,) = prog.buffers
+    assert buf.dtype == "fp32" and buf.shape == (k.options.splits, 1, 256, 256)
+    assert main.grid[0] == 4 * k.options.splits and combine.template == "matmul_combine.cu.jinja"
+    assert {a.name for a in main.args if a.kind == "tensor"} >= {buf.name}
+    assert "erff(" in combine.source and "x_bias" in combine.source and "SPLITS = " in combine.source
+    assert "erff(" not in main.source.split("extern \"C\"")[1].split("return;")[0]  # partials leave raw
+    # a big output is never split; neither is the wgmma template or fp32
+    big = prepare_bound(library.get("matmul"), dict(a=4096, b=4096, c=4096))
+    assert {s.kernels[0].options.splits for s in FAMILY.candidates(big, "h100", "bf16")} == {None}
+    f32 = prepare_bound(library.get("matmul"), dict(a=256, b=262144, c=256), "fp32")
+    assert {s.kernels[0].options.splits for s in FAMILY.candidates(f32, "h100", "fp32")} == {None}
+    with pytest.raises(CodegenError, match="does not split"):
+        FAMILY.lower(f32, FAMILY.schedule(f32, MatmulConfig(True, *SIMT_CONFIGS[0], splits=4)), "sm_90a")
+
+
+def prepare_bound(d, sizes, dtype="bf16"):
+    return d.with_dtype(dtype).bind(**sizes)
+
+
+@pytest.mark.nvcc
+@pytest.mark.parametrize("build,sizes", [
+    (lambda: library.get("mlp"), dict(a=100, b=20000, c=72)),
+    (lambda: library.get("batched_matmul"), dict(n=3, a=64, b=10000, c=40)),
+    (lambda: mm_multi_sum(residual=True), dict(h=8, a=64, b=4096, c=64)),
+], ids=["mlp", "batched", "sum-over-2-axes"])
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90a"])
+def test_split_sums_build_without_spills(build, sizes, arch):
+    from napkin.kernels.nvcc import nvcc_compile
+
+    d = prepare_bound(build(), sizes)
+    cfg = MatmulConfig(False, *MMA_CONFIGS[6], splits=8)
+    prog = FAMILY.lower(d, FAMILY.schedule(d, cfg), arch)
+    assert len(prog.launches) == 2
+    for launch in prog.launches:
+        k = nvcc_compile(launch.source, arch)[launch.name]
+        assert not k.spills and k.stack_bytes == 0, (launch.name, k)
 
 
 def test_several_streams_need_one_sum():

@@ -35,13 +35,14 @@ from the kernel's typed :class:`~napkin.perfmodel.schedule.KernelOptions`.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
+from ...diagrams.axes import is_name
 from ...diagrams.diagram import Diagram
 from ...diagrams.ops import Contract, Map, Value
 from ...errors import CodegenError
 from ...perfmodel.schedule import KernelOptions, Schedule
-from ..program import KernelLaunch, Program
+from ..program import Arg, Buffer, KernelLaunch, Program
 from ..render import Code, comment_lines, ident
 from .epilogue import (Param, check_epilogue, check_index_size, contiguous_strides, ctype, epilogue_code,
                        index_size_problem, int_param, render, short_hash, signature, stride_param, tensor_param, tensormap_param)
@@ -82,6 +83,12 @@ SIMT_CONFIGS = (
 )
 
 GROUP_M = 8
+#: Split sums: at most this many blocks share one output tile, each walking at least this many
+#: chunks (fewer would spend more on the partials than the split gains).
+MAX_SPLITS = 64
+MIN_SPLIT_CHUNKS = 8
+#: Threads per block of the combining launch of a split sum.
+COMBINE_THREADS = 256
 SMEM_PAD = 8  # elements of padding per shared row (mma template)
 SIMT_PAD = 4
 
@@ -119,6 +126,7 @@ class MatmulConfig:
     stages: int
     blocks_per_sm: int = 1
     wgmma: bool = False  # the Hopper template: WM rows per consumer warpgroup, WN = BN
+    splits: int = 1  # blocks sharing one output tile's sum (fp32 partials and a combining launch)
 
     @property
     def threads(self) -> int:
@@ -136,7 +144,8 @@ class MatmulConfig:
             return KernelOptions(engine="wgmma", stages=self.stages, warpgroups=self.BM // self.WM,
                                  blocks_per_sm=self.blocks_per_sm, regs_per_thread=self.consumer_regs())
         return KernelOptions(engine=self.engine, stages=self.stages, warps=self.threads // 32,
-                             blocks_per_sm=self.blocks_per_sm, regs_per_thread=self.model_regs())
+                             blocks_per_sm=self.blocks_per_sm, regs_per_thread=self.model_regs(),
+                             splits=self.splits if self.splits > 1 else None)
 
     def smem_bytes(self, p: MatmulProblem, elem: int) -> int:
         """Dynamic shared memory the kernel asks for (padded tiles)."""
@@ -229,6 +238,18 @@ def _reason_or_problem(diagram: Diagram) -> MatmulProblem | str:
                          B.axis_names[-1] == b, A.dtype, k_outer)
 
 
+def _workspace_name(d: Diagram) -> str:
+    """A buffer name for a split sum's partials that no array of the diagram has."""
+    taken = {d.name_of(v) for v in (*d.inputs, *d.nodes)}
+    want = f"{d.name}_partials"
+    if is_name(want) and want not in taken:
+        return want
+    n = 0
+    while f"mm_partials_{n}" in taken:
+        n += 1
+    return f"mm_partials_{n}"
+
+
 def _chunk_count(sizes, p: MatmulProblem, chunk: int) -> int | None:
     """How many chunks the kernel's loop over the sum walks (outer indices x chunks of b)."""
     if not all(isinstance(sizes.get(n), int) for n in (*p.k_outer, p.b)):
@@ -269,6 +290,17 @@ def _smem_limit(gpu=None, arch: str | None = None) -> int:
 
 def _elem(dtype: str) -> int:
     return 4 if dtype == "fp32" else 2
+
+
+def _sm_count(gpu) -> int:
+    if gpu is not None:
+        try:
+            from ...perfmodel.hardware import get_gpu
+
+            return int(get_gpu(gpu).sms)
+        except Exception:  # noqa: BLE001 - unknown GPU: an H100's count
+            pass
+    return 132
 
 
 class ContractionFamily:
@@ -362,6 +394,31 @@ class ContractionFamily:
             if cfg.smem_bytes(p, _elem(dtype)) > limit:
                 continue
             out.append(self.schedule(diagram, cfg, gpu=gpu, dtype=dtype))
+            for n in self.split_counts(diagram, p, cfg, gpu):
+                out.append(self.schedule(diagram, replace(cfg, splits=n), gpu=gpu, dtype=dtype))
+        return out
+
+    @staticmethod
+    def split_counts(diagram: Diagram, p: MatmulProblem, cfg: MatmulConfig, gpu) -> list[int]:
+        """How many blocks may share one output tile's sum: where the tiles (times the batch) leave
+        most SMs idle and the sum is long, splits that bring the blocks to one or two waves, each
+        split keeping at least ``MIN_SPLIT_CHUNKS`` chunks (the mma.sync template splits; the wgmma
+        and fp32 templates do not)."""
+        if cfg.wgmma or cfg.simt:
+            return []
+        sz = diagram.sizes
+        if not all(isinstance(sz.get(n), int) for n in (p.a, p.c, p.b, *p.batch, *p.k_outer)):
+            return []
+        tiles = math.ceil(sz[p.a] / cfg.BM) * math.ceil(sz[p.c] / cfg.BN) * math.prod(sz[n] for n in p.batch)
+        chunks = _chunk_count(sz, p, cfg.BK)
+        sms = _sm_count(gpu)
+        if tiles * 2 > sms or chunks < 2 * MIN_SPLIT_CHUNKS:
+            return []
+        out = []
+        for waves in (1, 2):
+            n = min(MAX_SPLITS, chunks // MIN_SPLIT_CHUNKS, max(2, waves * sms * cfg.blocks_per_sm // tiles))
+            if n >= 2 and n not in out:
+                out.append(n)
         return out
 
     def schedule(self, diagram: Diagram, cfg: MatmulConfig, gpu="h100", dtype: str | None = None) -> Schedule:
@@ -382,12 +439,16 @@ class ContractionFamily:
         cfg = self.config_of(p, schedule)
         sz = diagram.sizes
         nbatch = math.prod(sz[a] for a in p.batch) if p.batch else 1
-        blocks = math.ceil(sz[p.a] / cfg.BM) * math.ceil(sz[p.c] / cfg.BN) * nbatch
+        blocks = math.ceil(sz[p.a] / cfg.BM) * math.ceil(sz[p.c] / cfg.BN) * nbatch * cfg.splits
         elem = _elem(p.dtype)
         chunk = (cfg.BM + cfg.BN) * cfg.BK * elem
         est = dict(blocks=blocks, threads=cfg.threads, regs=cfg.model_regs(),
                    smem=cfg.smem_bytes(p, elem),
                    in_flight_bytes_per_thread=chunk * max(1, cfg.stages - 1) / cfg.threads)
+        if cfg.splits > 1:
+            # each block walks its share of the chunks; the partials go to HBM and come back once
+            est.update(stream_steps=math.ceil(_chunk_count(sz, p, cfg.BK) / cfg.splits), extra_launches=1,
+                       extra_hbm_bytes=2 * 4 * cfg.splits * sz[p.a] * sz[p.c] * nbatch)
         if cfg.wgmma:
             # the tensor cores read both operands from SMEM themselves while the next wgmma is
             # issued: the datasheet tensor path, operand traffic overlapped
@@ -430,8 +491,12 @@ class ContractionFamily:
         WN = sizes["WN"] or min(default.WN, BN)
         opts = k.options
         stages, blocks = opts.stages, opts.blocks_per_sm
+        splits = opts.splits or 1
         engine = opts.engine or ("simt" if simt else "mma.sync")
         if engine == "wgmma":
+            if splits > 1:
+                raise CodegenError("contraction family: the wgmma template does not split its sum "
+                                   f"(splits={splits}); use engine mma.sync")
             return self._wgmma_config(p, schedule, arch, sizes, stages)
         if engine not in ("mma.sync", "simt"):
             raise CodegenError(f"contraction family: engine {engine!r} is not built here (wgmma, mma.sync "
@@ -454,7 +519,7 @@ class ContractionFamily:
                     if MatmulConfig(simt, BM, BN, BK, WM, WN, st).smem_bytes(p, 2) <= min(limit, 128 * 1024):
                         stages = st
                         break
-        cfg = MatmulConfig(simt, BM, BN, BK, WM, WN, stages, blocks)
+        cfg = MatmulConfig(simt, BM, BN, BK, WM, WN, stages, blocks, splits=splits)
         self._check_config(cfg, p)
         return cfg
 
@@ -492,11 +557,15 @@ class ContractionFamily:
     def _check_config(self, cfg: MatmulConfig, p: MatmulProblem) -> None:
         what = f"contraction family: tiles g_{p.a}={cfg.BM}, g_{p.c}={cfg.BN}, s_{p.b}={cfg.BK}, " \
                f"w_{p.a}={cfg.WM}, w_{p.c}={cfg.WN}"
+        if not 1 <= cfg.splits <= MAX_SPLITS:
+            raise CodegenError(f"{what}: splits={cfg.splits}; a sum is shared by 1 to {MAX_SPLITS} blocks")
         if cfg.BM % cfg.WM or cfg.BN % cfg.WN:
             raise CodegenError(f"{what}: warp tiles must divide the block tile")
         if not 32 <= cfg.threads <= 1024:
             raise CodegenError(f"{what}: gives {cfg.threads} threads per block (32 to 1024)")
         if cfg.simt:
+            if cfg.splits > 1:
+                raise CodegenError(f"{what}: the fp32 template does not split its sum (splits={cfg.splits})")
             if (cfg.WM, cfg.WN) not in ((32, 64), (64, 32)):
                 raise CodegenError(f"{what}: the fp32 template's warp tiles are 32x64 or 64x32")
             if cfg.BK not in (4, 8, 16, 32):
@@ -524,10 +593,62 @@ class ContractionFamily:
         if not diagram.is_bound:
             raise CodegenError(f"contraction family: bind the sizes of {diagram.name!r} first")
         cfg = self.config_of(p, schedule, arch)
-        launch = (self._launch_wgmma if cfg.wgmma else self._launch)(diagram, p, cfg, arch)
-        return Program(diagram, schedule, self.name, (launch,), (), dict(diagram.sizes))
+        if cfg.wgmma:
+            return Program(diagram, schedule, self.name, (self._launch_wgmma(diagram, p, cfg, arch),), (),
+                           dict(diagram.sizes))
+        if cfg.splits == 1:
+            return Program(diagram, schedule, self.name, (self._launch(diagram, p, cfg, arch),), (),
+                           dict(diagram.sizes))
+        ws = _workspace_name(diagram)
+        sz = diagram.sizes
+        nbatch = math.prod(sz[a] for a in p.batch)
+        buf = Buffer(ws, ("split", "batch", p.a, p.c), (cfg.splits, nbatch, sz[p.a], sz[p.c]), "fp32")
+        launches = (self._launch(diagram, p, cfg, arch, ws), self._combine_launch(diagram, p, cfg, ws))
+        return Program(diagram, schedule, self.name, launches, (buf,), dict(diagram.sizes))
 
-    def _launch(self, d: Diagram, p: MatmulProblem, cfg: MatmulConfig, arch: str) -> KernelLaunch:
+    def _combine_launch(self, d: Diagram, p: MatmulProblem, cfg: MatmulConfig, ws: str) -> KernelLaunch:
+        """The second launch of a split sum: the partials added in a fixed order, then the epilogue."""
+        T = p.dtype
+        sz = d.sizes
+        M, N = sz[p.a], sz[p.c]
+        sY = contiguous_strides(p.out)
+        out_name = d.output_names[0]
+        params: list[Param] = [
+            Param(Arg("tensor", ws, dtype="fp32", axes=()), Code("const float* __restrict__ WS")),
+            tensor_param(p.out, "Y", T, const=False, name=out_name),
+            int_param("M", M), int_param("N", N),
+            int_param("ldy", sY[p.a], f"row stride of {out_name}[{','.join(p.out.axis_names)}]"),
+        ]
+        batch = []
+        for ax in p.batch:
+            names = dict(idx=ident(ax, "i_"), size=ident(ax, "n_"), sY=ident(ax, "sY_"))
+            params += [int_param(names["size"], sz[ax]),
+                       stride_param(names["sY"], sY[ax], f"stride of the output along {ax}")]
+            batch.append(names)
+        index_vars = {ax: ident(ax, "i_") for ax in (p.a, p.c, *p.batch)}
+        epi = epilogue_code(d, p.contraction, p.out, index_vars=index_vars, ctype_name=T)
+        params += epi.params
+        tag = short_hash(T, [str(x) for x in epi.lines], p.batch, cfg.splits, "combine")
+        kname = Code(f"napkin_mm_combine_{T}_x{cfg.splits}_{tag}")
+        legend = comment_lines([f"diagram {d.name}: the {cfg.splits} partial sums of "
+                                f"{out_name}[{','.join(p.out.axis_names)}] from the contraction's first launch",
+                                f"  {p.a} -> M (rows), {p.c} -> N (columns)"
+                                + "".join(f", {ax} -> batch" for ax in p.batch),
+                                "  epilogue: " + (", ".join(epi.boxes) if epi.boxes else "none"),
+                                f"  tunables: SPLITS = {cfg.splits}, THREADS = {COMBINE_THREADS}"])
+        source = render("matmul_combine.cu.jinja", kname=kname, T=ctype(T), SPLITS=cfg.splits,
+                        THREADS=COMBINE_THREADS, params=signature(params), batch=batch, legend=legend,
+                        idx_a=index_vars[p.a], idx_c=index_vars[p.c], epi_body=epi.body("    "),
+                        epi_result=epi.result, epi_identity=epi.is_identity)
+        total = M * N * math.prod(sz[a] for a in p.batch)
+        blocks = max(1, min(-(-total // COMBINE_THREADS), 65535))
+        return KernelLaunch(name=str(kname), source=source, grid=(blocks, 1, 1), block=(COMBINE_THREADS, 1, 1),
+                            shared_bytes=0, args=tuple(x.arg for x in params), template="matmul_combine.cu.jinja",
+                            tunables=(("SPLITS", cfg.splits), ("THREADS", COMBINE_THREADS)),
+                            model_smem_bytes=0, model_regs_per_thread=None)
+
+    def _launch(self, d: Diagram, p: MatmulProblem, cfg: MatmulConfig, arch: str,
+                ws: str | None = None) -> KernelLaunch:
         T = p.dtype
         sz = d.sizes
         M, N, K = sz[p.a], sz[p.c], sz[p.b]
@@ -572,6 +693,8 @@ class ContractionFamily:
             kouter.append(names)
         check_index_size(_chunk_count(sz, p, cfg.BK), f"the chunks of the sum over {[*p.k_outer, p.b]}", 1,
                          "contraction")
+        if ws is not None:
+            params.append(Param(Arg("tensor", ws, dtype="fp32", axes=()), Code("float* __restrict__ WS")))
         index_vars = {ax: ident(ax, "i_") for ax in (p.a, p.c, *p.batch)}
         epi = epilogue_code(d, p.contraction, p.out, index_vars=index_vars, ctype_name=T)
         params += epi.params
@@ -585,12 +708,14 @@ class ContractionFamily:
         layout = ("k" if p.a_kmajor else "m") + ("k" if p.b_kmajor else "n")
         tag = short_hash(T, layout, [str(x) for x in epi.lines], p.batch, p.k_outer, cfg)
         kind = "simt" if cfg.simt else "mma"
+        split = f"_x{cfg.splits}" if cfg.splits > 1 else ""
         kname = Code(f"napkin_mm_{kind}_{T}_{cfg.BM}x{cfg.BN}x{cfg.BK}_w{cfg.WM}x{cfg.WN}"
-                     f"_s{cfg.stages}_{layout}_{tag}")
+                     f"_s{cfg.stages}{split}_{layout}_{tag}")
         legend = comment_lines(self._legend(d, p, cfg, epi.boxes))
         ctx = dict(
             kname=kname, T=ctype(T), BM=cfg.BM, BN=cfg.BN, BK=cfg.BK, WM=cfg.WM, WN=cfg.WN,
-            STAGES=cfg.stages, GROUP_M=GROUP_M, MIN_BLOCKS=cfg.blocks_per_sm, A_KMAJOR=p.a_kmajor, B_KMAJOR=p.b_kmajor,
+            STAGES=cfg.stages, SPLITS=cfg.splits, GROUP_M=GROUP_M, MIN_BLOCKS=cfg.blocks_per_sm,
+            A_KMAJOR=p.a_kmajor, B_KMAJOR=p.b_kmajor,
             params=signature(params), batch=batch, kouter=kouter, legend=legend,
             idx_a=index_vars[p.a], idx_c=index_vars[p.c],
             epi_body=epi.body("    "), epi_result=epi.result, epi_identity=epi.is_identity,
@@ -601,8 +726,10 @@ class ContractionFamily:
         tunables = (("BM", cfg.BM), ("BN", cfg.BN), ("BK", cfg.BK), ("WM", cfg.WM), ("WN", cfg.WN),
                     ("stages", cfg.stages), ("blocks_per_sm", cfg.blocks_per_sm), ("a_kmajor", p.a_kmajor),
                     ("b_kmajor", p.b_kmajor))
+        if cfg.splits > 1:
+            tunables += (("splits", cfg.splits),)
         return KernelLaunch(
-            name=str(kname), source=source, grid=(tiles, nbatch, 1), block=(cfg.threads, 1, 1),
+            name=str(kname), source=source, grid=(tiles * cfg.splits, nbatch, 1), block=(cfg.threads, 1, 1),
             shared_bytes=smem, args=tuple(x.arg for x in params), template=template,
             tunables=tunables, model_smem_bytes=cfg.model_smem_bytes(elem),
             model_regs_per_thread=cfg.model_regs(),
