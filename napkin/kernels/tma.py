@@ -4,10 +4,15 @@ A kernel that copies tiles with ``cp.async.bulk.tensor`` takes a *tensor map* (C
 ``CUtensorMap``: 128 opaque bytes describing a global array, the box one copy moves and the
 shared-memory swizzle) as a ``const __grid_constant__`` parameter. The driver encodes it from the
 tensor's pointer, sizes and strides (``cuTensorMapEncodeTiled``), so it is made per launch, from
-the actual tensor; :func:`tensor_map` caches the encoding per (pointer, shape, box).
+the actual tensor; :func:`tensor_map` caches the encoding per (pointer, shape, box). A
+:class:`TensorMapSlot` is the prepared form for one kernel argument whose shape, dtype and box
+are fixed: it keeps the encodings per data pointer, so a launch that sees the same tensor again
+(a training loop, a CUDA graph's static inputs) only looks the pointer up.
 
 CuPy passes only scalars and pointers to kernels, so a launch with a tensor map in its arguments
-goes through the driver's ``cuLaunchKernel`` directly (:func:`launch_raw`).
+goes through the driver's ``cuLaunchKernel`` directly (:func:`launch_raw`; :func:`cu_launch_kernel`
+is that driver entry point with its argument types declared, for the prepared launches of
+:mod:`napkin.kernels.launch`).
 
 >>> TensorMap.SIZE, TensorMap.ALIGN
 (128, 64)
@@ -25,7 +30,7 @@ from typing import Any
 
 from napkin.errors import LaunchError
 
-__all__ = ["TensorMap", "tensor_map", "launch_raw", "SWIZZLE_128B"]
+__all__ = ["TensorMap", "TensorMapSlot", "tensor_map", "launch_raw", "cu_launch_kernel", "SWIZZLE_128B"]
 
 #: cuda.h enumerations used here.
 _DATA_TYPES = {"bf16": 9, "fp16": 6, "fp32": 7}
@@ -105,23 +110,95 @@ def tensor_map(t, box: Sequence[int], *, swizzle: int = SWIZZLE_128B) -> TensorM
         m = _cache.get(key)
         if m is not None:
             return m
-    m = TensorMap(f"{name} [{outer}][{inner}], box {tuple(box)}")
+    m = _encode(t.data_ptr(), name, inner, outer, elem, box, swizzle)
+    with _lock:
+        if len(_cache) >= _CACHE_LIMIT:
+            _cache.clear()
+        _cache[key] = m
+    return m
+
+
+def _encode(pointer: int, dtype: str, inner: int, outer: int, elem: int, box: Sequence[int],
+            swizzle: int) -> TensorMap:
+    """``cuTensorMapEncodeTiled`` of a contiguous ``[outer][inner]`` array of ``dtype`` at ``pointer``."""
+    m = TensorMap(f"{dtype} [{outer}][{inner}], box {tuple(box)}")
     u64, u32 = ctypes.c_uint64, ctypes.c_uint32
     dims = (u64 * 2)(inner, outer)
     strides = (u64 * 1)(inner * elem)
     boxd = (u32 * 2)(*[int(b) for b in box])
     estr = (u32 * 2)(1, 1)
     rc = _driver().cuTensorMapEncodeTiled(
-        ctypes.c_void_p(m.address), ctypes.c_int(_DATA_TYPES[name]), u32(2), ctypes.c_void_p(t.data_ptr()),
+        ctypes.c_void_p(m.address), ctypes.c_int(_DATA_TYPES[dtype]), u32(2), ctypes.c_void_p(pointer),
         dims, strides, boxd, estr, ctypes.c_int(_INTERLEAVE_NONE), ctypes.c_int(swizzle),
         ctypes.c_int(_L2_PROMOTION_256B), ctypes.c_int(_OOB_FILL_ZERO))
     if rc != 0:
         raise LaunchError(f"cuTensorMapEncodeTiled refused {m.description}: {_error_name(rc)}")
-    with _lock:
-        if len(_cache) >= _CACHE_LIMIT:
-            _cache.clear()
-        _cache[key] = m
     return m
+
+
+_ELEMENT_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
+
+
+class TensorMapSlot:
+    """The tensor maps of one kernel argument whose dtype, shape and box never change: one
+    encoding per data pointer, kept (at most ``limit``; past it the older half is dropped).
+
+    What the shape alone decides is checked once, when the slot is made (a non-empty array, rows
+    a multiple of 16 bytes); :meth:`get` checks the pointer's 16-byte alignment, the one thing a
+    new tensor of the same shape can break. Maps never go stale: a pointer freed and handed to
+    another tensor of this slot's shape describes that tensor exactly as well.
+
+    >>> TensorMapSlot("bf16", (1000, 1000), (64, 128)).description
+    'bf16 [1000][1000], box (64, 128)'
+    >>> TensorMapSlot("bf16", (4, 7), (8, 4))
+    Traceback (most recent call last):
+    ...
+    napkin.errors.LaunchError: the TMA copy needs rows of a multiple of 16 bytes; the last axis has 7 elements of 2 bytes
+    """
+
+    __slots__ = ("dtype", "inner", "outer", "box", "swizzle", "limit", "_maps", "description")
+
+    def __init__(self, dtype: str, shape: Sequence[int], box: Sequence[int], *, swizzle: int = SWIZZLE_128B,
+                 limit: int = 64):
+        if dtype not in _DATA_TYPES:
+            raise LaunchError(f"TMA tensor maps here take bf16, fp16 or fp32 tensors, not {dtype}")
+        shape = tuple(int(s) for s in shape)
+        if not shape:
+            raise LaunchError("a TMA tensor map needs a tensor with at least one axis")
+        inner, outer = shape[-1], 1
+        for s in shape[:-1]:
+            outer *= s
+        if inner == 0 or outer == 0:
+            raise LaunchError("a TMA tensor map needs a non-empty tensor")
+        elem = _ELEMENT_BYTES[dtype]
+        if (inner * elem) % 16:
+            raise LaunchError(f"the TMA copy needs rows of a multiple of 16 bytes; the last axis has {inner} "
+                              f"elements of {elem} bytes")
+        self.dtype, self.inner, self.outer = dtype, inner, outer
+        self.box = tuple(int(b) for b in box)
+        self.swizzle, self.limit = int(swizzle), max(2, int(limit))
+        self._maps: dict[int, TensorMap] = {}
+        self.description = f"{dtype} [{outer}][{inner}], box {self.box}"
+
+    def get(self, pointer: int) -> TensorMap:
+        """The tensor map of this slot's array at ``pointer`` (encoded the first time it is seen)."""
+        m = self._maps.get(pointer)
+        if m is not None:
+            return m
+        if pointer % 16:
+            raise LaunchError(f"the TMA copy needs a 16-byte aligned data pointer; this {self.dtype} "
+                              f"[{self.outer}][{self.inner}] tensor starts at an offset (pass a .clone())")
+        m = _encode(pointer, self.dtype, self.inner, self.outer, _ELEMENT_BYTES[self.dtype], self.box,
+                    self.swizzle)
+        with _lock:
+            if len(self._maps) >= self.limit:
+                for old in list(self._maps)[: self.limit // 2]:
+                    del self._maps[old]
+            self._maps[pointer] = m
+        return m
+
+    def __len__(self) -> int:
+        return len(self._maps)
 
 
 def _c_arg(a: Any):
@@ -151,3 +228,24 @@ def launch_raw(function_ptr: int, grid: tuple[int, int, int], block: tuple[int, 
     del keep
     if rc != 0:
         raise LaunchError(f"cuLaunchKernel of {kernel} failed: {_error_name(rc)}")
+
+
+_cu_launch = None
+
+
+def cu_launch_kernel():
+    """The driver's ``cuLaunchKernel`` (function, grid x y z, block x y z, shared bytes, stream,
+    parameter array, extra) as a function object of its own, its arguments undeclared: a caller
+    passes ctypes values it made once (``c_void_p``, ``c_uint``), which ctypes passes without
+    converting them (declared argument types would convert every argument at every call)."""
+    global _cu_launch
+    if _cu_launch is None:
+        fn = _driver()["cuLaunchKernel"]
+        fn.restype = ctypes.c_int
+        _cu_launch = fn
+    return _cu_launch
+
+
+def error_name(code: int) -> str:
+    """The driver's name for CUDA error ``code`` (``CUDA_ERROR_INVALID_VALUE``)."""
+    return _error_name(code)
