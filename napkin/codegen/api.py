@@ -12,11 +12,26 @@ disk). The :class:`CompiledDiagram` checks its tensors (dtype, shape from the bo
 device, contiguity; a :class:`~napkin.errors.LaunchError` names the argument), allocates the
 intermediates and outputs (or writes into the ``out`` tensors given) and launches every kernel
 on the current CUDA stream.
+
+The host path is prepared once per device (:class:`_Runner`): each launch's parameters are packed
+(:class:`~napkin.kernels.launch.PreparedLaunch`), tensor maps are cached per data pointer, and a
+call whose tensors pass a cheap check (dtype, shape, device, contiguity, TMA alignment, compared
+with what the runner expects) goes straight to the launches; anything else takes the checked path,
+which names what is wrong. Plans are cached on disk beside the kernels
+(:mod:`napkin.codegen.plancache`), so compiling a diagram a second time, in any process, costs
+the cubin's load, not the planner's search.
+
+``compile(..., dynamic={"q": (1, 8192)})`` returns a
+:class:`~napkin.codegen.dynamic.DynamicDiagram` instead: one plan for the whole size range,
+re-lowered per size, with the compiled kernels reused wherever the source does not change.
 """
 
 from __future__ import annotations
 
+import logging
 import math
+import threading
+import time
 from typing import Mapping
 
 from ..errors import LaunchError
@@ -24,13 +39,16 @@ from .program import Program
 
 __all__ = ["compile", "CompiledDiagram"]
 
+_log = logging.getLogger(__name__)
+
 
 class CompiledDiagram:
     """A lowered, compiled diagram; call it with torch CUDA tensors.
 
     Attributes: ``diagram`` (bound), ``plan`` (what derive derived), ``program``, ``schedule``,
     ``family``, ``source`` (all kernels with the device library inlined: one self-contained .cu),
-    ``arch``, ``gpu``.
+    ``arch``, ``gpu``, ``compile_seconds`` (what loading or compiling the kernels took; None
+    before).
     """
 
     def __init__(self, program: Program, *, arch: str | None = None, gpu=None, kernels=None):
@@ -48,6 +66,10 @@ class CompiledDiagram:
         self._out_shapes = {n: tuple(a.bound_size for a in v.axes)
                             for n, v in zip(self.diagram.output_names, self.diagram.outputs)}
         self._out_dtypes = {n: v.dtype for n, v in zip(self.diagram.output_names, self.diagram.outputs)}
+        self.compile_seconds: float | None = None
+        self._runners: dict[int, _Runner] = {}
+        self._last: _Runner | None = None  # the runner of the last call (the fast path's guess)
+        self._lock = threading.Lock()
 
     # ------------------------------------------------------------------ views
     @property
@@ -74,13 +96,31 @@ class CompiledDiagram:
 
     def _compiled(self):
         if self._kernels is None:
-            from ..kernels import compile_kernel
+            from ..kernels import compile_kernel, default_cache
 
+            stats = default_cache().stats
+            misses = stats.misses
+            start = time.perf_counter()
             src = self.program.source()
-            self._kernels = [compile_kernel(src, k.name, arch=self.arch, filename=f"{self.diagram.name}.cu")
-                             for k in self.program.launches]
-            self.arch = self.arch or (self._kernels[0].arch if self._kernels else None)
+            kernels = [compile_kernel(src, k.name, arch=self.arch, filename=f"{self.diagram.name}.cu")
+                       for k in self.program.launches]
+            self.compile_seconds = time.perf_counter() - start
+            self.arch = self.arch or (kernels[0].arch if kernels else None)
+            how = "compiled" if stats.misses > misses else "loaded (cached)"
+            _log.info("%s: %d kernel(s) %s for %s in %.3f s", self.diagram.name, len(kernels), how, self.arch,
+                      self.compile_seconds)
+            self._kernels = kernels
         return self._kernels
+
+    def _runner(self, device: int) -> "_Runner":
+        """The prepared launches on CUDA device ``device`` (made, and the kernels compiled, once)."""
+        r = self._runners.get(device)
+        if r is None:
+            with self._lock:
+                r = self._runners.get(device)
+                if r is None:
+                    r = self._runners[device] = _Runner(self, device)
+        return r
 
     # ------------------------------------------------------------------ calling
     def _bind_inputs(self, tensors, by_name) -> dict:
@@ -140,12 +180,19 @@ class CompiledDiagram:
     def __call__(self, *tensors, out=None, **by_name):
         """Run the diagram on torch CUDA tensors (by position in ``diagram.inputs`` order, or by
         name). Returns the output tensor, or a tuple of them in ``output_names`` order."""
-        import numpy
+        if out is None and not by_name:
+            r = self._last
+            if r is not None:
+                res = r.fast(tensors)
+                if res is not None:
+                    return res
+        return self._call_checked(tensors, out, by_name)
+
+    def _call_checked(self, tensors, out, by_name):
+        """Every check, each failure one LaunchError naming the argument; then the launches."""
         import torch
 
-        from ..dtypes import torch_dtype
         from ..kernels import check_tensor
-        from ..kernels.tma import tensor_map
 
         got = self._bind_inputs(tensors, by_name)
         first = next(iter(got.values()), None)
@@ -157,25 +204,21 @@ class CompiledDiagram:
             return self.without_tma()(**env, out=out)
         outs = self._outputs(out, device)
         env.update(outs)
-        for b in self.program.buffers:
-            env[b.name] = torch.empty(b.shape, dtype=torch_dtype(b.dtype), device=device)
-        kernels = self._compiled()
-        for k, launch in zip(kernels, self.program.launches):
-            args = []
-            for a in launch.args:
-                if a.kind == "tensor":
-                    args.append(env[a.name])
-                elif a.kind == "tmap":
-                    args.append(tensor_map(env[a.name], a.value))
-                elif a.kind == "i64":
-                    args.append(numpy.int64(a.value))
-                elif a.kind == "int":
-                    args.append(int(a.value))
-                else:
-                    args.append(float(a.value))
-            k(launch.grid, launch.block, args, launch.shared_bytes)
-        res = tuple(outs[n] for n in self.output_names)
-        return res[0] if len(res) == 1 else res
+        if not self._tma_can_read(env):  # an out tensor given that TMA cannot write
+            return self.without_tma()(**{n: env[n] for n in self.input_names}, out=out)
+        index = next((t.device.index for t in env.values()), None)
+        if index is None:
+            index = torch.cuda.current_device()
+        runner = self._runner(index)
+        inputs = [env[n] for n in self.input_names]
+        given = [outs[n] for n in self.output_names]
+        if index != torch.cuda.current_device():
+            with torch.cuda.device(index):
+                res = runner.run(inputs, given)
+        else:
+            res = runner.run(inputs, given)
+            self._last = runner
+        return res[0] if len(res) == 1 else tuple(res)
 
     def _tma_can_read(self, env) -> bool:
         """Whether every tensor the caller passed that the program copies with TMA starts on a 16-byte
@@ -233,38 +276,164 @@ class CompiledDiagram:
 
 
 def compile(diagram, *, gpu=None, sizes: Mapping[str, int] | None = None, dtype: str | None = None,
-            schedule=None, family: str | None = None, plan=None) -> CompiledDiagram:
+            schedule=None, family: str | None = None, plan=None, dynamic=None):
     """Derive ``diagram``'s plan (a Diagram or a library name) and compile it for the GPU at hand:
     :func:`napkin.codegen.planner.derive` followed by :func:`napkin.codegen.lower.build`.
 
     ``sizes`` binds axis sizes, ``dtype`` recasts every array, ``gpu`` names the profile the plan
     is ranked on (default: the GPU at hand). ``plan`` builds a plan derived before;
     ``schedule`` runs a hand-written schedule as given; ``family`` restricts the families the
-    planner may use. Kernels compile at the first call (or here when a GPU exists).
+    planner may use. Kernels compile at the first call (or here when a GPU exists): on
+    ``NAPKIN_DEVICE`` when it is set, else on the current device. Derived plans are cached on
+    disk (:mod:`napkin.codegen.plancache`).
+
+    ``dynamic`` marks axes whose size changes from call to call (a sequence, a batch): a mapping
+    ``{"q": (1, 8192)}`` of size ranges, or axis names whose range is 1 to their size in
+    ``sizes``. The result is a :class:`~napkin.codegen.dynamic.DynamicDiagram`, which serves
+    every size in the ranges with one plan (see there).
     """
+    if dynamic is not None:
+        from .dynamic import compile_dynamic
+
+        if plan is not None:
+            raise LaunchError("compile: give either plan= or dynamic=, not both (a plan is bound to its sizes)")
+        return compile_dynamic(diagram, dynamic, compiled_type=CompiledDiagram, arch=local_arch(), gpu=gpu,
+                               sizes=sizes, dtype=dtype, schedule=schedule, family=family)
     from ..perfmodel.hardware import check_arch
     from .lower import build
-    from .planner import derive, plan_schedule
+    from .planner import plan_schedule
+    from .plancache import derive_cached
     from .prepare import prepare
     from .select import resolve_gpu
 
     gpu_p = resolve_gpu(gpu)
-    arch = None
-    try:
-        from ..kernels.compile import detect_arch
-
-        arch = detect_arch()
-    except Exception:  # noqa: BLE001 - no GPU here: lower for the profile's arch, compile later
-        arch = None
+    arch = local_arch()
     if plan is None:
         d = prepare(diagram, sizes=sizes, dtype=dtype)
         if schedule is not None:
             plan = plan_schedule(d, schedule, gpu_p, family=family, arch=arch or gpu_p.arch)
         else:
-            plan = derive(d, gpu_p, dtype, arch=arch or gpu_p.arch, explain=False,
-                          families=[family] if family is not None else None).plan
+            plan = derive_cached(d, gpu_p, dtype, arch=arch or gpu_p.arch, family=family)
     program = build(plan, arch=check_arch(arch or plan.arch))
     cd = CompiledDiagram(program, arch=arch, gpu=gpu_p)
     if arch is not None:
         cd._compiled()
     return cd
+
+
+def local_arch() -> str | None:
+    """The compile target of ``NAPKIN_DEVICE`` (else the current CUDA device); None without a GPU."""
+    try:
+        from ..kernels.compile import detect_arch
+        from ..settings import cuda_device
+
+        return detect_arch(cuda_device())
+    except Exception:  # noqa: BLE001 - no GPU here: lower for the profile's arch, compile later
+        return None
+
+
+class _Runner:
+    """A compiled diagram's launches prepared on one CUDA device, and the cheap check in front
+    of them.
+
+    Slots of the environment: the inputs in ``diagram.inputs`` order, then the outputs, then the
+    intermediate buffers. Each launch knows which slots its pointer and tensor-map parameters
+    read. :meth:`fast` takes positional inputs and returns None (never raises a LaunchError)
+    when anything differs from what the launches expect: a tensor's dtype, shape, device or
+    contiguity, a TMA input off a 16-byte boundary, another current device; the caller then
+    takes the checked path, which says what is wrong or handles it.
+    """
+
+    __slots__ = ("device", "n_in", "in_specs", "out_specs", "buf_specs", "launches", "tma_inputs",
+                 "_torch", "_stream", "_current", "_tdevice")
+
+    def __init__(self, cd: CompiledDiagram, device: int):
+        import numpy
+        import torch
+
+        from ..dtypes import torch_dtype
+        from ..kernels.launch import POINTER
+        from ..kernels.tma import TensorMapSlot
+
+        kernels = cd._compiled()
+        program = cd.program
+        ins, outs = cd.input_names, cd.output_names
+        names = list(ins) + list(outs) + [b.name for b in program.buffers]
+        index = {n: i for i, n in enumerate(names)}
+        shapes = {**cd._shapes, **cd._out_shapes, **{b.name: tuple(b.shape) for b in program.buffers}}
+        dtypes = {**cd._dtypes, **cd._out_dtypes, **{b.name: b.dtype for b in program.buffers}}
+        self.device, self.n_in = int(device), len(ins)
+        self.in_specs = tuple((torch_dtype(dtypes[n]), torch.Size(shapes[n])) for n in ins)
+        self.out_specs = tuple((tuple(shapes[n]), torch_dtype(dtypes[n])) for n in outs)
+        self.buf_specs = tuple((tuple(b.shape), torch_dtype(b.dtype)) for b in program.buffers)
+        launches = []
+        tma = set()
+        for k, launch in zip(kernels, program.launches):
+            args, slots = [], []
+            for a in launch.args:
+                if a.kind == "tensor":
+                    args.append(POINTER)
+                    slots.append(index[a.name])
+                elif a.kind == "tmap":
+                    args.append(TensorMapSlot(dtypes[a.name], shapes[a.name], a.value))
+                    slots.append(index[a.name])
+                    tma.add(index[a.name])
+                elif a.kind == "i64":
+                    args.append(numpy.int64(a.value))
+                elif a.kind == "int":
+                    args.append(int(a.value))
+                else:
+                    args.append(float(a.value))
+            launches.append(k.prepare(launch.grid, launch.block, args, launch.shared_bytes, device=device,
+                                      sources=slots))
+        self.launches = tuple(launches)
+        self.tma_inputs = tuple(sorted(i for i in tma if i < self.n_in))
+        self._torch = torch
+        self._tdevice = torch.device("cuda", self.device)
+        getter = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+        self._stream = getter if getter is not None else (lambda d: torch.cuda.current_stream(d).cuda_stream)
+        self._current = getattr(torch._C, "_cuda_getDevice", torch.cuda.current_device)
+
+    def fast(self, tensors):
+        """The outputs of a call with positional ``tensors`` that pass the cheap check, else None."""
+        specs = self.in_specs
+        if len(tensors) != len(specs) or not specs:
+            return None
+        dev = self.device
+        try:
+            for t, (dt, shape) in zip(tensors, specs):
+                if t.dtype is not dt or t.shape != shape or t.get_device() != dev or not t.is_contiguous():
+                    return None
+            ptrs = [t.data_ptr() for t in tensors]
+        except AttributeError:  # not a tensor: the checked path names it
+            return None
+        for i in self.tma_inputs:
+            if ptrs[i] & 15:
+                return None
+        if self._current() != dev:
+            return None
+        empty, tdev = self._torch.empty, self._tdevice
+        outs = [empty(shape, dtype=dt, device=tdev) for shape, dt in self.out_specs]
+        ptrs += [t.data_ptr() for t in outs]
+        if self.buf_specs:
+            bufs = [empty(shape, dtype=dt, device=tdev) for shape, dt in self.buf_specs]
+            ptrs += [t.data_ptr() for t in bufs]
+        stream = self._stream(dev)
+        for launch in self.launches:
+            launch(ptrs, stream)
+        return outs[0] if len(outs) == 1 else tuple(outs)
+
+    def run(self, inputs, outs):
+        """Allocate what is not given, launch every kernel on the current stream, return the outputs."""
+        empty, dev = self._torch.empty, self._tdevice
+        env = list(inputs)
+        if outs is None:
+            outs = [empty(shape, dtype=dt, device=dev) for shape, dt in self.out_specs]
+        env += outs
+        for shape, dt in self.buf_specs:
+            env.append(empty(shape, dtype=dt, device=dev))  # kept alive in env until every launch is queued
+        ptrs = [t.data_ptr() for t in env]
+        stream = self._stream(self.device)
+        for launch in self.launches:
+            launch(ptrs, stream)
+        return outs
