@@ -4,8 +4,8 @@ Each is an environment variable, read when it is needed (never at import), so a 
 before the work it should change:
 
 ======================== ==================================================================
-``NAPKIN_CACHE_DIR``     directory of the compiled-kernel cache and the plan cache (default
-                         ``~/.cache/napkin/kernels``; plans in its ``plans`` folder)
+``NAPKIN_CACHE_DIR``     directory of the compiled-kernel cache, which also keeps derived plans
+                         (default ``~/.cache/napkin/kernels``)
 ``NAPKIN_SYNC_LAUNCH``   ``1``: wait for every kernel after its launch, so a fault is reported
                          at the launch that caused it (debugging; slow). Read at each launch of
                          :meth:`napkin.kernels.CompiledKernel.__call__`, and when a compiled
