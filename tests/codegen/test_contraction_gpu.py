@@ -192,3 +192,50 @@ def test_wgmma_misaligned_views_run_without_tma():
     assert cd.without_tma().program.launches[0].template == "matmul_mma.cu.jinja"
     torch.testing.assert_close(Y.float(), A.float() @ B.float(), rtol=2e-2, atol=2e-1)
     torch.testing.assert_close(cd(A.clone(), B).float(), Y.float(), rtol=2e-2, atol=2e-1)
+
+
+def _projection(bias: bool = False):
+    """Q[h,q,d] = Σ_e X[q,e]·W[h,d,e] (+ b[h,d]): a batch axis h that only the weight carries (the
+    block's query, key and value projections)."""
+    from napkin.diagrams import Axis, Diagram, array, contract
+    from napkin.diagrams.ops import map_fn
+
+    h, q, d, e = Axis("h"), Axis("q"), Axis("d"), Axis("e")
+    Q = contract(array("X", q, e), array("W", h, d, e), over=e, out=(h, q, d), name="Q")
+    if bias:
+        Q = map_fn("add", Q, array("b", h, d), name="Qb")
+    return Diagram("projection", Q)
+
+
+@pytest.mark.parametrize("cfg", [WGMMA_CONFIGS[0], WGMMA_CONFIGS[3]], ids=["128x256", "128x128"])
+def test_wgmma_batched(cfg):
+    """Batch axes on the TMA path: a batch index moves each operand's tiles down its flattened rows
+    (rows past M or N belong to the next batch element and are never stored); B stored [b][c] per
+    batch element needs the sum's length to be a multiple of 64."""
+    _hopper()
+    for shape in (dict(n=3, a=300, b=256, c=136), dict(n=2, a=64, b=64, c=72)):
+        check(library.get("batched_matmul"), "bf16", [shape],
+              schedule=wgmma_schedule(library.get("batched_matmul"), "bf16", shape, cfg))
+    for bias in (False, True):
+        d = _projection(bias)
+        for shape in (dict(h=3, q=300, d=128, e=200), dict(h=4, q=64, d=64, e=64)):
+            check(d, "bf16", [shape], schedule=wgmma_schedule(d, "bf16", shape, cfg))
+
+
+def test_wgmma_batched_refusals_and_planning():
+    d = library.get("batched_matmul").with_dtype("bf16").bind(n=3, a=300, b=200, c=136)
+    assert "multiple of 64" in FAMILY.wgmma_reason(d, "h100")
+    _hopper()
+    from napkin.codegen.api import compile as compile_diagram
+
+    cd = compile_diagram("batched_matmul", sizes=dict(n=8, a=1024, b=1024, c=1024))
+    assert cd.program.launches[0].template == "matmul_wgmma.cu.jinja"
+    check(library.get("batched_matmul"), "bf16", [dict(n=3, a=300, b=200, c=136)])
+
+
+def test_wgmma_batched_both_operands_k_major():
+    _hopper()
+    from test_contraction_nvcc import bmm_t
+
+    for shape in (dict(n=3, a=300, b=200, c=136), dict(n=2, a=64, b=8, c=72)):
+        check(bmm_t(), "bf16", [shape], schedule=wgmma_schedule(bmm_t(), "bf16", shape, WGMMA_CONFIGS[1]))

@@ -53,6 +53,13 @@ def mm_multi_sum(a_kmajor: bool = True, b_kmajor: bool = True, residual: bool = 
     return Diagram(name, C)
 
 
+def bmm_t(dtype="bf16") -> Diagram:
+    """C[n,a,c] = Σ_b A[n,a,b]·B[n,c,b]: batched, both operands stored K-major."""
+    n, a, b, c = Axis("n"), Axis("a"), Axis("b"), Axis("c")
+    return Diagram("bmm_t", contract(array("A", n, a, b, dtype=dtype), array("B", n, c, b, dtype=dtype), over=b,
+                                     out=(n, a, c), name="C"))
+
+
 SIZES = dict(a=1000, b=520, c=776, n=3, h=3)
 
 
@@ -84,6 +91,8 @@ CASES = (
                                        ("A[b,a]B[b,c]", mm_layout(False, True), "fp16"),
                                        ("A[b,a]B[c,b]", mm_layout(False, False), "bf16"),
                                        ("epilogue", mm_epilogue(), "fp16")])]
+    + [case("wgmma-batched-bf16", bmm_t(), "bf16", WGMMA_CONFIGS[0], "sm_90a", True),
+       case("wgmma-batched-kmajor-fp16", bmm_t(), "fp16", WGMMA_CONFIGS[3], "sm_90a", True)]
     + [case("sum-over-2-axes-bf16", mm_multi_sum(residual=True), "bf16", MMA_CONFIGS[0], "sm_90a"),
        case("sum-over-2-axes-bf16", mm_multi_sum(), "bf16", MMA_CONFIGS[4], "sm_80"),
        case("sum-over-2-axes-mn-major-fp16", mm_multi_sum(False, False), "fp16", MMA_CONFIGS[6], "sm_90a"),

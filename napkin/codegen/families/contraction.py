@@ -238,6 +238,40 @@ def _reason_or_problem(diagram: Diagram) -> MatmulProblem | str:
                          B.axis_names[-1] == b, A.dtype, k_outer)
 
 
+def _tile_rows_axis(p: MatmulProblem, v: Value) -> str:
+    """The axis that indexes the rows of operand ``v``'s tiles: its M or N axis when it is stored
+    K-major, else the contracted one."""
+    if v is p.A:
+        return p.a if p.a_kmajor else p.b
+    return p.c if p.b_kmajor else p.b
+
+
+def _flat_rows_reason(diagram: Diagram, p: MatmulProblem) -> str | None:
+    """Why the wgmma template cannot copy this problem's tiles through two-dimensional tensor maps.
+
+    Each operand is seen as ``[rows][last axis]`` (every axis but the last flattened into rows); a
+    batch or outer-sum index moves a tile down by its stride in rows. That needs the tile's row
+    axis to be the operand's second-to-last axis (one row apart). A tile past the end of the M or N
+    rows reads the next batch element's rows, whose results are never stored; but the rows of a
+    sum are summed, so an operand that is stored K by rows (MN-major) and has batch or outer-sum
+    axes needs K to be a multiple of the 64-deep chunk (its rows past K are not zeros)."""
+    sz = diagram.sizes
+    for v in (p.A, p.B):
+        extra = [n for n in v.axis_names[:-1] if n != _tile_rows_axis(p, v)]
+        if not extra:
+            continue
+        if len(v.axis_names) < 2 or v.axis_names[-2] != _tile_rows_axis(p, v):
+            return (f"operand {v.label()}: its tiles' rows ({_tile_rows_axis(p, v)!r}) are not its second-to-last "
+                    "axis, so a tile is not a box of its rows (the tensor maps are two-dimensional)")
+        kmajor = p.a_kmajor if v is p.A else p.b_kmajor
+        k = sz.get(p.b)
+        if not kmajor and isinstance(k, int) and k % 64:
+            return (f"operand {v.label()} is stored with {p.b!r} in rows and has batch or outer-sum axes "
+                    f"{extra}: the sum's length {k} must be a multiple of 64 (a chunk past it would read "
+                    "the next rows, not zeros)")
+    return None
+
+
 def _workspace_name(d: Diagram) -> str:
     """A buffer name for a split sum's partials that no array of the diagram has."""
     taken = {d.name_of(v) for v in (*d.inputs, *d.nodes)}
@@ -362,11 +396,9 @@ class ContractionFamily:
                 return f"{g.key} ({g.arch}) has no wgmma (it needs sm_90a)"
         if arch is not None and arch != "sm_90a":
             return f"{arch} has no wgmma (it needs sm_90a)"
-        if p.batch:
-            return f"batch axes {list(p.batch)}: the wgmma template's tensor maps are two-dimensional"
-        if p.k_outer:
-            return (f"the sum runs over {[*p.k_outer, p.b]}: the wgmma template's tensor maps are "
-                    "two-dimensional (one contracted axis)")
+        why = _flat_rows_reason(diagram, p)
+        if why:
+            return why
         for v in (p.A, p.B):
             last = diagram.sizes.get(v.axis_names[-1])
             if isinstance(last, int) and (last * _elem(dtype)) % 16:
@@ -743,22 +775,45 @@ class ContractionFamily:
         check_index_size(M, f"axis {p.a!r} of {p.A.label()}", cfg.BM, "contraction")
         check_index_size(N, f"axis {p.c!r} of {p.B.label()}", cfg.BN, "contraction")
         check_index_size(K, f"axis {p.b!r} of {p.A.label()}", cfg.BK, "contraction")
+        check_index_size(_chunk_count(sz, p, cfg.BK), f"the chunks of the sum over {[*p.k_outer, p.b]}", 1,
+                         "contraction")
         # TMA boxes (innermost first): a K-major operand moves as one [rows][64] box per chunk, an
         # MN-major one as [64 k][64 mn] boxes side by side
         box_a = (64, cfg.BM) if p.a_kmajor else (64, 64)
         box_b = (64, cfg.BN) if p.b_kmajor else (64, 64)
+        sA, sB, sY = contiguous_strides(p.A), contiguous_strides(p.B), contiguous_strides(p.out)
         params: list[Param] = [
             tensormap_param(p.A, "tmA", box_a),
             tensormap_param(p.B, "tmB", box_b),
             tensor_param(p.out, "Y", T, const=False, name=out_name),
             int_param("M", M), int_param("N", N), int_param("K", K),
-            int_param("ldy", contiguous_strides(p.out)[p.a], f"row stride of {out_name}[{','.join(p.out.axis_names)}]"),
+            int_param("ldy", sY[p.a], f"row stride of {out_name}[{','.join(p.out.axis_names)}]"),
         ]
-        index_vars = {ax: ident(ax, "i_") for ax in (p.a, p.c)}
+        # batch and outer-sum indices move each operand's tiles down its flattened rows
+        row_a, row_b = sA[_tile_rows_axis(p, p.A)], sB[_tile_rows_axis(p, p.B)]
+        batch, kouter, nbatch = [], [], 1
+        for ax in p.batch:
+            nbatch *= sz[ax]
+            names = dict(idx=ident(ax, "i_"), size=ident(ax, "n_"), rA=ident(ax, "rA_"), rB=ident(ax, "rB_"),
+                         sY=ident(ax, "sY_"))
+            params += [int_param(names["size"], sz[ax]),
+                       int_param(names["rA"], sA.get(ax, 0) // row_a, f"rows of {p.A.label()} per index of {ax}"),
+                       int_param(names["rB"], sB.get(ax, 0) // row_b, f"rows of {p.B.label()} per index of {ax}"),
+                       stride_param(names["sY"], sY[ax], f"stride of the output along {ax}")]
+            batch.append(names)
+        if nbatch > 65535:
+            raise CodegenError(f"contraction family: {nbatch} batch elements; at most 65535")
+        for ax in p.k_outer:
+            names = dict(size=ident(ax, "n_"), rA=ident(ax, "rA_"), rB=ident(ax, "rB_"))
+            params += [int_param(names["size"], sz[ax]),
+                       int_param(names["rA"], sA[ax] // row_a, f"rows of {p.A.label()} per index of {ax}"),
+                       int_param(names["rB"], sB[ax] // row_b, f"rows of {p.B.label()} per index of {ax}")]
+            kouter.append(names)
+        index_vars = {ax: ident(ax, "i_") for ax in (p.a, p.c, *p.batch)}
         epi = epilogue_code(d, p.contraction, p.out, index_vars=index_vars, ctype_name=T)
         params += epi.params
         layout = ("k" if p.a_kmajor else "m") + ("k" if p.b_kmajor else "n")
-        tag = short_hash(T, layout, [str(x) for x in epi.lines], cfg)
+        tag = short_hash(T, layout, [str(x) for x in epi.lines], p.batch, p.k_outer, cfg)
         kname = Code(f"napkin_mm_wgmma_{T}_{cfg.BM}x{cfg.BN}x{cfg.BK}_w{cfg.WM}_s{cfg.stages}_{layout}_{tag}")
         nacc = cfg.BN // 2
         ctx = dict(
@@ -768,6 +823,7 @@ class ContractionFamily:
             acc_operands=Code("{" + ", ".join(f"%{i}" for i in range(nacc)) + "}"),
             acc_constraints=Code(", ".join(f'"+f"(d[{i}])' for i in range(nacc))),
             params=signature(params), legend=comment_lines(self._legend(d, p, cfg, epi.boxes)),
+            batch=batch, kouter=kouter,
             idx_a=index_vars[p.a], idx_c=index_vars[p.c],
             epi_body=epi.body("      "), epi_result=epi.result, epi_identity=epi.is_identity,
         )
@@ -777,7 +833,7 @@ class ContractionFamily:
                     ("stages", cfg.stages), ("engine", "wgmma"), ("a_kmajor", p.a_kmajor),
                     ("b_kmajor", p.b_kmajor))
         return KernelLaunch(
-            name=str(kname), source=source, grid=(tiles, 1, 1), block=(cfg.threads, 1, 1),
+            name=str(kname), source=source, grid=(tiles, nbatch, 1), block=(cfg.threads, 1, 1),
             shared_bytes=cfg.smem_bytes(p, 2), args=tuple(x.arg for x in params),
             template="matmul_wgmma.cu.jinja", tunables=tunables, model_smem_bytes=cfg.model_smem_bytes(2),
             model_regs_per_thread=cfg.consumer_regs(),
