@@ -202,7 +202,11 @@ class _Planner:
         self.say = progress or (lambda _m: None)
         self.memo: dict[frozenset, KernelChoice] = {}
         self.shapes: dict[tuple, tuple[tuple[str, ...], tuple[str, ...]]] = {}
-        self.heavy = {self.d.name_of(v) for v in self.d.nodes if v.op.kind not in ("map", "rename")}
+        # a reduction of a reduction (group norm's mean over c of the mean over s) continues one
+        # reduction over several axes, which a kernel runs as one: only the first of such a chain
+        # counts towards MAX_HEAVY_BOXES
+        self.heavy = {self.d.name_of(v) for v in self.d.nodes if v.op.kind not in ("map", "rename")
+                      and not (v.op.kind == "reduce" and v.args[0].op.kind == "reduce")}
         self.evaluated = 0
 
     # -------------------------------------------------------------- one kernel

@@ -2,7 +2,9 @@
 
 - matmul ``A[a,b]·B[b,c] → C[a,c]`` (batched: woven over ``n``; transposed: ``B[c,b]``);
 - the MLP block ``gelu(X[a,b]·W[c,b] + bias[c])``;
-- row-wise ops over rows ``r`` and the normalised axis ``x``: softmax, layernorm, rmsnorm;
+- row-wise ops over rows ``r`` and the normalised axis ``x``: softmax, layernorm, rmsnorm; and
+  chains of maps and reductions over a row: log-softmax, L2 normalisation, group norm (a row of
+  several axes), logsumexp and the range (max − min) of rows;
 - attention ``Q[q,d]``, ``K,V[x,d]``; multi-head woven over ``h``; GQA with ``h`` key/value
   heads and ``j`` query heads sharing each; causal, sliding-window, ALiBi and soft-capped;
 - a pre-norm transformer block composed from these;
@@ -27,8 +29,8 @@ import sympy
 from ..errors import DiagramError
 from .axes import Axis, size_symbol
 from .diagram import Diagram
-from .ops import (Value, alibi, array, causal, contract, gelu, layernorm, rename, rmsnorm, scale, silu, softcap,
-                  sliding_window, softmax, sum_over, tanh)
+from .ops import (Value, alibi, array, causal, contract, exp, gelu, layernorm, log, logsumexp, max_over, mean_over,
+                  reduce, rename, rmsnorm, rsqrt, scale, silu, softcap, sliding_window, softmax, square, sum_over, tanh)
 
 
 @dataclass(frozen=True)
@@ -139,6 +141,57 @@ def rmsnorm_rows() -> Diagram:
     X, gamma = array("X", r, x), array("gamma", x)
     Y = (rmsnorm(X, over=x, name="N") * gamma).named("Y")
     return Diagram("rmsnorm", Y)
+
+
+# ------------------------------------------------------------------ row-wise chains of maps and reductions
+
+
+@_entry("log_softmax", "L[r,x] = X − m − log Σ_x exp(X − m), m = max_x X (log-softmax written as maps and "
+        "reductions)", "rowwise", r=4096, x=4096)
+def log_softmax_rows() -> Diagram:
+    r, x = Axis("r"), Axis("x")
+    X = array("X", r, x)
+    Z = (X - max_over(X, x, name="m")).named("Z")
+    L = (Z - log(sum_over(exp(Z, name="E"), x, name="s"), name="ls")).named("L")
+    return Diagram("log_softmax", L, description="log-softmax over x, as torch.log_softmax")
+
+
+@_entry("l2_normalize", "Y[r,x] = X·rsqrt(Σ_x X² + 1e-24) (rows scaled to unit L2 norm; F.normalize where "
+        "the norm is above 1e-12, and 0 for a row of zeros)", "rowwise", r=4096, x=4096)
+def l2_normalize() -> Diagram:
+    r, x = Axis("r"), Axis("x")
+    X = array("X", r, x)
+    inv = rsqrt(sum_over(square(X, name="X2"), x, name="ss") + 1e-24, name="inv")
+    return Diagram("l2_normalize", (X * inv).named("Y"), description="rows scaled to unit L2 norm")
+
+
+@_entry("group_norm", "Y[n,g,c,s] = (X − mean)/√(var + 1e-5)·gamma[g,c] + beta[g,c], mean and var over (c,s) "
+        "(F.group_norm: C = g·c channels, s spatial positions)", "rowwise", n=16, g=32, c=16, s=1024)
+def group_norm() -> Diagram:
+    n, g, c, s = Axis("n"), Axis("g"), Axis("c"), Axis("s")
+    X, gamma, beta = array("X", n, g, c, s), array("gamma", g, c), array("beta", g, c)
+    mu = mean_over(mean_over(X, s, name="mu_c"), c, name="mu")
+    D = (X - mu).named("D")
+    var = mean_over(mean_over(square(D, name="D2"), s, name="var_c"), c, name="var")
+    rstd = rsqrt(var + 1e-5, name="rstd")
+    Y = ((D * rstd).named("N") * gamma + beta).named("Y")
+    return Diagram("group_norm", Y, description="group norm: a row of several axes")
+
+
+@_entry("logsumexp_rows", "Y[r] = log Σ_x exp X[r,x] (torch.logsumexp over the last axis)", "rowwise",
+        r=16384, x=4096)
+def logsumexp_rows() -> Diagram:
+    r, x = Axis("r"), Axis("x")
+    return Diagram("logsumexp_rows", logsumexp(array("X", r, x), x, name="Y"), description="logsumexp of rows")
+
+
+@_entry("row_range", "Y[r] = max_x X[r,x] − min_x X[r,x] (two reductions of different kinds in one pass)",
+        "rowwise", r=16384, x=4096)
+def row_range() -> Diagram:
+    r, x = Axis("r"), Axis("x")
+    X = array("X", r, x)
+    Y = (max_over(X, x, name="hi") - reduce(X, x, "min", name="lo")).named("Y")
+    return Diagram("row_range", Y, description="the spread of each row")
 
 
 # ------------------------------------------------------------------ attention

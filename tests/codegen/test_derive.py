@@ -109,7 +109,7 @@ def test_needs_sizes():
 @pytest.mark.parametrize("name", library.names())
 def test_every_library_diagram_derives(name):
     small = {"q": 256, "x": 256, "d": 64, "h": 2, "j": 2, "a": 256, "b": 256, "c": 256, "n": 2, "r": 64,
-             "e": 128, "f": 256}
+             "e": 128, "f": 256, "g": 4, "s": 64}
     dgm = library.get(name)
     sizes = {k: v for k, v in small.items() if k in {a for i in dgm.inputs for a in i.axis_names}}
     der = derive(dgm, "h100", sizes=sizes)

@@ -15,8 +15,8 @@ from napkin.diagrams import Axis, Diagram, array, library, reduce
 pytestmark = pytest.mark.gpu
 
 # small odd sizes (no tile multiples), one shape per dtype to keep compilations few
-ODD = {"bf16": dict(a=37, b=29, c=19, n=3, r=5, x=23, q=21, d=9, h=3, j=3, e=27, f=35),
-       "fp32": dict(a=5, b=7, c=3, n=2, r=3, x=9, q=7, d=5, h=2, j=3, e=11, f=13)}
+ODD = {"bf16": dict(a=37, b=29, c=19, n=3, r=5, x=23, q=21, d=9, h=3, j=3, e=27, f=35, g=2, s=11),
+       "fp32": dict(a=5, b=7, c=3, n=2, r=3, x=9, q=7, d=5, h=2, j=3, e=11, f=13, g=2, s=5)}
 
 
 def _shape(name: str, dtype: str) -> dict:

@@ -24,7 +24,7 @@ from napkin.errors import CodegenError, DiagramError, NapkinError, ScheduleError
 from napkin.perfmodel.schedule import Schedule
 
 ROOT = Path(__file__).resolve().parents[2]
-SMALL = dict(a=5, b=7, c=3, n=2, r=3, x=9, q=6, d=4, h=2, j=3, e=12, f=7)
+SMALL = dict(a=5, b=7, c=3, n=2, r=3, x=9, q=6, d=4, h=2, j=3, e=12, f=7, g=2, s=5)
 
 
 def small_sizes(d):

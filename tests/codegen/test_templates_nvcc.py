@@ -53,6 +53,12 @@ ROWWISE_CASES = [
     ("rmsnorm_long", lambda: library.get("rmsnorm"), dict(r=8, x=32768)),
     ("masked", _masked_softmax, dict(h=3, q=37, x=37)),
     ("resid", _residual_layernorm, dict(r=5, x=300)),
+    # chains of maps and reductions: several passes from registers, a row of two axes with gathered
+    # gamma/beta (per element: s = 999 is not a multiple of VEC), a streamed row (65536 values)
+    ("log_softmax", lambda: library.get("log_softmax"), dict(r=64, x=4095)),
+    ("group_norm", lambda: library.get("group_norm"), dict(n=2, g=4, c=5, s=999)),
+    ("group_norm_long", lambda: library.get("group_norm"), dict(n=2, g=2, c=16, s=4096)),
+    ("logsumexp", lambda: library.get("logsumexp_rows"), dict(r=100, x=4096)),
 ]
 
 FALLBACK_CASES = [
@@ -151,7 +157,9 @@ def test_the_grid_covers_warp_and_block_modes(builds):
             t = dict(k.tunables)
             if "THREADS_PER_ROW" in t:
                 modes.add("warp" if t["THREADS_PER_ROW"] <= 32 else "block")
-    assert modes == {"warp", "block"}
+                if "STREAM" in t:
+                    modes.add("streamed chain" if t["STREAM"] else "chain in registers")
+    assert modes == {"warp", "block", "streamed chain", "chain in registers"}
 
 
 @pytest.mark.parametrize("name, sizes", [("layernorm", dict(r=100, x=768)),

@@ -72,7 +72,8 @@ MM_SHAPES = [dict(a=37, b=53, c=16), dict(a=64, b=64, c=64), dict(a=1, b=7, c=3)
 def test_every_library_diagram_is_covered():
     covered = {"matmul", "batched_matmul", "matmul_t", "matvec", "mlp", "softmax", "layernorm", "rmsnorm", "attention",
                "mha", "attention_causal", "gqa", "attention_window", "attention_alibi", "attention_softcap",
-               "transformer_block", "swiglu", "rmsnorm_linear", "gemm_softmax", "gelu_tanh", "column_sum"}
+               "transformer_block", "swiglu", "rmsnorm_linear", "gemm_softmax", "gelu_tanh", "column_sum",
+               "log_softmax", "l2_normalize", "group_norm", "logsumexp_rows", "row_range"}
     assert set(library.names()) == covered, "a library diagram was added or removed: test it here"
 
 
@@ -155,6 +156,75 @@ def test_rmsnorm(sizes):
     check(out, manual)
     wrong = [F.layer_norm(x["X"], (n,), weight=x["gamma"], eps=1e-6)] if n > 1 else []
     check(out, want, wrong=[*wrong, F.rms_norm(x["X"], (n,), eps=1e-6) * 1.5])
+
+
+# ----------------------------------------------------------------------------- row-wise chains
+
+
+@pytest.mark.parametrize("dtype", [F64, F32])
+@pytest.mark.parametrize("sizes", ROW_SHAPES)
+def test_log_softmax(sizes, dtype):
+    x, out = run("log_softmax", sizes, dtype)
+    want = torch.log_softmax(x["X"], dim=-1)
+    if sizes["x"] == 1:  # one value per row: log 1
+        assert torch.equal(out, torch.zeros_like(want))
+        return
+    wrong = [torch.log_softmax(x["X"], dim=0)] if sizes["r"] > 1 else []
+    check(out, want, wrong=[*wrong, x["X"] - x["X"].amax(-1, keepdim=True)], dtype=dtype)
+
+
+@pytest.mark.parametrize("sizes", ROW_SHAPES)
+def test_l2_normalize(sizes):
+    x, out = run("l2_normalize", sizes)
+    check(out, F.normalize(x["X"], dim=-1), wrong=[F.normalize(x["X"], p=1.0, dim=-1)] if sizes["x"] > 1 else [])
+
+
+def test_l2_normalize_keeps_a_zero_row_at_zero():
+    d = library.get("l2_normalize").bind(r=2, x=5)
+    X = torch.zeros(2, 5, dtype=F64)
+    X[1] = 1.0
+    out = d.reference({"X": X})["Y"]
+    assert torch.equal(out, F.normalize(X, dim=-1)) and torch.equal(out[0], torch.zeros(5, dtype=F64))
+
+
+@pytest.mark.parametrize("dtype", [F64, F32])
+@pytest.mark.parametrize("sizes", [dict(n=2, g=4, c=3, s=10), dict(n=1, g=1, c=5, s=7), dict(n=3, g=2, c=2, s=1)])
+def test_group_norm(sizes, dtype):
+    x, out = run("group_norm", sizes, dtype)
+    n, g, c, s = sizes["n"], sizes["g"], sizes["c"], sizes["s"]
+
+    def gn(X, groups):
+        w, b = x["gamma"].reshape(g * c), x["beta"].reshape(g * c)
+        return F.group_norm(X.reshape(n, g * c, s), groups, w, b, eps=1e-5).reshape(n, g, c, s)
+
+    wrong = [gn(x["X"], g * c), F.layer_norm(x["X"], (s,), eps=1e-5)]   # per channel; over s only
+    check(out, gn(x["X"], g), wrong=wrong, dtype=dtype)
+
+
+@pytest.mark.parametrize("dtype", [F64, F32])
+@pytest.mark.parametrize("sizes", ROW_SHAPES)
+def test_logsumexp_rows(sizes, dtype):
+    x, out = run("logsumexp_rows", sizes, dtype)
+    want = torch.logsumexp(x["X"], dim=-1)
+    check(out, want, wrong=[x["X"].amax(-1)] if sizes["x"] > 1 else [want + 1.0], dtype=dtype)
+
+
+def test_logsumexp_rows_at_infinities():
+    d = library.get("logsumexp_rows").bind(r=3, x=4)
+    inf = math.inf
+    X = torch.tensor([[-inf] * 4, [0.0, inf, 1.0, -inf], [-inf, 2.0, -inf, 2.0]], dtype=F64)
+    out = d.reference({"X": X})["Y"]
+    assert torch.equal(out, torch.logsumexp(X, dim=-1))
+
+
+@pytest.mark.parametrize("sizes", ROW_SHAPES)
+def test_row_range(sizes):
+    x, out = run("row_range", sizes)
+    want = x["X"].amax(-1) - x["X"].amin(-1)
+    if sizes["x"] == 1:
+        assert torch.equal(out, torch.zeros_like(want))
+        return
+    check(out, want, wrong=[x["X"].amax(-1)])
 
 
 # ----------------------------------------------------------------------------- attention

@@ -22,7 +22,7 @@ from napkin.diagrams.diagram import Diagram
 from napkin.errors import ScheduleError
 from napkin.perfmodel import Schedule, cost, interpret
 
-SIZES = dict(q=37, x=45, d=16, h=3, j=2, a=37, b=45, c=23, n=3, r=37, e=24, f=40)
+SIZES = dict(q=37, x=45, d=16, h=3, j=2, a=37, b=45, c=23, n=3, r=37, e=24, f=40, g=2, s=11)
 
 
 @pytest.fixture(autouse=True)
@@ -48,7 +48,8 @@ def sensible_schedules(d):
         out.append(("fused-rf", Schedule.fused(d, groups={"a": [(16, "SMEM"), (5, "RF")], "c": 8},
                                                streams={"b": 10}, gpu=None)))
     elif fam == "rowwise":
-        out.append(("fused", Schedule.fused(d, groups={"r": 16}, gpu=None)))
+        rows = {"r": 16} if "r" in d.axes else {"g": 2}  # group norm's rows are (n, g)
+        out.append(("fused", Schedule.fused(d, groups=rows, gpu=None)))
     elif fam == "attention":
         g = {"q": 16, **({"h": 2} if "h" in d.axes else {}), **({"j": 1} if "j" in d.axes else {})}
         out.append(("fused", Schedule.fused(d, groups=g, streams={"x": 16}, gpu=None)))

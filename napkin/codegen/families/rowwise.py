@@ -1,5 +1,15 @@
 """The row-wise fused family: one softmax / layernorm / rmsnorm over an axis ``x``, with
-elementwise prologue maps before it and an epilogue after it, in one pass over HBM.
+elementwise prologue maps before it and an epilogue after it, in one pass over HBM; and any chain
+of maps and reductions over one row of one or several innermost axes (log-softmax, L1/L2 norms,
+group norm, logsumexp, row max and min), in one kernel: see "chains of reductions" below and
+docs/architecture.md, "The row-wise family".
+
+>>> from napkin.diagrams import library
+>>> s = analyse(library.get("group_norm").bind(n=2, g=4, c=8, s=64))
+>>> s.kind, s.red, s.row_axes, s.passes
+('chain', ('c', 's'), ('n', 'g'), 3)
+
+The norm kernel:
 
 What it accepts: every box is an elementwise map except exactly one softmax or norm over ``x``;
 every array lives on the norm's axes (the *row* axes, woven, and ``x``, normalised); arrays in
@@ -22,17 +32,18 @@ kernel lowers to the same kernel again.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 
 from ...diagrams.diagram import Diagram
 from ...diagrams.functions import get_function
-from ...diagrams.ops import Map, Norm, Softmax, Value
+from ...diagrams.ops import Map, Norm, Reduce, Softmax, Value
 from ...dtypes import dtype as lookup_dtype
 from ...errors import CodegenError
 from ...perfmodel.schedule import Kernel, KernelOptions, Relabel, Schedule
 from ..program import Arg, KernelLaunch, Program
-from ..render import Code, c_i64, comment, cuda_type, ident, map_expr, render
+from ..render import Code, c_i64, c_int, comment, cuda_type, ident, map_expr, render
 
 NAME = "rowwise"
 TEMPLATE = "rowwise.cu.jinja"
@@ -86,13 +97,20 @@ class RowwiseShape:
         return self.diagram.name_of(v)
 
 
-def analyse(diagram: Diagram) -> RowwiseShape | str:
-    """The row-wise structure of ``diagram``, or a sentence saying why it has none."""
+def analyse(diagram: Diagram) -> "RowwiseShape | ChainShape | str":
+    """The row-wise structure of ``diagram``, or a sentence saying why it has none: one softmax
+    or norm box with maps around it (a :class:`RowwiseShape`), or maps and reductions over one
+    row (a :class:`ChainShape`, :func:`analyse_chain`)."""
     nodes = diagram.nodes
     norms = [v for v in nodes if isinstance(v.op, (Softmax, Norm))]
     others = [v for v in nodes if not isinstance(v.op, (Softmax, Norm))]
+    if not norms and any(isinstance(v.op, Reduce) for v in nodes):
+        return analyse_chain(diagram)
+    if any(isinstance(v.op, Reduce) for v in nodes):
+        return "a softmax or norm box together with reduction boxes (write the norm as maps and reductions)"
     if len(norms) != 1:
-        return f"needs exactly one softmax or norm box, found {len(norms)}"
+        return (f"needs exactly one softmax or norm box, or reductions over a row, found {len(norms)} "
+                "softmax/norm boxes and no reduction")
     bad = [v for v in others if not isinstance(v.op, Map)]
     if bad:
         return f"box {diagram.name_of(bad[0])} is a {bad[0].op.kind}, not an elementwise map"
@@ -144,6 +162,21 @@ def analyse(diagram: Diagram) -> RowwiseShape | str:
         if vid in post_reads or vid in out_ids:
             kept.append(v)
     return RowwiseShape(**{**shape.__dict__, "kept": tuple(kept)})
+
+
+_CACHE: dict[int, tuple[Diagram, object]] = {}
+
+
+def _analysed(diagram: Diagram) -> "RowwiseShape | ChainShape | str":
+    """:func:`analyse`, once per diagram object (the planner asks several times per run)."""
+    hit = _CACHE.get(id(diagram))
+    if hit is not None and hit[0] is diagram:
+        return hit[1]
+    if len(_CACHE) > 512:
+        _CACHE.clear()
+    s = analyse(diagram)
+    _CACHE[id(diagram)] = (diagram, s)
+    return s
 
 
 # ----------------------------------------------------------------------------- tunables
@@ -455,17 +488,629 @@ def lower_shape(shape: RowwiseShape, cfg: Config, schedule: Schedule, arch: str,
     )
 
 
+# ----------------------------------------------------------------------------- chains of reductions
+#
+# A *chain* kernel runs any maps and reductions over one row: log-softmax written as
+# ``X - m - log(Σ exp(X - m))``, an L2 normalisation ``X·rsqrt(Σ X² + eps)``, group norm (mean
+# and variance over (channels of a group, spatial): a row of several axes), logsumexp, row max and
+# min. The row ``R`` is the set of axes the reductions reduce; it must be the innermost axes of
+# the largest array (contiguous), and every other axis ``K`` indexes rows.
+#
+# It runs in *passes*: a reduction splits the work into the pass that accumulates its input and
+# the passes after it, which may read its result. Pass ``p`` evaluates, per element of the row,
+# the maps its targets need (the inputs of the reductions it accumulates, the row-shaped outputs
+# it writes), recomputing them from the inputs (maps are cheap; registers are not). Each
+# reduction is accumulated in fp32 per thread, then combined by shuffles (a part of a warp) or a
+# block reduction; the maps of per-row values (``log(s) + m``) run once per thread between passes.
+#
+# Where the row fits, a thread keeps the raw 16-byte vectors of every input that several passes
+# read in registers (*register mode*: HBM reads each input once). A row too long for registers is
+# *streamed*: one row per block, every pass reads its inputs again (from L2 where they are still
+# there, else HBM), ``UNROLL`` chunks in flight per thread.
+
+#: Registers a thread may give to the values of the row it keeps across passes (64 fp32 values:
+#: 8 chunks of bf16, 16 of fp32), and the most chunks one thread holds in register mode.
+MAX_KEPT_REGS = 64
+MAX_CHUNKS = 16
+#: Registers of the chain kernel's footprint formula beside the row's values: addresses, row
+#: index, loop state (fewer than the norm kernel's: no statistics of its own).
+CHAIN_BASE_REGS = 16
+#: Threads per row (one row per block) and chunks in flight per thread of a streamed row.
+STREAM_THREADS = (256, 512, 1024)
+STREAM_UNROLLS = (2, 4)
+#: C operator of each reduction kind, its identity, and the block/warp reduction operator.
+_CHAIN_OPS = {"sum": ("({a} + {b})", "0.f", "napkin::SumOp"),
+              "max": ("fmaxf({a}, {b})", "(-INFINITY)", "napkin::MaxOp"),
+              "min": ("fminf({a}, {b})", "INFINITY", "napkin::MinOp")}
+
+
+@dataclass(frozen=True, eq=False)
+class Chain:
+    """One reduction of the row: boxes each reducing the one before (``links``) that together
+    reduce every axis of the row, their kind (``sum``, ``max``, ``min``; a mean is a sum times
+    ``scale``, the product of 1/n over the axes a mean reduces)."""
+
+    links: tuple[Value, ...]
+    how: str
+    scale: float
+
+    @property
+    def source(self) -> Value:
+        return self.links[0].args[0]
+
+    @property
+    def result(self) -> Value:
+        return self.links[-1]
+
+
+@dataclass(frozen=True, eq=False)
+class ChainShape:
+    """What the family found in a chain of maps and reductions over a row (names are checked)."""
+
+    diagram: Diagram
+    dtype: str
+    sizes: dict
+    red: tuple[str, ...]            # R: the row, innermost axes of the largest array, in its order
+    row_axes: tuple[str, ...]       # K: the axes that index rows, in that array's order
+    chains: tuple[Chain, ...]
+    stage: dict                     # id(value) -> the first pass that can evaluate it
+    passes: int
+    full_out: tuple[tuple[str, Value], ...]   # outputs holding the whole row (K and R)
+    row_out: tuple[tuple[str, Value], ...]    # outputs holding one value per row (K)
+    access: dict                    # id(input) -> "row" (vectors), "scalar" (one per row), "gather"
+    needs: tuple[tuple[Value, ...], ...] = ()   # per pass: the row-varying values it evaluates
+    kind = "chain"
+
+    @property
+    def xsize(self) -> int:
+        """Values in one row (the product of R's sizes)."""
+        return math.prod(self.sizes[a] for a in self.red)
+
+    @property
+    def nrows(self) -> int:
+        return math.prod(self.sizes[a] for a in self.row_axes)
+
+    @property
+    def vec(self) -> int:
+        return 16 // lookup_dtype(self.dtype).bytes
+
+    @property
+    def x(self) -> str:
+        """The row's innermost axis."""
+        return self.red[-1]
+
+    def name(self, v: Value) -> str:
+        return self.diagram.name_of(v)
+
+    def is_full(self, v: Value) -> bool:
+        """Whether ``v`` varies along the row (carries an axis of R): evaluated per element."""
+        return bool(set(v.axis_names) & set(self.red))
+
+    def need(self, p: int) -> tuple[Value, ...]:
+        """The row-varying values pass ``p`` evaluates per element (inputs and maps), in
+        topological order: those its reductions and row-shaped outputs need."""
+        if self.needs:
+            return self.needs[p]
+        targets = [c.source for c in self.chains if self.stage[id(c.source)] == p]
+        targets += [v for _, v in self.full_out if self.stage[id(v)] == p]
+        got: set[int] = set()
+        stack = list(targets)
+        while stack:
+            v = stack.pop()
+            if id(v) in got or not self.is_full(v):
+                continue
+            got.add(id(v))
+            if not v.is_input:
+                stack.extend(v.args)
+        d = self.diagram
+        return tuple(v for v in (*d.inputs, *d.nodes) if id(v) in got)
+
+    @property
+    def fresh(self) -> tuple[Value, ...]:
+        """Inputs read whole from HBM for every row (row vectors holding every axis)."""
+        axes = set(self.red) | set(self.row_axes)
+        return tuple(v for v in self.diagram.inputs
+                     if self.access.get(id(v)) == "row" and set(v.axis_names) == axes)
+
+    def chunk_constant(self, v: Value) -> bool:
+        """Whether input ``v`` holds one value over every aligned chunk of ``VEC`` columns: each
+        axis of the row it carries changes only every multiple of ``VEC`` columns (group norm's
+        ``gamma[g,c]`` over a row (c, s))."""
+        inner = 1
+        for a in reversed(self.red):
+            if a in v.axis_names and inner % self.vec:
+                return False
+            inner *= self.sizes[a]
+        return True
+
+    def uses(self, v: Value) -> tuple[int, ...]:
+        """The passes that read input ``v`` per element."""
+        return tuple(p for p in range(self.passes) if any(u is v for u in self.need(p)))
+
+    @property
+    def kept(self) -> tuple[Value, ...]:
+        """Fresh inputs that several passes read: kept in registers in register mode."""
+        return tuple(v for v in self.fresh if len(self.uses(v)) > 1)
+
+
+def analyse_chain(diagram: Diagram) -> ChainShape | str:
+    """The chain structure of ``diagram`` (maps and reductions over one row), or why it has none."""
+    d = diagram
+    nodes = d.nodes
+    for v in nodes:
+        if not isinstance(v.op, (Map, Reduce)):
+            return f"box {d.name_of(v)} is a {v.op.kind}, not an elementwise map or a reduction"
+    dts = {v.dtype for v in (*d.inputs, *nodes)}
+    if len(dts) != 1 or next(iter(dts)) not in _SUPPORTED:
+        return f"dtype {sorted(dts)} is not one of {', '.join(_SUPPORTED)}"
+    if not d.is_bound:
+        return "axis sizes are not bound"
+    for v in d.outputs:
+        if v.is_input:
+            return f"output {d.name_of(v)} is an input (a copy, not a computation)"
+    consumers = d.consumers
+    out_ids = {id(v) for v in d.outputs}
+    chains: list[Chain] = []
+    for first in nodes:
+        if not isinstance(first.op, Reduce) or isinstance(first.args[0].op, Reduce):
+            continue
+        links = [first]
+        while True:
+            nxt = [c for c in consumers.get(id(links[-1]), ()) if isinstance(c.op, Reduce)]
+            if not nxt:
+                break
+            if len(consumers[id(links[-1])]) > 1 or id(links[-1]) in out_ids:
+                return (f"reduction {d.name_of(links[-1])} is read by more than the next reduction over the "
+                        "row (a partial reduction of the row)")
+            links.append(nxt[0])
+        hows = [v.op.how for v in links]
+        kinds = {"sum" if h == "mean" else h for h in hows}
+        if len(kinds) != 1:
+            return (f"the reductions {', '.join(d.name_of(v) for v in links)} mix {', '.join(sorted(set(hows)))} "
+                    "over one row")
+        scale = 1.0
+        for v in links:
+            if v.op.how == "mean":
+                scale /= v.args[0].axis(v.op.over).bound_size
+        chains.append(Chain(tuple(links), kinds.pop(), scale))
+    if not chains:
+        return "has no reduction"
+    R = {v.op.over for c in chains for v in c.links}
+    for c in chains:
+        over = {v.op.over for v in c.links}
+        if over != R:
+            return (f"reduction {d.name_of(c.result)} reduces ({', '.join(sorted(over))}), not the whole row "
+                    f"({', '.join(sorted(R))})")
+    values = (*d.inputs, *nodes)
+    U: list[str] = []
+    for v in values:
+        U += [a for a in v.axis_names if a not in U]
+    kept_axes = [a for a in U if a not in R]
+    whole = [v for v in d.inputs if set(v.axis_names) == set(U)] + [v for v in d.outputs if set(v.axis_names) == set(U)]
+    if not whole:
+        return f"no input or output holds every axis ({', '.join(U)}) to lay the rows out"
+    primary = whole[0]
+    nr = len(R)
+    if set(primary.axis_names[len(primary.axis_names) - nr:]) != R:
+        return (f"{d.name_of(primary)} does not hold the reduced axes ({', '.join(sorted(R))}) innermost "
+                "(contiguous rows)")
+    red = primary.axis_names[len(primary.axis_names) - nr:]
+    row_axes = primary.axis_names[:len(primary.axis_names) - nr]
+    access: dict[int, str] = {}
+    for v in d.inputs:
+        have = set(v.axis_names) & R
+        if not have:
+            access[id(v)] = "scalar"
+        elif v.axis_names[len(v.axis_names) - nr:] == red:
+            access[id(v)] = "row"
+        else:
+            access[id(v)] = "gather"
+    stage: dict[int, int] = {id(v): 0 for v in d.inputs}
+    result_of = {id(c.result): c for c in chains}
+    link_ids = {id(v) for c in chains for v in c.links}
+    for v in nodes:
+        if id(v) in result_of:
+            stage[id(v)] = stage[id(result_of[id(v)].source)] + 1
+        elif id(v) in link_ids:
+            continue
+        else:
+            stage[id(v)] = max(stage[id(a)] for a in v.args)
+    full_out, row_out = [], []
+    for n, v in zip(d.output_names, d.outputs):
+        if any(n == m for m, _ in (*full_out, *row_out)):
+            continue
+        if set(v.axis_names) & R:
+            if set(v.axis_names) != set(U) or v.axis_names[len(v.axis_names) - nr:] != red:
+                return (f"output {n} holds ({', '.join(v.axis_names)}), not every axis with the row "
+                        f"({', '.join(red)}) innermost")
+            full_out.append((n, v))
+        else:
+            if set(v.axis_names) != set(kept_axes):
+                return (f"output {n} holds ({', '.join(v.axis_names)}), not one value per row "
+                        f"({', '.join(kept_axes)})")
+            row_out.append((n, v))
+    passes = 1 + max([stage[id(c.source)] for c in chains] + [stage[id(v)] for _, v in full_out])
+    if passes == 1 and len(chains) == 1 and len({v.op.how for v in chains[0].links}) == 1:
+        # the pointwise family's row kernel runs this too, and splits a long row over blocks
+        return ("one reduction in one pass with maps around it: the pointwise family runs it "
+                "(the row-wise chain needs several reductions or passes)")
+    sizes = {n: a.bound_size for n, a in d.axes.items()}
+    shape = ChainShape(d, next(iter(dts)), sizes, tuple(red), tuple(row_axes), tuple(chains), stage, passes,
+                       tuple(full_out), tuple(row_out), access)
+    if shape.xsize >= 2 ** 30:
+        return f"a row of {shape.xsize} values is longer than the 2^30 its 32-bit column index reaches"
+    return dataclasses.replace(shape, needs=tuple(shape.need(p) for p in range(passes)))
+
+
+@dataclass(frozen=True)
+class ChainConfig:
+    """One configuration of the chain kernel: ``unroll`` chunks in flight per loop step; in
+    register mode (``stream`` False) one step holds the thread's whole part of the row."""
+
+    threads_per_row: int
+    rows_per_block: int
+    vec: int
+    chunks_per_thread: int
+    unroll: int
+    stream: bool
+
+    @property
+    def threads(self) -> int:
+        return self.threads_per_row * self.rows_per_block
+
+    @property
+    def block_mode(self) -> bool:
+        return self.threads_per_row > 32
+
+    @property
+    def values_per_thread(self) -> int:
+        return self.vec * self.chunks_per_thread
+
+    def options(self, shape: ChainShape) -> KernelOptions:
+        """Typed options: a streamed row says how many chunks it keeps in flight (``stages``)."""
+        return KernelOptions(threads_per_row=self.threads_per_row, warps=self.threads // 32,
+                             stages=self.unroll if self.stream else None,
+                             regs_per_thread=chain_regs_estimate(shape, self))
+
+
+def make_chain_config(shape: ChainShape, threads_per_row: int, rows_per_block: int,
+                      stream_unroll: int | None = None) -> ChainConfig:
+    base = make_config(shape, threads_per_row, rows_per_block)   # checks the thread counts
+    if stream_unroll is None:
+        return ChainConfig(threads_per_row, rows_per_block, base.vec, base.chunks_per_thread,
+                           base.chunks_per_thread, False)
+    if threads_per_row not in STREAM_THREADS or stream_unroll not in STREAM_UNROLLS:
+        raise CodegenError(f"rowwise: a streamed row runs {STREAM_THREADS} threads with {STREAM_UNROLLS} chunks "
+                           f"in flight, not {threads_per_row} and {stream_unroll}")
+    cpt = -(-base.chunks_per_thread // stream_unroll) * stream_unroll
+    return ChainConfig(threads_per_row, 1, base.vec, cpt, stream_unroll, True)
+
+
+def _loaded(shape: ChainShape, p: int, cfg: ChainConfig) -> tuple[list[Value], list[Value]]:
+    """(row inputs pass ``p`` loads as vectors, gathered inputs it reads per element)."""
+    kept = {id(v) for v in shape.kept} if not cfg.stream else set()
+    vecs, gathers = [], []
+    for v in shape.need(p):
+        if not v.is_input:
+            continue
+        if shape.access[id(v)] == "gather":
+            gathers.append(v)
+        elif id(v) not in kept or shape.uses(v)[0] == p:
+            vecs.append(v)
+    return vecs, gathers
+
+
+def chain_regs_need(shape: ChainShape, cfg: ChainConfig) -> int:
+    """The footprint formula: the kept inputs' values (one fp32 register a value: ptxas unpacks a
+    16-bit vector once and keeps the floats, or the maps of them, for every pass that reads them),
+    the busiest pass's loads in flight (``unroll`` raw 16-byte chunks, 4 registers each), the
+    chunk it unpacks (``VEC`` floats) and the packed stores of its row-shaped outputs, its gathered
+    inputs (one value per chunk in flight where it is constant over the chunk, else half a
+    register per value in flight: ptxas hoists the scalar loads), one register per per-row value
+    and accumulator, two per row axis whose index is computed, and a fixed base for addresses,
+    indices and loop state."""
+    kept = 0 if cfg.stream else cfg.vec * cfg.unroll * len(shape.kept)
+    busiest = 0
+    for p in range(shape.passes):
+        vecs, gathers = _loaded(shape, p, cfg)
+        fresh_kept = {id(v) for v in shape.kept} if not cfg.stream else set()
+        loads = sum(1 for v in vecs if id(v) not in fresh_kept)
+        stores = sum(1 for _, v in shape.full_out if shape.stage[id(v)] == p)
+        each = sum(cfg.unroll if shape.chunk_constant(v) else cfg.unroll * cfg.vec // 2 for v in gathers)
+        busiest = max(busiest, 4 * cfg.unroll * loads + cfg.vec + 4 * stores + each)
+    scalars = sum(1 for v in (*shape.diagram.inputs, *shape.diagram.nodes) if not shape.is_full(v))
+    index = 2 * len(shape.row_axes) + 2 * (len(shape.red) - 1)
+    ragged = 4 if not _even(shape, cfg) else 0
+    return CHAIN_BASE_REGS + kept + busiest + scalars + len(shape.chains) + index + ragged
+
+
+def _even(shape, cfg) -> bool:
+    chunks = -(-shape.xsize // cfg.vec)
+    return chunks * cfg.vec == shape.xsize and chunks == cfg.chunks_per_thread * cfg.threads_per_row
+
+
+def chain_regs_estimate(shape: ChainShape, cfg: ChainConfig) -> int:
+    """The register budget the model assumes and the kernel asks for (``__maxnreg__``)."""
+    budget = -(-chain_regs_need(shape, cfg) // 8) * 8 + 8
+    return min(MAX_REGS, budget, (65536 // cfg.threads) // 8 * 8)
+
+
+def chain_configs(shape: ChainShape) -> list[ChainConfig]:
+    """Every configuration for this row: register mode where the row fits (the kept vectors
+    within :data:`MAX_KEPT_REGS`, at most :data:`MAX_CHUNKS` chunks a thread), else streamed."""
+    out = []
+    chunks = -(-shape.xsize // shape.vec)
+    for tpr in THREADS_PER_ROW:
+        if tpr > THREADS_PER_ROW[0] and chunks * 2 < tpr:
+            continue  # at least half of the row's threads must have a chunk
+        for rpb in ((1,) if tpr > 32 else tuple(sorted({t // tpr for t in BLOCK_THREADS}))):
+            cfg = make_chain_config(shape, tpr, rpb)
+            if cfg.chunks_per_thread > MAX_CHUNKS or cfg.values_per_thread * len(shape.kept) > MAX_KEPT_REGS:
+                continue
+            if chain_regs_need(shape, cfg) + 8 > min(MAX_REGS, 65536 // cfg.threads):
+                continue  # the budget keeps 8 registers of slack over the footprint
+            out.append(cfg)
+    if out:
+        return sorted(out, key=lambda c: (not 8 <= c.values_per_thread <= 32, -c.values_per_thread, c.threads))
+    for tpr in STREAM_THREADS:
+        for u in STREAM_UNROLLS:
+            cfg = make_chain_config(shape, tpr, 1, u)
+            if chain_regs_need(shape, cfg) + 8 <= min(MAX_REGS, 65536 // cfg.threads):
+                out.append(cfg)
+    return out
+
+
+def chain_config_from_schedule(shape: ChainShape, schedule: Schedule) -> ChainConfig:
+    """The configuration a schedule's kernel names (threads per row, warps, and ``stages`` for a
+    streamed row), or the family's preferred one where it names none."""
+    opts = schedule.kernels[0].options if len(schedule.kernels) == 1 else None
+    if opts is not None and opts.threads_per_row is not None:
+        tpr = opts.threads_per_row
+        rows = max(1, (opts.warps or 1) * 32 // tpr) if tpr <= 32 else 1
+        return make_chain_config(shape, tpr, rows, opts.stages)
+    options = chain_configs(shape)
+    if not options:
+        raise CodegenError(f"rowwise: no configuration runs a row of {shape.xsize} {shape.dtype} values")
+    return options[0]
+
+
+def chain_schedule_for(shape: ChainShape, cfg: ChainConfig, gpu: str | None) -> Schedule:
+    """Rows grouped per block (and per warp in warp mode), the row whole; every array in registers."""
+    rel = [Relabel(a, g, "SMEM", "group") for a, g in _spread(shape, cfg.rows_per_block)]
+    if not cfg.block_mode and shape.row_axes:
+        rel += [Relabel(a, g, "RF", "group") for a, g in _spread(shape, 32 // cfg.threads_per_row)]
+    d = shape.diagram
+    boxes = tuple(d.name_of(v) for v in d.nodes)
+    touched = {d.name_of(v) for v in (*d.inputs, *d.nodes)}
+    placement = tuple((n, "RF") for n in sorted(touched))
+    kernel = Kernel(NAME, boxes, tuple(rel), placement, family=NAME, options=cfg.options(shape))
+    return Schedule(d, (kernel,), gpu, shape.dtype)
+
+
+def chain_launch_estimate(shape: ChainShape, cfg: ChainConfig) -> dict:
+    """Blocks, threads, registers, shared memory and bytes in flight of a chain kernel, the
+    dependent cross-thread reductions of its passes, and a streamed row's re-reads (each pass
+    after an input's first reads it again; counted at the HBM rate, ``extra_hbm_bytes``)."""
+    blocks = -(-shape.nrows // cfg.rows_per_block)
+    b = lookup_dtype(shape.dtype).bytes
+    first = [sum(1 for v in shape.fresh if shape.uses(v)[:1] == (p,)) for p in range(shape.passes)]
+    in_flight = cfg.unroll * 16 * max(1, max(first))
+    idle = 1.0 - (-(-shape.xsize // cfg.vec)) / (cfg.chunks_per_thread * cfg.threads_per_row)
+    red_passes = len({shape.stage[id(c.source)] for c in shape.chains})
+    est = dict(blocks=blocks, threads=cfg.threads, regs=chain_regs_estimate(shape, cfg),
+               smem=32 * 4 if cfg.block_mode else 0, in_flight_bytes_per_thread=in_flight,
+               idle_lanes=max(0.0, idle), bytes_per_value=b, threads_per_row=cfg.threads_per_row,
+               reductions=red_passes)
+    if cfg.stream:
+        again = sum(len(shape.uses(v)) - 1 for v in shape.fresh)
+        if again:
+            est["extra_hbm_bytes"] = again * shape.nrows * shape.xsize * b
+    return est
+
+
+def _strides_of(v: Value, sizes: dict) -> dict[str, int]:
+    out, s = {}, 1
+    for a in reversed(v.axis_names):
+        out[a] = s
+        s *= sizes[a]
+    return out
+
+
+def lower_chain(shape: ChainShape, cfg: ChainConfig, schedule: Schedule, arch: str, kernel_name: Code) -> KernelLaunch:
+    """The chain kernel's launch (see the section's comment for how it runs)."""
+    d = shape.diagram
+    name = shape.name
+    sizes = shape.sizes
+    T = cuda_type(shape.dtype)
+    red, K = shape.red, shape.row_axes
+    used_inputs = [v for v in d.inputs if any(any(a is v for a in b.args) for b in d.nodes)]
+    outputs = [*shape.full_out, *shape.row_out]
+    inner = {}
+    acc = 1
+    for a in reversed(red):
+        inner[a] = acc
+        acc *= sizes[a]
+
+    def col_index(a: str, col: str = "col") -> Code:
+        """The index along row axis ``a`` of the element at column ``col`` (red's order)."""
+        if len(red) == 1:
+            return Code(col)
+        q = Code(f"{col} / {c_int(inner[a])}") if inner[a] > 1 else Code(col)
+        return q if a == red[0] else Code(f"({q}) % {c_int(sizes[a])}")
+
+    # per-row offsets of every array (64-bit), from the row's index along the axes of K it holds
+    need_idx: set[str] = set()
+    offsets = []
+    for v in [*used_inputs, *(v for _, v in outputs)]:
+        st = _strides_of(v, sizes)
+        if v.axis_names == (*K, *red) or (v.axis_names == K and not shape.is_full(v)):
+            n = shape.xsize if shape.is_full(v) else 1
+            expr = Code(f"row * {c_i64(n)}") if K else Code("0LL")
+        else:
+            parts = []
+            for a in v.axis_names:
+                if a in K:
+                    need_idx.add(a)
+                    parts.append(Code(f"{ident(a, 'i_')} * {c_i64(st[a])}"))
+            expr = Code(" + ".join(parts) if parts else "0LL")
+        offsets.append((ident(name(v), "off_"), expr))
+    for b in d.nodes:
+        if isinstance(b.op, Map):
+            need_idx.update(a for a in b.op.index_axes if a in K)
+    row_index = []
+    if need_idx:
+        rem = Code("row")
+        for i, a in enumerate(reversed(K)):
+            if i == len(K) - 1:
+                row_index.append((ident(a, "i_"), rem))
+            else:
+                row_index.append((ident(a, "i_"), Code(f"{rem} % {c_i64(sizes[a])}")))
+                nxt = ident(a, "q_")
+                row_index.append((nxt, Code(f"{rem} / {c_i64(sizes[a])}")))
+                rem = nxt
+
+    def var(v: Value) -> Code:
+        if v.is_input and not shape.is_full(v):
+            return ident(name(v), "r_")
+        return ident(name(v), "a_")
+
+    def map_stmt(b: Value) -> Code:
+        op = b.op
+        get_function(op.fn)  # refuses functions outside the whitelist
+        idx = [ident(a, "i_") for a in op.index_axes]
+        ns = [sizes[a] for a in op.index_axes]
+        expr = map_expr(op.fn, [var(a) for a in b.args], op.param_values(sizes), idx, ns)
+        return Code(f"const float {ident(name(b), 'a_')} = {expr};")
+
+    row_scalars = [(ident(name(v), "r_"), ident(name(v), "in_"), ident(name(v), "off_"))
+                   for v in used_inputs if shape.access[id(v)] == "scalar"]
+    link_ids = {id(v) for c in shape.chains for v in c.links}
+    scalar_maps: dict[int, list[Code]] = {}
+    for b in d.nodes:
+        if id(b) in link_ids or shape.is_full(b):
+            continue
+        scalar_maps.setdefault(shape.stage[id(b)], []).append(map_stmt(b))
+
+    kept_ids = {id(v) for v in shape.kept} if not cfg.stream else set()
+    kept_decl = [Code(f"napkin::Vec16<T> {ident(name(v), 'kv_')}[UNROLL];") for v in shape.kept if id(v) in kept_ids]
+    passes = []
+    for p in range(shape.passes):
+        need = shape.need(p)
+        vecs, gathers = _loaded(shape, p, cfg)
+        decl, loads, chunk, elem = [], [], [], []
+        index_axes = sorted({a for b in need if not b.is_input for a in b.op.index_axes if a in red},
+                            key=red.index)
+        per_chunk = [v for v in gathers if shape.chunk_constant(v)]
+        gather_axes = sorted({a for v in gathers for a in v.axis_names if a in red and v not in per_chunk},
+                             key=red.index)
+        for a in sorted({a for v in per_chunk for a in v.axis_names if a in red}, key=red.index):
+            chunk.append(Code(f"const long long {ident(a, 'j_')} = {col_index(a, 'col0')};"))
+        for a in dict.fromkeys([*index_axes, *gather_axes]):
+            elem.append(Code(f"const long long {ident(a, 'i_')} = {col_index(a)};"))
+        for v in need:
+            nm = name(v)
+            if not v.is_input:
+                elem.append(map_stmt(v))
+                continue
+            if shape.access[id(v)] == "gather":
+                # scalar loads (L1/L2: a broadcast input); once per chunk where the value is the
+                # same over its VEC columns
+                st = _strides_of(v, sizes)
+                pre, where, into = ("j_", "col0", chunk) if v in per_chunk else ("i_", "col", elem)
+                terms = " + ".join(f"{ident(a, pre)} * {c_i64(st[a])}" for a in v.axis_names if a in red)
+                into.append(Code(f"const float {ident(nm, 'a_')} = ({where} < limit) ? napkin::to_float("
+                                 f"{ident(nm, 'in_')}[{ident(nm, 'off_')} + {terms}]) : 0.f;"))
+                continue
+            buf = ident(nm, "kv_") if id(v) in kept_ids else ident(nm, "ld_")
+            if id(v) not in kept_ids:
+                decl.append(Code(f"napkin::Vec16<T> {buf}[UNROLL];"))
+            if any(v is w for w in vecs):
+                loads.append(Code(f"napkin::load_vec({buf}[u], {ident(nm, 'in_')} + {ident(nm, 'off_')}, col0, "
+                                  "limit, napkin::zero<T>());"))
+            elem.append(Code(f"const float {ident(nm, 'a_')} = napkin::to_float({buf}[u].x[e]);"))
+        accs = []
+        for c in shape.chains:
+            if shape.stage[id(c.source)] != p:
+                continue
+            fmt, ident0, op = _CHAIN_OPS[c.how]
+            rn = name(c.result)
+            accs.append(dict(
+                acc=ident(rn, "acc_"), part=ident(rn, "p_"), identity=Code(ident0),
+                step=Code(fmt.format(a=ident(rn, "p_"), b=ident(name(c.source), "a_"))),
+                merge=Code(fmt.format(a=ident(rn, "acc_"), b=ident(rn, "p_"))),
+                reduce=Code((f"napkin::block_reduce<{op}>" if cfg.block_mode else
+                             f"napkin::xor_reduce<{op}, THREADS_PER_ROW>")
+                            + f"({ident(rn, 'acc_')}{', scratch' if cfg.block_mode else ''})"),
+                result=ident(rn, "a_"), scale=float(c.scale)))
+        stores = [(ident(n, "st_"), ident(n, "out_"), ident(n, "off_"), ident(name(v), "a_"))
+                  for n, v in shape.full_out if shape.stage[id(v)] == p]
+        passes.append(dict(index=p, decl=decl, loads=loads, chunk=chunk, elem=elem, accs=accs, stores=stores,
+                           after=scalar_maps.get(p + 1, []),
+                           what=comment(_pass_text(shape, p))))
+    row_stores = [(ident(n, "out_"), ident(n, "off_"), var(v)) for n, v in shape.row_out]
+    params = [Code(f"const {T}* __restrict__ {ident(name(v), 'in_')}") for v in used_inputs]
+    params += [Code(f"{T}* __restrict__ {ident(n, 'out_')}") for n, _ in outputs]
+    nrows = shape.nrows
+    grid = (-(-nrows // cfg.rows_per_block), 1, 1)
+    legend_rows = ", ".join(K) or "(none)"
+    mode = (f"streamed: every pass reads its inputs again, UNROLL = {cfg.unroll} chunks in flight per thread"
+            if cfg.stream else
+            f"in registers: the raw vectors of {', '.join(name(v) for v in shape.kept) or 'no input'} kept "
+            "across passes, every input read from HBM once")
+    sched_lines = [f"rows ({legend_rows}) grouped per block: ROWS_PER_BLOCK = {cfg.rows_per_block} (grid.x = "
+                   f"{grid[0]} blocks)",
+                   (f"each row split over THREADS_PER_ROW = {cfg.threads_per_row} lanes of one warp"
+                    if not cfg.block_mode else f"each row split over the block's {cfg.threads_per_row} threads"),
+                   f"the row ({', '.join(red)}), {shape.xsize} values, {shape.passes} pass(es) over it, {mode}",
+                   "reductions in fp32: per-thread partials, then "
+                   + ("block reductions" if cfg.block_mode else f"{cfg.threads_per_row}-lane shuffles")]
+    sched_lines += [f"schedule: {r}" for k in schedule.kernels for r in k.relabels]
+    ctx = dict(
+        kernel=kernel_name, T=T, dtype=shape.dtype, kind="chain", arch=comment(arch), diagram=comment(d.name),
+        legend_rows=comment(legend_rows), legend_x=comment(", ".join(red)),
+        TPR=cfg.threads_per_row, RPB=cfg.rows_per_block, VEC=cfg.vec, CPT=cfg.chunks_per_thread,
+        UNROLL=cfg.unroll, stream=cfg.stream, REGS=chain_regs_estimate(shape, cfg), THREADS=cfg.threads,
+        XSIZE=shape.xsize, NROWS=c_i64(nrows), EVEN=_even(shape, cfg), block_mode=cfg.block_mode,
+        params=params, row_index=row_index, offsets=offsets, row_scalars=row_scalars,
+        first_scalars=scalar_maps.get(0, []), kept_decl=kept_decl, passes=passes, row_stores=row_stores,
+        schedule_lines=[comment(s) for s in sched_lines],
+    )
+    src = render(TEMPLATE, **ctx)
+    args = tuple(Arg("tensor", name(v), dtype=shape.dtype, axes=v.axis_names) for v in used_inputs)
+    args += tuple(Arg("tensor", n, dtype=shape.dtype, axes=v.axis_names) for n, v in outputs)
+    return KernelLaunch(
+        name=str(kernel_name), source=src, grid=grid, block=(cfg.threads, 1, 1), shared_bytes=0, args=args,
+        template=TEMPLATE,
+        tunables=(("THREADS_PER_ROW", cfg.threads_per_row), ("ROWS_PER_BLOCK", cfg.rows_per_block),
+                  ("VEC", cfg.vec), ("CHUNKS_PER_THREAD", cfg.chunks_per_thread), ("UNROLL", cfg.unroll),
+                  ("STREAM", int(cfg.stream)), ("THREADS", cfg.threads)),
+        model_smem_bytes=32 * 4 if cfg.block_mode else 0,
+        model_regs_per_thread=chain_regs_estimate(shape, cfg),
+    )
+
+
+def _pass_text(shape: ChainShape, p: int) -> str:
+    what = [f"{c.how} {shape.name(c.result)}" for c in shape.chains if shape.stage[id(c.source)] == p]
+    what += [f"writes {n}" for n, v in shape.full_out if shape.stage[id(v)] == p]
+    return f"pass {p}: " + ", ".join(what)
+
+
 class RowwiseFamily:
-    """Softmax / layernorm / rmsnorm with elementwise prologue and epilogue, fused."""
+    """Softmax / layernorm / rmsnorm with elementwise prologue and epilogue, and any chain of maps
+    and reductions over a row, fused."""
 
     name = NAME
     smem_from_cost = True  # model_smem_bytes from the cost model's M_SMEM where it agrees
 
     def explain(self, diagram: Diagram) -> str | None:
         """None if the family takes ``diagram``, else why not."""
-        s = analyse(diagram)
+        s = _analysed(diagram)
         if isinstance(s, str):
             return s
+        if isinstance(s, ChainShape):
+            if not chain_configs(s):
+                return f"no configuration runs a row of {s.xsize} {s.dtype} values"
+            return None
         if not configs(s):
             return (f"no configuration keeps a row of {s.xsize} {s.dtype} values in registers "
                     f"(at most {MAX_VALUES_PER_THREAD} per thread, 1024 threads)")
@@ -474,8 +1119,8 @@ class RowwiseFamily:
     def matches(self, diagram: Diagram) -> bool:
         return self.explain(diagram) is None
 
-    def _shape(self, diagram: Diagram) -> RowwiseShape:
-        s = analyse(diagram)
+    def _shape(self, diagram: Diagram) -> "RowwiseShape | ChainShape":
+        s = _analysed(diagram)
         if isinstance(s, str):
             raise CodegenError(f"rowwise family cannot run diagram {diagram.name!r}: {s}")
         return s
@@ -483,15 +1128,22 @@ class RowwiseFamily:
     def candidates(self, diagram: Diagram, gpu, dtype: str | None = None) -> list[Schedule]:
         shape = self._shape(diagram)
         key = getattr(gpu, "key", gpu)
+        if isinstance(shape, ChainShape):
+            return [chain_schedule_for(shape, c, key) for c in chain_configs(shape)]
         return [schedule_for(shape, c, key) for c in configs(shape)]
 
-    def config(self, diagram: Diagram, schedule: Schedule) -> Config:
-        return config_from_schedule(self._shape(diagram), schedule)
+    def config(self, diagram: Diagram, schedule: Schedule) -> "Config | ChainConfig":
+        shape = self._shape(diagram)
+        if isinstance(shape, ChainShape):
+            return chain_config_from_schedule(shape, schedule)
+        return config_from_schedule(shape, schedule)
 
     def launch_estimate(self, diagram: Diagram, schedule: Schedule, gpu) -> dict:
         """Blocks, threads, registers and shared memory of the launch a schedule stands for,
         and a latency floor: bytes in flight per SM (Little's law) bound the achievable rate."""
         shape = self._shape(diagram)
+        if isinstance(shape, ChainShape):
+            return chain_launch_estimate(shape, chain_config_from_schedule(shape, schedule))
         cfg = config_from_schedule(shape, schedule)
         blocks = -(-shape.nrows // cfg.rows_per_block)
         bytes_per_value = lookup_dtype(shape.dtype).bytes
@@ -510,6 +1162,11 @@ class RowwiseFamily:
         shape = self._shape(diagram)
         if len(schedule.kernels) != 1:
             raise CodegenError(f"rowwise family runs one fused kernel; the schedule has {len(schedule.kernels)}")
+        if isinstance(shape, ChainShape):
+            cfg = chain_config_from_schedule(shape, schedule)
+            launch = lower_chain(shape, cfg, schedule, arch, Code(f"{ident(diagram.name)}_rowwise_chain"))
+            return Program(diagram=diagram, schedule=schedule, family=NAME, launches=(launch,), buffers=(),
+                           sizes=dict(shape.sizes))
         cfg = config_from_schedule(shape, schedule)
         kname = Code(f"{ident(diagram.name)}_rowwise_{shape.kind}")
         launch = lower_shape(shape, cfg, schedule, arch, kname)

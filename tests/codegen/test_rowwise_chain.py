@@ -1,0 +1,236 @@
+"""The row-wise family's chain kernel, without a GPU: what it takes (any maps and reductions over one
+row of one or several innermost axes) and refuses, that the planner runs such a chain as ONE
+row-wise kernel, the passes and the register/streamed modes of the generated source, and the
+model's view of it (launch estimate, a streamed row's re-reads)."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from napkin.codegen.families import rowwise
+from napkin.codegen.families.rowwise import FAMILY, ChainShape, analyse
+from napkin.codegen.lower import build, lower
+from napkin.codegen.planner import derive
+from napkin.codegen.prepare import prepare
+from napkin.codegen.select import predict_schedule
+from napkin.diagrams import Axis, Diagram, absolute, array, causal, exp, library, logsumexp, map_fn, max_over, \
+    mean_over, reduce, rsqrt, scale, softmax, square, sum_over
+
+CHAINS = ("log_softmax", "l2_normalize", "group_norm", "logsumexp_rows", "row_range")
+
+
+def bound(d: Diagram, dtype: str = "bf16", **sizes) -> Diagram:
+    return prepare(d, sizes=sizes, dtype=dtype)
+
+
+# ----------------------------------------------------------------------------- user-written chains
+
+def rows(*names):
+    return [Axis(n) for n in names]
+
+
+def l1_normalize() -> Diagram:
+    """Rows over their L1 norm (F.normalize with p = 1): a sum, then a second pass."""
+    r, x = rows("r", "x")
+    X = array("X", r, x)
+    return Diagram("l1", (X / sum_over(absolute(X), x, name="n1")).named("Y"))
+
+
+def min_max_scale() -> Diagram:
+    """(X − min)/(max − min) per row: a max and a min in one pass, then a second pass."""
+    r, x = rows("r", "x")
+    X = array("X", r, x)
+    lo = reduce(X, x, "min", name="lo")
+    return Diagram("minmax", ((X - lo).named("D") / (max_over(X, x, name="hi") - lo).named("span")).named("Y"))
+
+
+def centred() -> Diagram:
+    """Two outputs: the row minus its mean (row-shaped) and the mean (one per row)."""
+    r, x = rows("r", "x")
+    X = array("X", r, x)
+    mu = mean_over(X, x, name="mu")
+    return Diagram("centred", ((X - mu).named("C"), mu))
+
+
+def hand_layernorm() -> Diagram:
+    """layernorm written by hand, with a per-row scale s[r] and a broadcast bias b[x]."""
+    r, x = rows("r", "x")
+    X, s, b = array("X", r, x), array("s", r), array("b", x)
+    D = (X - mean_over(X, x, name="mu")).named("D")
+    Y = (D * rsqrt(mean_over(square(D), x, name="var") + 1e-5) * s + b).named("Y")
+    return Diagram("hand_ln", Y)
+
+
+def masked_lse() -> Diagram:
+    """logsumexp over keys of causally masked scores: index maps on a kept axis (q) and the row (x)."""
+    h, q, x = rows("h", "q", "x")
+    return Diagram("masked_lse", logsumexp(causal(scale(array("S", h, q, x), 0.125), "q", "x"), "x", name="L"))
+
+
+USER = {"l1": l1_normalize, "minmax": min_max_scale, "centred": centred, "hand_ln": hand_layernorm,
+        "masked_lse": masked_lse}
+USER_SIZES = {"l1": dict(r=512, x=4096), "minmax": dict(r=512, x=4095), "centred": dict(r=300, x=1000),
+              "hand_ln": dict(r=1024, x=4096), "masked_lse": dict(h=4, q=256, x=256)}
+
+
+# ----------------------------------------------------------------------------- planning
+
+@pytest.mark.parametrize("gpu", ["h100", "a100"])
+@pytest.mark.parametrize("dtype", ["bf16", "fp32"])
+@pytest.mark.parametrize("name", CHAINS)
+def test_library_chains_plan_as_one_rowwise_kernel(name, dtype, gpu):
+    e = library.entry(name)
+    der = derive(library.get(name), gpu, dtype, sizes=e.default_sizes)
+    assert der.plan.families == ("rowwise",), str(der.plan)
+    d = der.plan.diagram
+    assert set(der.plan.kernels[0].kernel.boxes) == {d.name_of(v) for v in d.nodes}
+
+
+@pytest.mark.parametrize("name", sorted(USER))
+def test_user_written_chains_plan_as_one_rowwise_kernel(name):
+    der = derive(USER[name](), "h100", "bf16", sizes=USER_SIZES[name])
+    assert der.plan.families == ("rowwise",), str(der.plan)
+    program = build(der.plan)
+    assert len(program.launches) == 1 and program.launches[0].template == "rowwise.cu.jinja"
+    assert "rowwise_chain" in program.launches[0].name
+
+
+@pytest.mark.parametrize("how", ["sum", "max", "min"])
+def test_one_reduction_in_one_pass_is_the_pointwise_familys(how):
+    # a row sum, max or min with maps around it: pointwise's row kernel (which also splits a long
+    # row over blocks); row-wise takes two reductions (row_range) or a second pass (l1 above)
+    r, x = rows("r", "x")
+    d = bound(Diagram("one", map_fn("sqrt", reduce(square(array("X", r, x)), x, how, name="S"), name="Y")),
+              r=512, x=4096)
+    assert "pointwise family runs it" in _refusal(d)
+    assert derive(d, "h100", "bf16", explain=False).plan.families == ("pointwise",)
+
+
+def test_the_chain_beats_the_kernels_apart_in_the_model():
+    # log-softmax apart is a max, an exp-sum and a map pass: three reads of X; fused, one
+    der = derive(library.get("log_softmax"), "h100", "bf16", sizes={"r": 4096, "x": 4096})
+    fused = [line for line in der.decisions if line.startswith("fused")]
+    assert fused, der.decisions
+    t_fused, t_apart = map(float, re.findall(r"([0-9.]+) µs", fused[0])[:2])
+    assert t_fused < t_apart
+
+
+def test_norms_keep_their_own_kernel():
+    for name in ("softmax", "layernorm", "rmsnorm"):
+        d = bound(library.get(name), r=64, x=4096)
+        s = analyse(d)
+        assert not isinstance(s, (str, ChainShape)) and s.kind == name
+        (k,) = lower(d, family="rowwise", arch="sm_90a").launches
+        assert k.name.endswith(f"_rowwise_{name}")
+
+
+# ----------------------------------------------------------------------------- analysis
+
+def test_group_norm_is_a_row_of_two_axes():
+    s = analyse(bound(library.get("group_norm"), n=2, g=4, c=8, s=64))
+    assert isinstance(s, ChainShape)
+    assert s.red == ("c", "s") and s.row_axes == ("n", "g") and s.xsize == 512 and s.nrows == 8
+    assert s.passes == 3 and [c.how for c in s.chains] == ["sum", "sum"]
+    assert all(abs(c.scale - 1 / 512) < 1e-15 for c in s.chains)           # mean of means
+    gamma = s.diagram.value("gamma")
+    assert s.access[id(gamma)] == "gather" and s.chunk_constant(gamma)      # c changes every 64 columns
+    ragged = analyse(bound(library.get("group_norm"), n=2, g=4, c=8, s=63))
+    assert not ragged.chunk_constant(ragged.diagram.value("gamma"))
+
+
+@pytest.mark.parametrize("name, passes", [("log_softmax", 3), ("l2_normalize", 2), ("logsumexp_rows", 2),
+                                          ("row_range", 1)])
+def test_passes(name, passes):
+    s = analyse(bound(library.get(name), r=8, x=1000))
+    assert isinstance(s, ChainShape) and s.passes == passes
+
+
+def _refusal(d: Diagram) -> str:
+    why = FAMILY.explain(d)
+    assert why is not None
+    return why
+
+
+def test_refusals_name_what_is_wrong():
+    r, x = rows("r", "x")
+    X = array("X", r, x)
+    # a column reduction: the reduced axis is not innermost
+    assert "innermost" in _refusal(bound(Diagram("col", sum_over(X, r, name="Y")), r=8, x=64))
+    # max and min mixed in one chain over a row of two axes
+    a, b = rows("a", "b")
+    Z = array("Z", r, a, b)
+    mixed = Diagram("mixed", reduce(max_over(Z, b), a, "min", name="Y"))
+    assert "mix" in _refusal(bound(mixed, r=4, a=8, b=8))
+    # a partial reduction read by a map: not one value per row
+    part = max_over(Z, b, name="P")
+    assert "partial" in _refusal(bound(Diagram("part", (sum_over(part, a, name="Y"), part * 2.0)), r=4, a=8, b=8))
+    # reductions over different rows: (a, b) for Y1, b alone for Y2
+    assert "not the whole row" in _refusal(bound(Diagram("two", (sum_over(sum_over(Z, b), a, name="Y1"),
+                                                                  sum_over(Z, b, name="Y2"))), r=4, a=8, b=8))
+    # a softmax box with reductions
+    assert "softmax or norm box together" in _refusal(
+        bound(Diagram("sm_red", (softmax(X, x, name="P"), sum_over(X, x, name="S"))), r=8, x=64))
+    # no reduction at all: the pointwise family's
+    assert "no reduction" in _refusal(bound(Diagram("maps", exp(X, name="Y")), r=8, x=64))
+
+
+# ----------------------------------------------------------------------------- the kernel
+
+def _source(name_or_diagram, dtype="bf16", **sizes) -> str:
+    d = library.get(name_or_diagram) if isinstance(name_or_diagram, str) else name_or_diagram
+    (k,) = lower(d, sizes=sizes, dtype=dtype, family="rowwise", gpu="h100").launches
+    return k.source
+
+
+def test_register_mode_reads_every_input_once():
+    src = _source("log_softmax", r=64, x=4096)
+    assert src.count("napkin::load_vec(") == 1 and src.count("// ---- pass") == 3
+    assert "kv_X[UNROLL]" in src and "#pragma unroll 1" not in src
+    assert "xor_reduce<napkin::MaxOp" in src or "block_reduce<napkin::MaxOp>" in src
+    gn = _source("group_norm", n=2, g=4, c=4, s=256)
+    assert gn.count("napkin::load_vec(") == 1 and "j_c = col0 / 256" in gn     # gamma/beta once per chunk
+
+
+def test_a_row_too_long_for_registers_is_streamed():
+    d = bound(library.get("log_softmax"), r=16, x=1 << 18)
+    cands = FAMILY.candidates(d, "h100", "bf16")
+    assert cands and all(c.kernels[0].options.stages in rowwise.STREAM_UNROLLS for c in cands)
+    src = _source("log_softmax", r=16, x=1 << 18)
+    assert src.count("napkin::load_vec(") == 3 and "#pragma unroll 1" in src   # each pass reads X again
+    # the model charges the two re-reads of X
+    est = FAMILY.launch_estimate(d, cands[0], "h100")
+    assert est["extra_hbm_bytes"] == 2 * 16 * (1 << 18) * 2
+    # a one-pass chain streams without re-reading
+    one = bound(library.get("row_range"), r=16, x=1 << 20)
+    est = FAMILY.launch_estimate(one, FAMILY.candidates(one, "h100", "bf16")[0], "h100")
+    assert "extra_hbm_bytes" not in est
+
+
+def test_launch_estimate_and_prediction():
+    d = bound(library.get("logsumexp_rows"), r=16384, x=4096)
+    for s in FAMILY.candidates(d, "h100", "bf16"):
+        est = FAMILY.launch_estimate(d, s, "h100")
+        opts = s.kernels[0].options
+        assert est["threads_per_row"] == opts.threads_per_row and est["threads"] == opts.warps * 32
+        assert est["regs"] == opts.regs_per_thread and est["reductions"] == 2   # max, then the sum
+        r = predict_schedule(d, FAMILY, s, "h100")
+        # at least the HBM time of reading X once and writing Y once
+        assert r.seconds >= (16384 * 4096 * 2 + 16384 * 2) / 3.35e12
+
+
+def test_every_configuration_lowers_back_to_itself():
+    d = bound(library.get("group_norm"), n=2, g=4, c=5, s=999)
+    for s in FAMILY.candidates(d, "h100", "fp32"):
+        cfg = FAMILY.config(d, s)
+        (k,) = FAMILY.lower(d, s, "sm_90a").launches
+        t = dict(k.tunables)
+        assert (t["THREADS_PER_ROW"], t["ROWS_PER_BLOCK"], t["CHUNKS_PER_THREAD"], bool(t["STREAM"])) == \
+            (cfg.threads_per_row, cfg.rows_per_block, cfg.chunks_per_thread, cfg.stream)
+        assert k.model_regs_per_thread == s.kernels[0].options.regs_per_thread
+
+
+def test_a_per_row_output_is_written_once_per_row():
+    src = _source(centred(), r=300, x=1000)
+    assert "if (row_ok && lane == 0)" in src and "out_mu[off_mu]" in src and "napkin::store_vec(out_C" in src
