@@ -109,6 +109,7 @@ CASES = [
          archs=("sm_90a",)),
     Case("matmul_mma.cu.jinja", "matmul", {"a": 77, "b": 72, "c": 40}, family="contraction"),
     Case("matmul_mma.cu.jinja", "matmul", {"a": 77, "b": 72, "c": 42}, family="contraction"),  # 84-byte rows
+    Case("pad_rows.cu.jinja", "matmul", {"a": 77, "b": 71, "c": 42}, family="contraction"),  # copied padded
     Case("matmul_mma.cu.jinja", "mlp", {"a": 65, "b": 64, "c": 136}, family="contraction"),
     Case("matmul_mma.cu.jinja", _sum_over_h_d, {"h": 3, "a": 77, "d": 72, "c": 40}, family="contraction"),
     Case("matmul_simt.cu.jinja", _sum_over_h_d, {"h": 2, "a": 33, "d": 20, "c": 40}, dtype="fp32",

@@ -166,10 +166,25 @@ def test_model_picks_wgmma_on_hopper():
 
     cd = compile_diagram("matmul", sizes=dict(a=1024, b=1024, c=1024))
     assert cd.program.launches[0].template == "matmul_wgmma.cu.jinja"
-    # rows of 1030 elements are not 16-byte multiples: the mma.sync template takes it
+    # rows of 1030 elements are not 16-byte multiples: B is copied into rows of 1032 first
     cd = compile_diagram("matmul", sizes=dict(a=1024, b=1024, c=1030))
-    assert cd.program.launches[0].template == "matmul_mma.cu.jinja"
+    assert [k.template for k in cd.program.launches] == ["pad_rows.cu.jinja", "matmul_wgmma.cu.jinja"]
     check(library.get("matmul"), "bf16", [dict(a=1024, b=1024, c=1030)])
+
+
+@pytest.mark.parametrize("name,shape", [
+    ("matmul", dict(a=8205, b=2949, c=5921)), ("matmul", dict(a=77, b=3, c=5)), ("matmul_t", dict(a=1000, b=999, c=333)),
+    ("mlp", dict(a=300, b=1001, c=257)), ("batched_matmul", dict(n=3, a=100, b=128, c=99)),
+])
+@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
+def test_rows_that_are_not_16_byte_multiples_are_padded(name, shape, dtype):
+    """Operands whose rows are not 16-byte multiples are copied into padded rows (zeros after the
+    end) and the contraction runs on whole 16-byte pieces (wgmma where the GPU has it)."""
+    from napkin.codegen.api import compile as compile_diagram
+
+    cd = compile_diagram(name, sizes=shape, dtype=dtype)
+    assert cd.program.launches[0].template == "pad_rows.cu.jinja", [k.template for k in cd.program.launches]
+    check(library.get(name), dtype, [shape])
 
 
 def test_wgmma_misaligned_views_run_without_tma():

@@ -13,7 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from napkin.codegen.families.contraction import (FAMILY, MMA_CONFIGS, SIMT_CONFIGS, WGMMA_CONFIGS, MatmulConfig,
-                                                 analyze)
+                                                 analyze, padded_rows)
 from napkin.diagrams import Axis, Diagram, array, contract, library
 from napkin.diagrams.ops import map_fn
 from napkin.errors import CodegenError
@@ -271,10 +271,15 @@ def test_wgmma_only_where_it_can_run():
     assert {s.kernels[0].options.engine for s in FAMILY.candidates(d, "a100-80gb", "bf16")} == {"mma.sync"}
     assert "wgmma" in {s.kernels[0].options.engine for s in FAMILY.candidates(d, "h200", "bf16")}
     assert "fp32" in FAMILY.wgmma_reason(bound(library.get("matmul"), "fp32"), "h100")
-    assert "batch" in FAMILY.wgmma_reason(bound(library.get("batched_matmul"), "bf16"), "h100")
+    # B[n,b,c] per batch element is stored K by rows: b = 520 is not a whole number of chunks
+    assert "multiple of 64" in FAMILY.wgmma_reason(bound(library.get("batched_matmul"), "bf16"), "h100")
     odd = library.get("matmul").bind(a=1000, b=520, c=770)  # B rows of 770 bf16: 1540 bytes
-    assert "16 bytes" in FAMILY.wgmma_reason(odd, "h100")
-    assert {s.kernels[0].options.engine for s in FAMILY.candidates(odd, "h100", "bf16")} == {"mma.sync"}
+    assert FAMILY.wgmma_reason(odd, "h100") is None  # lowering copies B into rows of 776 first
+    assert padded_rows(odd, analyze(odd)) == {"B": 776}
+    prog = FAMILY.lower(odd, FAMILY.candidates(odd, "h100", "bf16")[0], "sm_90a")
+    assert [k.template for k in prog.launches] == ["pad_rows.cu.jinja", "matmul_wgmma.cu.jinja"]
+    assert [(b.name, b.shape) for b in prog.buffers] == [("B_padded", (520, 776))]
+    assert [a.name for a in prog.launches[1].args if a.kind == "tmap"] == ["A", "B_padded"]
     s = FAMILY.schedule(d, MatmulConfig(False, *WGMMA_CONFIGS[0], wgmma=True))
     with pytest.raises(CodegenError, match="wgmma"):
         FAMILY.lower(d, s, "sm_80")
@@ -349,3 +354,21 @@ def test_builds_without_spills(builds, i):
         return
     assert launch.shared_bytes <= launch.model_smem_bytes * 1.25 or launch.shared_bytes <= \
         cfg.BM * (cfg.BN + 8) * (4 if cfg.simt else 2)  # padding of 8 per row, or the staging tile
+
+
+@pytest.mark.nvcc
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90a"])
+@pytest.mark.parametrize("dtype", ["bf16", "fp32"])
+def test_padded_operands_build(arch, dtype):
+    """Rows of 2949 and 5921 elements: both operands are copied into padded rows first; every launch
+    of the program builds without spills."""
+    from napkin.codegen.lower import lower, prepare
+    from napkin.kernels.nvcc import nvcc_compile
+
+    d = prepare(library.get("matmul"), sizes=dict(a=8205, b=2949, c=5921), dtype=dtype)
+    prog = lower(d, gpu="h100" if arch == "sm_90a" else "a100-80gb")
+    assert [k.template for k in prog.launches][:2] == ["pad_rows.cu.jinja"] * 2
+    usage = nvcc_compile(prog.source(), arch)
+    for launch in prog.launches:
+        k = usage[launch.name]
+        assert not k.spills and k.stack_bytes == 0, (launch.name, k)

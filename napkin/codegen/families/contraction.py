@@ -272,16 +272,45 @@ def _flat_rows_reason(diagram: Diagram, p: MatmulProblem) -> str | None:
     return None
 
 
-def _workspace_name(d: Diagram) -> str:
-    """A buffer name for a split sum's partials that no array of the diagram has."""
-    taken = {d.name_of(v) for v in (*d.inputs, *d.nodes)}
-    want = f"{d.name}_partials"
+#: Threads per block of the copy that pads an operand's rows.
+PAD_THREADS = 256
+
+
+def padded_rows(diagram: Diagram, p: MatmulProblem) -> dict[str, int]:
+    """The operands whose rows (last axis) are not a multiple of 16 bytes, by name, with their row
+    length rounded up: lowering copies each into a buffer with zeros after the row's end (one more
+    read and write of the operand) so that the contraction copies 16-byte pieces and TMA boxes,
+    which an unaligned row cannot give (element by element, it ran 9x slower than cuBLAS)."""
+    out = {}
+    vec = 16 // _elem(p.dtype)
+    for v in (p.A, p.B):
+        last = diagram.sizes.get(v.axis_names[-1])
+        if isinstance(last, int) and last % vec:
+            out[v.name] = -(-last // vec) * vec
+    return out
+
+
+def _padded_strides(v: Value, sizes, row: int | None) -> dict[str, int]:
+    """Element strides of ``v`` stored contiguously, with rows of ``row`` elements if given."""
+    if row is None:
+        return contiguous_strides(v)
+    out, step = {}, 1
+    for i, n in enumerate(reversed(v.axis_names)):
+        out[n] = step
+        step *= row if i == 0 else sizes[n]
+    return out
+
+
+def _buffer_name(d: Diagram, want: str, taken: set[str] = frozenset()) -> str:
+    """``want`` as a buffer name if it is a valid name no array of the diagram (and nothing in
+    ``taken``) has, else ``mm_buffer_<n>``."""
+    taken = set(taken) | {d.name_of(v) for v in (*d.inputs, *d.nodes)}
     if is_name(want) and want not in taken:
         return want
     n = 0
-    while f"mm_partials_{n}" in taken:
+    while f"mm_buffer_{n}" in taken:
         n += 1
-    return f"mm_partials_{n}"
+    return f"mm_buffer_{n}"
 
 
 def _chunk_count(sizes, p: MatmulProblem, chunk: int) -> int | None:
@@ -399,11 +428,6 @@ class ContractionFamily:
         why = _flat_rows_reason(diagram, p)
         if why:
             return why
-        for v in (p.A, p.B):
-            last = diagram.sizes.get(v.axis_names[-1])
-            if isinstance(last, int) and (last * _elem(dtype)) % 16:
-                return (f"operand {v.label()}: rows of {last} elements are not a multiple of 16 bytes "
-                        f"(TMA copies need it)")
         return None
 
     def builds_for(self, schedule: Schedule, arch: str) -> bool:
@@ -477,10 +501,19 @@ class ContractionFamily:
         est = dict(blocks=blocks, threads=cfg.threads, regs=cfg.model_regs(),
                    smem=cfg.smem_bytes(p, elem),
                    in_flight_bytes_per_thread=chunk * max(1, cfg.stages - 1) / cfg.threads)
+        launches, moved = 0, 0
         if cfg.splits > 1:
             # each block walks its share of the chunks; the partials go to HBM and come back once
-            est.update(stream_steps=math.ceil(_chunk_count(sz, p, cfg.BK) / cfg.splits), extra_launches=1,
-                       extra_hbm_bytes=2 * 4 * cfg.splits * sz[p.a] * sz[p.c] * nbatch)
+            est.update(stream_steps=math.ceil(_chunk_count(sz, p, cfg.BK) / cfg.splits))
+            launches, moved = 1, 2 * 4 * cfg.splits * sz[p.a] * sz[p.c] * nbatch
+        for name, row in padded_rows(diagram, p).items():
+            # the padding copy: the operand read, its padded copy written (and read again by the tiles)
+            v = p.A if name == p.A.name else p.B
+            rows = math.prod(sz[n] for n in v.axis_names[:-1])
+            launches += 1
+            moved += rows * (sz[v.axis_names[-1]] + row) * elem
+        if launches:
+            est.update(extra_launches=launches, extra_hbm_bytes=moved)
         if cfg.wgmma:
             # the tensor cores read both operands from SMEM themselves while the next wgmma is
             # issued: the datasheet tensor path, operand traffic overlapped
@@ -625,18 +658,51 @@ class ContractionFamily:
         if not diagram.is_bound:
             raise CodegenError(f"contraction family: bind the sizes of {diagram.name!r} first")
         cfg = self.config_of(p, schedule, arch)
-        if cfg.wgmma:
-            return Program(diagram, schedule, self.name, (self._launch_wgmma(diagram, p, cfg, arch),), (),
-                           dict(diagram.sizes))
-        if cfg.splits == 1:
-            return Program(diagram, schedule, self.name, (self._launch(diagram, p, cfg, arch),), (),
-                           dict(diagram.sizes))
-        ws = _workspace_name(diagram)
         sz = diagram.sizes
-        nbatch = math.prod(sz[a] for a in p.batch)
-        buf = Buffer(ws, ("split", "batch", p.a, p.c), (cfg.splits, nbatch, sz[p.a], sz[p.c]), "fp32")
-        launches = (self._launch(diagram, p, cfg, arch, ws), self._combine_launch(diagram, p, cfg, ws))
-        return Program(diagram, schedule, self.name, launches, (buf,), dict(diagram.sizes))
+        pads, buffers = [], []
+        padded: dict[str, tuple[str, int]] = {}
+        taken: set[str] = set()
+        for v in (p.A, p.B):
+            row = padded_rows(diagram, p).get(v.name)
+            if row is None:
+                continue
+            name = _buffer_name(diagram, f"{v.name}_padded", taken)
+            taken.add(name)
+            padded[v.name] = (name, row)
+            shape = tuple(sz[n] for n in v.axis_names[:-1]) + (row,)
+            buffers.append(Buffer(name, v.axis_names, shape, v.dtype))
+            pads.append(self._pad_launch(diagram, v, name, row))
+        if cfg.wgmma:
+            main = (self._launch_wgmma(diagram, p, cfg, arch, padded),)
+        elif cfg.splits == 1:
+            main = (self._launch(diagram, p, cfg, arch, padded=padded),)
+        else:
+            ws = _buffer_name(diagram, f"{diagram.name}_partials", taken)
+            nbatch = math.prod(sz[a] for a in p.batch)
+            buffers.append(Buffer(ws, ("split", "batch", p.a, p.c), (cfg.splits, nbatch, sz[p.a], sz[p.c]), "fp32"))
+            main = (self._launch(diagram, p, cfg, arch, ws, padded), self._combine_launch(diagram, p, cfg, ws))
+        return Program(diagram, schedule, self.name, (*pads, *main), tuple(buffers), dict(sz))
+
+    def _pad_launch(self, d: Diagram, v: Value, buffer: str, row: int) -> KernelLaunch:
+        """The copy of operand ``v`` into ``buffer`` with rows of ``row`` elements, zeros after the end."""
+        sz = d.sizes
+        L = sz[v.axis_names[-1]]
+        rows = math.prod(sz[n] for n in v.axis_names[:-1])
+        T = v.dtype
+        kname = Code(f"napkin_pad_rows_{T}_{short_hash(T, 'pad', v.name)}")
+        legend = comment_lines([f"diagram {d.name}: operand {v.label()} -> buffer {buffer} "
+                                f"(rows of {L} -> {row} elements)",
+                                f"  rows = {' x '.join(v.axis_names[:-1]) or '1'}, L = {v.axis_names[-1]}",
+                                f"  tunables: THREADS = {PAD_THREADS}"])
+        source = render("pad_rows.cu.jinja", kname=kname, T=ctype(T), THREADS=PAD_THREADS, legend=legend)
+        vec = 16 // _elem(T)
+        pieces = rows * (row // vec)
+        blocks = max(1, min(-(-pieces // PAD_THREADS), 65535 * 8))
+        args = (Arg("tensor", v.name, dtype=T, axes=v.axis_names), Arg("tensor", buffer, dtype=T, axes=v.axis_names),
+                Arg("i64", "rows", value=rows), Arg("int", "L", value=L), Arg("int", "LP", value=row))
+        return KernelLaunch(name=str(kname), source=source, grid=(blocks, 1, 1), block=(PAD_THREADS, 1, 1),
+                            shared_bytes=0, args=args, template="pad_rows.cu.jinja",
+                            tunables=(("THREADS", PAD_THREADS),), model_smem_bytes=0, model_regs_per_thread=None)
 
     def _combine_launch(self, d: Diagram, p: MatmulProblem, cfg: MatmulConfig, ws: str) -> KernelLaunch:
         """The second launch of a split sum: the partials added in a fixed order, then the epilogue."""
@@ -680,11 +746,15 @@ class ContractionFamily:
                             model_smem_bytes=0, model_regs_per_thread=None)
 
     def _launch(self, d: Diagram, p: MatmulProblem, cfg: MatmulConfig, arch: str,
-                ws: str | None = None) -> KernelLaunch:
+                ws: str | None = None, padded: dict | None = None) -> KernelLaunch:
         T = p.dtype
         sz = d.sizes
         M, N, K = sz[p.a], sz[p.c], sz[p.b]
-        sA, sB, sY = contiguous_strides(p.A), contiguous_strides(p.B), contiguous_strides(p.out)
+        padded = padded or {}
+        pa, pb = padded.get(p.A.name), padded.get(p.B.name)  # (buffer, row) of a padded operand
+        sA = _padded_strides(p.A, sz, pa[1] if pa else None)
+        sB = _padded_strides(p.B, sz, pb[1] if pb else None)
+        sY = contiguous_strides(p.out)
         lda = sA[p.a] if p.a_kmajor else sA[p.b]
         ldb = sB[p.c] if p.b_kmajor else sB[p.b]
         ldy = sY[p.a]
@@ -694,8 +764,8 @@ class ContractionFamily:
         check_index_size(N, f"axis {p.c!r} of {p.B.label()}", cfg.BN, "contraction")
         check_index_size(K, f"axis {p.b!r} of {p.A.label()}", cfg.BK, "contraction")
         params: list[Param] = [
-            tensor_param(p.A, "A", T),
-            tensor_param(p.B, "B", T),
+            tensor_param(p.A, "A", T, name=pa[0] if pa else None),
+            tensor_param(p.B, "B", T, name=pb[0] if pb else None),
             tensor_param(p.out, "Y", T, const=False, name=out_name),
             int_param("M", M), int_param("N", N), int_param("K", K),
             int_param("lda", lda, f"row stride of {p.A.label()}"),
@@ -767,7 +837,8 @@ class ContractionFamily:
             model_regs_per_thread=cfg.model_regs(),
         )
 
-    def _launch_wgmma(self, d: Diagram, p: MatmulProblem, cfg: MatmulConfig, arch: str) -> KernelLaunch:
+    def _launch_wgmma(self, d: Diagram, p: MatmulProblem, cfg: MatmulConfig, arch: str,
+                      padded: dict | None = None) -> KernelLaunch:
         T = p.dtype
         sz = d.sizes
         M, N, K = sz[p.a], sz[p.c], sz[p.b]
@@ -781,10 +852,14 @@ class ContractionFamily:
         # MN-major one as [64 k][64 mn] boxes side by side
         box_a = (64, cfg.BM) if p.a_kmajor else (64, 64)
         box_b = (64, cfg.BN) if p.b_kmajor else (64, 64)
-        sA, sB, sY = contiguous_strides(p.A), contiguous_strides(p.B), contiguous_strides(p.out)
+        padded = padded or {}
+        pa, pb = padded.get(p.A.name), padded.get(p.B.name)  # (buffer, row) of a padded operand
+        sA = _padded_strides(p.A, sz, pa[1] if pa else None)
+        sB = _padded_strides(p.B, sz, pb[1] if pb else None)
+        sY = contiguous_strides(p.out)
         params: list[Param] = [
-            tensormap_param(p.A, "tmA", box_a),
-            tensormap_param(p.B, "tmB", box_b),
+            tensormap_param(p.A, "tmA", box_a, name=pa[0] if pa else None),
+            tensormap_param(p.B, "tmB", box_b, name=pb[0] if pb else None),
             tensor_param(p.out, "Y", T, const=False, name=out_name),
             int_param("M", M), int_param("N", N), int_param("K", K),
             int_param("ldy", sY[p.a], f"row stride of {out_name}[{','.join(p.out.axis_names)}]"),
