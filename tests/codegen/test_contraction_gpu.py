@@ -254,3 +254,29 @@ def test_wgmma_batched_both_operands_k_major():
 
     for shape in (dict(n=3, a=300, b=200, c=136), dict(n=2, a=64, b=8, c=72)):
         check(bmm_t(), "bf16", [shape], schedule=wgmma_schedule(bmm_t(), "bf16", shape, WGMMA_CONFIGS[1]))
+
+
+@pytest.mark.parametrize("b_kmajor", [True, False], ids=["W[f,b]", "W[b,f]"])
+def test_dual_contraction(b_kmajor):
+    """SwiGLU's gate and up in one wgmma kernel: every dual configuration, sizes that are not tile
+    multiples, and rows that need padding (b = 100)."""
+    _hopper()
+    from napkin.codegen.families.contraction import DUAL_CONFIGS
+
+    from test_contraction_nvcc import gate_up
+
+    d0 = gate_up(b_kmajor)
+    for c in DUAL_CONFIGS:
+        for shape in (dict(a=1000, b=512, f=776), dict(a=64, b=64, f=64)):
+            d = d0.with_dtype("bf16").bind(**shape)
+            check(d0, "bf16", [shape], schedule=FAMILY.schedule(d, MatmulConfig(False, *c, wgmma=True, dual=True)))
+    check(d0, "bf16", [dict(a=300, b=100, f=200)])
+
+
+def test_swiglu_plans_the_dual_kernel_and_is_right():
+    _hopper()
+    from napkin.codegen.api import compile as compile_diagram
+
+    cd = compile_diagram("swiglu", sizes=dict(a=512, b=256, f=704))
+    assert "napkin_mm_wgmma_dual" in cd.program.launches[0].name
+    check(library.get("swiglu"), "bf16", [dict(a=512, b=256, f=704), dict(a=77, b=64, f=136)])

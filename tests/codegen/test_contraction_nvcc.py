@@ -372,3 +372,59 @@ def test_padded_operands_build(arch, dtype):
     for launch in prog.launches:
         k = usage[launch.name]
         assert not k.spills and k.stack_bytes == 0, (launch.name, k)
+
+
+def gate_up(b_kmajor: bool = True, dtype="bf16") -> Diagram:
+    """H[a,f] = silu(Σ_b X·Wg) ⊙ Σ_b X·Wu: SwiGLU's gate and up, the weights stored [f][b] or [b][f]."""
+    from napkin.diagrams import silu
+
+    a, b, f = Axis("a"), Axis("b"), Axis("f")
+    X = array("X", a, b, dtype=dtype)
+    Wg, Wu = (array(n, *((f, b) if b_kmajor else (b, f)), dtype=dtype) for n in ("Wg", "Wu"))
+    G = silu(contract(X, Wg, over=b, out=(a, f), name="G_lin"), name="G")
+    return Diagram("gate_up", (G * contract(X, Wu, over=b, out=(a, f), name="U")).named("H"))
+
+
+def test_a_dual_contraction_shares_its_rows_operand():
+    """SwiGLU's gate and up read X once: one wgmma kernel keeps both sums (one wgmma of twice the
+    columns) and its epilogue combines them; where the GPU has no wgmma the family says why."""
+    d = prepare_bound(gate_up(), dict(a=1000, b=512, f=776))
+    p = analyze(d)
+    assert p.dual and (p.A.name, p.B.name, p.B2.name) == ("X", "Wg", "Wu")
+    cands = FAMILY.candidates(d, "h100", "bf16")
+    assert cands and {s.kernels[0].options.engine for s in cands} == {"wgmma"}
+    launch = FAMILY.lower(d, cands[0], "sm_90a").launches[0]
+    assert [a.name for a in launch.args if a.kind == "tmap"] == ["X", "Wg", "Wu"]
+    assert "acc2" in launch.source and "m64n256k16" in launch.source and "napkin_mm_wgmma_dual" in launch.name
+    with pytest.raises(CodegenError, match="wgmma template only"):
+        FAMILY.candidates(d, "a100-80gb", "bf16")
+    from napkin.codegen.planner import derive
+
+    plan = derive(prepare_bound(library.get("swiglu"), dict(a=4096, b=4096, f=11008)), gpu="h100", explain=False).plan
+    assert [set(k.boxes) for k in plan.kernels] == [{"G_lin", "G", "U", "H"}, {"Y"}], plan
+    a100 = derive(prepare_bound(library.get("swiglu"), dict(a=4096, b=4096, f=11008)), gpu="a100-80gb",
+                  explain=False).plan
+    assert len(a100.kernels) == 3 and set(a100.families) == {"contraction"}
+    # not a dual: two contractions that share no operand, or whose other operands differ in layout
+    a, b, f = Axis("a"), Axis("b"), Axis("f")
+    X, Z = array("X", a, b), array("Z", a, b)
+    apart = Diagram("apart", (contract(X, array("W", f, b), over=b, out=(a, f))
+                              * contract(Z, array("V", f, b), over=b, out=(a, f))).named("H"))
+    assert "share exactly one" in FAMILY.explain(prepare_bound(apart, dict(a=8, b=8, f=8)))
+    mixed = Diagram("mixed", (contract(X, array("W", f, b), over=b, out=(a, f))
+                              * contract(X, array("V", b, f), over=b, out=(a, f))).named("H"))
+    assert "stored alike" in FAMILY.explain(prepare_bound(mixed, dict(a=8, b=8, f=8)))
+
+
+@pytest.mark.nvcc
+@pytest.mark.parametrize("b_kmajor", [True, False], ids=["W[f,b]", "W[b,f]"])
+def test_dual_contraction_builds_without_spills(b_kmajor):
+    from napkin.codegen.families.contraction import DUAL_CONFIGS
+    from napkin.kernels.nvcc import nvcc_compile
+
+    d = prepare_bound(gate_up(b_kmajor), dict(a=1000, b=512, f=776))
+    for c in DUAL_CONFIGS:
+        launch = FAMILY.lower(d, FAMILY.schedule(d, MatmulConfig(False, *c, wgmma=True, dual=True)), "sm_90a").launches[0]
+        k = nvcc_compile(launch.source, "sm_90a")[launch.name]
+        assert not k.spills and k.stack_bytes == 0 and k.registers <= launch.model_regs_per_thread
+        assert launch.shared_bytes == launch.model_smem_bytes + 1024 + 128 <= SMEM_LIMIT["sm_90a"]

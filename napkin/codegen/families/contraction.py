@@ -44,7 +44,7 @@ from ...errors import CodegenError
 from ...perfmodel.schedule import KernelOptions, Schedule
 from ..program import Arg, Buffer, KernelLaunch, Program
 from ..render import Code, comment_lines, ident
-from .epilogue import (Param, check_epilogue, check_index_size, contiguous_strides, ctype, epilogue_code,
+from .epilogue import (FUNCTIONS, Param, check_epilogue, check_index_size, contiguous_strides, ctype, epilogue_code,
                        index_size_problem, int_param, render, short_hash, signature, stride_param, tensor_param, tensormap_param)
 
 __all__ = ["ContractionFamily", "MatmulProblem", "MatmulConfig", "analyze", "FAMILY"]
@@ -73,6 +73,13 @@ WGMMA_CONFIGS = (
     (256, 128, 64, 128, 128, 4, 1),
     (128, 192, 64, 64, 192, 5, 1),
     (128, 128, 64, 64, 128, 6, 1),
+)
+
+#: The dual (gate and up) configurations of the wgmma template: BN output columns of each sum, so
+#: one wgmma spans 2 BN columns and each consumer thread keeps WM x 2 BN / 128 accumulators.
+DUAL_CONFIGS = (
+    (128, 128, 64, 64, 128, 4, 1),
+    (128, 64, 64, 64, 64, 6, 1),
 )
 
 #: The fp32 SIMT template's configurations (8 x 8 micro-tile per thread).
@@ -111,6 +118,14 @@ class MatmulProblem:
     #: the other contracted axes (a sum over (h, d) streams d in chunks and walks h one index at
     #: a time, each operand offset by its stride along h), in A's axis order
     k_outer: tuple[str, ...] = ()
+    #: a dual contraction (SwiGLU's gate and up): a second contraction of A with B2 (stored as B),
+    #: whose result the epilogue combines with the first's (``acc2``)
+    contraction2: Value | None = None
+    B2: Value | None = None
+
+    @property
+    def dual(self) -> bool:
+        return self.B2 is not None
 
 
 @dataclass(frozen=True)
@@ -127,6 +142,7 @@ class MatmulConfig:
     blocks_per_sm: int = 1
     wgmma: bool = False  # the Hopper template: WM rows per consumer warpgroup, WN = BN
     splits: int = 1  # blocks sharing one output tile's sum (fp32 partials and a combining launch)
+    dual: bool = False  # two sums sharing the A tiles (wgmma): each ring slot holds BN rows of B and of B2
 
     @property
     def threads(self) -> int:
@@ -150,7 +166,7 @@ class MatmulConfig:
     def smem_bytes(self, p: MatmulProblem, elem: int) -> int:
         """Dynamic shared memory the kernel asks for (padded tiles)."""
         if self.wgmma:  # the ring, 1 KB to align it on a swizzle atom, 128 B of mbarriers
-            return self.stages * (self.BM + self.BN) * self.BK * elem + 1024 + 128
+            return self.stages * (self.BM + self.BN * (2 if self.dual else 1)) * self.BK * elem + 1024 + 128
         if self.simt:
             return 2 * self.BK * ((self.BM + SIMT_PAD) + (self.BN + SIMT_PAD)) * 4
         a_rows, a_cols = (self.BM, self.BK) if p.a_kmajor else (self.BK, self.BM)
@@ -161,7 +177,7 @@ class MatmulConfig:
 
     def model_smem_bytes(self, elem: int) -> int:
         """Shared memory by the model's accounting: A and B chunks times the stages."""
-        return self.stages * (self.BM * self.BK + self.BK * self.BN) * elem
+        return self.stages * (self.BM * self.BK + self.BK * self.BN * (2 if self.dual else 1)) * elem
 
     def model_regs(self) -> int:
         """The register budget per thread: what keeps ``blocks_per_sm`` blocks resident (the wgmma
@@ -190,8 +206,48 @@ def _inner_contracted_axis(A: Value, B: Value, over: tuple[str, ...]) -> str | N
     return [n for n in A.axis_names if n in over][-1]
 
 
+def _dual_problem(diagram: Diagram, contracts: list[Value]) -> MatmulProblem | str:
+    """Two contractions of one operand with two others of the same layout over one axis, into the
+    same output axes, combined by elementwise maps (SwiGLU's ``silu(X·Wgᵀ) ⊙ X·Wuᵀ``): one kernel
+    reads the shared operand once and keeps both sums in registers (the wgmma template only)."""
+    c1, c2 = contracts
+    if not all(isinstance(c.op, Contract) and len(c.args) == 2 for c in contracts):
+        return "two non-elementwise boxes that are not two contractions of two operands"
+    shared = [a for a in c1.args if any(a is b for b in c2.args)]
+    if len(shared) != 1 or not shared[0].is_input:
+        return "two contractions that do not share exactly one input operand (a dual contraction)"
+    A = shared[0]
+    B = next(a for a in c1.args if a is not A)
+    B2 = next(a for a in c2.args if a is not A)
+    if not (B.is_input and B2.is_input) or B is B2 or B.axis_names != B2.axis_names:
+        return "a dual contraction's other operands must be two inputs stored alike"
+    if tuple(c1.op.over) != tuple(c2.op.over) or len(c1.op.over) != 1 or c1.axis_names != c2.axis_names:
+        return "a dual contraction's two sums must run over the same one axis into the same axes"
+    outs = diagram.outputs
+    if len(outs) != 1 or set(outs[0].axis_names) != set(c1.axis_names):
+        return "a dual contraction writes one output on the contractions' axes"
+    for v in diagram.nodes:
+        if v is c1 or v is c2:
+            continue
+        if not isinstance(v.op, Map) or v.op.fn not in FUNCTIONS or not set(v.axis_names) <= set(c1.axis_names):
+            return f"box {diagram.name_of(v)} of a dual contraction is not an elementwise map on its axes"
+    from .epilogue import _depends_on
+
+    if not (_depends_on(outs[0], c1) and _depends_on(outs[0], c2)):
+        return "the output of a dual contraction must combine both sums"
+    one = Diagram("dual_first", c1)
+    p = _reason_or_problem(one)
+    if isinstance(p, str):
+        return p
+    if p.A is not A or p.batch or p.k_outer:
+        return "a dual contraction runs two plain matmuls that share their rows operand"
+    return replace(p, out=outs[0], contraction2=c2, B2=B2)
+
+
 def _reason_or_problem(diagram: Diagram) -> MatmulProblem | str:
     contracts = [v for v in diagram.nodes if not isinstance(v.op, Map)]
+    if len(contracts) == 2:
+        return _dual_problem(diagram, contracts)
     if len(contracts) != 1 or not isinstance(contracts[0].op, Contract):
         kinds = sorted({v.op.kind for v in contracts})
         return f"needs exactly one non-elementwise box, a contraction (has {kinds or 'none'})"
@@ -236,6 +292,16 @@ def _reason_or_problem(diagram: Diagram) -> MatmulProblem | str:
             return f"operand {B.label()}: axis {n!r} is neither contracted nor in the output"
     return MatmulProblem(C, A, B, out, a, b, c, batch, A.axis_names[-1] == b,
                          B.axis_names[-1] == b, A.dtype, k_outer)
+
+
+def _narrowed(cfg: MatmulConfig, n) -> MatmulConfig:
+    """A wgmma configuration whose columns overhang a narrow output (``n`` < ``BN``) narrowed to
+    the fewest 64-column blocks that cover it (one wgmma spans the block's columns, any multiple
+    of 64): a 64-wide head dimension gets 64-column tiles, not 128 half-idle ones."""
+    if not cfg.wgmma or not isinstance(n, int) or n >= cfg.BN:
+        return cfg
+    bn = max(64, -(-n // 64) * 64)
+    return replace(cfg, BN=bn, WN=bn) if bn < cfg.BN else cfg
 
 
 def _tile_rows_axis(p: MatmulProblem, v: Value) -> str:
@@ -283,7 +349,7 @@ def padded_rows(diagram: Diagram, p: MatmulProblem) -> dict[str, int]:
     which an unaligned row cannot give (element by element, it ran 9x slower than cuBLAS)."""
     out = {}
     vec = 16 // _elem(p.dtype)
-    for v in (p.A, p.B):
+    for v in (p.A, p.B, *([p.B2] if p.dual else [])):
         last = diagram.sizes.get(v.axis_names[-1])
         if isinstance(last, int) and last % vec:
             out[v.name] = -(-last // vec) * vec
@@ -443,9 +509,20 @@ class ContractionFamily:
         dtype = dtype or p.dtype
         limit = _smem_limit(gpu)
         out = []
+        if p.dual:
+            why = self.wgmma_reason(diagram, gpu, dtype=dtype)
+            if why:
+                raise CodegenError(f"contraction family: a dual contraction runs on the wgmma template only: {why}")
+            for c in dict.fromkeys(_narrowed(MatmulConfig(False, *c, wgmma=True, dual=True), diagram.sizes.get(p.c))
+                                   for c in DUAL_CONFIGS):
+                cfg = c
+                if cfg.smem_bytes(p, _elem(dtype)) <= limit:
+                    out.append(self.schedule(diagram, cfg, gpu=gpu, dtype=dtype))
+            return out
         cfgs = self.configs(dtype)
         if self.wgmma_reason(diagram, gpu, dtype=dtype) is None:
-            cfgs = self.configs(dtype, "wgmma") + cfgs
+            cfgs = [_narrowed(c, diagram.sizes.get(p.c)) for c in self.configs(dtype, "wgmma")] + cfgs
+            cfgs = list(dict.fromkeys(cfgs))
         for cfg in cfgs:
             if cfg.smem_bytes(p, _elem(dtype)) > limit:
                 continue
@@ -497,7 +574,7 @@ class ContractionFamily:
         nbatch = math.prod(sz[a] for a in p.batch) if p.batch else 1
         blocks = math.ceil(sz[p.a] / cfg.BM) * math.ceil(sz[p.c] / cfg.BN) * nbatch * cfg.splits
         elem = _elem(p.dtype)
-        chunk = (cfg.BM + cfg.BN) * cfg.BK * elem
+        chunk = (cfg.BM + cfg.BN * (2 if cfg.dual else 1)) * cfg.BK * elem
         est = dict(blocks=blocks, threads=cfg.threads, regs=cfg.model_regs(),
                    smem=cfg.smem_bytes(p, elem),
                    in_flight_bytes_per_thread=chunk * max(1, cfg.stages - 1) / cfg.threads)
@@ -508,7 +585,7 @@ class ContractionFamily:
             launches, moved = 1, 2 * 4 * cfg.splits * sz[p.a] * sz[p.c] * nbatch
         for name, row in padded_rows(diagram, p).items():
             # the padding copy: the operand read, its padded copy written (and read again by the tiles)
-            v = p.A if name == p.A.name else p.B
+            v = next(x for x in (p.A, p.B, p.B2) if x is not None and x.name == name)
             rows = math.prod(sz[n] for n in v.axis_names[:-1])
             launches += 1
             moved += rows * (sz[v.axis_names[-1]] + row) * elem
@@ -558,6 +635,9 @@ class ContractionFamily:
         stages, blocks = opts.stages, opts.blocks_per_sm
         splits = opts.splits or 1
         engine = opts.engine or ("simt" if simt else "mma.sync")
+        if p.dual and engine != "wgmma":
+            raise CodegenError(f"contraction family: a dual contraction runs on the wgmma template only "
+                               f"(the schedule asks for {engine})")
         if engine == "wgmma":
             if splits > 1:
                 raise CodegenError("contraction family: the wgmma template does not split its sum "
@@ -600,7 +680,7 @@ class ContractionFamily:
         known = [c for c in self.configs(p.dtype, "wgmma") if (c.BM, c.BN, c.WM) == (BM, BN, WM)]
         if stages is None:
             stages = known[0].stages if known else 4
-        cfg = MatmulConfig(False, BM, BN, BK, WM, WN, stages, 1, wgmma=True)
+        cfg = MatmulConfig(False, BM, BN, BK, WM, WN, stages, 1, wgmma=True, dual=p.dual)
         what = f"contraction family (wgmma): tiles g_{p.a}={BM}, g_{p.c}={BN}, s_{p.b}={BK}, " \
                f"w_{p.a}={WM}, w_{p.c}={WN}"
         if BK != 64:
@@ -610,8 +690,10 @@ class ContractionFamily:
                                "spans the block's columns)")
         if WM not in (64, 128) or BM % WM or BM // WM not in (1, 2):
             raise CodegenError(f"{what}: w_{p.a} is 64 or 128 rows per consumer warpgroup, 1 or 2 of them")
-        if WM * BN // 128 > 128:
-            raise CodegenError(f"{what}: {WM * BN // 128} fp32 accumulators per thread; at most 128 fit")
+        n_acc = WM * BN * (2 if p.dual else 1) // 128
+        if n_acc > 128 or (p.dual and BN > 128):
+            raise CodegenError(f"{what}: {n_acc} fp32 accumulators per thread; at most 128 fit "
+                               "(a dual contraction's wgmma spans 2 x g_c <= 256 columns)")
         if not 2 <= stages <= 8:
             raise CodegenError(f"{what}: stages must be 2 to 8, got {stages}")
         smem, limit = cfg.smem_bytes(p, 2), _smem_limit(None, arch)
@@ -662,7 +744,7 @@ class ContractionFamily:
         pads, buffers = [], []
         padded: dict[str, tuple[str, int]] = {}
         taken: set[str] = set()
-        for v in (p.A, p.B):
+        for v in (p.A, p.B, *([p.B2] if p.dual else [])):
             row = padded_rows(diagram, p).get(v.name)
             if row is None:
                 continue
@@ -860,6 +942,11 @@ class ContractionFamily:
         params: list[Param] = [
             tensormap_param(p.A, "tmA", box_a, name=pa[0] if pa else None),
             tensormap_param(p.B, "tmB", box_b, name=pb[0] if pb else None),
+        ]
+        if p.dual:
+            pb2 = padded.get(p.B2.name)
+            params.append(tensormap_param(p.B2, "tmB2", box_b, name=pb2[0] if pb2 else None))
+        params += [
             tensor_param(p.out, "Y", T, const=False, name=out_name),
             int_param("M", M), int_param("N", N), int_param("K", K),
             int_param("ldy", sY[p.a], f"row stride of {out_name}[{','.join(p.out.axis_names)}]"),
@@ -885,14 +972,16 @@ class ContractionFamily:
                        int_param(names["rB"], sB[ax] // row_b, f"rows of {p.B.label()} per index of {ax}")]
             kouter.append(names)
         index_vars = {ax: ident(ax, "i_") for ax in (p.a, p.c, *p.batch)}
-        epi = epilogue_code(d, p.contraction, p.out, index_vars=index_vars, ctype_name=T)
+        epi = epilogue_code(d, p.contraction, p.out, index_vars=index_vars, ctype_name=T, start2=p.contraction2)
         params += epi.params
         layout = ("k" if p.a_kmajor else "m") + ("k" if p.b_kmajor else "n")
         tag = short_hash(T, layout, [str(x) for x in epi.lines], p.batch, p.k_outer, cfg)
-        kname = Code(f"napkin_mm_wgmma_{T}_{cfg.BM}x{cfg.BN}x{cfg.BK}_w{cfg.WM}_s{cfg.stages}_{layout}_{tag}")
-        nacc = cfg.BN // 2
+        dual = "_dual" if p.dual else ""
+        kname = Code(f"napkin_mm_wgmma{dual}_{T}_{cfg.BM}x{cfg.BN}x{cfg.BK}_w{cfg.WM}_s{cfg.stages}_{layout}_{tag}")
+        wn = cfg.BN * (2 if p.dual else 1)  # the wgmma's N
+        nacc = wn // 2
         ctx = dict(
-            kname=kname, T=ctype(T), AB=Code("bf16" if T == "bf16" else "f16"), BM=cfg.BM, BN=cfg.BN,
+            kname=kname, T=ctype(T), AB=Code("bf16" if T == "bf16" else "f16"), BM=cfg.BM, BN=wn, DUAL=p.dual,
             WM=cfg.WM, STAGES=cfg.stages, GROUP_M=GROUP_M, A_KMAJOR=p.a_kmajor, B_KMAJOR=p.b_kmajor,
             CONSUMER_REGS=cfg.consumer_regs(), NACC=nacc,
             acc_operands=Code("{" + ", ".join(f"%{i}" for i in range(nacc)) + "}"),
@@ -910,7 +999,8 @@ class ContractionFamily:
         return KernelLaunch(
             name=str(kname), source=source, grid=(tiles, nbatch, 1), block=(cfg.threads, 1, 1),
             shared_bytes=cfg.smem_bytes(p, 2), args=tuple(x.arg for x in params),
-            template="matmul_wgmma.cu.jinja", tunables=tunables, model_smem_bytes=cfg.model_smem_bytes(2),
+            template="matmul_wgmma.cu.jinja", tunables=tunables + ((("dual", True),) if p.dual else ()),
+            model_smem_bytes=cfg.model_smem_bytes(2),
             model_regs_per_thread=cfg.consumer_regs(),
         )
 
@@ -918,8 +1008,9 @@ class ContractionFamily:
     def _legend(d: Diagram, p: MatmulProblem, cfg: MatmulConfig, boxes) -> list[str]:
         lines = [
             "(sizes are kernel arguments: one kernel serves every shape)",
-            f"diagram {d.name}: {p.A.label()} x {p.B.label()} -> {d.output_names[0]}"
-            f"[{','.join(p.out.axis_names)}], {p.dtype}",
+            f"diagram {d.name}: {p.A.label()} x {p.B.label()}"
+            + (f" and {p.A.label()} x {p.B2.label()} (dual: acc, acc2)" if p.dual else "")
+            + f" -> {d.output_names[0]}[{','.join(p.out.axis_names)}], {p.dtype}",
             f"  {p.a} -> M (rows, any size):    g_{p.a} = BM = {cfg.BM}, w_{p.a} = WM = {cfg.WM}",
             f"  {p.c} -> N (columns, any size): g_{p.c} = BN = {cfg.BN}, w_{p.c} = WN = {cfg.WN}",
             f"  {p.b} -> K (summed, any size):  s_{p.b} = BK = {cfg.BK}, stages = {cfg.stages}",

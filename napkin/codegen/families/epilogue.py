@@ -234,13 +234,15 @@ def _params(diagram: Diagram, op: Map) -> tuple[float, ...]:
 
 class _EpilogueBuilder:
     def __init__(self, diagram: Diagram, start: Value, index_vars: Mapping[str, str], ctype_name: str,
-                 prefix: str):
+                 prefix: str, start2: Value | None = None):
         self.d = diagram
         self.index_vars = dict(index_vars)
         self.ctype = ctype_name
         self.prefix = prefix
         self.code = MapCode()
         self._memo: dict[int, Code] = {id(start): Code("acc")}
+        if start2 is not None:
+            self._memo[id(start2)] = Code("acc2")
         self._n = 0
 
     def _var(self) -> Code:
@@ -294,13 +296,14 @@ class _EpilogueBuilder:
 
 
 def epilogue_code(diagram: Diagram, start: Value, end: Value, *, index_vars: Mapping[str, str],
-                  ctype_name: str, prefix: str = "e") -> MapCode:
+                  ctype_name: str, prefix: str = "e", start2: Value | None = None) -> MapCode:
     """Per-element statements computing ``end`` from ``start`` (held in ``acc``) through maps.
 
     ``index_vars`` names the C++ variable of each output axis's index; ``ctype_name`` is the
-    dtype extra inputs are stored in.
+    dtype extra inputs are stored in; ``start2`` is a second start value (a dual contraction's
+    other sum), held in ``acc2``.
     """
-    b = _EpilogueBuilder(diagram, start, index_vars, ctype_name, prefix)
+    b = _EpilogueBuilder(diagram, start, index_vars, ctype_name, prefix, start2)
     b.code.result = b.emit(end)
     return b.code
 
