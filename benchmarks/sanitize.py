@@ -107,8 +107,10 @@ CASES = [
          archs=("sm_90a",)),
     Case("matmul_wgmma.cu.jinja", "mlp", {"a": 333, "b": 520, "c": 264}, family="contraction",
          archs=("sm_90a",)),
-    Case("matmul_mma.cu.jinja", "matmul", {"a": 77, "b": 72, "c": 40}, family="contraction"),
-    Case("matmul_mma.cu.jinja", "matmul", {"a": 77, "b": 72, "c": 42}, family="contraction"),  # 84-byte rows
+    # batched with a sum of 72 (not whole 64-deep chunks of B[n,b,c]): mma.sync on Hopper too
+    Case("matmul_mma.cu.jinja", "batched_matmul", {"n": 2, "a": 77, "b": 72, "c": 40}, family="contraction"),
+    Case("matmul_mma.cu.jinja", "batched_matmul", {"n": 2, "a": 77, "b": 72, "c": 42},
+         family="contraction"),  # 84-byte rows, padded first
     Case("pad_rows.cu.jinja", "matmul", {"a": 77, "b": 71, "c": 42}, family="contraction"),  # copied padded
     Case("matmul_mma.cu.jinja", "mlp", {"a": 65, "b": 64, "c": 136}, family="contraction"),
     Case("matmul_mma.cu.jinja", _sum_over_h_d, {"h": 3, "a": 77, "d": 72, "c": 40}, family="contraction"),

@@ -373,22 +373,9 @@ def predict_schedule(diagram: Diagram, family, schedule: Schedule, gpu, *, effic
 
 
 def model_view(schedule: Schedule) -> Schedule:
-    """The schedule the model costs: where a template's tile overhangs its axis (a 128-row tile on
-    45 rows), the kernel runs one whole, partly idle tile, so the axis is costed padded to the
-    tile (the model's own rule, a group no larger than its axis, then holds)."""
-    d = schedule.diagram
-    grow: dict[str, int] = {}
-    for k in schedule.kernels:
-        for r in k.relabels:
-            n = d.axes[r.axis].size if r.axis in d.axes else None
-            if isinstance(r.size, int) and isinstance(n, int) and r.size > n:
-                grow[r.axis] = max(grow.get(r.axis, 0), r.size)
-    if not grow:
-        return schedule
-    try:
-        return schedule.replace(diagram=d.bind(grow))
-    except NapkinError:
-        return schedule
+    """The schedule the model costs (:meth:`~napkin.perfmodel.schedule.Schedule.padded_view`): an
+    axis a template's tile overhangs is costed padded to the tile."""
+    return schedule.padded_view()
 
 
 def rank(diagram: Diagram, family, gpu, dtype: str | None = None) -> list[Ranked]:

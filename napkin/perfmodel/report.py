@@ -64,7 +64,7 @@ def _check_fixed_axes(diagram, fixed: Mapping) -> None:
 def cost_report(plan: Plan, *, symbolic: bool = False) -> dict:
     """Cost a plan per level and give its predicted time (the plan's); a JSON-safe dict."""
     g = get_gpu(plan.gpu)
-    c = cost(plan.schedule, g)
+    c = cost(plan.schedule.padded_view(), g)  # a tile that overhangs its axis is costed whole
     flops = float(c.total_flops)
     seconds = plan.seconds
     slowest = max(plan.kernels, key=lambda k: k.seconds)
@@ -81,7 +81,7 @@ def cost_report(plan: Plan, *, symbolic: bool = False) -> dict:
                     for k in plan.kernels],
     }
     if symbolic:
-        H, M = symbolic_HM(plan.schedule)
+        H, M = symbolic_HM(plan.schedule.padded_view())
         if H is None:
             out["symbolic"] = {"note": f"not written in symbols: a plan of {len(plan.kernels)} kernels (at most "
                                        f"{SYMBOLIC_MAX_KERNELS}) or one the model cannot write so"}

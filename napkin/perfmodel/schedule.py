@@ -374,6 +374,30 @@ class Schedule:
         """A copy with some fields changed (``kernels=...``, ``gpu=...``)."""
         return dataclasses.replace(self, **changes)
 
+    def padded_view(self) -> Schedule:
+        """The schedule as the model costs it: where a tile overhangs its axis (a 128-row tile on
+        45 rows), the kernel runs one whole, partly idle tile, so the axis is costed padded to the
+        tile (the model's own rule, a group no larger than its axis, then holds).
+
+        >>> from napkin.diagrams import library
+        >>> s = Schedule.fused(library.get("matmul").bind(a=45, b=64, c=64), groups={"a": 128})
+        >>> s.padded_view().diagram.sizes["a"]
+        128
+        """
+        d = self.diagram
+        grow: dict[str, int] = {}
+        for k in self.kernels:
+            for r in k.relabels:
+                n = d.axes[r.axis].size if r.axis in d.axes else None
+                if isinstance(r.size, int) and isinstance(n, int) and r.size > n:
+                    grow[r.axis] = max(grow.get(r.axis, 0), r.size)
+        if not grow:
+            return self
+        try:
+            return self.replace(diagram=d.bind(grow))
+        except Exception:  # noqa: BLE001 - a diagram that cannot take the padded sizes: cost as given
+            return self
+
     def kernel(self, name: str) -> Kernel:
         """The kernel called ``name``."""
         for k in self.kernels:

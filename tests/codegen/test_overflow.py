@@ -15,6 +15,8 @@ import re
 
 import pytest
 
+from napkin.codegen.families.contraction import FAMILY
+
 from napkin.codegen.generate import generate_source
 from napkin.codegen.lower import check_program, lower
 from napkin.codegen.planner import derive
@@ -177,7 +179,7 @@ def test_contraction_refuses_other_axes_past_32_bits(axis):
 
 def test_contraction_with_more_than_2_31_elements_per_operand_offsets_in_64_bits():
     d = library.get("matmul").bind(a=2 ** 21 + 5, b=1024, c=64)
-    p = lower(d, gpu="h100", family="contraction")
+    p = lower(d, gpu="a100-80gb", family="contraction")  # mma.sync (the wgmma template copies with TMA)
     src = p.launches[0].source
     assert "static_cast<long long>(m0) * lda" in src
     assert_int_args_fit(p)
@@ -189,14 +191,20 @@ def test_batched_contraction_strides_past_2_31_become_long_long():
     """A batch stride a*b > 2^31 is passed as a long long (it was refused as an int before, which
     sent the diagram to the slow fallback); the kernel multiplies it in 64 bits."""
     d = library.get("batched_matmul").bind(n=2, a=2 ** 21 + 1, b=1024, c=64)
-    p = lower(d, gpu="h100")
+    # on Hopper the wgmma template moves each batch element's tiles down whole rows: int rows
+    hp = lower(d, gpu="h100")
+    hargs = {a.name: a for k in hp.launches for a in k.args}
+    assert hp.launches[0].template == "matmul_wgmma.cu.jinja" and hargs["rA_n"].value == 2 ** 21 + 1
+    big = library.get("batched_matmul").bind(n=1024, a=2 ** 21 + 1, b=64, c=64)
+    assert "32-bit" in FAMILY.wgmma_reason(big, "h100")
+    p = lower(d, gpu="a100-80gb")  # mma.sync: strides in elements
     assert p.family == "contraction", p.notes
     src = p.launches[0].source
     args = {a.name: a for k in p.launches for a in k.args}
     assert args["sA_n"].kind == "i64" and args["sA_n"].value == (2 ** 21 + 1) * 1024
     assert "long long sA_n" in src and "static_cast<long long>(i_n) * sA_n" in src
     assert args["sB_n"].kind == "int"  # strides that fit stay ints
-    header = generate_source(d, gpu="h100")
+    header = generate_source(d, gpu="a100-80gb")
     assert "sA_n: i64 = 2147484672" in header
 
 

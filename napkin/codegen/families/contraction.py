@@ -322,7 +322,12 @@ def _flat_rows_reason(diagram: Diagram, p: MatmulProblem) -> str | None:
     sum are summed, so an operand that is stored K by rows (MN-major) and has batch or outer-sum
     axes needs K to be a multiple of the 64-deep chunk (its rows past K are not zeros)."""
     sz = diagram.sizes
-    for v in (p.A, p.B):
+    for v in (p.A, p.B, *([p.B2] if p.dual else [])):
+        rows = math.prod(sz[n] for n in v.axis_names[:-1]) if all(isinstance(sz.get(n), int)
+                                                                  for n in v.axis_names) else 0
+        if rows + 256 > 2 ** 31 - 1:
+            return (f"operand {v.label()} has {rows} rows: TMA coordinates are 32-bit (the mma.sync template "
+                    "offsets in 64 bits)")
         extra = [n for n in v.axis_names[:-1] if n != _tile_rows_axis(p, v)]
         if not extra:
             continue
