@@ -65,6 +65,14 @@ def _row_l2():
     return Diagram("row_l2", map_fn("sqrt", sum_over(map_fn("square", array("X", r, x)), x, name="ss"), name="N"))
 
 
+def _gqa_decode():
+    from napkin.diagrams import Diagram, array, axes
+    from napkin.diagrams.library import attention_core
+
+    h, j, q, x, d = axes("h j q x d")
+    return Diagram("gqa_decode", attention_core(array("Q", h, j, q, d), array("K", h, x, d), array("V", h, x, d)))
+
+
 def _sum_bh():
     from napkin.diagrams import Diagram, array, axes, sum_over
 
@@ -120,6 +128,13 @@ CASES = [
     Case("matmul_simt.cu.jinja", "matmul", {"a": 77, "b": 72, "c": 40}, dtype="fp32", family="contraction"),
     Case("attention_fwd.cu.jinja", "attention_causal", {"h": 2, "q": 77, "x": 77, "d": 64}, family="attention"),
     Case("attention_fwd.cu.jinja", "gqa", {"h": 1, "j": 2, "q": 45, "x": 45, "d": 128}, family="attention"),
+    # head dims whose rows are no whole number of 16-byte pieces a thread (flat K/V loads)
+    Case("attention_fwd.cu.jinja", "attention_causal", {"h": 2, "q": 77, "x": 99, "d": 96}, family="attention"),
+    # decode: GQA's query heads packed into one tile, x split over blocks, their partials combined
+    # by the second launch (d = 80: flat loads; three query rows wrap the tile's packed rows)
+    Case("attention_combine.cu.jinja", _gqa_decode, {"h": 2, "j": 4, "q": 3, "x": 9000, "d": 80},
+         family="attention"),
+    Case("attention_combine.cu.jinja", "mha", {"h": 2, "q": 1, "x": 5000, "d": 128}, family="attention"),
     Case("fallback_contract.cu.jinja", "transformer_block", {"q": 9, "e": 16, "h": 2, "d": 8, "f": 24},
          dtype="fp32", family="fallback"),
     Case("fallback_row.cu.jinja", "layernorm", {"r": 3, "x": 100}, dtype="fp32", family="fallback"),

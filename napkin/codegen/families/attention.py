@@ -13,6 +13,23 @@ Schedule: group ``q`` at SMEM (``g_q`` rows per thread block) and at RF (``w_q``
 16 or 32), stream ``x`` at SMEM in chunks of ``s_x`` (K/V pipeline of ``stages=N``, default 2).
 Positive scales fold into the softmax's exp2; masks that come last let whole key blocks be
 skipped (causal, sliding window) and leave the per-element mask to the blocks on the boundary.
+Head dimensions: every multiple of 16 up to 256 (64, 80, 96, 128, 192 and 256 have their own
+tile tables, :data:`CONFIGS`); others are refused with the reason (the mma's k step is 16, and
+the output tile lives in registers).
+
+Decode and short queries (q from 1 to 64 against long x) get two more things, both chosen by the
+model among the candidates:
+
+- **packed rows** (GQA): the woven axes K and V lack (``j``, the query heads sharing a key/value
+  head) are grouped whole with ``q`` into one tile of ``warps · w_q`` rows, so a key/value head
+  is read once for all its query heads; the schedule says it as a group of ``j`` at SMEM;
+- **split x** (``KernelOptions.splits``): ``splits`` blocks share one query tile, each streaming
+  an equal share of its key chunks and writing its rows' ``O / l`` (fp32) and log2-sum-exp2 to an
+  HBM workspace; a second, small launch (``attention_combine.cu.jinja``) combines the splits in
+  a fixed order. ``launch_estimate`` states the extra launch and the workspace bytes;
+- **warps along x** (``KernelOptions.threads_per_row = 4 · WX``): a 16-row tile's block has WX
+  warps, each walking its share of every chunk's keys; their maxima, sums and outputs merge
+  through shared memory after the loop, in warp order.
 
 >>> from napkin.diagrams import library
 >>> fam = AttentionFamily()
@@ -22,43 +39,94 @@ skipped (causal, sliding window) and leave the per-element mask to the blocks on
 >>> prog = fam.lower(d, fam.candidates(d, "h100", "bf16")[0], "sm_90a")
 >>> prog.launches[0].grid, prog.launches[0].block
 ((8, 2, 1), (128, 1, 1))
+>>> g = library.get("gqa").bind(h=8, j=4, q=1, x=8192, d=128)
+>>> best = fam.config_of(analyze(g), g, rank_first(g))
+>>> best.packed, best.BQ, best.splits > 1
+(True, 16, True)
 """
 
 from __future__ import annotations
 
+import hashlib
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
+from ...diagrams.axes import is_name
 from ...diagrams.diagram import Diagram
 from ...diagrams.ops import Contract, Map, Softmax, Value
 from ...errors import CodegenError
 from ...perfmodel.schedule import KernelOptions, Schedule
-from ..program import KernelLaunch, Program
+from ..program import Arg, Buffer, KernelLaunch, Program
 from ..render import Code, comment, comment_lines, ident
 from .contraction import _gpu_key, _smem_limit
 from .epilogue import (Param, check_index_size, contiguous_strides, ctype, float_param, index_size_problem,
                        int_param, render, score_chain, short_hash, signature, stride_param, tensor_param)
 
 __all__ = ["AttentionFamily", "AttentionProblem", "AttentionConfig", "analyze", "FAMILY", "CONFIGS",
-           "PLAIN_CONFIGS"]
+           "PLAIN_CONFIGS", "DECODE_CONFIGS", "HEAD_DIMS", "MAX_SPLITS", "COMBINE_THREADS"]
 
 LOG2E = 1.4426950408889634
 PAD = 8
 
-#: (g_q, s_x, w_q, stages, thread blocks per SM assumed) per head-dimension bound, best first.
+#: (g_q, s_x, w_q, stages, thread blocks per SM assumed) per head dimension, best first; a head
+#: dimension between two keys takes the larger key's table (d = 112 the table of 128).
 #: The blocks per SM set the register budget (``__launch_bounds__``): 65536 / (threads x blocks).
 #: Configurations whose S and O tiles overflow 255 registers (w_q = 32 with s_x = 64 at d = 128,
 #: s_x = 128 at d = 64) are left out: they spill.
 #: With w_q = 32 and d > 64 the S tile of a 64-key chunk does not fit beside O: such chunks are
 #: walked in register sub-chunks of t_x = 32 keys (a stream of x at RF; see AttentionConfig.SX).
+#: d = 192 and 256 keep w_q = 16 (the output tile alone is 96 or 128 registers a thread) and
+#: 64-row blocks (two stages of 64-key chunks fit the 163 KiB of an sm_80 block at d = 192).
 CONFIGS = {
     64: ((128, 64, 32, 2, 2), (128, 64, 16, 2, 1), (64, 64, 16, 2, 2)),
+    80: ((128, 32, 32, 2, 2), (128, 64, 32, 2, 2), (128, 64, 16, 2, 1), (64, 64, 16, 2, 2)),
+    96: ((128, 32, 32, 2, 2), (128, 64, 32, 2, 2), (128, 64, 16, 2, 1), (64, 64, 16, 2, 2)),
     128: ((128, 32, 32, 2, 2), (128, 64, 32, 2, 2), (128, 64, 16, 2, 1), (64, 64, 16, 2, 2)),
+    192: ((64, 32, 16, 2, 2), (64, 64, 16, 2, 1)),
     256: ((64, 32, 16, 2, 2), (64, 64, 16, 2, 1)),
 }
 
+#: The head dimensions with their own tile tables (every multiple of 16 up to 256 runs).
+HEAD_DIMS = tuple(sorted(CONFIGS))
+
 #: Kept for callers that asked for configurations of plain attention (no score modifiers).
-PLAIN_CONFIGS = {64: (), 128: (), 256: ()}
+PLAIN_CONFIGS = {d: () for d in CONFIGS}
+
+#: Small query tiles for decode and short queries (at most 64 rows of a key/value head: q, or q
+#: times the packed query heads): (g_q, s_x, w_q, stages, blocks per SM, warps along x). A tile of
+#: 16 or 32 rows is one or two warps' worth; its block keeps four warps busy by splitting every
+#: chunk's keys over WX warps (each a sub-chunk of s_x / WX keys, merged after the loop), as one
+#: warp alone issues from one of an SM's four schedulers (an H100 measured a one-warp decode block
+#: at a quarter of the copy rate). Deeper K/V pipelines, as a block has little else to overlap
+#: its loads with. Offered beside CONFIGS, with and without packing and splits; the model picks.
+#: Keys as in CONFIGS. At d = 256 a 16-row tile takes four warps along x (two, each holding a
+#: 16 x 256 output beside its 16-key scores, spill when the merge writes O itself).
+DECODE_CONFIGS = {
+    64: ((16, 64, 16, 3, 2, 4), (16, 128, 16, 2, 2, 4), (32, 64, 16, 3, 2, 2), (64, 64, 16, 3, 2, 1)),
+    128: ((16, 64, 16, 3, 2, 4), (16, 64, 16, 2, 3, 4), (16, 128, 16, 2, 1, 4), (32, 64, 16, 3, 2, 2),
+          (64, 64, 16, 2, 2, 1)),
+    192: ((16, 64, 16, 2, 2, 4), (16, 32, 16, 3, 2, 2), (32, 32, 16, 3, 2, 2), (64, 32, 16, 2, 2, 1)),
+    256: ((16, 64, 16, 2, 1, 4), (32, 32, 16, 3, 2, 2), (64, 32, 16, 2, 2, 1)),
+}
+
+#: Queries (q) up to which the small tiles of DECODE_CONFIGS, packing and split-only candidates
+#: are offered.
+DECODE_ROWS = 64
+
+#: The most blocks one query tile's keys are split over (grid.z); a split keeps at least
+#: MIN_SPLIT_CHUNKS chunks of keys, so that its pipeline fills.
+MAX_SPLITS = 128
+MIN_SPLIT_CHUNKS = 2
+
+#: Threads per block of the combining launch (four columns of one row each).
+COMBINE_THREADS = 128
+
+
+def rank_first(diagram: Diagram, gpu: str = "h100"):
+    """The schedule the model ranks first among the family's candidates (for examples and tests)."""
+    from ..select import rank
+
+    return rank(diagram, FAMILY, gpu, diagram.dtypes and sorted(diagram.dtypes)[0] or "bf16")[0].schedule
 
 
 @dataclass(frozen=True)
@@ -82,6 +150,14 @@ class AttentionProblem:
 
 @dataclass(frozen=True)
 class AttentionConfig:
+    """One tile configuration: ``BQ`` rows per block (g_q, or the packed rows), ``BX`` keys per
+    chunk (s_x), ``WQ`` rows per warp (w_q), the K/V pipeline's ``stages``, the head dimension
+    ``D``, the blocks per SM the register budget assumes, ``sx`` keys per register sub-chunk (0:
+    the default rule), ``splits`` blocks sharing one query tile's keys (a workspace and a
+    combining launch when > 1), ``packed``: the woven axes K and V lack share the tile's rows
+    with q (GQA decode), and ``wx`` warps along x sharing each warp tile's rows (each walks
+    every WX-th sub-chunk of a chunk; merged through shared memory after the loop)."""
+
     BQ: int
     BX: int
     WQ: int
@@ -89,18 +165,24 @@ class AttentionConfig:
     D: int
     blocks_per_sm: int = 1
     sx: int = 0  # t_x: keys per register sub-chunk (0: the default rule)
+    splits: int = 1
+    packed: bool = False
+    wx: int = 1
 
     @property
     def SX(self) -> int:
         """Keys of S held in registers at once: BX, or 32 when a w_q = 32 warp's WQ x BX scores
-        would not fit beside its WQ x D output (d > 64)."""
+        would not fit beside its WQ x D output (d > 64); a chunk's share of one warp along x
+        (BX / WX) where WX > 1."""
         if self.sx:
             return self.sx
+        if self.wx > 1:
+            return self.BX // self.wx
         return 32 if (self.WQ == 32 and self.D > 64 and self.BX > 32) else self.BX
 
     @property
     def threads(self) -> int:
-        return self.BQ // self.WQ * 32
+        return self.BQ // self.WQ * self.wx * 32
 
     @property
     def q_in_regs(self) -> bool:
@@ -108,7 +190,12 @@ class AttentionConfig:
         return (self.WQ // 16) * (self.D // 16) * 4 <= 32
 
     def smem_bytes(self, elem: int = 2) -> int:
-        return (self.BQ + 2 * self.stages * self.BX) * (self.D + PAD) * elem
+        tiles = (self.BQ + 2 * self.stages * self.BX) * (self.D + PAD) * elem
+        if self.wx == 1:
+            return tiles
+        # the merge after the loop reuses it: per warp along x, a max and a sum per row and the
+        # rows' fp32 outputs (rows of D + 4)
+        return max(tiles, 4 * self.wx * self.BQ * (2 + self.D + 4))
 
     def model_smem_bytes(self, elem: int = 2) -> int:
         """The model's accounting: K and V chunks times the stages, plus the Q tile."""
@@ -117,6 +204,25 @@ class AttentionConfig:
     def model_regs(self) -> int:
         """The register budget per thread: what keeps ``blocks_per_sm`` blocks resident."""
         return min(255, 65536 // (self.threads * self.blocks_per_sm) // 8 * 8)
+
+    @property
+    def kv_copies(self) -> int:
+        """16-byte copies of K (and as many of V) a thread issues for one chunk."""
+        return -(-self.BX * (self.D // 8) // self.threads)
+
+    @property
+    def kv_unroll(self) -> int:
+        """How far the chunk's copy loop is unrolled: all of it up to 16 copies a thread, else 8
+        (the addresses of 32 copies, held at once by a one-warp block, spill)."""
+        return self.kv_copies if self.kv_copies <= 16 else 8
+
+    @property
+    def kv_columns(self) -> bool:
+        """Whether the K/V loader keeps one column of 16-byte pieces per thread (the pieces of a
+        row divide the threads and the chunk's rows split evenly), else it walks the chunk as a
+        flat run of pieces (d = 80, 96, ...)."""
+        per_row = self.D // 8
+        return self.threads % per_row == 0 and self.BX % (self.threads // per_row) == 0
 
 
 def _chain(S: Value, P: Value) -> list[Value] | None:
@@ -207,23 +313,31 @@ def analyze(diagram: Diagram) -> AttentionProblem:
     return p
 
 
-def loader_problem(cfg: "AttentionConfig") -> str | None:
-    """Why the template's K/V loader cannot split a chunk of this configuration, or None. Each
-    thread keeps one column of 16-byte pieces (d/8 of them a row) and walks the chunk's rows:
-    d/8 must divide the threads and the rows must split evenly (d = 48, 80, 96... cannot; nor
-    d = 16 with 256 threads and 64-key chunks)."""
-    per_row = cfg.D // 8
-    if cfg.D % 8 or cfg.threads % per_row:
-        return (f"head dimension {cfg.D}: {per_row} 16-byte pieces a row do not divide the "
-                f"{cfg.threads} threads (the template takes d = 16, 32, 64, 128 or 256)")
-    step = cfg.threads // per_row
-    if cfg.BX % step:
-        return f"a chunk of {cfg.BX} keys does not split over {step}-row steps of {cfg.threads} threads"
+def head_dim_problem(D: int) -> str | None:
+    """Why the template cannot take head dimension ``D``, or None: the mma's k step is 16 (Q·K
+    contracts d in steps of 16, P·V writes d in 16-column pieces), and the warp's output tile
+    (w_q x d fp32) lives in registers, 128 of them a thread at d = 256.
+
+    >>> head_dim_problem(96) is None, head_dim_problem(72)
+    (True, 'head dimension 72 is not a multiple of 16 (the mma.sync k step); the template takes 16, 32, ..., 256 (64, 80, 96, 128, 192 and 256 have their own tile tables)')
+    """
+    if D % 16 or D < 16 or D > 256:
+        why = "is not a multiple of 16 (the mma.sync k step)" if D % 16 or D < 16 else \
+            "is over 256 (the output tile lives in registers: 128 a thread at d = 256)"
+        return (f"head dimension {D} {why}; the template takes 16, 32, ..., 256 "
+                f"({', '.join(map(str, HEAD_DIMS[:-1]))} and {HEAD_DIMS[-1]} have their own tile tables)")
     return None
 
 
-def _dbound(D: int) -> int:
-    for bound in sorted(CONFIGS):
+def loader_problem(cfg: "AttentionConfig") -> str | None:
+    """Why the template cannot load the tiles of this configuration, or None (any head dimension
+    :func:`head_dim_problem` takes: where d/8 pieces a row do not divide the threads the loader
+    walks the chunk as a flat run of pieces)."""
+    return head_dim_problem(cfg.D)
+
+
+def _dbound(D: int, table=None) -> int:
+    for bound in sorted(table or CONFIGS):
         if D <= bound:
             return bound
     raise CodegenError(f"attention family: head dimension {D} is over 256")
@@ -248,15 +362,13 @@ class AttentionFamily:
             return why
         for ax in (p.d, p.dv):
             size = diagram.axes[ax].size
-            if isinstance(size, int) and (size % 16 or size > 256):
-                return f"head dimension {ax}={size} must be a multiple of 16, at most 256"
+            if isinstance(size, int):
+                why = head_dim_problem(size)
+                if why:
+                    return f"{ax}: {why}"
         sd, sv = diagram.axes[p.d].size, diagram.axes[p.dv].size
         if isinstance(sd, int) and isinstance(sv, int) and sd != sv:
             return f"head dimensions differ ({p.d}={sd}, {p.dv}={sv})"
-        if isinstance(sd, int):
-            problems = [loader_problem(c) for c in self.configs(sd)]
-            if all(problems):
-                return problems[0]
         return None
 
     def matches(self, diagram: Diagram) -> bool:
@@ -264,11 +376,46 @@ class AttentionFamily:
 
     explain = why_not  # the family protocol's name: None if it takes the diagram, else why not
 
-    def configs(self, D: int, plain: bool = False) -> list[AttentionConfig]:
+    def configs(self, D: int, plain: bool = False, decode: bool = False) -> list[AttentionConfig]:
         """The tile configurations for head dimension D, best first (``plain``: the diagram has
-        no score modifier but the scale, which frees the registers of the mask code)."""
+        no score modifier but the scale, which frees the registers of the mask code; ``decode``:
+        the small query tiles of :data:`DECODE_CONFIGS` too)."""
         table = (PLAIN_CONFIGS[_dbound(D)] if plain else ()) + CONFIGS[_dbound(D)]
-        return [AttentionConfig(bq, bx, wq, st, D, nb) for bq, bx, wq, st, nb in table]
+        if decode:
+            table = DECODE_CONFIGS[_dbound(D, DECODE_CONFIGS)] + table
+        out = []
+        for bq, bx, wq, st, nb, *wx in table:
+            c = AttentionConfig(bq, bx, wq, st, D, nb, wx=wx[0] if wx else 1)
+            if c not in out:
+                out.append(c)
+        return out
+
+    @staticmethod
+    def packed_axes(p: AttentionProblem) -> tuple[str, ...]:
+        """The woven axes K and V lack (GQA's query heads per key/value head), in Q's order: the
+        axes a packed tile shares its rows with q over."""
+        return tuple(a for a in p.woven if a not in p.K.axis_names and a not in p.V.axis_names)
+
+    def _rows(self, p: AttentionProblem, sz, cfg: AttentionConfig) -> int:
+        """Rows of one tile space: q, times the packed axes when the configuration packs."""
+        return sz[p.q] * (math.prod(sz[a] for a in self.packed_axes(p)) if cfg.packed else 1)
+
+    def _base_blocks(self, p: AttentionProblem, sz, cfg: AttentionConfig) -> int:
+        """Blocks before any split: the tiles of the row space times the woven combinations."""
+        kept = [a for a in p.woven if not (cfg.packed and a in self.packed_axes(p))]
+        return math.ceil(self._rows(p, sz, cfg) / cfg.BQ) * math.prod(sz[a] for a in kept)
+
+    def split_choices(self, p: AttentionProblem, sz, cfg: AttentionConfig, sms: int) -> list[int]:
+        """The splits offered for a configuration: 1, and where its tiles give fewer blocks than
+        the SMs, enough to fill them about 1, 2 and 4 times over, each split keeping at least
+        MIN_SPLIT_CHUNKS chunks of keys."""
+        base = self._base_blocks(p, sz, cfg)
+        chunks = math.ceil(sz[p.x] / cfg.BX)
+        room = min(MAX_SPLITS, chunks // MIN_SPLIT_CHUNKS)
+        out = {1}
+        if base < sms and room >= 2:
+            out |= {max(2, min(room, math.ceil(k * sms / base))) for k in (1, 2, 4)}
+        return sorted(out)
 
     @staticmethod
     def is_plain(diagram: Diagram) -> bool:
@@ -285,37 +432,95 @@ class AttentionFamily:
         return True
 
     def candidates(self, diagram: Diagram, gpu, dtype: str) -> list[Schedule]:
+        """Every configuration that fits the GPU's shared memory: the tile tables for the head
+        dimension, and where there are at most DECODE_ROWS queries (decode, short queries) the
+        small tiles too, packed with the query heads K and V lack (GQA) and unpacked, without tiles
+        whose whole warps hold no query, each with the splits of x that fill the SMs
+        (:meth:`split_choices`; split only, where splits can fill them)."""
         p = analyze(diagram)
         D = diagram.axes[p.d].size
         if not isinstance(D, int):
             raise CodegenError("attention family: bind the head dimension before asking for candidates")
+        sz = diagram.sizes
         limit = _smem_limit(gpu)
-        return [self.schedule(diagram, c, gpu=gpu, dtype=dtype) for c in self.configs(D, self.is_plain(diagram))
-                if c.smem_bytes() <= limit and loader_problem(c) is None]
+        sms = _sms_of(gpu)
+        packs = self.packed_axes(p)
+        decode = sz[p.q] <= DECODE_ROWS
+        out = []
+        for c in self.configs(D, self.is_plain(diagram), decode=decode):
+            if c.smem_bytes() > limit or loader_problem(c) is not None:
+                continue
+            variants = [c]
+            if decode and packs and 2 * sz[p.q] <= c.BQ and c.WQ == 16:  # two query heads or more a tile
+                variants.append(replace(c, packed=True))
+            for v in variants:
+                if decode and v.BQ > 16 * -(-self._rows(p, sz, v) // 16):
+                    continue  # whole warps of rows that hold no query: the smaller tiles do it
+                splits = self.split_choices(p, sz, v, sms)
+                if (decode or v.threads < 128) and len(splits) > 1:
+                    # tiles that leave SMs idle are offered split only: one block of a decode tile
+                    # (16 rows of which a few hold queries, a chunk's products one dependent chain
+                    # a warp) keeps an SM far from the per-SM rates the model assumes, and a block
+                    # of one or two warps issues from one or two of its four schedulers
+                    splits = splits[1:]
+                for k in splits:
+                    out.append(self.schedule(diagram, replace(v, splits=k), gpu=gpu, dtype=dtype))
+        return out
 
     def schedule(self, diagram: Diagram, cfg: AttentionConfig, gpu="h100", dtype: str | None = None) -> Schedule:
+        """The schedule a configuration stands for. Unpacked: one combination of the woven axes
+        per block (a group of 1 on each) and ``g_q = BQ``. Packed: the tile's rows spread over q
+        first, then the packed axes from the innermost (q = 1 with 4 query heads a key/value
+        head: ``g_q = 1, g_j = 4``), the warps saying the tile's size (``BQ = warps · w_q``)."""
         p = analyze(diagram)
-        streams = {p.x: cfg.BX} if cfg.SX == cfg.BX else {p.x: [(cfg.BX, "SMEM"), (cfg.SX, "RF")]}
-        # one combination of the woven axes (heads, batch) per block: a group of 1 on each
-        s = Schedule.fused(diagram, groups={**{a: 1 for a in p.woven}, p.q: cfg.BQ}, streams=streams,
-                           rf_groups={p.q: cfg.WQ}, gpu=_gpu_key(gpu), dtype=dtype or p.dtype)
+        # warps along x take BX / WX keys of a chunk each: the warps (threads_per_row) say it
+        plain_sx = cfg.BX // cfg.wx if cfg.wx > 1 else cfg.BX
+        streams = {p.x: cfg.BX} if cfg.SX == plain_sx else {p.x: [(cfg.BX, "SMEM"), (cfg.SX, "RF")]}
+        groups = {a: 1 for a in p.woven}
+        groups[p.q] = cfg.BQ
+        rf = {p.q: cfg.WQ}
+        if cfg.packed:
+            groups.update(self._spread(p, diagram.sizes, cfg.BQ))
+            rf = self._spread(p, {**diagram.sizes, **groups}, cfg.WQ)
+        s = Schedule.fused(diagram, groups=groups, streams=streams,
+                           rf_groups=rf, gpu=_gpu_key(gpu), dtype=dtype or p.dtype)
+        # the threads sharing a row of S: the 4 lanes of an mma fragment row in each warp along x
         opts = KernelOptions(engine="mma.sync", stages=cfg.stages, warps=cfg.threads // 32,
-                             blocks_per_sm=cfg.blocks_per_sm, regs_per_thread=cfg.model_regs())
+                             threads_per_row=4 * cfg.wx if cfg.wx > 1 else None,
+                             blocks_per_sm=cfg.blocks_per_sm, regs_per_thread=cfg.model_regs(),
+                             splits=cfg.splits if cfg.splits > 1 else None)
         return s.replace(kernels=(s.kernels[0].replace(family=self.name, options=opts),))
 
+    def _spread(self, p: AttentionProblem, sz, rows: int) -> dict[str, int]:
+        """``rows`` of a packed tile as groups: q first, then the packed axes from the innermost
+        (a group no larger than its axis)."""
+        out = {p.q: min(rows, sz[p.q])}
+        room = rows // out[p.q]
+        for a in reversed(self.packed_axes(p)):
+            out[a] = max(1, min(sz[a], room))
+            room //= out[a]
+        return out
+
     def launch_estimate(self, diagram: Diagram, schedule: Schedule, gpu=None) -> dict:
-        """Blocks, threads, register budget, shared memory and bytes in flight per thread (the
-        K and V chunks loaded STAGES - 1 ahead)."""
+        """Blocks (tiles x woven combinations x splits), threads, register budget, shared memory
+        and bytes in flight per thread (the K and V chunks loaded STAGES - 1 ahead); with splits,
+        the steps of one split's loop, the combining launch and the workspace it writes and reads
+        (``extra_launches``, ``extra_hbm_bytes``)."""
         p = analyze(diagram)
         cfg = self.config_of(p, diagram, schedule)
         sz = diagram.sizes
-        nz = math.prod(sz[a] for a in p.woven) if p.woven else 1
-        return dict(blocks=math.ceil(sz[p.q] / cfg.BQ) * nz, threads=cfg.threads, regs=cfg.model_regs(),
-                    smem=cfg.smem_bytes(2),
-                    in_flight_bytes_per_thread=2 * cfg.BX * cfg.D * 2 * max(1, cfg.stages - 1) / cfg.threads,
-                    # a row of S lives in the 4 lanes of an mma.m16n8k16 fragment row: its max and sum
-                    # are 2 shuffle stages
-                    threads_per_row=4)
+        est = dict(blocks=self._base_blocks(p, sz, cfg) * cfg.splits, threads=cfg.threads, regs=cfg.model_regs(),
+                   smem=cfg.smem_bytes(2),
+                   in_flight_bytes_per_thread=2 * cfg.BX * cfg.D * 2 * max(1, cfg.stages - 1) / cfg.threads,
+                   # a row of S lives in the 4 lanes of an mma.m16n8k16 fragment row: its max and sum
+                   # in the loop are 2 shuffle stages (the WX warps along x merge once, after it)
+                   threads_per_row=4)
+        if cfg.splits > 1:
+            rows = sz[p.q] * math.prod(sz[a] for a in p.woven)
+            est["stream_steps"] = math.ceil(math.ceil(sz[p.x] / cfg.BX) / cfg.splits)
+            est["extra_launches"] = 1
+            est["extra_hbm_bytes"] = 2 * 4 * cfg.splits * rows * (cfg.D + 1)
+        return est
 
     def config_of(self, p: AttentionProblem, diagram: Diagram, schedule: Schedule) -> AttentionConfig:
         if len(schedule.kernels) != 1:
@@ -325,6 +530,8 @@ class AttentionFamily:
         plain = self.is_plain(diagram)
         default = self.configs(D, plain)[0]
         BQ = BX = WQ = SX = None
+        woven_groups: dict[str, int] = {}
+        warp_groups: dict[str, int] = {}  # a packed warp tile's groups of the packed axes
         for r in schedule.kernels[0].relabels:
             if r.is_symbolic:
                 raise CodegenError(f"attention family: {r} has no size; bind {r.symbol} first")
@@ -336,23 +543,64 @@ class AttentionFamily:
                 BX = int(r.size)
             elif r.kind == "stream" and r.axis == p.x and r.level == "RF":
                 SX = int(r.size)
-            elif r.kind == "group" and r.axis in p.woven and r.size == 1:
-                continue
+            elif r.kind == "group" and r.axis in p.woven and r.level == "SMEM":
+                woven_groups[r.axis] = int(r.size)
+            elif r.kind == "group" and r.axis in self.packed_axes(p) and r.level == "RF":
+                warp_groups[r.axis] = int(r.size)
             else:
                 raise CodegenError(f"attention family: the template cannot realise {r} (it groups "
                                    f"{p.q} at SMEM and RF and streams {p.x} at SMEM)")
-        BQ = BQ or default.BQ
-        BX = BX or default.BX
-        WQ = WQ or (default.WQ if BQ % default.WQ == 0 else 16)
+        packs = self.packed_axes(p)
+        for a, g in woven_groups.items():
+            if g != 1 and a not in packs:
+                raise CodegenError(f"attention family: the template cannot realise a group of {g} on {a!r}: "
+                                   f"one combination of the woven axes K and V have a block, only the axes "
+                                   f"they lack ({', '.join(packs) or 'none here'}) pack into a tile")
+        packed = any(woven_groups.get(a, 1) > 1 for a in packs)
+        if any(g > 1 for g in warp_groups.values()) and not packed:
+            raise CodegenError(f"attention family: a warp tile groups {', '.join(warp_groups)} but the block "
+                               "does not pack them")
         opts = schedule.kernels[0].options
         if opts.engine not in (None, "mma.sync"):
             raise CodegenError(f"attention family: engine {opts.engine} is not built here (mma.sync)")
+        tpr = opts.threads_per_row or 4
+        if tpr % 4 or tpr // 4 not in (1, 2, 4, 8):
+            raise CodegenError(f"attention family: {tpr} threads a row: the 4 lanes of an mma row in 1, 2, 4 "
+                               "or 8 warps along the keys")
+        wx = tpr // 4
+        if packed:
+            Nq = diagram.sizes[p.q]
+            if BQ is not None and BQ != Nq:
+                raise CodegenError(f"attention family: a tile packing {', '.join(packs)} with {p.q} holds the "
+                                   f"whole {p.q} axis (g_{p.q} = {Nq}, not {BQ})")
+            rows = Nq * math.prod(woven_groups.get(a, 1) for a in packs)
+            # the warp's packed rows, in mma tiles of 16 rows
+            wrows = (WQ or 16) * math.prod(warp_groups.values())
+            WQ = 16 if wrows <= 16 else 32
+            BQ = opts.warps // wx * WQ if opts.warps else -(-rows // WQ) * WQ
+            if rows > BQ:
+                raise CodegenError(f"attention family: {rows} packed rows do not fit a tile of {BQ} "
+                                   f"({opts.warps} warps, {wx} along {p.x}, of w_{p.q}={WQ})")
+        BQ = BQ or default.BQ
+        BX = BX or default.BX
+        WQ = WQ or (default.WQ if BQ % default.WQ == 0 else 16)
         stages, blocks = opts.stages or 2, opts.blocks_per_sm
         if blocks is None:
-            known = [c for c in self.configs(D, plain) if (c.BQ, c.BX, c.WQ) == (BQ, BX, WQ)]
+            known = [c for c in self.configs(D, plain, decode=True) if (c.BQ, c.BX, c.WQ, c.wx) == (BQ, BX, WQ, wx)]
             blocks = known[0].blocks_per_sm if known else 1
-        cfg = AttentionConfig(BQ, BX, WQ, stages, D, blocks, SX or 0)
+        splits = opts.splits or 1
+        cfg = AttentionConfig(BQ, BX, WQ, stages, D, blocks, SX or 0, splits, packed, wx)
+        if cfg.sx and cfg.sx == AttentionConfig(BQ, BX, WQ, stages, D, blocks, 0, splits, packed, wx).SX:
+            cfg = replace(cfg, sx=0)  # the default rule's sub-chunk: the same configuration
         what = f"attention family: g_{p.q}={BQ}, w_{p.q}={WQ}, s_{p.x}={BX}, stages={stages}, d={D}"
+        if opts.warps and opts.warps * 32 != cfg.threads:
+            raise CodegenError(f"{what}: {opts.warps} warps, but {BQ // WQ} warps along {p.q} times {wx} along "
+                               f"{p.x} are {cfg.threads // 32}")
+        if wx > 1 and (BX // cfg.SX) % wx:
+            raise CodegenError(f"{what}: {wx} warps along {p.x} do not share the {BX // cfg.SX} sub-chunks of "
+                               f"t_{p.x}={cfg.SX} evenly")
+        if splits > MAX_SPLITS:
+            raise CodegenError(f"{what}: {splits} splits of {p.x}; at most {MAX_SPLITS}")
         if WQ not in (16, 32) or BQ % WQ:
             raise CodegenError(f"{what}: w_{p.q} must be 16 or 32 and divide g_{p.q}")
         if BX % 16 or BX > 128 or BX < 16:
@@ -360,7 +608,7 @@ class AttentionFamily:
         if cfg.SX % 16 or BX % cfg.SX:
             raise CodegenError(f"{what}: the register stream t_{p.x}={cfg.SX} must be a multiple of 16 "
                                f"dividing s_{p.x}")
-        if not 32 <= cfg.threads <= 512:
+        if not 32 <= cfg.threads <= 512 or (wx > 1 and BQ // WQ * wx > 8):
             raise CodegenError(f"{what}: {cfg.threads} threads per block")
         if not 2 <= stages <= 4:
             raise CodegenError(f"{what}: stages must be 2 to 4")
@@ -379,10 +627,52 @@ class AttentionFamily:
             raise CodegenError(f"attention family: bind the sizes of {diagram.name!r} first")
         p = analyze(diagram)
         cfg = self.config_of(p, diagram, schedule)
-        launch = self._launch(diagram, p, cfg, arch)
-        return Program(diagram, schedule, self.name, (launch,), (), dict(diagram.sizes))
+        launches, buffers = self._launches(diagram, p, cfg, arch)
+        return Program(diagram, schedule, self.name, tuple(launches), tuple(buffers), dict(diagram.sizes))
 
-    def _launch(self, d: Diagram, p: AttentionProblem, cfg: AttentionConfig, arch: str) -> KernelLaunch:
+    def _launches(self, d: Diagram, p: AttentionProblem, cfg: AttentionConfig,
+                  arch: str) -> tuple[list[KernelLaunch], list[Buffer]]:
+        """The attention launch, and with splits the combining launch and the two workspaces."""
+        ws = _workspace_names(d) if cfg.splits > 1 else None
+        main = self._launch(d, p, cfg, arch, ws)
+        if ws is None:
+            return [main], []
+        combine, rows = self._combine(d, p, cfg, ws, main)
+        buffers = [Buffer(ws[0], ("split", "row", p.dv), (cfg.splits, rows, cfg.D), "fp32"),
+                   Buffer(ws[1], ("split", "row"), (cfg.splits, rows), "fp32")]
+        return [main, combine], buffers
+
+    def _axis_params(self, d: Diagram, p: AttentionProblem, cfg: AttentionConfig, fixed: set[str]):
+        """The kept woven axes (grid.y) and the packed ones, each a dict of the C names of its
+        index, size and strides, with their parameters."""
+        sz = d.sizes
+        sQ, sK, sV, sO = (contiguous_strides(v) for v in (p.Q, p.K, p.V, p.O))
+        packs = self.packed_axes(p) if cfg.packed else ()
+
+        # the fixed stride names are prefix + axis name too: a woven axis called q or x (the query
+        # axis being named otherwise) takes another prefix, never a duplicate parameter
+        def woven_name(ax: str, prefix: str) -> Code:
+            name = ident(ax, prefix)
+            return name if name not in fixed else ident(ax, prefix[:-1] + "w_")
+
+        params: list[Param] = []
+        woven, packed = [], []
+        for ax in p.woven:
+            n = sz[ax]
+            names = dict(idx=ident(ax, "i_"), size=ident(ax, "n_"), sQ=woven_name(ax, "sQ_"),
+                         sK=woven_name(ax, "sK_"), sV=woven_name(ax, "sV_"), sO=woven_name(ax, "sO_"),
+                         s=ident(ax, "st_"), axis=ax)
+            params += [int_param(names["size"], n),
+                       stride_param(names["sQ"], sQ[ax], f"stride of {p.Q.label()} along {ax}")]
+            if ax not in packs:
+                params += [stride_param(names["sK"], sK.get(ax, 0), f"stride of {p.K.label()} along {ax}"),
+                           stride_param(names["sV"], sV.get(ax, 0), f"stride of {p.V.label()} along {ax}")]
+            params.append(stride_param(names["sO"], sO[ax], f"stride of the output along {ax}"))
+            (packed if ax in packs else woven).append(names)
+        return woven, packed, params
+
+    def _launch(self, d: Diagram, p: AttentionProblem, cfg: AttentionConfig, arch: str,
+                ws: tuple[str, str] | None = None) -> KernelLaunch:
         T = p.dtype
         sz = d.sizes
         Nq, Nx = sz[p.q], sz[p.x]
@@ -390,6 +680,9 @@ class AttentionFamily:
         # query and key positions are 32-bit ints, summed with tiles and mask offsets (< 2^30)
         check_index_size(Nq, f"axis {p.q!r} of {p.Q.label()}", 2 ** 30 + 2 ** 16, "attention")
         check_index_size(Nx, f"axis {p.x!r} of {p.K.label()}", 2 ** 30 + 2 ** 16, "attention")
+        nrows = self._rows(p, sz, cfg)
+        if cfg.packed:
+            check_index_size(nrows, f"the packed rows of {p.Q.label()}", 2 ** 16, "attention")
         params: list[Param] = [
             tensor_param(p.Q, "Q", T), tensor_param(p.K, "K", T), tensor_param(p.V, "V", T),
             tensor_param(p.O, "O", T, const=False, name=d.output_names[0]),
@@ -399,29 +692,17 @@ class AttentionFamily:
             int_param("sV_x", sV[p.x], f"row stride of {p.V.label()}"),
             int_param("sO_q", sO[p.q], f"row stride of {d.output_names[0]}[{','.join(p.O.axis_names)}]"),
         ]
-        woven = []
-        nz = 1
-        # the fixed stride names above are prefix + axis name too: a woven axis called q or x
-        # (the query axis being named otherwise) takes another prefix, never a duplicate parameter
+        if cfg.packed:
+            params.append(int_param("Np", nrows, "packed rows"))
         fixed = {str(x.decl).split()[-1] for x in params}
-
-        def woven_name(ax: str, prefix: str) -> Code:
-            name = ident(ax, prefix)
-            return name if name not in fixed else ident(ax, prefix[:-1] + "w_")
-
-        for ax in p.woven:
-            n = sz[ax]
-            nz *= n
-            names = dict(idx=ident(ax, "i_"), size=ident(ax, "n_"), sQ=woven_name(ax, "sQ_"),
-                         sK=woven_name(ax, "sK_"), sV=woven_name(ax, "sV_"), sO=woven_name(ax, "sO_"))
-            params += [int_param(names["size"], n),
-                       stride_param(names["sQ"], sQ[ax], f"stride of {p.Q.label()} along {ax}"),
-                       stride_param(names["sK"], sK.get(ax, 0), f"stride of {p.K.label()} along {ax}"),
-                       stride_param(names["sV"], sV.get(ax, 0), f"stride of {p.V.label()} along {ax}"),
-                       stride_param(names["sO"], sO[ax], f"stride of the output along {ax}")]
-            woven.append(names)
+        woven, packed, more = self._axis_params(d, p, cfg, fixed)
+        params += more
+        nz = math.prod(sz[a] for a in p.woven if not (cfg.packed and a in self.packed_axes(p)))
         if nz > 65535:
             raise CodegenError(f"attention family: {nz} woven combinations (heads x batch); at most 65535")
+        if ws is not None:
+            params += [Param(Arg("tensor", ws[0], dtype="fp32", axes=()), Code("float* __restrict__ ws_o")),
+                       Param(Arg("tensor", ws[1], dtype="fp32", axes=()), Code("float* __restrict__ ws_lse"))]
         index_vars = {ax: ident(ax, "i_") for ax in (p.q, p.x, *p.woven)}
         chain = score_chain(d, p.maps, index_vars=index_vars)
         # query and key indices reach the score modifiers as floats (exact below 2^24): one add
@@ -456,7 +737,9 @@ class AttentionFamily:
         tag = short_hash(T, [str(x) for x in chain.full.lines], [str(x) for x in chain.nomask.lines],
                          p.woven, causal, window, always_mask, cfg, float_idx)
         sub = f"t{cfg.SX}" if cfg.SX != cfg.BX else ""
-        kname = Code(f"napkin_attn_{T}_d{cfg.D}_q{cfg.BQ}_x{cfg.BX}{sub}_w{cfg.WQ}_s{cfg.stages}_{tag}")
+        more = (f"_wx{cfg.wx}" if cfg.wx > 1 else "") + ("_p" if cfg.packed else "") \
+            + (f"_k{cfg.splits}" if cfg.splits > 1 else "")
+        kname = Code(f"napkin_attn_{T}_d{cfg.D}_q{cfg.BQ}_x{cfg.BX}{sub}_w{cfg.WQ}_s{cfg.stages}{more}_{tag}")
         chain_desc = ", ".join(chain.boxes) or "none"
         ctx = dict(
             kname=kname, T=ctype(T), D=cfg.D, BQ=cfg.BQ, BX=cfg.BX, SX=cfg.SX, WQ=cfg.WQ, STAGES=cfg.stages,
@@ -469,17 +752,63 @@ class AttentionFamily:
             full_body=chain.full.body("        "), full_result=chain.full.result,
             nomask_body=chain.nomask.body("        "), nomask_result=chain.nomask.result,
             NOMASK_NEEDED=bool(chain.nomask.lines), chain_desc=comment(chain_desc),
+            PACKED=cfg.packed, packed=packed, packed_desc=comment(", ".join(self.packed_axes(p))),
+            NROWS=Code("Np" if cfg.packed else "Nq"), SPLIT=ws is not None, ws_o=Code("ws_o"), ws_lse=Code("ws_lse"),
+            MASK_RANGE=causal is not None or window is not None, KV_COLUMNS=cfg.kv_columns,
+            KV_UNROLL=cfg.kv_unroll, WX=cfg.wx,
         )
         source = render("attention_fwd.cu.jinja", **ctx)
-        grid = (math.ceil(Nq / cfg.BQ), nz, 1)
+        grid = (math.ceil(nrows / cfg.BQ), nz, cfg.splits)
         tunables = (("BQ", cfg.BQ), ("BX", cfg.BX), ("SX", cfg.SX), ("WQ", cfg.WQ), ("stages", cfg.stages), ("D", cfg.D),
                     ("blocks_per_sm", cfg.blocks_per_sm),
-                    ("q_in_regs", cfg.q_in_regs), ("causal", causal), ("window", window))
+                    ("q_in_regs", cfg.q_in_regs), ("causal", causal), ("window", window),
+                    ("splits", cfg.splits), ("packed", cfg.packed), ("wx", cfg.wx))
         return KernelLaunch(
             name=str(kname), source=source, grid=grid, block=(cfg.threads, 1, 1), shared_bytes=smem,
             args=tuple(x.arg for x in params), template="attention_fwd.cu.jinja", tunables=tunables,
             model_smem_bytes=cfg.model_smem_bytes(2), model_regs_per_thread=cfg.model_regs(),
         )
+
+    def _combine(self, d: Diagram, p: AttentionProblem, cfg: AttentionConfig, ws: tuple[str, str],
+                 main: KernelLaunch) -> tuple[KernelLaunch, int]:
+        """The second launch of a split: each row's SPLITS partials weighted by their
+        log-sum-exps, in split order, written to the output as T; and the workspace rows."""
+        sz = d.sizes
+        nrows = self._rows(p, sz, cfg)
+        rows = nrows * math.prod(sz[a] for a in p.woven if not (cfg.packed and a in self.packed_axes(p)))
+        check_index_size(rows, "the rows of the split workspace", 0, "attention")
+        sO = contiguous_strides(p.O)
+        params: list[Param] = [
+            Param(Arg("tensor", ws[0], dtype="fp32", axes=()), Code("const float* __restrict__ ws_o")),
+            Param(Arg("tensor", ws[1], dtype="fp32", axes=()), Code("const float* __restrict__ ws_lse")),
+            tensor_param(p.O, "O", p.dtype, const=False, name=d.output_names[0]),
+            int_param("n_rows", rows, "rows of the split workspace"), int_param("Nq", sz[p.q]),
+            int_param("sO_q", sO[p.q], f"row stride of {d.output_names[0]}[{','.join(p.O.axis_names)}]"),
+        ]
+        if cfg.packed:
+            params.append(int_param("Np", nrows, "packed rows"))
+        fixed = {str(x.decl).split()[-1] for x in params}
+        woven, packed, _ = self._axis_params(d, p, cfg, fixed)
+        for ax in woven + packed:
+            params.append(int_param(ax["size"], sz[ax["axis"]]))
+            params.append(stride_param(ax["sO"], sO[ax["axis"]], "stride of the output"))
+        kname = Code(f"{main.name}_combine")
+        legend = [f"diagram {d.name}: the {cfg.splits} splits of {p.x} of {main.name}",
+                  f"  rows: {rows} = woven combinations x NROWS ({nrows}: {p.q}"
+                  + (f" packed with {', '.join(self.packed_axes(p))})" if cfg.packed else ")"),
+                  f"  {p.dv} -> D = {cfg.D}; SPLITS = {cfg.splits}; THREADS = {COMBINE_THREADS}",
+                  f"  workspaces: {ws[0]} [SPLITS][rows][D], {ws[1]} [SPLITS][rows] (fp32)"]
+        source = render("attention_combine.cu.jinja", kname=kname, T=ctype(p.dtype), D=cfg.D, SPLITS=cfg.splits,
+                        THREADS=COMBINE_THREADS, params=signature(params), legend=comment_lines(legend),
+                        PACKED=cfg.packed, packed=packed, woven=woven, packed_desc=comment(", ".join(self.packed_axes(p))),
+                        NROWS=Code("Np" if cfg.packed else "Nq"), out=Code("O"))
+        threads = rows * (cfg.D // 4)
+        launch = KernelLaunch(
+            name=str(kname), source=source, grid=(math.ceil(threads / COMBINE_THREADS), 1, 1),
+            block=(COMBINE_THREADS, 1, 1), shared_bytes=0, args=tuple(x.arg for x in params),
+            template="attention_combine.cu.jinja", tunables=(("SPLITS", cfg.splits), ("D", cfg.D)),
+            model_smem_bytes=0, model_regs_per_thread=64)
+        return launch, rows
 
     @staticmethod
     def _legend(d: Diagram, p: AttentionProblem, cfg: AttentionConfig, chain, causal, window) -> list[str]:
@@ -491,9 +820,17 @@ class AttentionFamily:
             f"  {p.x} -> keys Nx:    s_{p.x} = BX = {cfg.BX}, stages = {cfg.stages}, t_{p.x} = SX = {cfg.SX}",
             f"  {p.d} -> D = {cfg.D}" + (f" (values: {p.dv})" if p.dv != p.d else ""),
         ]
+        packs = AttentionFamily.packed_axes(p) if cfg.packed else ()
         for ax in p.woven:
+            if ax in packs:
+                lines.append(f"  {ax} -> packed with {p.q} into the tile's rows; K, V broadcast along it")
+                continue
             lines.append(f"  {ax} -> woven (grid.y)"
                          + ("" if ax in p.K.axis_names else "; K, V broadcast along it"))
+        if cfg.wx > 1:
+            lines.append(f"  {p.x} shared by WX = {cfg.wx} warps of each row block (t_{p.x} = {cfg.SX} keys each a chunk)")
+        if cfg.splits > 1:
+            lines.append(f"  {p.x} split over grid.z = {cfg.splits} blocks a tile; partials combined by a second launch")
         lines.append(f"  score modifiers: {', '.join(chain.boxes) or 'none'}; softmax scale folded: "
                      f"{chain.factor:.6g}")
         if causal is not None:
@@ -501,6 +838,31 @@ class AttentionFamily:
         if window is not None:
             lines.append(f"  sliding window {window}: key blocks outside it skipped")
         return lines
+
+
+def _workspace_names(d: Diagram) -> tuple[str, str]:
+    """Names for the split workspaces (partial outputs, log-sum-exps) that no array of the
+    diagram has."""
+    taken = {d.name_of(v) for v in (*d.inputs, *d.nodes)}
+    base = d.name if is_name(f"{d.name}_opart") else "attn"
+    names = (f"{base}_opart", f"{base}_lse")
+    if any(n in taken or not is_name(n) for n in names):
+        h = hashlib.sha1(d.name.encode()).hexdigest()[:10]
+        names = (f"opart_{h}", f"lse_{h}")
+    return names
+
+
+def _sms_of(gpu) -> int:
+    """The SM count of a GPU profile (object or name); 132 where none is known."""
+    sms = getattr(gpu, "sms", None)
+    if sms:
+        return int(sms)
+    try:
+        from ..select import resolve_gpu
+
+        return int(resolve_gpu(_gpu_key(gpu) if gpu is not None else None).sms)
+    except Exception:  # noqa: BLE001 - no profile by that name: a full-size part
+        return 132
 
 
 FAMILY = AttentionFamily()
