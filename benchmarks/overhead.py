@@ -112,7 +112,6 @@ def rand(*shape, seed=0):
 
 
 def launch_overhead() -> dict:
-    import numpy
     import torch
 
     import napkin.torch as nt
@@ -138,12 +137,8 @@ def launch_overhead() -> dict:
                 from napkin.kernels.tma import tensor_map
 
                 args.append(tensor_map(t, a.value))
-            elif a.kind == "i64":
-                args.append(numpy.int64(a.value))
-            elif a.kind == "int":
-                args.append(int(a.value))
             else:
-                args.append(float(a.value))
+                args.append(a.scalar())
         kernel(prog.grid, prog.block, args, prog.shared_bytes)
 
     torch._dynamo.reset()

@@ -348,7 +348,6 @@ class _Runner:
                  "_torch", "_stream", "_current", "_tdevice")
 
     def __init__(self, cd: CompiledDiagram, device: int):
-        import numpy
         import torch
 
         from ..dtypes import torch_dtype
@@ -378,12 +377,8 @@ class _Runner:
                     args.append(TensorMapSlot(dtypes[a.name], shapes[a.name], a.value))
                     slots.append(index[a.name])
                     tma.add(index[a.name])
-                elif a.kind == "i64":
-                    args.append(numpy.int64(a.value))
-                elif a.kind == "int":
-                    args.append(int(a.value))
                 else:
-                    args.append(float(a.value))
+                    args.append(a.scalar())
             launches.append(k.prepare(launch.grid, launch.block, args, launch.shared_bytes, device=device,
                                       sources=slots))
         self.launches = tuple(launches)

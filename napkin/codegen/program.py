@@ -30,6 +30,21 @@ class Arg:
     dtype: str | None = None  # napkin dtype name of a tensor argument
     axes: tuple[str, ...] = ()  # axis names of a tensor argument, in memory order (contiguous)
 
+    def scalar(self):
+        """The launch value of a scalar argument, typed as the kernel declares it: a 64-bit integer
+        (``i64``), an ``int`` or a ``float``.
+
+        >>> Arg("int", "M", value=7).scalar(), type(Arg("i64", "s", value=7).scalar()).__name__
+        (7, 'int64')
+        """
+        if self.kind == "i64":
+            import numpy
+
+            return numpy.int64(self.value)
+        if self.kind == "int":
+            return int(self.value)
+        return float(self.value)
+
 
 @dataclass(frozen=True)
 class KernelLaunch:

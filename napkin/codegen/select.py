@@ -352,7 +352,7 @@ def predict_schedule(diagram: Diagram, family, schedule: Schedule, gpu, *, effic
     extra = extra_pass_seconds(est, gpu)
     eff = efficiency if efficiency is not None else Efficiency()
     detail = ""
-    schedule = model_view(schedule)
+    schedule = schedule.padded_view()  # a tile that overhangs its axis is costed whole
     c = model_cost(schedule, gpu)
     if c is not None and not getattr(c, "is_symbolic", False) and _num(getattr(_levels(c).get("HBM"), "H_bytes", None)) is not None:
         # without launch facts from the family: the plain roofline per kernel (no assumed launch
@@ -370,12 +370,6 @@ def predict_schedule(diagram: Diagram, family, schedule: Schedule, gpu, *, effic
         detail = f"blocks {kp.blocks}, {kp.blocks_per_sm} per SM, {kp.bound}-bound"
     extra += max(0, len(schedule.kernels) - 1) * LAUNCH_OVERHEAD_S
     return Ranked(schedule, kp.seconds + extra, "local", detail, kp.bound)
-
-
-def model_view(schedule: Schedule) -> Schedule:
-    """The schedule the model costs (:meth:`~napkin.perfmodel.schedule.Schedule.padded_view`): an
-    axis a template's tile overhangs is costed padded to the tile."""
-    return schedule.padded_view()
 
 
 def rank(diagram: Diagram, family, gpu, dtype: str | None = None) -> list[Ranked]:

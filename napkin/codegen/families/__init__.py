@@ -17,12 +17,40 @@ those methods that can be built without arguments, is accepted too.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import inspect
 import threading
 import traceback
 
 from ...errors import CodegenError
+
+def per_diagram(analyse):
+    """``analyse(diagram)`` computed once per diagram object (the planner asks a family about the
+    same sub-diagram several times in a run; what it finds holds that object's values, so the memo
+    is keyed by the object itself, and forgets everything past 512 diagrams).
+
+    >>> calls = []
+    >>> f = per_diagram(lambda d: calls.append(d) or len(calls))
+    >>> d = object()
+    >>> f(d), f(d), len(calls)
+    (1, 1, 1)
+    """
+    memo: dict[int, tuple[object, object]] = {}
+
+    @functools.wraps(analyse)
+    def analysed(diagram):
+        hit = memo.get(id(diagram))
+        if hit is not None and hit[0] is diagram:
+            return hit[1]
+        if len(memo) > 512:
+            memo.clear()
+        out = analyse(diagram)
+        memo[id(diagram)] = (diagram, out)
+        return out
+
+    return analysed
+
 
 #: The order in which lowering tries the families.
 ORDER = ("rowwise", "contraction", "attention", "pointwise", "fallback")

@@ -372,6 +372,13 @@ def _padded_strides(v: Value, sizes, row: int | None) -> dict[str, int]:
     return out
 
 
+def _operand_layout(v: Value, sizes, padded: dict) -> tuple[tuple[str, int] | None, dict[str, int]]:
+    """(the padded copy ``(buffer, row)`` the kernel reads instead of operand ``v``, or None; the
+    element strides it reads with)."""
+    pad = padded.get(v.name)
+    return pad, _padded_strides(v, sizes, pad[1] if pad else None)
+
+
 def _buffer_name(d: Diagram, want: str, taken: set[str] = frozenset()) -> str:
     """``want`` as a buffer name if it is a valid name no array of the diagram (and nothing in
     ``taken``) has, else ``mm_buffer_<n>``."""
@@ -838,9 +845,7 @@ class ContractionFamily:
         sz = d.sizes
         M, N, K = sz[p.a], sz[p.c], sz[p.b]
         padded = padded or {}
-        pa, pb = padded.get(p.A.name), padded.get(p.B.name)  # (buffer, row) of a padded operand
-        sA = _padded_strides(p.A, sz, pa[1] if pa else None)
-        sB = _padded_strides(p.B, sz, pb[1] if pb else None)
+        (pa, sA), (pb, sB) = (_operand_layout(v, sz, padded) for v in (p.A, p.B))
         sY = contiguous_strides(p.out)
         lda = sA[p.a] if p.a_kmajor else sA[p.b]
         ldb = sB[p.c] if p.b_kmajor else sB[p.b]
@@ -940,9 +945,7 @@ class ContractionFamily:
         box_a = (64, cfg.BM) if p.a_kmajor else (64, 64)
         box_b = (64, cfg.BN) if p.b_kmajor else (64, 64)
         padded = padded or {}
-        pa, pb = padded.get(p.A.name), padded.get(p.B.name)  # (buffer, row) of a padded operand
-        sA = _padded_strides(p.A, sz, pa[1] if pa else None)
-        sB = _padded_strides(p.B, sz, pb[1] if pb else None)
+        (pa, sA), (pb, sB) = (_operand_layout(v, sz, padded) for v in (p.A, p.B))
         sY = contiguous_strides(p.out)
         params: list[Param] = [
             tensormap_param(p.A, "tmA", box_a, name=pa[0] if pa else None),

@@ -52,6 +52,7 @@ from ...errors import CodegenError
 from ...perfmodel.schedule import Kernel, KernelOptions, Relabel, Schedule
 from ..program import Arg, Buffer, KernelLaunch, Program
 from ..render import Code, c_i64, c_int, comment, cuda_type, ident, map_expr, render
+from . import per_diagram
 
 NAME = "pointwise"
 TEMPLATE = "pointwise.cu.jinja"
@@ -336,19 +337,8 @@ def _desc(nodes, root: Value) -> set[int]:
     return out
 
 
-_CACHE: dict[int, tuple[Diagram, PointwiseShape | str]] = {}
-
-
-def _analysed(diagram: Diagram) -> PointwiseShape | str:
-    """:func:`analyse`, once per diagram object (the shape holds that object's values)."""
-    hit = _CACHE.get(id(diagram))
-    if hit is not None and hit[0] is diagram:
-        return hit[1]
-    if len(_CACHE) > 512:
-        _CACHE.clear()
-    s = analyse(diagram)
-    _CACHE[id(diagram)] = (diagram, s)
-    return s
+#: :func:`analyse`, once per diagram object.
+_analysed = per_diagram(analyse)
 
 
 # ----------------------------------------------------------------------------- tunables
@@ -772,6 +762,16 @@ def lower_shape(shape: PointwiseShape, cfg: Config, schedule: Schedule, arch: st
         return ko, lo
 
     hoisted: list[tuple[Code, Code]] = []      # per-thread offsets along the kept axes
+
+    def placed(nm: str, v: Value) -> tuple[str, int, Code]:
+        """How array ``v`` (called ``nm``) is accessed, its stride, and its offset: the part along
+        the kept axes hoisted per thread, plus the part along the loop's axes."""
+        kind, stride = g.access(v)
+        ko, lo = offsets(v)
+        koff = ident(nm, "koff_")
+        hoisted.append((koff, ko))
+        return kind, stride, Code(f"{koff} + {lo}")
+
     loads_decl: list[Code] = []
     loads: list[Code] = []
     vec_ptrs: list[Code] = []
@@ -779,11 +779,7 @@ def lower_shape(shape: PointwiseShape, cfg: Config, schedule: Schedule, arch: st
     for v in loop_inputs:
         nm = name(v)
         ptr, ld = ident(nm, "in_"), ident(nm, "ld_")
-        kind, stride = g.access(v)
-        ko, lo = offsets(v)
-        koff = ident(nm, "koff_")
-        hoisted.append((koff, ko))
-        off = Code(f"{koff} + {lo}")
+        kind, stride, off = placed(nm, v)
         if kind == "bcast":
             loads_decl.append(Code(f"T {ld}[UNROLL];"))
             loads.append(Code(f"{ld}[u] = {ptr}[{off}];"))
@@ -802,11 +798,7 @@ def lower_shape(shape: PointwiseShape, cfg: Config, schedule: Schedule, arch: st
     elem_stores: list[Code] = []
     for n, v in shape.full_out:
         ptr, st = ident(n, "out_"), ident(n, "st_")
-        kind, stride = g.access(v)
-        ko, lo = offsets(v)
-        koff = ident(n, "koff_")
-        hoisted.append((koff, ko))
-        off = Code(f"{koff} + {lo}")
+        kind, stride, off = placed(n, v)
         full_stores_decl.append(Code(f"napkin_pwh::Pack<T, VEC> {st};"))
         elem_stores.append(Code(f"{st}.x[e] = napkin::from_float<T>({ident(name(v), 'a_')});"))
         if kind == "vec":

@@ -44,6 +44,7 @@ from ...errors import CodegenError
 from ...perfmodel.schedule import Kernel, KernelOptions, Relabel, Schedule
 from ..program import Arg, KernelLaunch, Program
 from ..render import Code, c_i64, c_int, comment, cuda_type, ident, map_expr, render
+from . import per_diagram
 
 NAME = "rowwise"
 TEMPLATE = "rowwise.cu.jinja"
@@ -164,19 +165,8 @@ def analyse(diagram: Diagram) -> "RowwiseShape | ChainShape | str":
     return RowwiseShape(**{**shape.__dict__, "kept": tuple(kept)})
 
 
-_CACHE: dict[int, tuple[Diagram, object]] = {}
-
-
-def _analysed(diagram: Diagram) -> "RowwiseShape | ChainShape | str":
-    """:func:`analyse`, once per diagram object (the planner asks several times per run)."""
-    hit = _CACHE.get(id(diagram))
-    if hit is not None and hit[0] is diagram:
-        return hit[1]
-    if len(_CACHE) > 512:
-        _CACHE.clear()
-    s = analyse(diagram)
-    _CACHE[id(diagram)] = (diagram, s)
-    return s
+#: :func:`analyse`, once per diagram object.
+_analysed = per_diagram(analyse)
 
 
 # ----------------------------------------------------------------------------- tunables
