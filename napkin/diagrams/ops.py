@@ -604,22 +604,46 @@ def map_fn(fn: str, *xs: Value, params: Sequence[float] = (), index_axes=(), nam
 
 
 def reduce(x: Value, over, how: str = "sum", name: str | None = None) -> Value:
-    """Reduce ``x`` over one axis with ``how`` in sum, max, min, mean."""
-    return apply(Reduce(how, as_axis_name(over)), (x,), name)
+    """Reduce ``x`` over one axis, or several, with ``how`` in sum, max, min, mean.
+
+    Several axes (a list or tuple) give one reduction box per axis, in the order given, the last
+    one named ``name``: a sum (max, min) over several axes is the sum of sums, and a mean over
+    several axes the mean of means (every slice has the same count). The planner fuses the chain
+    into one kernel, so this costs nothing over a single box.
+
+    >>> from napkin.diagrams import axes
+    >>> a, b, c = axes("a b c")
+    >>> y = reduce(array("X", a, b, c), (a, c), "sum", name="Y")
+    >>> y.axis_names, y.name, y.args[0].op.label()
+    (('b',), 'Y', 'sum a')
+    """
+    if isinstance(over, (Axis, str)):
+        return apply(Reduce(how, as_axis_name(over)), (x,), name)
+    names = as_axis_names(over)
+    if not names:
+        raise DiagramError(f"{_short(how)} over no axes: give at least one axis to reduce")
+    if len(set(names)) != len(names):
+        raise DiagramError(f"{_short(how)} over {', '.join(names)}: an axis appears twice")
+    if isinstance(x, Value):
+        for n in names:
+            _require_axis(x, n, f"{_short(how)} over {', '.join(names)}")
+    for n in names[:-1]:
+        x = apply(Reduce(how, n), (x,), None)
+    return apply(Reduce(how, names[-1]), (x,), name)
 
 
 def sum_over(x: Value, over, name: str | None = None) -> Value:
-    """Σ over one axis."""
+    """Σ over one axis, or over several (a list or tuple: see :func:`reduce`)."""
     return reduce(x, over, "sum", name)
 
 
 def max_over(x: Value, over, name: str | None = None) -> Value:
-    """max over one axis."""
+    """max over one axis, or over several (see :func:`reduce`)."""
     return reduce(x, over, "max", name)
 
 
 def mean_over(x: Value, over, name: str | None = None) -> Value:
-    """mean over one axis."""
+    """mean over one axis, or over several (see :func:`reduce`)."""
     return reduce(x, over, "mean", name)
 
 
