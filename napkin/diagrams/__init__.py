@@ -16,8 +16,8 @@ from .diagram import Diagram
 from .functions import FUNCTIONS
 from .ops import (Contract, InputOp, Map, Norm, Reduce, Rename, Softmax, Value, absolute, alibi, array, causal,
                   clamp, contract, elu, erf, exp, gelu, hardsigmoid, hardswish, hardtanh, layernorm, leaky_relu,
-                  log, logsumexp, map_fn, max_over, maximum, mean_over, minimum, mish, power, reduce, relu, rename,
-                  rmsnorm, rsqrt, scale, selu, sigmoid, silu, sliding_window, softcap, softmax, softplus, sqrt,
+                  log, logsumexp, map_fn, max_over, maximum, mean_over, min_over, minimum, mish, power, reduce, relu,
+                  rename, rmsnorm, rsqrt, scale, selu, sigmoid, silu, sliding_window, softcap, softmax, softplus, sqrt,
                   square, sum_over, tanh)
 from .userfile import load_diagram
 
@@ -26,6 +26,6 @@ __all__ = [
     "Contract", "InputOp", "Map", "Norm", "Reduce", "Rename", "Softmax",
     "absolute", "alibi", "array", "causal", "clamp", "contract", "elu", "erf", "exp", "gelu", "hardsigmoid",
     "hardswish", "hardtanh", "layernorm", "leaky_relu", "log", "logsumexp", "map_fn", "max_over", "maximum",
-    "mean_over", "minimum", "mish", "power", "reduce", "relu", "rename", "rmsnorm", "rsqrt", "scale", "selu",
+    "mean_over", "min_over", "minimum", "mish", "power", "reduce", "relu", "rename", "rmsnorm", "rsqrt", "scale", "selu",
     "sigmoid", "silu", "sliding_window", "softcap", "softmax", "softplus", "sqrt", "square", "sum_over", "tanh",
 ]

@@ -642,6 +642,11 @@ def max_over(x: Value, over, name: str | None = None) -> Value:
     return reduce(x, over, "max", name)
 
 
+def min_over(x: Value, over, name: str | None = None) -> Value:
+    """min over one axis, or over several (see :func:`reduce`)."""
+    return reduce(x, over, "min", name)
+
+
 def mean_over(x: Value, over, name: str | None = None) -> Value:
     """mean over one axis, or over several (see :func:`reduce`)."""
     return reduce(x, over, "mean", name)

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from napkin.codegen.planner import derive
-from napkin.diagrams import Diagram, array, axes, max_over, mean_over, reduce, sum_over
+from napkin.diagrams import Diagram, array, axes, max_over, mean_over, min_over, reduce, sum_over
 from napkin.errors import DiagramError
 
 a, b, c = axes("a b c")
@@ -15,13 +15,14 @@ SIZES = {"a": 6, "b": 5, "c": 7}
     (sum_over, "sum", (0, 2)),
     (mean_over, "mean", (0, 1)),
     (max_over, "max", (1, 2)),
+    (min_over, "min", (0, 1, 2)),
 ])
 def test_reduction_over_several_axes_matches_torch(build, how, dims):
     names = [("a", "b", "c")[i] for i in dims]
     d = Diagram("r", build(array("X", a, b, c), names, name="Y")).bind(**SIZES)
     x = torch.randn(6, 5, 7, dtype=torch.float64)
     got = d.reference({"X": x})["Y"]
-    want = {"sum": lambda: x.sum(dims), "mean": lambda: x.mean(dims), "max": lambda: x.amax(dims)}[how]()
+    want = {"sum": lambda: x.sum(dims), "mean": lambda: x.mean(dims), "max": lambda: x.amax(dims), "min": lambda: x.amin(dims)}[how]()
     torch.testing.assert_close(got, want)
 
 
