@@ -13,8 +13,18 @@
 - a fake (meta) implementation that gives the outputs' shapes, dtypes and devices from the
   inputs' (symbolic sizes included), so ``torch.compile(fullgraph=True)`` traces the op as one
   node, with no graph break;
-- an autograd kernel that differentiates the reference: the forward runs napkin's kernels, the
-  backward recomputes the diagram in PyTorch (float32) and takes its vector-Jacobian product.
+- an autograd kernel whose gradients run on napkin's kernels (CUDA tensors): the backward
+  diagram (:meth:`Diagram.grad <napkin.diagrams.diagram.Diagram.grad>`) with the saves
+  :func:`napkin.perfmodel.saving.choose_saved` picks, and the forward that also outputs them
+  (:func:`napkin.diagrams.grad.forward_with_saves`), compiled and registered as two more
+  operators. Under autograd the forward runs the with-saves operator and keeps the saved arrays;
+  the backward runs the backward operator for the inputs that need a gradient (one backward is
+  compiled per distinct set, at its first use), on cotangents made contiguous and cast to the
+  operator's dtype (a missing one is zeros). Where napkin cannot build the backward, and for CPU
+  tensors, the backward recomputes the diagram in PyTorch (float32) and takes its
+  vector-Jacobian product; the reason is logged once (a warning). Both are ordinary
+  ``torch.ops.napkin`` operators with fake implementations, so ``torch.compile`` traces the
+  training graphs (forward and backward) without a graph break.
   Where no gradient is needed it goes straight to the CUDA kernel for plain CUDA tensors (no
   second pass through the dispatcher; tensor subclasses, fake tensors and active dispatch modes
   are redispatched as usual), so ``torch.compile``'d code calling the operator pays little for it.
@@ -109,6 +119,49 @@ class _ReferenceGrad(torch.autograd.Function):
         return (None, *ctx.op._vjp(ctx.saved_tensors, ctx.needs_input_grad[1:], grads))
 
 
+#: Devices whose gradients run napkin's backward kernels; elsewhere (CPU tensors) the
+#: reference's vector-Jacobian product. Tests add "cpu" to run the backward operators' CPU kernels
+#: (their references) through the same plumbing.
+KERNEL_GRAD_DEVICES = frozenset({"cuda"})
+
+
+class _KernelGrad(torch.autograd.Function):
+    """The operator with gradients on napkin's kernels: forward the with-saves operator (the
+    outputs, then the saved arrays), backward the backward operator for ``needs_input_grad``."""
+
+    @staticmethod
+    def forward(ctx, op, pieces, *tensors):
+        outs = pieces.forward(*tensors)
+        outs = outs if isinstance(outs, tuple) else (outs,)
+        ctx.op, ctx.pieces, ctx.n_in = op, pieces, len(tensors)
+        ctx.save_for_backward(*tensors, *(outs[i] for i in pieces.saved_index))
+        res = outs[:len(op.output_names)]
+        return res[0] if len(res) == 1 else res
+
+    @staticmethod
+    def backward(ctx, *grads):
+        op, pieces = ctx.op, ctx.pieces
+        stored = ctx.saved_tensors
+        inputs, saved = stored[:ctx.n_in], stored[ctx.n_in:]
+        need = tuple(bool(r) for r in ctx.needs_input_grad[2:])
+        return (None, None, *op._kernel_vjp(pieces, inputs, saved, need, grads))
+
+
+class _GradPieces:
+    """The compiled parts of one operator's backward: ``forward`` (the with-saves operator: the
+    outputs, then the saved arrays), ``save`` (the saved names, in the backward diagram's order),
+    ``saved_index`` (each saved name's position in ``forward``'s outputs), ``choice`` (the
+    :class:`~napkin.perfmodel.saving.SavePlan`) and the backward operators made so far, by the
+    tuple of which inputs need a gradient (an operator, or the reason none could be built)."""
+
+    def __init__(self, forward: "NapkinOp", save: tuple[str, ...], choice):
+        self.forward = forward
+        self.save = save
+        self.saved_index = tuple(forward.output_names.index(n) for n in save)
+        self.choice = choice
+        self.backward: dict[tuple[bool, ...], "NapkinOp | str"] = {}
+
+
 def registered() -> dict[str, "NapkinOp"]:
     """Every napkin operator registered in this process, by qualified name."""
     with _lock:
@@ -116,12 +169,16 @@ def registered() -> dict[str, "NapkinOp"]:
 
 
 def op(diagram, *, sizes: Mapping[str, int] | None = None, dtype: str | None = None, dynamic=None, gpu=None,
-       family: str | None = None, schedule=None, plan=None, name: str | None = None) -> "NapkinOp":
+       family: str | None = None, schedule=None, plan=None, name: str | None = None,
+       grad: bool = True) -> "NapkinOp":
     """Compile ``diagram`` (a Diagram or library name) and register it as a PyTorch operator.
 
     ``sizes``, ``dtype``, ``gpu``, ``family``, ``schedule``, ``plan`` and ``dynamic`` are
     :func:`napkin.codegen.compile`'s. ``name`` replaces the diagram's name in the operator's
-    (letters, digits and ``_``; a digest of the options always follows it).
+    (letters, digits and ``_``; a digest of the options always follows it). ``grad``: gradients
+    on napkin's kernels (the with-saves forward and the backward for every input are compiled
+    here when a GPU exists, else at the first forward that needs them); False keeps the
+    reference's vector-Jacobian product.
     """
     from ..codegen.api import compile as compile_diagram
 
@@ -135,7 +192,7 @@ def op(diagram, *, sizes: Mapping[str, int] | None = None, dtype: str | None = N
         "diagram": diagram.summary(description=False), "sizes": {k: int(v) for k, v in (sizes or {}).items()},
         "dtype": dtype, "dynamic": _jsonable(dynamic), "gpu": repr(gpu) if gpu is not None else None,
         "family": family, "schedule": str(schedule) if schedule is not None else None,
-        "plan": plan.to_dict() if plan is not None else None,
+        "plan": plan.to_dict() if plan is not None else None, "grad": bool(grad),
     }
     digest = hashlib.sha256(json.dumps(ident, sort_keys=True, default=str).encode()).hexdigest()[:12]
     base = name if name is not None else diagram.name
@@ -152,6 +209,12 @@ def op(diagram, *, sizes: Mapping[str, int] | None = None, dtype: str | None = N
         made = _ops.get(opname)
         if made is None:
             made = _ops[opname] = NapkinOp(compiled, opname)
+            made.options = {"sizes": dict(sizes or {}), "dtype": dtype, "dynamic": dynamic, "gpu": gpu,
+                            "grad": bool(grad)}
+        else:
+            return made
+    if grad and torch.cuda.is_available():
+        made._grad_pieces()
     return made
 
 
@@ -193,6 +256,10 @@ class NapkinOp:
         self._where = {n: next((i, j) for i, axes in enumerate(self._in_axes) for j, a in enumerate(axes) if a == n)
                        for n in self.dynamic}
         self._reference_diagram = d
+        self.options: dict = {"grad": False}
+        self._grad: "_GradPieces | str | None" = None
+        self._grad_lock = threading.Lock()
+        self._warned: set[str] = set()
         self._define()
         self.overload = getattr(getattr(torch.ops.napkin, opname), "default")
 
@@ -286,15 +353,132 @@ class NapkinOp:
 
     # ------------------------------------------------------------------ autograd
     def _autograd(self, *tensors):
-        """The Autograd kernel: gradients through :class:`_ReferenceGrad` where an input needs
-        one; else the CUDA kernel at once for plain CUDA tensors; else the dispatcher below
-        autograd (fake and functional tensors while tracing, CPU tensors, dispatch modes)."""
+        """The Autograd kernel: where an input needs a gradient, :class:`_KernelGrad` (napkin's
+        backward kernels) on CUDA tensors, :class:`_ReferenceGrad` on others or where napkin
+        cannot build the backward; else the CUDA kernel at once for plain CUDA tensors; else the
+        dispatcher below autograd (fake and functional tensors while tracing, CPU tensors,
+        dispatch modes)."""
         if _grad_enabled() and _any_requires_grad(*tensors):
+            if tensors and tensors[0].device.type in KERNEL_GRAD_DEVICES and self.options.get("grad"):
+                pieces = self._grad_pieces()
+                if not isinstance(pieces, str):
+                    return _KernelGrad.apply(self, pieces, *tensors)
             return _ReferenceGrad.apply(self, *tensors)
         if _plain_cuda(tensors):
             return self._cuda(*tensors)
         with _below_autograd():
             return self.overload(*tensors)
+
+    def _say_once(self, why: str) -> None:
+        if why not in self._warned:
+            self._warned.add(why)
+            _log.warning("%s: gradients from the PyTorch reference, not napkin's kernels: %s", self.qualname, why)
+
+    def _sub_op(self, diagram: Diagram, name: str) -> "NapkinOp":
+        """``diagram`` (the forward with saves, a backward) compiled with this operator's sizes,
+        dtype, dynamic ranges and GPU, registered as an operator of its own (no gradients)."""
+        o = self.options
+        sizes = {k: v for k, v in o.get("sizes", {}).items() if k in diagram.axes and not diagram.axes[k].is_bound}
+        return op(diagram, sizes=sizes or None, dtype=o.get("dtype"), dynamic=self.dynamic or None,
+                  gpu=o.get("gpu"), name=name, grad=False)
+
+    def _grad_pieces(self) -> "_GradPieces | str":
+        """The saves, the with-saves forward and the backward for every input, compiled once (or
+        the reason napkin cannot build them, logged once)."""
+        with self._grad_lock:
+            if self._grad is None:
+                try:
+                    self._grad = self._build_grad()
+                except Exception as e:  # noqa: BLE001 - any failure to build: the reference serves, said once
+                    self._grad = f"{type(e).__name__}: {e}"
+                if isinstance(self._grad, str):
+                    self._say_once(self._grad)
+        return self._grad
+
+    def _build_grad(self) -> "_GradPieces":
+        from ..diagrams.grad import forward_with_saves
+        from ..perfmodel.saving import choose_saved
+
+        d = self.diagram
+        bound = d.bind(**{a: hi for a, (_, hi) in self.dynamic.items()}) if self.dynamic else d
+        choice = choose_saved(bound, self.compiled.gpu)
+        save = tuple(sorted(choice.save, key=lambda n: _position(d, n)))
+        forward = self._sub_op(forward_with_saves(d, set(save)), f"{_short(d.name)}_saves") if save else self
+        pieces = _GradPieces(forward, save, choice)
+        full = tuple(True for _ in self.input_names)
+        pieces.backward[full] = self._build_backward(pieces, full)
+        if isinstance(pieces.backward[full], str):
+            raise CodegenError(pieces.backward[full])
+        _log.info("%s: gradients on napkin's kernels (saved: %s)", self.qualname, ", ".join(save) or "nothing")
+        return pieces
+
+    def _build_backward(self, pieces: _GradPieces, need: tuple[bool, ...]) -> "NapkinOp | str":
+        from ..diagrams.grad import grad, saveable
+
+        wrt = [n for n, r in zip(self.input_names, need) if r]
+        try:
+            usable = {s.name for s in saveable(self.diagram, wrt)}
+            save = {n for n in pieces.save if n in usable}
+            b = grad(self.diagram, wrt, save)
+            return self._sub_op(b, f"{_short(self.diagram.name)}_grad")
+        except Exception as e:  # noqa: BLE001 - the reference serves this set of inputs, said once
+            return f"the backward for {', '.join(wrt)}: {type(e).__name__}: {e}"
+
+    def backward_op(self, *wrt: str) -> "NapkinOp":
+        """The compiled backward operator for the inputs ``wrt`` (default: every input), as the
+        autograd kernel runs it: its inputs are the forward's, the cotangents ``d<output>`` and
+        the saved arrays (:attr:`saved_names`), its outputs ``d<input>``. Raises a CodegenError
+        naming why where napkin cannot build it."""
+        pieces = self._grad_pieces()
+        if isinstance(pieces, str):
+            raise CodegenError(f"{self.qualname}: no backward on napkin's kernels: {pieces}")
+        unknown = [w for w in wrt if w not in self.input_names]
+        if unknown:
+            raise CodegenError(f"{self.qualname}: {unknown[0]!r} is not an input; inputs are "
+                               f"{', '.join(self.input_names)}")
+        need = tuple(not wrt or n in wrt for n in self.input_names)
+        b = self._backward_for(pieces, need)
+        if isinstance(b, str):
+            raise CodegenError(f"{self.qualname}: {b}")
+        return b
+
+    @property
+    def saved_names(self) -> tuple[str, ...]:
+        """The arrays the with-saves forward keeps for the backward (empty without one)."""
+        pieces = self._grad_pieces()
+        return () if isinstance(pieces, str) else pieces.save
+
+    def _backward_for(self, pieces: _GradPieces, need: tuple[bool, ...]) -> "NapkinOp | str":
+        with self._grad_lock:
+            b = pieces.backward.get(need)
+        if b is None:
+            b = self._build_backward(pieces, need)
+            with self._grad_lock:
+                b = pieces.backward.setdefault(need, b)
+        return b
+
+    def _kernel_vjp(self, pieces: _GradPieces, inputs, saved, need, grads) -> tuple:
+        """The gradients of the inputs in ``need`` from the backward operator (None for the
+        others); the reference's VJP where that operator cannot be built."""
+        if not any(need):
+            return tuple(None for _ in need)
+        b = self._backward_for(pieces, need)
+        if isinstance(b, str):
+            self._say_once(b)
+            return self._vjp(inputs, need, grads)
+        shapes = self._out_shapes(inputs)
+        env = dict(zip(self.input_names, inputs))
+        for n, g, dt, shape in zip(self.output_names, grads, self._out_dtypes, shapes):
+            if g is None:
+                g = torch.zeros(shape, dtype=dt, device=inputs[0].device)
+            else:
+                g = g.to(dt).contiguous()
+            env["d" + n] = g
+        env.update(zip(pieces.save, saved))
+        outs = b(*(env[n] for n in b.input_names))
+        outs = outs if isinstance(outs, tuple) else (outs,)
+        got = dict(zip(b.output_names, outs))
+        return tuple(got["d" + n] if r else None for n, r in zip(self.input_names, need))
 
     def _vjp(self, inputs, need, grads) -> tuple:
         """The reference's vector-Jacobian product (float32) for the inputs in ``need``, cast to
@@ -338,6 +522,17 @@ def _within(size, lo: int, hi: int, message) -> None:
     else:
         torch._check(size >= lo, message)
         torch._check(size <= hi, message)
+
+
+def _position(diagram: Diagram, saved: str):
+    """Where a saved name's array lies in ``diagram`` (a statistic ``N_rstd`` at its norm ``N``)."""
+    order = {diagram.name_of(v): i for i, v in enumerate(diagram.nodes)}
+    return (order.get(saved, order.get(saved.rsplit("_", 1)[0], len(order))), saved)
+
+
+def _short(name: str) -> str:
+    """A diagram name cut so that a suffix and the digest keep an operator name within 64."""
+    return name[:40]
 
 
 def _shape_text(axes) -> str:

@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 
 from ...diagrams.diagram import Diagram
 from ...diagrams.functions import get_function
-from ...diagrams.ops import Map, Norm, Reduce, Softmax, Value
+from ...diagrams.ops import Contract, Map, Norm, Reduce, Softmax, Value, apply, map_fn, sum_over
 from ...dtypes import dtype as lookup_dtype
 from ...errors import CodegenError
 from ...perfmodel.schedule import Kernel, KernelOptions, Relabel, Schedule
@@ -102,6 +102,13 @@ def analyse(diagram: Diagram) -> "RowwiseShape | ChainShape | str":
     """The row-wise structure of ``diagram``, or a sentence saying why it has none: one softmax
     or norm box with maps around it (a :class:`RowwiseShape`), or maps and reductions over one
     row (a :class:`ChainShape`, :func:`analyse_chain`)."""
+    if any(isinstance(v.op, Contract) for v in diagram.nodes):
+        rewritten = _dots_as_reductions(diagram)
+        if isinstance(rewritten, str):
+            return rewritten
+        s = analyse_chain(rewritten)
+        # the schedule names the boxes of the diagram the planner gave, not the rewritten ones
+        return dataclasses.replace(s, source=diagram) if isinstance(s, ChainShape) else s
     nodes = diagram.nodes
     norms = [v for v in nodes if isinstance(v.op, (Softmax, Norm))]
     others = [v for v in nodes if not isinstance(v.op, (Softmax, Norm))]
@@ -163,6 +170,44 @@ def analyse(diagram: Diagram) -> "RowwiseShape | ChainShape | str":
         if vid in post_reads or vid in out_ids:
             kept.append(v)
     return RowwiseShape(**{**shape.__dict__, "kept": tuple(kept)})
+
+
+def _dots_as_reductions(diagram: Diagram) -> "Diagram | str":
+    """``diagram`` with each contraction written as what it is over a row: the elementwise product
+    of its operands (a ``mul`` map, broadcast by axis name) summed over its ``over`` axes (sum
+    reductions), every other box and name kept. A backward diagram's ``rowsum(dY ⊙ Y)`` (the
+    softmax and norm gradients) is such a contraction: with it a reduction, the chain kernel takes
+    the whole row-wise gradient. A true matmul becomes a product no input holds every axis of,
+    which the chain analysis refuses. A contraction of one operand over nothing (a transpose), or
+    whose ``out`` reorders its axes, is left (and refused as a contraction).
+
+    >>> from napkin.diagrams import library
+    >>> d = _dots_as_reductions(library.get("softmax").grad(save={"P"}).bind(r=4, x=64))
+    >>> [v.op.kind for v in d.nodes]
+    ['map', 'reduce', 'map', 'map']
+    """
+    memo: dict[int, Value] = {id(v): v for v in diagram.inputs}
+    for v in diagram.nodes:
+        args = [memo[id(a)] for a in v.args]
+        name = diagram.name_of(v)
+        op = v.op
+        if isinstance(op, Contract):
+            if not op.over or len(args) < 1:
+                return f"box {name} is a contract over no axis (a transpose), not a reduction over a row"
+            prod = args[0]
+            for a in args[1:]:
+                prod = map_fn("mul", prod, a)
+            out = prod
+            for i, a in enumerate(op.over):
+                out = sum_over(out, a, name=name if i == len(op.over) - 1 else None)
+            if out.axis_names != v.axis_names:
+                return (f"box {name} (a contract) orders its axes ({', '.join(v.axis_names)}) unlike its "
+                        "operands' product")
+            memo[id(v)] = out
+        else:
+            memo[id(v)] = apply(op, args, name)
+    return Diagram(diagram.name, tuple(memo[id(v)] for v in diagram.outputs), diagram.inputs,
+                   diagram.description)
 
 
 #: :func:`analyse`, once per diagram object.
@@ -549,6 +594,7 @@ class ChainShape:
     row_out: tuple[tuple[str, Value], ...]    # outputs holding one value per row (K)
     access: dict                    # id(input) -> "row" (vectors), "scalar" (one per row), "gather"
     needs: tuple[tuple[Value, ...], ...] = ()   # per pass: the row-varying values it evaluates
+    source: Diagram | None = None   # the diagram given, where ``diagram`` rewrote its contractions
     kind = "chain"
 
     @property
@@ -869,7 +915,7 @@ def chain_schedule_for(shape: ChainShape, cfg: ChainConfig, gpu: str | None) -> 
     rel = [Relabel(a, g, "SMEM", "group") for a, g in _spread(shape, cfg.rows_per_block)]
     if not cfg.block_mode and shape.row_axes:
         rel += [Relabel(a, g, "RF", "group") for a, g in _spread(shape, 32 // cfg.threads_per_row)]
-    d = shape.diagram
+    d = shape.source or shape.diagram
     boxes = tuple(d.name_of(v) for v in d.nodes)
     touched = {d.name_of(v) for v in (*d.inputs, *d.nodes)}
     placement = tuple((n, "RF") for n in sorted(touched))
