@@ -131,11 +131,16 @@ def sample_points(ranges: Mapping[str, tuple[int, int]], typical: Mapping[str, i
 
 
 def _at(plan, diagram: Diagram, sizes: Mapping[str, int]):
-    """``plan``'s kernels (tiles, options, families) on ``diagram`` bound to ``sizes``."""
+    """``plan``'s kernels (tiles, options, families) on ``diagram`` bound to ``sizes`` (and written
+    out as the plan's expanded boxes, if any)."""
+    from ..diagrams.expand import expand
     from ..perfmodel.plan import Plan
     from .prepare import prepare
 
-    return Plan(prepare(diagram, sizes=dict(sizes)), plan.gpu, plan.arch, plan.dtype, plan.kernels, plan.notes)
+    d = prepare(diagram, sizes=dict(sizes))
+    if plan.expanded:
+        d = expand(d, plan.expanded)
+    return Plan(d, plan.gpu, plan.arch, plan.dtype, plan.kernels, plan.notes, plan.expanded)
 
 
 def plan_for_range(diagram: Diagram, ranges: Mapping[str, tuple[int, int]], gpu, dtype: str | None, arch: str, *,

@@ -27,7 +27,8 @@ from dataclasses import dataclass, field
 from typing import Mapping
 
 from ..diagrams.diagram import Diagram
-from ..errors import ScheduleError
+from ..diagrams.expand import expand
+from ..errors import DiagramError, ScheduleError
 from .schedule import Kernel, KernelOptions, Relabel, Schedule
 
 __all__ = ["Plan", "PlannedKernel", "FALLBACK", "describe_kernel", "tiles_text"]
@@ -113,7 +114,9 @@ class Plan:
 
     ``gpu`` is the profile key the plan was ranked on, ``arch`` the architecture it builds for,
     ``dtype`` the compute dtype. ``seconds`` is the predicted time of the whole plan: kernels run
-    one after another, so it is the sum of theirs.
+    one after another, so it is the sum of theirs. ``expanded`` names the softmax and norm boxes of
+    the source diagram that the plan runs as their primitive boxes
+    (:func:`napkin.diagrams.expand.expand`); ``diagram`` is then the expanded diagram.
     """
 
     diagram: Diagram
@@ -122,9 +125,11 @@ class Plan:
     dtype: str
     kernels: tuple[PlannedKernel, ...]
     notes: tuple[str, ...] = field(default=(), compare=False)
+    expanded: tuple[str, ...] = ()
 
     def __post_init__(self):
         object.__setattr__(self, "kernels", tuple(self.kernels))
+        object.__setattr__(self, "expanded", tuple(self.expanded))
         self.schedule  # noqa: B018 - validates: every box in exactly one kernel, names unique
 
     @property
@@ -159,6 +164,7 @@ class Plan:
             "sizes": {n: int(s) for n, s in self.diagram.sizes.items()},
             "predicted_seconds": self.seconds,
             "kernels": [k.to_dict() for k in self.kernels],
+            **({"expanded": list(self.expanded)} if self.expanded else {}),
         }
 
     @classmethod
@@ -168,8 +174,13 @@ class Plan:
             sizes = {n: int(v) for n, v in dict(data.get("sizes", {})).items()}
             d = diagram.bind({n: v for n, v in sizes.items() if n in diagram.axes and not diagram.axes[n].is_bound})
             d = d.with_dtype(data["dtype"]) if d.dtypes != {data["dtype"]} else d
+            expanded = tuple(str(n) for n in data.get("expanded", ()))
+            if expanded:
+                d = expand(d, expanded)
             kernels = tuple(PlannedKernel.from_dict(k) for k in data["kernels"])
-            return cls(d, str(data["gpu"]), str(data["arch"]), str(data["dtype"]), kernels)
+            return cls(d, str(data["gpu"]), str(data["arch"]), str(data["dtype"]), kernels, expanded=expanded)
+        except DiagramError as e:
+            raise ScheduleError(f"not a plan of {diagram.name!r}: {e}") from None
         except (KeyError, TypeError, ValueError) as e:
             raise ScheduleError(f"not a plan of {diagram.name!r} ({type(e).__name__}: {e})") from None
 

@@ -364,8 +364,11 @@ def scalar_loop_bytes(diagram: Diagram) -> float:
     output element walks every summed index and loads each input once per index. Lanes that read
     the same element (an input without the output's innermost axis) share one sector per warp;
     lanes that read consecutive elements (that axis contiguous in the input) share its lines;
-    otherwise every lane's load is a sector of its own. (Maps and row kernels read each element
-    once, which the cost model counts already.)
+    otherwise every lane's load is a sector of its own. A row kernel (softmax, a norm: one warp per
+    row, lanes along the normalised axis) reads its row once per pass (three for softmax and
+    layernorm, two for rmsnorm) and writes it once; where that axis is not innermost, every lane's
+    access is a sector of its own. (Maps read each element once, which the cost model counts, as it
+    counts one read and one write of a row kernel.)
 
     >>> from napkin.diagrams import library
     >>> d = library.get("matmul").bind(a=256, b=512, c=256)   # B[b,c]: c contiguous, A[a,b]: shared
@@ -375,6 +378,9 @@ def scalar_loop_bytes(diagram: Diagram) -> float:
     total = 0.0
     for v in diagram.nodes:
         op = v.op
+        if isinstance(op, (Softmax, Norm)):
+            total += _row_pass_bytes(v)
+            continue
         if op.kind not in ("contract", "reduce") or not v.axes:
             continue
         over = tuple(op.over) if isinstance(op.over, (tuple, list)) else (op.over,)
@@ -393,6 +399,26 @@ def scalar_loop_bytes(diagram: Diagram) -> float:
                 per += SECTOR_BYTES
         total += math.prod(a.bound_size for a in v.axes) * steps * per
     return total
+
+
+def _row_pass_bytes(v: Value) -> float:
+    """What a fallback row kernel moves beyond one read and one write of its array (see
+    :func:`scalar_loop_bytes`).
+
+    >>> from napkin.diagrams import Diagram, array, axes, softmax
+    >>> a, b = axes("a b")
+    >>> col = Diagram("c", softmax(array("X", a, b), a)).bind(a=64, b=128)    # strided rows
+    >>> _row_pass_bytes(col.nodes[0]) == 64 * 128 * (3 * SECTOR_BYTES - 2 + SECTOR_BYTES - 2)
+    True
+    """
+    (x,) = v.args
+    over = v.op.over
+    passes = 2 if isinstance(v.op, Norm) and v.op.how == "rmsnorm" else 3
+    elem_in, elem_out = lookup_dtype(x.dtype).bytes, lookup_dtype(v.dtype).bytes
+    read = elem_in if x.axis_names[-1] == over else SECTOR_BYTES
+    write = elem_out if v.axis_names[-1] == over else SECTOR_BYTES
+    n = math.prod(a.bound_size for a in v.axes)
+    return float(n * (passes * read - elem_in + write - elem_out))
 
 
 class FallbackFamily:

@@ -1,0 +1,100 @@
+"""Composite boxes written out as the primitive boxes they are made of.
+
+Softmax, layernorm and rmsnorm are single boxes in a diagram, which is how the row-wise family
+fuses them into one kernel. Where no family takes such a box whole (the row-wise family needs the
+reduced axis innermost, so a softmax over the outer axis of ``X[a, b]`` is not a row it can
+read), the box can still run on the fast families as its parts: reductions over the axis (the
+pointwise family reduces over any axis, with coalesced reads) and elementwise maps.
+:func:`expand` writes the named boxes out:
+
+- ``softmax_a(x)``: ``m = max_a x``, ``e = exp(x − m)``, ``s = Σ_a e``, ``e / s``;
+- ``layernorm_a(x)``: ``μ = mean_a x``, ``c = x − μ``, ``v = mean_a c²``, ``c · rsqrt(v + eps)``;
+- ``rmsnorm_a(x)``: ``ms = mean_a x²``, ``x · rsqrt(ms + eps)``;
+
+each exactly the computation the box's PyTorch reference does (``torch.softmax`` also subtracts
+the row's max), so the diagram's meaning is unchanged. The last box of each chain keeps the
+composite's name, so outputs and readers are untouched; the boxes before it are named
+``<name>_max``, ``<name>_exp`` … (with a number appended where a name is taken). The result is a
+function of the diagram and the names only, so a plan made on it can be read back
+(:meth:`napkin.perfmodel.plan.Plan.from_dict` expands again).
+
+The planner (:func:`napkin.codegen.planner.derive`) expands only boxes that would otherwise run
+on the scalar fallback, and keeps the expansion only when the model predicts it faster.
+
+>>> from napkin.diagrams import Diagram, array, axes, softmax
+>>> a, b = axes("a b")
+>>> d = Diagram("col_softmax", softmax(array("X", a, b), a, name="Y"))
+>>> e = expand(d, ["Y"])
+>>> [e.name_of(v) for v in e.nodes], e.output_names
+(['Y_max', 'Y_shifted', 'Y_exp', 'Y_sum', 'Y'], ('Y',))
+"""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+from ..errors import DiagramError
+from .diagram import Diagram
+from .ops import Norm, Softmax, Value, apply, exp, map_fn, max_over, mean_over, rsqrt, square, sum_over
+
+__all__ = ["expand", "expandable"]
+
+
+def expandable(diagram: Diagram) -> tuple[str, ...]:
+    """The names of the boxes of ``diagram`` that :func:`expand` can write out (softmax and the norms)."""
+    return tuple(diagram.name_of(v) for v in diagram.nodes if isinstance(v.op, (Softmax, Norm)))
+
+
+def expand(diagram: Diagram, names: Iterable[str]) -> Diagram:
+    """``diagram`` with the composite boxes called ``names`` written out as primitive boxes (see the
+    module docstring); a name that is not such a box is a DiagramError."""
+    wanted = tuple(dict.fromkeys(names))
+    known = set(expandable(diagram))
+    bad = [n for n in wanted if n not in known]
+    if bad:
+        raise DiagramError(f"diagram {diagram.name!r}: {', '.join(map(repr, bad))} "
+                           f"{'is' if len(bad) == 1 else 'are'} not a softmax or norm box it can expand"
+                           f" (those are: {', '.join(sorted(known)) or 'none'})")
+    if not wanted:
+        return diagram
+    used = set(diagram.names.values())
+    memo: dict[int, Value] = {id(v): v for v in diagram.inputs}
+    for v in diagram.nodes:
+        args = [memo[id(a)] for a in v.args]
+        name = diagram.name_of(v)
+        if name in wanted:
+            memo[id(v)] = _written_out(v.op, args[0], name, used)
+        else:
+            memo[id(v)] = apply(v.op, args, v.name)
+    outs = tuple(memo[id(v)] for v in diagram.outputs)
+    outs = tuple(o if o.name or o.is_input else o.named(n) for o, n in zip(outs, diagram.output_names))
+    return Diagram(diagram.name, outs, diagram.inputs, diagram.description)
+
+
+def _fresh(base: str, used: set[str]) -> str:
+    name, i = base, 1
+    while name in used:
+        i += 1
+        name = f"{base}{i}"
+    used.add(name)
+    return name
+
+
+def _written_out(op, x: Value, name: str, used: set[str]) -> Value:
+    """The primitive chain of one softmax or norm box over ``x``; its last box is called ``name``."""
+    def n(part: str) -> str:
+        return _fresh(f"{name}_{part}", used)
+
+    a = op.over
+    if isinstance(op, Softmax):
+        m = max_over(x, a, name=n("max"))
+        e = exp(map_fn("sub", x, m, name=n("shifted")), name=n("exp"))
+        return map_fn("div", e, sum_over(e, a, name=n("sum")), name=name)
+    if op.how == "layernorm":
+        c = map_fn("sub", x, mean_over(x, a, name=n("mean")), name=n("centred"))
+        var = mean_over(square(c, name=n("square")), a, name=n("var"))
+        r = rsqrt(map_fn("shift", var, params=(op.eps,), name=n("eps")), name=n("rstd"))
+        return map_fn("mul", c, r, name=name)
+    ms = mean_over(square(x, name=n("square")), a, name=n("meansq"))
+    r = rsqrt(map_fn("shift", ms, params=(op.eps,), name=n("eps")), name=n("rstd"))
+    return map_fn("mul", x, r, name=name)
