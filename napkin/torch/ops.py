@@ -151,7 +151,8 @@ class _GradPieces:
     """The compiled parts of one operator's backward: ``forward`` (the with-saves operator: the
     outputs, then the saved arrays), ``save`` (the saved names, in the backward diagram's order),
     ``saved_index`` (each saved name's position in ``forward``'s outputs), ``choice`` (the
-    :class:`~napkin.perfmodel.saving.SavePlan`) and the backward operators made so far, by the
+    :class:`~napkin.perfmodel.saving.SavePlan`), ``ranked`` (the save sets tried, with the
+    predicted seconds of their forward and backward, best first) and the backward operators made so far, by the
     tuple of which inputs need a gradient (an operator, or the reason none could be built)."""
 
     def __init__(self, forward: "NapkinOp", save: tuple[str, ...], choice):
@@ -159,6 +160,7 @@ class _GradPieces:
         self.save = save
         self.saved_index = tuple(forward.output_names.index(n) for n in save)
         self.choice = choice
+        self.ranked: list[tuple[frozenset, float, float]] = []
         self.backward: dict[tuple[bool, ...], "NapkinOp | str"] = {}
 
 
@@ -402,15 +404,56 @@ class NapkinOp:
         d = self.diagram
         bound = d.bind(**{a: hi for a, (_, hi) in self.dynamic.items()}) if self.dynamic else d
         choice = choose_saved(bound, self.compiled.gpu)
-        save = tuple(sorted(choice.save, key=lambda n: _position(d, n)))
+        ranked = self._rank_saves(bound, choice.save)
+        save = tuple(sorted(ranked[0][0], key=lambda n: _position(d, n)))
         forward = self._sub_op(forward_with_saves(d, set(save)), f"{_short(d.name)}_saves") if save else self
         pieces = _GradPieces(forward, save, choice)
+        pieces.ranked = ranked
         full = tuple(True for _ in self.input_names)
         pieces.backward[full] = self._build_backward(pieces, full)
         if isinstance(pieces.backward[full], str):
             raise CodegenError(pieces.backward[full])
         _log.info("%s: gradients on napkin's kernels (saved: %s)", self.qualname, ", ".join(save) or "nothing")
         return pieces
+
+    def _rank_saves(self, bound: Diagram, picks) -> list[tuple[frozenset, float, float]]:
+        """Save sets ranked by the predicted time of the forward that outputs them plus the
+        backward that reads them: ``choose_saved``'s picks, those without views (a renamed array
+        is a copy of its own), without a softmax's log-sum-exp too, the row statistics only, and
+        nothing. ``choose_saved`` weighs each array's bytes against its recomputation, but an extra
+        output can also break a fused forward (the attention kernel writes one output; the
+        planner then runs scores and probabilities apart), which only the plans show. Each entry
+        is (save, forward seconds, backward seconds), best first."""
+        from ..codegen.api import local_arch
+        from ..codegen.plancache import derive_cached
+        from ..diagrams.grad import forward_with_saves, grad
+        from ..diagrams.ops import Rename
+
+        gpu = self.compiled.gpu
+        arch = local_arch() or gpu.arch
+        picks = frozenset(picks)
+        names = set(bound.names.values())
+        views = {n for n in picks if n in names and isinstance(bound.value(n).op, Rename)}
+        no_views = picks - views
+        cands = [picks, no_views, frozenset(n for n in no_views if not n.endswith("_lse")),
+                 frozenset(n for n in picks if n.endswith(("_rstd", "_mean"))), frozenset()]
+        out, seen, last = [], set(), None
+        for c in cands:
+            if c in seen:
+                continue
+            seen.add(c)
+            try:
+                fwd = derive_cached(forward_with_saves(bound, set(c)) if c else bound, gpu, arch=arch).seconds
+                bwd = derive_cached(grad(bound, None, set(c)), gpu, arch=arch).seconds
+            except Exception as e:  # noqa: BLE001 - a set the planner cannot take is not a candidate
+                _log.info("%s: saving %s: %s", self.qualname, sorted(c), e)
+                last = e
+                continue
+            out.append((c, fwd, bwd))
+        if not out:
+            raise CodegenError(f"no save set gives a forward and a backward napkin can plan: {last}")
+        out.sort(key=lambda t: t[1] + t[2])
+        return out
 
     def _build_backward(self, pieces: _GradPieces, need: tuple[bool, ...]) -> "NapkinOp | str":
         from ..diagrams.grad import grad, saveable
