@@ -131,10 +131,14 @@ def test_capture_by_hand_records_the_launch_on_the_capturing_stream(mm):
 
 def test_launches_follow_a_side_stream(mm):
     A, B = rand(1000, 1000, seed=15), rand(1000, 1000, seed=16)
+    mm(A, B)  # the first call prepares the launches (host work that must not eat the sleep below)
+    torch.cuda.synchronize()
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):
-        torch.cuda._sleep(20_000_000)  # the side stream is busy; the kernel must queue behind it
+        # the side stream is busy for ~0.1 s (long enough for a loaded host to reach the query);
+        # the kernel must queue behind it
+        torch.cuda._sleep(200_000_000)
         C = mm(A, B)
         done = torch.cuda.Event()
         done.record(s)
