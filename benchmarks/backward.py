@@ -71,7 +71,7 @@ def torch_forward(name: str, sizes: dict):
     if name == "softmax":
         return lambda X: torch.softmax(X, dim=-1)
     if name == "mlp":
-        return lambda X, W, b: F.gelu(X @ W + b)
+        return lambda X, W, b: F.gelu(X @ W.t() + b)
     raise KeyError(name)
 
 

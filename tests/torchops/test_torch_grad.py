@@ -219,3 +219,16 @@ def test_the_module_trains_on_the_backward_operator():
     y.pow(2).sum().backward()
     assert torch.allclose(m.gamma.grad, g.grad, atol=1e-4) and torch.allclose(X.grad, X2.grad, atol=1e-4)
     assert not isinstance(m.op._grad_pieces(), str)
+
+
+@pytest.mark.parametrize("name,sizes", [("rmsnorm", {"r": 777, "x": 1000}), ("layernorm", {"r": 4096, "x": 4096}),
+                                        ("softmax", {"r": 333, "x": 1000}), ("rmsnorm", {"r": 4096, "x": 4096})])
+def test_norm_and_softmax_backwards_are_one_rowwise_kernel_and_column_reductions(name, sizes):
+    b = nt.op(name, sizes=sizes, dtype="bf16", gpu=GPU).backward_op()
+    plan = b.compiled.plan
+    fams = [pk.kernel.family for pk in plan.kernels]
+    dx = [pk.kernel for pk in plan.kernels if "dX" in pk.kernel.boxes]
+    assert len(dx) == 1 and dx[0].family == "rowwise", str(plan)
+    # dX is one kernel; each of dgamma and dbeta a column reduction of its own
+    assert len(fams) == len(b.output_names) and fams.count("rowwise") == 1, str(plan)
+    assert all(f == "pointwise" for f in fams if f != "rowwise"), str(plan)
