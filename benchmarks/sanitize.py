@@ -132,6 +132,11 @@ CASES = [
     Case("attention_fwd.cu.jinja", "attention_causal", {"h": 2, "q": 77, "x": 99, "d": 96}, family="attention"),
     # decode: GQA's query heads packed into one tile, x split over blocks, their partials combined
     # by the second launch (d = 80: flat loads; three query rows wrap the tile's packed rows)
+    # the Hopper template: TMA ring, wgmma, causal block skipping, lengths that are not tile multiples
+    Case("attention_wgmma.cu.jinja", "attention_causal", {"h": 2, "q": 777, "x": 1000, "d": 64},
+         family="attention", archs=("sm_90a",)),
+    Case("attention_wgmma.cu.jinja", "gqa", {"h": 1, "j": 2, "q": 300, "x": 129, "d": 128},
+         family="attention", archs=("sm_90a",)),
     Case("attention_combine.cu.jinja", _gqa_decode, {"h": 2, "j": 4, "q": 3, "x": 9000, "d": 80},
          family="attention"),
     Case("attention_combine.cu.jinja", "mha", {"h": 2, "q": 1, "x": 5000, "d": 128}, family="attention"),

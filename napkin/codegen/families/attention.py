@@ -465,7 +465,18 @@ class AttentionFamily:
                     splits = splits[1:]
                 for k in splits:
                     out.append(self.schedule(diagram, replace(v, splits=k), gpu=gpu, dtype=dtype))
-        return out
+        # the Hopper template (wgmma + TMA), after the mma.sync tiles: a tie keeps mma.sync
+        from . import attention_wgmma
+
+        return out + attention_wgmma.candidates(self, diagram, gpu, dtype)
+
+    @staticmethod
+    def _engine(schedule: Schedule) -> str | None:
+        return schedule.kernels[0].options.engine if len(schedule.kernels) == 1 else None
+
+    def builds_for(self, schedule: Schedule, arch: str) -> bool:
+        """Whether ``schedule`` can be built for ``arch`` (the wgmma template needs sm_90a)."""
+        return self._engine(schedule) != "wgmma" or arch == "sm_90a"
 
     def schedule(self, diagram: Diagram, cfg: AttentionConfig, gpu="h100", dtype: str | None = None) -> Schedule:
         """The schedule a configuration stands for. Unpacked: one combination of the woven axes
@@ -506,6 +517,10 @@ class AttentionFamily:
         and bytes in flight per thread (the K and V chunks loaded STAGES - 1 ahead); with splits,
         the steps of one split's loop, the combining launch and the workspace it writes and reads
         (``extra_launches``, ``extra_hbm_bytes``)."""
+        if self._engine(schedule) == "wgmma":
+            from . import attention_wgmma
+
+            return attention_wgmma.launch_estimate(self, diagram, schedule, gpu)
         p = analyze(diagram)
         cfg = self.config_of(p, diagram, schedule)
         sz = diagram.sizes
@@ -625,6 +640,10 @@ class AttentionFamily:
             raise CodegenError(f"attention family: diagram {diagram.name!r}: {reason}")
         if not diagram.is_bound:
             raise CodegenError(f"attention family: bind the sizes of {diagram.name!r} first")
+        if self._engine(schedule) == "wgmma":
+            from . import attention_wgmma
+
+            return attention_wgmma.lower(self, diagram, schedule, arch)
         p = analyze(diagram)
         cfg = self.config_of(p, diagram, schedule)
         launches, buffers = self._launches(diagram, p, cfg, arch)

@@ -1,0 +1,106 @@
+"""The attention family's Hopper template (wgmma + TMA) against its mma.sync tiles and PyTorch's
+SDPA flash and cuDNN backends, on the sweep of issue #13: batch x 16 heads x seq with 16k tokens a
+batch, head dims 64 and 128, causal and not, bf16. Prints one line a point (TFLOP/s: 4·B·H·N²·d,
+half of it causal) with the model's prediction of each napkin kernel; ``--json`` writes them.
+
+    PYTHONPATH=. python3 benchmarks/attention_wgmma.py --seqs 1024 4096 16384 --json out.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+
+
+def timed(fn, warmup: int, reps: int) -> float:
+    import torch
+
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) * 1e-3)
+    return statistics.median(times)
+
+
+def main() -> None:
+    import torch
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from napkin.codegen.api import compile as compile_diagram
+    from napkin.codegen.families import attention_wgmma
+    from napkin.codegen.families.attention import FAMILY
+    from napkin.codegen.select import rank
+    from napkin.diagrams import library
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--seqs", type=int, nargs="+", default=[1024, 2048, 4096, 8192, 16384])
+    ap.add_argument("--dims", type=int, nargs="+", default=[64, 128])
+    ap.add_argument("--tokens", type=int, default=16384)
+    ap.add_argument("--reps", type=int, default=15)
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--all-configs", action="store_true", help="time every wgmma configuration")
+    ap.add_argument("--json")
+    a = ap.parse_args()
+    gpu = torch.cuda.get_device_name()
+    rows = []
+    for causal in (False, True):
+        for D in a.dims:
+            for n in a.seqs:
+                b = max(1, a.tokens // n)
+                name = "attention_causal" if causal else "mha"
+                d = library.get(name).bind(h=16 * b, q=n, x=n, d=D)
+                flops = 4 * b * 16 * n * n * D / (2 if causal else 1)
+                q, k, v = (torch.randn(b, 16, n, D, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+                ins = {"Q": q.view(16 * b, n, D), "K": k.view(16 * b, n, D), "V": v.view(16 * b, n, D)}
+                row = dict(gpu=gpu, causal=causal, d=D, seq=n, batch=b)
+                for backend, key in ((SDPBackend.FLASH_ATTENTION, "flash"), (SDPBackend.CUDNN_ATTENTION, "cudnn")):
+                    try:
+                        with sdpa_kernel(backend):
+                            f = lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)  # noqa: E731
+                            row[key] = flops / timed(f, a.warmup, a.reps) / 1e12
+                    except Exception as e:  # noqa: BLE001 - a backend that does not run here
+                        row[key] = None
+                        row[key + "_error"] = str(e)[:200]
+                ranked = rank(d, FAMILY, "h100" if "H100" in gpu else "h200", "bf16")
+                picks = {"planner": ranked[0].schedule}
+                mma = next(r for r in ranked if r.schedule.kernels[0].options.engine != "wgmma")
+                picks["mma.sync"] = mma.schedule
+                wg = [r for r in ranked if r.schedule.kernels[0].options.engine == "wgmma"]
+                if a.all_configs:
+                    for r in wg:
+                        o = r.schedule.kernels[0].options
+                        cfg = attention_wgmma.config_of(attention_wgmma.analyze(d), d, r.schedule)
+                        picks[f"wgmma_q{cfg.BQ}x{cfg.BX}s{o.stages}"] = r.schedule
+                pred = {id(r.schedule): r.seconds for r in ranked}
+                for key, s in picks.items():
+                    c = compile_diagram(d, schedule=s)
+                    out = c.empty_outputs(fill=float("nan"))
+                    sec = timed(lambda: c(**ins, out=out), a.warmup, a.reps)
+                    ref = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
+                    err = ((out["O"].view_as(ref).float() - ref.float()).norm() / ref.float().norm()).item()
+                    row[key] = flops / sec / 1e12
+                    row[key + "_engine"] = s.kernels[0].options.engine
+                    row[key + "_pred"] = flops / pred[id(s)] / 1e12 if id(s) in pred else None
+                    row[key + "_err"] = err
+                rows.append(row)
+                extra = "  ".join(f"{k}={row[k]:.0f}" for k in row if k.startswith("wgmma_q") and not k.endswith(("_engine", "_pred", "_err")))
+                print(f"{'causal' if causal else 'full  '} d={D:3d} seq={n:5d} b={b:2d}  flash={row['flash'] or 0:.0f} "
+                      f"cudnn={row['cudnn'] or 0:.0f}  napkin={row['planner']:.0f} ({row['planner_engine']}, model "
+                      f"{row['planner_pred']:.0f}, err {row['planner_err']:.1e})  mma.sync={row['mma.sync']:.0f}  "
+                      f"x flash {row['planner'] / (row['flash'] or 1):.2f}  x cudnn {row['planner'] / (row['cudnn'] or 1):.2f}  {extra}",
+                      flush=True)
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(rows, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,372 @@
+"""The attention family's Hopper path: the forward on wgmma and TMA, warp-specialised (sm_90a).
+
+The same diagrams as :mod:`napkin.codegen.families.attention` (``O = softmax_x(mods(Q·K))·V``),
+the same schedule axes, another engine: a producer warpgroup copies the Q tile once and the K and
+V chunks into a ring of ``stages`` shared slots with TMA (mbarriers), and ``warpgroups``
+consumer warpgroups of 64 query rows each compute ``S = Q·Kᵀ`` with wgmma from shared memory,
+the online softmax in registers, and ``O += P·V`` with wgmma taking P from registers
+(``attention_wgmma.cu.jinja``). The schedule says it as ``g_q = 64·warpgroups`` (SMEM),
+``w_q = 64`` (RF: one wgmma M), ``s_x`` at SMEM, and ``KernelOptions(engine="wgmma",
+warpgroups=.., stages=..)``. §4.4 of the design derives how many consumer warpgroups fit: the
+registers of a warpgroup's S (64 x s_x), P and O (64 x d) tiles and the shared memory of the ring
+give two at d = 128, two or three at d = 64 (:data:`CONFIGS`).
+
+Offered (by :meth:`AttentionFamily.candidates`) where the GPU has wgmma, the head dimension is 64
+or 128, q is more than the decode tiles' 64 rows, and each of Q, K, V is stored as rows of d
+(its q or x the second-to-last axis, every other axis whole rows), which the two-dimensional
+tensor maps need; the model ranks them with the mma.sync tiles and the planner takes whichever
+it predicts faster. Not here: the packed GQA tiles and split x of decode (the mma.sync path).
+
+>>> from napkin.diagrams import library
+>>> d = library.get("mha").bind(h=16, q=4096, x=4096, d=128)
+>>> wgmma_reason(analyze(d), d, "h100"), wgmma_reason(analyze(d), d, "a100-80gb")
+(None, 'a100-80gb (sm_80) has no wgmma (it needs sm_90a)')
+>>> [c.BQ for c in configs(128)], [c.BQ for c in configs(64)]
+([128, 128], [128, 192])
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from ...diagrams.diagram import Diagram
+from ...errors import CodegenError
+from ...perfmodel.schedule import KernelOptions, Schedule
+from ..program import KernelLaunch, Program
+from ..render import Code, comment, comment_lines, ident
+from .attention import DECODE_ROWS, LOG2E, AttentionProblem, analyze
+from .contraction import _gpu_key, _smem_limit
+from .epilogue import (Param, check_index_size, contiguous_strides, ctype, float_param, int_param, render,
+                       score_chain, short_hash, signature, stride_param, tensor_param, tensormap_param)
+
+__all__ = ["WgmmaAttentionConfig", "CONFIGS", "HEAD_DIMS", "configs", "wgmma_reason", "candidates", "schedule",
+           "config_of", "launch_estimate", "lower", "TEMPLATE"]
+
+TEMPLATE = "attention_wgmma.cu.jinja"
+
+#: (consumer warpgroups, s_x, stages) per head dimension, best first. The registers of one
+#: consumer thread hold S (s_x / 2 fp32), P (s_x / 4) and O (d / 2): at d = 128 and s_x = 128
+#: that is 160 of the 240 two consumers get from setmaxnreg (three would get 160). ptxas allocates
+#: the whole kernel within the cap at entry (65536 / threads: 168 for two consumers, 128 for
+#: three), so three consumers take chunks of 64 keys (64 x 128 chunks spill there). Shared memory: Q (64 x consumers x d) and
+#: stages x (K + V chunks), 160 KiB at d = 128 with two stages of 128 keys.
+CONFIGS = {
+    64: ((2, 128, 3), (3, 64, 4)),
+    128: ((2, 128, 2), (2, 64, 4)),
+}
+
+#: The head dimensions the template is offered for.
+HEAD_DIMS = tuple(sorted(CONFIGS))
+
+#: Registers per producer thread after setmaxnreg (it issues TMA copies only).
+PRODUCER_REGS = 24
+
+
+@dataclass(frozen=True)
+class WgmmaAttentionConfig:
+    """``consumers`` warpgroups of 64 query rows (``BQ = 64 · consumers``), ``BX`` keys per
+    chunk, a ring of ``stages`` K/V slots, head dimension ``D``."""
+
+    D: int
+    BX: int
+    consumers: int
+    stages: int
+
+    @property
+    def BQ(self) -> int:
+        return 64 * self.consumers
+
+    @property
+    def threads(self) -> int:
+        return 128 * (self.consumers + 1)
+
+    def consumer_regs(self) -> int:
+        """Registers a consumer thread gets from setmaxnreg: what the producer's 24 leave of the
+        SM's 64 Ki, at most 240."""
+        return min(240, (65536 - 128 * PRODUCER_REGS) // (128 * self.consumers) // 8 * 8)
+
+    def entry_regs(self) -> int:
+        """The register cap at entry (``__launch_bounds__(threads, 1)``)."""
+        return min(255, 65536 // self.threads // 8 * 8)
+
+    def smem_bytes(self) -> int:
+        """Dynamic shared memory: the tiles, 1 KiB to align them on a swizzle atom, 256 B of barriers."""
+        return self.model_smem_bytes() + 1024 + 256
+
+    def model_smem_bytes(self) -> int:
+        """The model's accounting: the Q tile and the stages' K and V chunks (bf16/fp16)."""
+        return (self.BQ * self.D + 2 * self.stages * self.BX * self.D) * 2
+
+    def options(self) -> KernelOptions:
+        return KernelOptions(engine="wgmma", stages=self.stages, warpgroups=self.consumers, blocks_per_sm=1,
+                             regs_per_thread=self.consumer_regs())
+
+
+def configs(D: int) -> list[WgmmaAttentionConfig]:
+    """The configurations for head dimension ``D``, best first (none where it has no table)."""
+    return [WgmmaAttentionConfig(D, bx, c, st) for c, bx, st in CONFIGS.get(D, ())]
+
+
+def _rows_layout_problem(v, row_axis: str, last: str, sizes) -> str | None:
+    """Why ``v`` is not stored as whole rows of its last axis with ``row_axis`` second to last
+    (the tensor map's rows), or None."""
+    names = v.axis_names
+    if len(names) < 2 or names[-2] != row_axis:
+        return (f"{v.label()} must be stored with {row_axis!r} second to last (its TMA tiles are runs of "
+                f"whole rows of {last!r})")
+    return None
+
+
+def wgmma_reason(p: AttentionProblem, diagram: Diagram, gpu=None, arch: str | None = None,
+                 dtype: str | None = None) -> str | None:
+    """Why the wgmma template cannot run this attention, or None if it can."""
+    dtype = dtype or p.dtype
+    if dtype not in ("bf16", "fp16"):
+        return f"dtype {dtype}: the wgmma template multiplies bf16 or fp16"
+    if gpu is not None:
+        from ...perfmodel.hardware import get_gpu
+
+        g = get_gpu(gpu)
+        if not g.has_wgmma:
+            return f"{g.key} ({g.arch}) has no wgmma (it needs sm_90a)"
+    if arch is not None and arch != "sm_90a":
+        return f"{arch} has no wgmma (it needs sm_90a)"
+    D = diagram.axes[p.d].size
+    if isinstance(D, int) and D not in CONFIGS:
+        return f"head dimension {D}: the wgmma template takes {', '.join(map(str, HEAD_DIMS))}"
+    if p.dv != p.d:
+        return "the wgmma template needs V's value axis to be the head dimension"
+    if getattr(p, "lse", None) is not None:
+        return "the wgmma template writes no log-sum-exp output (the mma.sync template does)"
+    for v, row in ((p.Q, p.q), (p.K, p.x), (p.V, p.x)):
+        why = _rows_layout_problem(v, row, p.d, diagram.sizes)
+        if why:
+            return why
+    sz = diagram.sizes
+    for v in (p.Q, p.K, p.V):
+        if all(isinstance(sz.get(a), int) for a in v.axis_names):
+            rows = math.prod(sz[a] for a in v.axis_names[:-1])
+            if rows >= 2 ** 31 - 2 ** 16:
+                return f"{v.label()} has {rows} rows; TMA coordinates are 32-bit"
+    return None
+
+
+def schedule(fam, diagram: Diagram, cfg: WgmmaAttentionConfig, gpu="h100", dtype: str | None = None) -> Schedule:
+    """The schedule of a configuration: one woven combination per block, ``g_q = BQ`` at SMEM,
+    ``w_q = 64`` at RF (a consumer warpgroup's rows), ``s_x = BX`` at SMEM."""
+    p = analyze(diagram)
+    groups = {a: 1 for a in p.woven}
+    groups[p.q] = cfg.BQ
+    s = Schedule.fused(diagram, groups=groups, streams={p.x: cfg.BX}, rf_groups={p.q: 64}, gpu=_gpu_key(gpu),
+                       dtype=dtype or p.dtype)
+    return s.replace(kernels=(s.kernels[0].replace(family=fam.name, options=cfg.options()),))
+
+
+def candidates(fam, diagram: Diagram, gpu, dtype: str) -> list[Schedule]:
+    """The wgmma schedules for ``diagram`` on ``gpu``: none where the template cannot run it or
+    q fits the decode tiles; else one per configuration that fits the shared memory."""
+    p = analyze(diagram)
+    if wgmma_reason(p, diagram, gpu, dtype=dtype) is not None:
+        return []
+    sz = diagram.sizes
+    if not isinstance(sz.get(p.q), int) or sz[p.q] <= DECODE_ROWS:
+        return []
+    limit = _smem_limit(gpu)
+    return [schedule(fam, diagram, c, gpu, dtype) for c in configs(diagram.axes[p.d].bound_size)
+            if c.smem_bytes() <= limit]
+
+
+def config_of(p: AttentionProblem, diagram: Diagram, sched: Schedule) -> WgmmaAttentionConfig:
+    """The configuration a wgmma schedule asks for, checked against what the template builds."""
+    D = diagram.axes[p.d].bound_size
+    BQ = BX = WQ = None
+    for r in sched.kernels[0].relabels:
+        if r.is_symbolic:
+            raise CodegenError(f"attention family (wgmma): {r} has no size; bind {r.symbol} first")
+        if r.kind == "group" and r.axis == p.q and r.level == "SMEM":
+            BQ = int(r.size)
+        elif r.kind == "group" and r.axis == p.q and r.level == "RF":
+            WQ = int(r.size)
+        elif r.kind == "stream" and r.axis == p.x and r.level == "SMEM":
+            BX = int(r.size)
+        elif r.kind == "group" and r.axis in p.woven and r.level == "SMEM" and r.size == 1:
+            continue
+        else:
+            raise CodegenError(f"attention family (wgmma): the template cannot realise {r} (it groups {p.q} "
+                               f"at SMEM and in 64-row warpgroups at RF, streams {p.x} at SMEM, one combination "
+                               "of the woven axes a block)")
+    opts = sched.kernels[0].options
+    table = configs(D)
+    if not table:
+        raise CodegenError(f"attention family (wgmma): head dimension {D}; the template takes "
+                           f"{', '.join(map(str, HEAD_DIMS))}")
+    consumers = opts.warpgroups or (BQ // 64 if BQ else table[0].consumers)
+    cfg = WgmmaAttentionConfig(D, BX or table[0].BX, consumers, opts.stages or table[0].stages)
+    what = f"attention family (wgmma): g_{p.q}={BQ}, w_{p.q}={WQ}, s_{p.x}={cfg.BX}, warpgroups={consumers}"
+    if BQ is not None and BQ != cfg.BQ:
+        raise CodegenError(f"{what}: g_{p.q} must be 64 x the consumer warpgroups ({cfg.BQ})")
+    if WQ not in (None, 64):
+        raise CodegenError(f"{what}: w_{p.q} is one wgmma's 64 rows")
+    if not 1 <= consumers <= 3:
+        raise CodegenError(f"{what}: 1 to 3 consumer warpgroups")
+    if cfg.BX % 16 or not 16 <= cfg.BX <= 256:
+        raise CodegenError(f"{what}: s_{p.x} must be a multiple of 16 up to 256 (one wgmma's N)")
+    if not 2 <= cfg.stages <= 8:
+        raise CodegenError(f"{what}: stages must be 2 to 8")
+    # S (BX / 2), P (BX / 4) and O (D / 2) registers a consumer thread, and some 24 more
+    if cfg.BX // 2 + cfg.BX // 4 + D // 2 + 24 > cfg.consumer_regs():
+        raise CodegenError(f"{what}: S, P and O need {cfg.BX // 2 + cfg.BX // 4 + D // 2} registers a thread; "
+                           f"{consumers} consumers get {cfg.consumer_regs()}")
+    return cfg
+
+
+def launch_estimate(fam, diagram: Diagram, sched: Schedule, gpu=None) -> dict:
+    """Blocks, threads, registers, shared memory and bytes in flight (the ring's K and V chunks
+    over the block's threads), and how it issues: wgmma reads its operands from shared memory
+    itself (the datasheet tensor path, operand traffic overlapped); the softmax's exp and the
+    products of one warpgroup run one after the other (no ping-pong yet), while the other
+    warpgroups of the SM overlap them only as their scheduling happens to."""
+    p = analyze(diagram)
+    cfg = config_of(p, diagram, sched)
+    sz = diagram.sizes
+    blocks = math.ceil(sz[p.q] / cfg.BQ) * math.prod(sz[a] for a in p.woven)
+    return dict(blocks=blocks, threads=cfg.threads, regs=cfg.entry_regs(), smem=cfg.smem_bytes(),
+                in_flight_bytes_per_thread=2 * cfg.BX * cfg.D * 2 * cfg.stages / cfg.threads,
+                threads_per_row=4, tensor_path="peak", overlap_operands=True, overlap_compute=False)
+
+
+def _masks(p: AttentionProblem, chain):
+    """(causal offset, window, always_mask) read off the chain, as the mma.sync template does:
+    masks that come last with integer offsets skip whole key blocks; any other mask is applied
+    to every chunk."""
+    causal = window = None
+    always_mask = False
+    if chain.masks:
+        if not chain.masks_last:
+            always_mask = True
+        else:
+            for fn, prm, axes in chain.masks:
+                if abs(float(prm[0])) >= 2 ** 30:
+                    always_mask = True
+                elif fn == "causal" and axes == (p.q, p.x) and float(prm[0]).is_integer():
+                    off = int(prm[0])
+                    causal = off if causal is None else min(causal, off)
+                elif fn == "sliding_window" and axes == (p.q, p.x) and float(prm[0]).is_integer():
+                    w = int(prm[0])
+                    window = w if window is None else min(window, w)
+                else:
+                    always_mask = True
+    return causal, window, always_mask
+
+
+def lower(fam, diagram: Diagram, sched: Schedule, arch: str) -> Program:
+    """The Program of a wgmma schedule (one launch)."""
+    p = analyze(diagram)
+    why = wgmma_reason(p, diagram, arch=arch)
+    if why:
+        raise CodegenError(f"attention family: the schedule asks for engine=wgmma, but {why}")
+    cfg = config_of(p, diagram, sched)
+    launch = _launch(diagram, p, cfg, arch)
+    return Program(diagram, sched, fam.name, (launch,), (), dict(diagram.sizes))
+
+
+def _launch(d: Diagram, p: AttentionProblem, cfg: WgmmaAttentionConfig, arch: str) -> KernelLaunch:
+    T = p.dtype
+    sz = d.sizes
+    Nq, Nx = sz[p.q], sz[p.x]
+    check_index_size(Nq, f"axis {p.q!r} of {p.Q.label()}", 2 ** 30 + 2 ** 16, "attention")
+    check_index_size(Nx, f"axis {p.x!r} of {p.K.label()}", 2 ** 30 + 2 ** 16, "attention")
+    sQ, sK, sV, sO = (contiguous_strides(v) for v in (p.Q, p.K, p.V, p.O))
+    out = d.output_names[0]
+    params: list[Param] = [
+        tensormap_param(p.Q, "tmQ", (64, cfg.BQ)), tensormap_param(p.K, "tmK", (64, cfg.BX)),
+        tensormap_param(p.V, "tmV", (64, cfg.BX)),
+        tensor_param(p.O, "O", T, const=False, name=out),
+        int_param("Nq", Nq), int_param("Nx", Nx),
+        int_param("sO_q", sO[p.q], f"row stride of {out}[{','.join(p.O.axis_names)}]"),
+    ]
+    fixed = {str(x.decl).split()[-1] for x in params}
+    woven = []
+    nz = 1
+    for ax in p.woven:
+        nz *= sz[ax]
+
+        def name(prefix: str) -> Code:
+            n = ident(ax, prefix)
+            return n if n not in fixed else ident(ax, prefix[:-1] + "w_")
+
+        names = dict(idx=ident(ax, "i_"), size=name("n_"), rQ=name("rQ_"), rK=name("rK_"), rV=name("rV_"),
+                     sO=name("sO_"), axis=ax)
+        rows = {}
+        for key, v, s, row in (("rQ", p.Q, sQ, p.q), ("rK", p.K, sK, p.x), ("rV", p.V, sV, p.x)):
+            stride = s.get(ax, 0)
+            if stride % s[row]:
+                raise CodegenError(f"attention family (wgmma): {v.label()}'s stride along {ax} is not whole rows")
+            rows[key] = stride // s[row]
+        params += [int_param(names["size"], sz[ax]),
+                   int_param(names["rQ"], rows["rQ"], f"rows of {p.Q.label()} per index of {ax}"),
+                   int_param(names["rK"], rows["rK"], f"rows of {p.K.label()} per index of {ax}"),
+                   int_param(names["rV"], rows["rV"], f"rows of {p.V.label()} per index of {ax}"),
+                   stride_param(names["sO"], sO[ax], f"stride of the output along {ax}")]
+        woven.append(names)
+    if nz > 65535:
+        raise CodegenError(f"attention family: {nz} woven combinations (heads x batch); at most 65535")
+    index_vars = {ax: ident(ax, "i_") for ax in (p.q, p.x, *p.woven)}
+    chain = score_chain(d, p.maps, index_vars=index_vars)
+    float_idx = max(Nq, Nx) < 2 ** 24
+    params.append(float_param("scale_log2", chain.factor * LOG2E))
+    causal, window, always_mask = _masks(p, chain)
+    smem = cfg.smem_bytes()
+    limit = _smem_limit(None, arch)
+    if smem > limit:
+        raise CodegenError(f"attention family (wgmma): the tiles need {smem} bytes of shared memory; "
+                           f"{arch} allows {limit} per block")
+    pingpong = False
+    tag = short_hash(T, [str(x) for x in chain.full.lines], [str(x) for x in chain.nomask.lines], p.woven, causal,
+                     window, always_mask, cfg, float_idx, pingpong)
+    kname = Code(f"napkin_attn_wgmma_{T}_d{cfg.D}_q{cfg.BQ}_x{cfg.BX}_s{cfg.stages}_{tag}")
+    legend = [
+        "(sequence lengths and woven sizes are kernel arguments; D is compiled in)",
+        f"diagram {d.name}: {p.Q.label()}, {p.K.label()}, {p.V.label()} -> {out}[{','.join(p.O.axis_names)}], {T}",
+        f"  {p.q} -> queries Nq: g_{p.q} = BQ = {cfg.BQ} (CONSUMERS = {cfg.consumers} warpgroups), w_{p.q} = 64",
+        f"  {p.x} -> keys Nx:    s_{p.x} = BX = {cfg.BX}, stages = STAGES = {cfg.stages}",
+        f"  {p.d} -> D = {cfg.D}",
+        *[f"  {ax} -> woven (grid.y)" + ("" if ax in p.K.axis_names else "; K, V broadcast along it")
+          for ax in p.woven],
+        f"  engine: wgmma + TMA; registers {PRODUCER_REGS} (producer) / {cfg.consumer_regs()} (consumers)",
+        f"  score modifiers: {', '.join(chain.boxes) or 'none'}; softmax scale folded: {chain.factor:.6g}",
+    ]
+    if causal is not None:
+        legend.append(f"  causal (offset {causal}): key blocks above the diagonal skipped")
+    if window is not None:
+        legend.append(f"  sliding window {window}: key blocks outside it skipped")
+    ns, no = cfg.BX // 2, cfg.D // 2
+    ctx = dict(
+        kname=kname, T=ctype(T), AB=Code("bf16" if T == "bf16" else "f16"), D=cfg.D, BX=cfg.BX, STAGES=cfg.stages,
+        CONSUMERS=cfg.consumers, PRODUCER_REGS=PRODUCER_REGS, CONSUMER_REGS=cfg.consumer_regs(),
+        s_operands=Code("{" + ", ".join(f"%{i}" for i in range(ns)) + "}"),
+        s_constraints=Code(", ".join(f'"+f"(s[{i}])' for i in range(ns))),
+        o_operands=Code("{" + ", ".join(f"%{i}" for i in range(no)) + "}"),
+        a_operands=Code("{" + ", ".join(f"%{no + i}" for i in range(4)) + "}"),
+        o_constraints=Code(", ".join(f'"+f"(o[{i}])' for i in range(no))),
+        params=signature(params), legend=comment_lines(legend), woven=woven,
+        REVERSE=causal is not None and window is None, CAUSAL=causal, WINDOW=window, ALWAYS_MASK=always_mask,
+        IDX_ROW=index_vars[p.q], IDX_COL=index_vars[p.x], FLOAT_IDX=float_idx,
+        IDX_TYPE=Code("const float" if float_idx else "const int"),
+        ROW_BASE=Code("frow_lo" if float_idx else "row_lo"), COL_BASE=Code("fx0" if float_idx else "x0"),
+        full_body=chain.full.body("          "), full_result=chain.full.result,
+        nomask_body=chain.nomask.body("          "), nomask_result=chain.nomask.result,
+        NOMASK_NEEDED=bool(chain.nomask.lines), chain_desc=comment(", ".join(chain.boxes) or "none"),
+        PINGPONG=pingpong, LSE=False,
+    )
+    source = render(TEMPLATE, **ctx)
+    grid = (math.ceil(Nq / cfg.BQ), nz, 1)
+    tunables = (("BQ", cfg.BQ), ("BX", cfg.BX), ("WQ", 64), ("stages", cfg.stages), ("D", cfg.D),
+                ("warpgroups", cfg.consumers), ("engine", "wgmma"), ("causal", causal), ("window", window),
+                ("pingpong", pingpong))
+    return KernelLaunch(
+        name=str(kname), source=source, grid=grid, block=(cfg.threads, 1, 1), shared_bytes=smem,
+        args=tuple(x.arg for x in params), template=TEMPLATE, tunables=tunables,
+        model_smem_bytes=cfg.model_smem_bytes(), model_regs_per_thread=cfg.consumer_regs(),
+    )
