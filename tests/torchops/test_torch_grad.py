@@ -232,3 +232,30 @@ def test_norm_and_softmax_backwards_are_one_rowwise_kernel_and_column_reductions
     # dX is one kernel; each of dgamma and dbeta a column reduction of its own
     assert len(fams) == len(b.output_names) and fams.count("rowwise") == 1, str(plan)
     assert all(f == "pointwise" for f in fams if f != "rowwise"), str(plan)
+
+
+def test_compiled_training_with_dynamic_shapes_runs_the_dynamic_backward():
+    from torch._dynamo.backends.common import aot_autograd
+
+    o = nt.op("rmsnorm", sizes={"x": 32}, dynamic={"r": (1, 256)}, dtype="fp32", gpu=GPU)
+    graphs = []
+
+    def record(gm, example_inputs):
+        graphs.append(gm)
+        return make_boxed_func(gm.forward)
+
+    torch._dynamo.reset()
+    f = torch.compile(lambda x, g: (o(x, g) ** 2).sum(), fullgraph=True, dynamic=True,
+                      backend=aot_autograd(fw_compiler=record, bw_compiler=record))
+    gamma = torch.randn(32)
+    for rows in (5, 77):
+        X = torch.randn(rows, 32)
+        a = [X.clone().requires_grad_(True), gamma.clone().requires_grad_(True)]
+        f(*a).backward()
+        r = [X.clone().requires_grad_(True), gamma.clone().requires_grad_(True)]
+        (o.reference(*r)[0] ** 2).sum().backward()
+        for x, y in zip(a, r):
+            assert torch.allclose(x.grad, y.grad, atol=1e-4)
+    backward_targets = {n.target for gm in graphs for n in gm.graph.nodes if n.op == "call_function"}
+    assert o.backward_op().overload in backward_targets
+    assert len(graphs) == 2, "one forward and one backward graph for every size"
