@@ -129,6 +129,7 @@ def time_backward(name: str, sizes: dict, copy_bps: float, reps: int) -> dict:
     got = got if isinstance(got, tuple) else (got,)
     rec["rel_err"] = {n: rel_err(g, x.grad) for n, g, x in zip(b.output_names, got, a64)}
     rec["napkin_us"] = time_fn(b, warmup=10, reps=reps, rotate=args).median_s * 1e6
+    rec["kernel_us"] = kernel_times(b, args)
     tf = torch_forward(name, sizes)
     run, sets = backward_timer(tf, ins, [c[0] for c in cots])
     rec["eager_us"] = time_fn(run, warmup=5, reps=reps, rotate=sets).median_s * 1e6
@@ -147,6 +148,28 @@ def time_backward(name: str, sizes: dict, copy_bps: float, reps: int) -> dict:
         rec["min_bytes"] = 2 * (3 * r * x + vectors * x)
         rec["copy_fraction"] = rec["min_bytes"] / (rec["napkin_us"] * 1e-6) / copy_bps
     return rec
+
+
+def kernel_times(fn, args, calls: int = 6) -> dict:
+    """Mean device time of each kernel ``fn`` launches (torch.profiler over ``calls`` calls on the
+    rotated argument sets; no L2 flush between kernels: a diagnostic of where the time goes, not
+    the benchmark's number)."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    try:
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for i in range(calls):
+                fn(*args[i % len(args)])
+            torch.cuda.synchronize()
+        out = {}
+        for ev in prof.key_averages():
+            t = getattr(ev, "device_time_total", None) or getattr(ev, "cuda_time_total", 0)
+            if t and ev.count:
+                out[ev.key[:80]] = t / ev.count
+        return out
+    except Exception as e:  # noqa: BLE001 - a diagnostic only
+        return {"error": f"{type(e).__name__}: {e}"[:200]}
 
 
 def eager_block(sizes: dict):
