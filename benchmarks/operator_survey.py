@@ -17,7 +17,10 @@ Every diagram is a module-level function, so any of them also works on the comma
 
 Run as a script on a GPU (one JSON line per point, then the summary)::
 
-    python3 benchmarks/operator_survey.py [--out survey.jsonl] [--dtypes bf16,fp32] [--only NAME,...]
+    python3 benchmarks/operator_survey.py [--out survey.jsonl] [--dtypes bf16,fp32] [--only NAME,...] [--library]
+
+``--library`` adds every library diagram at its default sizes and the examples' diagrams (bf16),
+the issue's "every library and example diagram ≥ 1.0× eager" (their summary is its own line).
 """
 
 from __future__ import annotations
@@ -334,18 +337,46 @@ PROBLEMS: dict[str, dict[str, int]] = {
 }
 
 
-def points(names, dtypes):
+#: the examples' diagrams, at the sizes their docstrings use
+EXAMPLES: dict[str, dict[str, int]] = {
+    "examples/my_diagram.py:swiglu": {"a": 4096, "b": 4096, "f": 11008},
+    "examples/my_diagram.py:linear_attention": {"q": 4096, "x": 4096, "d": 128, "e": 128},
+    "examples/matmul_chain.py:chain40": {},
+}
+
+
+def library_problems() -> dict[str, tuple[str, dict[str, int]]]:
+    """Every library diagram at its default sizes, and the examples (the issue's "every library and
+    example diagram ≥ 1.0× eager at its default sizes"): label → (diagram spec, sizes)."""
+    from napkin.diagrams import library
+
+    out = {f"library:{n}": (n, dict(library.entry(n).default_sizes)) for n in library.names()}
+    out.update({f"example:{spec.rsplit(':', 1)[1]}": (str(ROOT / spec), dict(sizes))
+                for spec, sizes in EXAMPLES.items()})
+    return out
+
+
+def points(names, dtypes, library_dtypes=("bf16",), with_library: bool = False):
+    """The survey's points (every dtype), then the library's and the examples' (bf16)."""
     from napkin.bench.suite import Point
 
-    return [Point("composed", f"{HERE}:{n}", dict(PROBLEMS[n]), dt, {"problem": n})
-            for dt in dtypes for n in names]
+    out = [Point("composed", f"{HERE}:{n}", dict(PROBLEMS[n]), dt, {"problem": n}) for dt in dtypes for n in names]
+    if with_library:
+        out += [Point("composed", spec, sizes, dt, {"problem": label})
+                for dt in library_dtypes for label, (spec, sizes) in library_problems().items()]
+    return out
 
 
 def summarize(records) -> dict:
     """Geometric mean and worst of napkin's speed-up over eager, per dtype and overall."""
     out = {}
-    for dt in sorted({r["dtype"] for r in records}) + ["all"]:
-        rs = [r for r in records if dt in ("all", r["dtype"])]
+    groups = {dt: [r for r in records if r["dtype"] == dt and not _is_library(r)]
+              for dt in sorted({r["dtype"] for r in records})}
+    groups["all"] = [r for r in records if not _is_library(r)]
+    groups["library"] = [r for r in records if _is_library(r)]
+    for dt, rs in groups.items():
+        if not rs:
+            continue
         ratios = [r["ratio"].get("eager") for r in rs]
         ok = [x for x in ratios if isinstance(x, float) and x > 0]
         worst = min(rs, key=lambda r: r["ratio"].get("eager") or 0.0) if rs else None
@@ -353,6 +384,7 @@ def summarize(records) -> dict:
             "points": len(rs), "measured": len(ok),
             "geomean_vs_eager": math.exp(sum(math.log(x) for x in ok) / len(ok)) if ok else None,
             "faster_than_eager": sum(x >= 1.0 for x in ok),
+            "under_one": sorted(r["labels"]["problem"] for r in rs if (r["ratio"].get("eager") or 0.0) < 1.0),
             "under_half": sorted(r["labels"]["problem"] for r in rs if (r["ratio"].get("eager") or 0.0) < 0.5),
             "worst": None if worst is None else (worst["labels"]["problem"], worst["ratio"].get("eager")),
             "on_fallback": sorted({r["labels"]["problem"] for r in rs if "fallback" in (r.get("families") or ())}),
@@ -361,11 +393,17 @@ def summarize(records) -> dict:
     return out
 
 
+def _is_library(rec) -> bool:
+    return rec["labels"]["problem"].split(":", 1)[0] in ("library", "example")
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, default=None, help="JSON lines, one per point, then the summary")
     ap.add_argument("--dtypes", default="bf16,fp32")
     ap.add_argument("--only", default=None, help="comma-separated problem names")
+    ap.add_argument("--library", action="store_true",
+                    help="also every library diagram at its default sizes and the examples (bf16)")
     ap.add_argument("--reps", type=int, default=15)
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--budget-s", type=float, default=None, help="stop starting new points after this")
@@ -385,7 +423,7 @@ def main(argv=None) -> int:
     sink = a.out.open("w") if a.out else None
     if sink:
         sink.write(json.dumps({"header": header}, default=str) + "\n")
-    for p in points(names, [d.strip() for d in a.dtypes.split(",") if d.strip()]):
+    for p in points(names, [d.strip() for d in a.dtypes.split(",") if d.strip()], with_library=a.library):
         if a.budget_s is not None and time.time() - start > a.budget_s:
             print(f"budget of {a.budget_s:.0f} s spent: {p.labels['problem']} ({p.dtype}) and later not run",
                   file=sys.stderr)
