@@ -63,7 +63,9 @@ def check(cd, seed: int = 0, offset: int = 0) -> list[tuple[str, float]]:
 
 
 PLANNED = [
-    (sigmoid_chain, [dict(r=33, x=1000), dict(r=7, x=4095), dict(r=1, x=1), dict(r=3, x=4094), dict(r=4096, x=4096)]),
+    # rows of 4095, 4094, 1001 values: 16-byte vectors over the flattened space, a partial last one
+    (sigmoid_chain, [dict(r=33, x=1000), dict(r=7, x=4095), dict(r=1, x=1), dict(r=3, x=4094), dict(r=4096, x=4096),
+                     dict(r=5, x=1001), dict(r=1, x=7), dict(r=2, x=(1 << 21) + 5)]),
     (broadcast_chain, [dict(r=5, x=1001), dict(r=64, x=4096)]),
     (transposed_add, [dict(r=37, x=41), dict(r=256, x=512)]),
     (alibi_map, [dict(h=2, q=37, x=37)]),
@@ -128,9 +130,10 @@ def test_every_kind_of_configuration_verifies(case, dtype):
         check(cd, seed=i)
 
 
-@pytest.mark.parametrize("build, sizes", [(sigmoid_chain, dict(r=33, x=1000)), (column_sum, dict(r=1000, x=72)),
-                                          (row_sum, dict(r=9, x=3000)), (sum_bh, dict(b=7, h=9, s=40))],
-                         ids=["chain", "column_sum", "row_sum", "sum_bh"])
+@pytest.mark.parametrize("build, sizes", [(sigmoid_chain, dict(r=33, x=1000)), (sigmoid_chain, dict(r=33, x=999)),
+                                          (column_sum, dict(r=1000, x=72)), (row_sum, dict(r=9, x=3000)),
+                                          (sum_bh, dict(b=7, h=9, s=40))],
+                         ids=["chain", "chain_flat", "column_sum", "row_sum", "sum_bh"])
 def test_inputs_that_start_unaligned(build, sizes):
     """A contiguous view one element into its storage: the vector accesses fall back to scalars."""
     cd = napkin_compile(build(), sizes=sizes, dtype="bf16")
