@@ -80,6 +80,12 @@ def _sum_bh():
     return Diagram("sum_bh", sum_over(sum_over(array("X", b, h, s), b, name="S1"), h, name="S"))
 
 
+def _attention_causal_grad():
+    from napkin.diagrams import library
+
+    return library.get("attention_causal").grad(save={"O", "P_lse"})
+
+
 @dataclass(frozen=True)
 class Case:
     """One sanitizer run: a diagram (a library name or a builder), sizes, dtype and the planner's
@@ -140,6 +146,10 @@ CASES = [
     Case("attention_combine.cu.jinja", _gqa_decode, {"h": 2, "j": 4, "q": 3, "x": 9000, "d": 80},
          family="attention"),
     Case("attention_combine.cu.jinja", "mha", {"h": 2, "q": 1, "x": 5000, "d": 128}, family="attention"),
+    # attention's backward: the D pre-pass, the kernel (dQ atomics, causal tiles skipped) and the dQ
+    # conversion, with lengths that are not tile multiples
+    Case("attention_bwd.cu.jinja", _attention_causal_grad, {"h": 2, "q": 77, "x": 99, "d": 64},
+         family="attention_bwd"),
     Case("fallback_contract.cu.jinja", "transformer_block", {"q": 9, "e": 16, "h": 2, "d": 8, "f": 24},
          dtype="fp32", family="fallback"),
     Case("fallback_row.cu.jinja", "layernorm", {"r": 3, "x": 100}, dtype="fp32", family="fallback"),
@@ -175,6 +185,7 @@ def run_case(case: Case) -> list[tuple[str, float, bool]]:
     from napkin.codegen import compile as napkin_compile
     from napkin.codegen.verify import boundary_reference
     from napkin.diagrams.reference import random_inputs
+    from napkin.dtypes import torch_dtype
 
     d = case.build()
     k = napkin_compile(d, family=case.family)
@@ -182,7 +193,8 @@ def run_case(case: Case) -> list[tuple[str, float, bool]]:
     if case.template not in used:
         raise AssertionError(f"the case is there for {case.template}, but the plan uses {sorted(set(used))}")
     ins = random_inputs(d, device="cuda", seed=1)
-    args = [ins[n] for n in d.input_names]
+    # the kernels may store an input in another dtype than the diagram's (a saved log-sum-exp in fp32)
+    args = [ins[n].to(torch_dtype(k._dtypes[n])) for n in d.input_names]
     got = k(*args, out=k.empty_outputs("cuda", float("nan")))
     torch.cuda.synchronize()
     got = got if isinstance(got, tuple) else (got,)

@@ -66,6 +66,12 @@ class CompiledDiagram:
         self._out_shapes = {n: tuple(a.bound_size for a in v.axes)
                             for n, v in zip(self.diagram.output_names, self.diagram.outputs)}
         self._out_dtypes = {n: v.dtype for n, v in zip(self.diagram.output_names, self.diagram.outputs)}
+        # a family may store an array in another dtype than the diagram's (attention's saved
+        # log-sum-exp in fp32): the launches' tensor arguments say what the kernels read and write
+        for a in (a for k in program.launches for a in k.args if a.kind == "tensor" and a.dtype):
+            for table in (self._dtypes, self._out_dtypes):
+                if a.name in table:
+                    table[a.name] = a.dtype
         self.compile_seconds: float | None = None
         self._runners: dict[int, _Runner] = {}
         self._last: _Runner | None = None  # the runner of the last call (the fast path's guess)

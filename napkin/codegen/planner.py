@@ -51,7 +51,9 @@ __all__ = ["derive", "Derivation", "KernelChoice", "Option", "MAX_FUSED_BOXES", 
 #: masks and score maps, or a norm with its prologue and epilogue maps).
 MAX_FUSED_BOXES = 12
 #: The most boxes that are not elementwise one kernel may hold (attention: two contractions and a
-#: softmax); longer runs are refused before any family is asked.
+#: softmax); longer runs are refused before any family is asked. A family may declare larger limits
+#: for the runs it takes (``max_heavy_boxes``, ``max_fused_boxes``: attention's backward holds six
+#: contractions in up to 16 boxes); only that family is asked about such runs.
 MAX_HEAVY_BOXES = 3
 #: The most boxes (renames left out) one derive call plans: the search evaluates at most
 #: 2 orders × MAX_PLANNED_BOXES × MAX_FUSED_BOXES = 24,000 runs of boxes (about 15 s for a chain of
@@ -210,6 +212,9 @@ class _Planner:
         self.heavy = {self.d.name_of(v) for v in self.d.nodes if v.op.kind not in ("map", "rename")
                       and not (v.op.kind == "reduce" and v.args[0].op.kind == "reduce")}
         self.evaluated = 0
+        # the longest run any family takes (the DP's window) and the most heavy boxes of one
+        self.max_fused = max([MAX_FUSED_BOXES] + [_limit(f, "max_fused_boxes", MAX_FUSED_BOXES) for f in self.families])
+        self.max_heavy = max([MAX_HEAVY_BOXES] + [_limit(f, "max_heavy_boxes", MAX_HEAVY_BOXES) for f in self.families])
 
     # -------------------------------------------------------------- one kernel
     def _pinned_ok(self, sched: Schedule, sub: Diagram) -> bool:
@@ -254,9 +259,18 @@ class _Planner:
     def _evaluate(self, boxes: tuple[str, ...]) -> KernelChoice:
         from .select import predict_schedule
 
-        if len(boxes) > 1 and sum(b in self.heavy for b in boxes) > MAX_HEAVY_BOXES:
-            return KernelChoice(boxes, refusals=(("planner", f"more than {MAX_HEAVY_BOXES} boxes that are "
+        heavy = sum(b in self.heavy for b in boxes)
+        if len(boxes) > 1 and heavy > self.max_heavy:
+            return KernelChoice(boxes, refusals=(("planner", f"more than {self.max_heavy} boxes that are "
                                                   "not elementwise: no family fuses that many"),))
+        # past the default limits only the families that declare larger ones are asked
+        families = self.families
+        if len(boxes) > MAX_FUSED_BOXES or (len(boxes) > 1 and heavy > MAX_HEAVY_BOXES):
+            families = [f for f in families if len(boxes) <= _limit(f, "max_fused_boxes", MAX_FUSED_BOXES)
+                        and heavy <= _limit(f, "max_heavy_boxes", MAX_HEAVY_BOXES)]
+            if not families:
+                return KernelChoice(boxes, refusals=(("planner", f"{len(boxes)} boxes, {heavy} not elementwise: "
+                                                      "no family fuses that many"),))
         if not is_connected(self.d, boxes):
             return KernelChoice(boxes, refusals=(("planner", "the boxes are not connected"),))
         name = _kernel_name(self.d, boxes)
@@ -270,7 +284,7 @@ class _Planner:
         self.evaluated += 1
         options: list[Option] = []
         refusals: list[tuple[str, str]] = []
-        for fam in self.families:
+        for fam in families:
             if fam.name == FALLBACK and len(boxes) > 1:
                 continue  # the last resort runs one box per kernel
             why = _explain(fam, sub)
@@ -329,7 +343,7 @@ class _Planner:
         best: list[tuple[int, float]] = [(0, 0.0)] + [inf] * n
         back: list[KernelChoice | None] = [None] * (n + 1)
         for j in range(1, n + 1):
-            for i in range(max(0, j - MAX_FUSED_BOXES), j):
+            for i in range(max(0, j - self.max_fused), j):
                 if not math.isfinite(best[i][1]):
                     continue
                 c = self.evaluate(order[i:j])
@@ -422,6 +436,12 @@ def _structure(sub: Diagram) -> tuple[tuple, tuple[str, ...]]:
                    tuple((a.name, a.size) for a in v.axes), v.dtype) for v in sub.nodes)
     outs = tuple(pos[n] for n in sub.output_names)
     return (ins, boxes, outs), tuple(names)
+
+
+def _limit(fam, attr: str, default: int) -> int:
+    """A family's declared limit (``max_fused_boxes``, ``max_heavy_boxes``), else the default."""
+    v = getattr(fam, attr, None)
+    return int(v) if isinstance(v, int) and v > 0 else default
 
 
 def _explain(fam, diagram) -> str | None:

@@ -318,9 +318,11 @@ def extra_pass_seconds(est: dict | None, gpu) -> float:
     """What a kernel's work adds beyond what the cost model sees, as the family's
     ``launch_estimate`` states it: a second, small pass (a split reduction's combine:
     ``extra_launches`` launch overheads, and ``extra_hbm_bytes`` of fp32 partials written and
-    read back at the HBM rate), and ``extra_l2_bytes`` of scalar loads that the cost model counts
+    read back at the HBM rate), ``extra_l2_bytes`` of scalar loads that the cost model counts
     as one read per array but that a kernel without tiles issues per thread and per iteration (one
-    32-byte sector each where a warp's lanes touch different lines), at the L2 rate."""
+    32-byte sector each where a warp's lanes touch different lines), at the L2 rate, and
+    ``extra_smem_bytes`` of operand loads from shared memory that the schedule's tiles do not
+    describe, at the SMEM rate."""
     from ..perfmodel.roofline import launch_overhead_of
 
     if not est:
@@ -328,11 +330,16 @@ def extra_pass_seconds(est: dict | None, gpu) -> float:
     launches = float(est.get("extra_launches") or 0)
     moved = float(est.get("extra_hbm_bytes") or 0.0)
     sectors = float(est.get("extra_l2_bytes") or 0.0)
-    if not launches and not moved and not sectors:
+    # operand loads SMEM -> registers the schedule's tiles do not say (attention's backward: every
+    # warp reads the whole Q and dO tiles), issued between the mma (not overlapped), at the SMEM rate
+    operands = float(est.get("extra_smem_bytes") or 0.0)
+    if not launches and not moved and not sectors and not operands:
         return 0.0
     g = _gpu(gpu)
-    l2 = g.level("L2").bandwidth if "L2" in [lv.name for lv in g.levels] else g.level("HBM").bandwidth
-    return launches * launch_overhead_of(g) + moved / g.level("HBM").bandwidth + sectors / l2
+    names = [lv.name for lv in g.levels]
+    l2 = g.level("L2").bandwidth if "L2" in names else g.level("HBM").bandwidth
+    smem = operands / g.level("SMEM").bandwidth if operands and "SMEM" in names else 0.0
+    return launches * launch_overhead_of(g) + moved / g.level("HBM").bandwidth + sectors / l2 + smem
 
 
 def predict_schedule(diagram: Diagram, family, schedule: Schedule, gpu, *, efficiency=None) -> Ranked:

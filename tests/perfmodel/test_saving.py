@@ -137,7 +137,7 @@ PLANNED = {
     "softmax": {"pointwise", "rowwise"},
     "rmsnorm": {"pointwise", "rowwise"},
     "layernorm": {"pointwise", "rowwise"},
-    "attention_causal": {"contraction", "pointwise"},
+    "attention_causal": {"attention_bwd", "contraction", "pointwise"},  # one fused kernel, or six
     "swiglu": {"contraction", "pointwise"},
 }
 

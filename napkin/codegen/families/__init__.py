@@ -1,7 +1,7 @@
 """The code-generation families, in the order lowering tries them.
 
 ``rowwise`` (fused softmax/norms), ``contraction`` (tiled matmul with epilogue), ``attention``
-(streamed attention), ``pointwise`` (fused elementwise chains and reductions over any axes), then
+(streamed attention), ``attention_bwd`` (attention's backward), ``pointwise`` (fused elementwise chains and reductions over any axes), then
 ``fallback`` (any valid diagram, one simple kernel per box).
 
 Each family lives in its own module here and is imported lazily and tolerantly: a module that
@@ -12,7 +12,7 @@ as ``FAMILY`` (an object with ``name``, ``matches``, ``candidates`` and ``lower`
 those methods that can be built without arguments, is accepted too.
 
 >>> [f for f in ORDER]
-['rowwise', 'contraction', 'attention', 'pointwise', 'fallback']
+['rowwise', 'contraction', 'attention', 'attention_bwd', 'pointwise', 'fallback']
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ def per_diagram(analyse):
 
 
 #: The order in which lowering tries the families.
-ORDER = ("rowwise", "contraction", "attention", "pointwise", "fallback")
+ORDER = ("rowwise", "contraction", "attention", "attention_bwd", "pointwise", "fallback")
 
 _lock = threading.Lock()
 _loaded: dict[str, object] = {}

@@ -146,6 +146,7 @@ class AttentionProblem:
     dv: str
     woven: tuple[str, ...]
     dtype: str
+    lse: Value | None = None  # a second output: the natural log-sum-exp of each row (fp32)
 
 
 @dataclass(frozen=True)
@@ -237,9 +238,33 @@ def _chain(S: Value, P: Value) -> list[Value] | None:
     return list(reversed(chain))
 
 
+def _lse_nodes(L: Value, X: Value) -> list[Value] | None:
+    """The boxes of ``L = log(Σ_x exp(X − z)) + z`` with ``z = zero_inf(max_x X)`` (the log-sum-exp
+    :func:`napkin.diagrams.grad.forward_with_saves` outputs for a softmax of X), or None."""
+    def fn(v, name, n=1):
+        return isinstance(v.op, Map) and v.op.fn == name and len(v.args) == n
+
+    if not fn(L, "add", 2):
+        return None
+    lg, z = L.args
+    if not (fn(lg, "log") and fn(z, "zero_inf") and getattr(z.args[0].op, "how", None) == "max"):
+        return None
+    sm = lg.args[0]
+    if getattr(sm.op, "how", None) != "sum" or not fn(sm.args[0], "exp") or not fn(sm.args[0].args[0], "sub", 2):
+        return None
+    sub = sm.args[0].args[0]
+    mx = z.args[0]
+    if sub.args[0] is not X or sub.args[1] is not z or mx.args[0] is not X:
+        return None
+    return [L, lg, z, mx, sm, sm.args[0], sub]
+
+
 def _reason_or_problem(diagram: Diagram) -> AttentionProblem | str:
-    if len(diagram.outputs) != 1:
-        return "attention writes one output"
+    lse = None
+    if len(diagram.outputs) == 2:  # the forward with its saved log-sum-exp (grad's P_lse)
+        lse = diagram.outputs[1]
+    elif len(diagram.outputs) != 1:
+        return "attention writes one output (and its rows' log-sum-exp)"
     O = diagram.outputs[0]
     if not isinstance(O.op, Contract) or len(O.args) != 2 or len(O.op.over) != 1:
         return "the output is not a contraction of the probabilities with V over one axis"
@@ -266,12 +291,16 @@ def _reason_or_problem(diagram: Diagram) -> AttentionProblem | str:
         return "the scores must contract a query input (without x) with a key input (with x)"
     Q, K = Qs[0], Ks[0]
     known = {id(v) for v in (S, P, O, *chain)}
+    lse_boxes = [] if lse is None else _lse_nodes(lse, P.args[0])
+    if lse_boxes is None:
+        return "the second output is not the log-sum-exp of the softmax's scores"
+    known |= {id(v) for v in lse_boxes}
     extra = [diagram.name_of(v) for v in diagram.nodes if id(v) not in known]
     if extra:
         return f"boxes {extra} are not part of the attention pattern"
     for v in (S, P, *chain):
         users = diagram.consumers.get(id(v), ())
-        if len(users) != 1:
+        if len(users) != (3 if lse is not None and v is P.args[0] else 1):  # the softmax (and the lse's max, sub)
             return f"{diagram.name_of(v)} is read by {len(users)} boxes"
     dv_axes = [n for n in V.axis_names if n != x and n not in Q.axis_names]
     dv = d if d in V.axis_names else (dv_axes[0] if len(dv_axes) == 1 else None)
@@ -303,7 +332,7 @@ def _reason_or_problem(diagram: Diagram) -> AttentionProblem | str:
             return f"{diagram.name_of(arr)}[{','.join(arr.axis_names)}] must be stored with {last!r} last"
     if len({v.dtype for v in (Q, K, V)}) != 1:
         return "Q, K, V have different dtypes"
-    return AttentionProblem(Q, K, V, S, tuple(chain), P, O, q, x, d, dv, woven, Q.dtype)
+    return AttentionProblem(Q, K, V, S, tuple(chain), P, O, q, x, d, dv, woven, Q.dtype, lse)
 
 
 def analyze(diagram: Diagram) -> AttentionProblem:
@@ -347,6 +376,10 @@ class AttentionFamily:
     """Streamed attention forward, bf16/fp16, mma.sync with the online softmax in registers."""
 
     name = "attention"
+    #: the planner's limits for runs this family may take: with the saved log-sum-exp (the forward
+    #: of a backward) two contractions, the softmax and the lse's max and sum, in up to 14 boxes
+    max_heavy_boxes = 5
+    max_fused_boxes = 14
 
     def why_not(self, diagram: Diagram) -> str | None:
         p = _reason_or_problem(diagram)
@@ -445,18 +478,24 @@ class AttentionFamily:
         limit = _smem_limit(gpu)
         sms = _sms_of(gpu)
         packs = self.packed_axes(p)
-        decode = sz[p.q] <= DECODE_ROWS
+        # the log-sum-exp output is written by the plain tiles (no decode tiles, splits or packing)
+        decode = sz[p.q] <= DECODE_ROWS and p.lse is None
         out = []
+        lse_rows: set[tuple[int, int]] = set()
         for c in self.configs(D, self.is_plain(diagram), decode=decode):
             if c.smem_bytes() > limit or loader_problem(c) is not None:
                 continue
+            if p.lse is not None:  # the model sees x whole here: one schedule per row tiling
+                if (c.BQ, c.WQ) in lse_rows:
+                    continue
+                lse_rows.add((c.BQ, c.WQ))
             variants = [c]
             if decode and packs and 2 * sz[p.q] <= c.BQ and c.WQ == 16:  # two query heads or more a tile
                 variants.append(replace(c, packed=True))
             for v in variants:
                 if decode and v.BQ > 16 * -(-self._rows(p, sz, v) // 16):
                     continue  # whole warps of rows that hold no query: the smaller tiles do it
-                splits = self.split_choices(p, sz, v, sms)
+                splits = self.split_choices(p, sz, v, sms) if p.lse is None else [1]
                 if (decode or v.threads < 128) and len(splits) > 1:
                     # tiles that leave SMs idle are offered split only: one block of a decode tile
                     # (16 rows of which a few hold queries, a chunk's products one dependent chain
@@ -465,6 +504,8 @@ class AttentionFamily:
                     splits = splits[1:]
                 for k in splits:
                     out.append(self.schedule(diagram, replace(v, splits=k), gpu=gpu, dtype=dtype))
+        if p.lse is not None:  # the log-sum-exp output is the mma.sync template's
+            return out
         # the Hopper template (wgmma + TMA), after the mma.sync tiles: a tie keeps mma.sync
         from . import attention_wgmma
 
@@ -487,6 +528,11 @@ class AttentionFamily:
         # warps along x take BX / WX keys of a chunk each: the warps (threads_per_row) say it
         plain_sx = cfg.BX // cfg.wx if cfg.wx > 1 else cfg.BX
         streams = {p.x: cfg.BX} if cfg.SX == plain_sx else {p.x: [(cfg.BX, "SMEM"), (cfg.SX, "RF")]}
+        if p.lse is not None:
+            # the diagram's log-sum-exp subtracts the row's max before summing (two passes over x
+            # as written; the kernel's online softmax keeps both in one): the model sees x whole,
+            # which moves the same HBM bytes, and the chunk is the table's for these row tiles
+            streams = {}
         groups = {a: 1 for a in p.woven}
         groups[p.q] = cfg.BQ
         rf = {p.q: cfg.WQ}
@@ -597,6 +643,8 @@ class AttentionFamily:
                 raise CodegenError(f"attention family: {rows} packed rows do not fit a tile of {BQ} "
                                    f"({opts.warps} warps, {wx} along {p.x}, of w_{p.q}={WQ})")
         BQ = BQ or default.BQ
+        if BX is None and p.lse is not None:  # x whole in the model: the table's chunk for these rows
+            BX = next((c.BX for c in self.configs(D, plain) if c.BQ == BQ and c.WQ == (WQ or c.WQ)), None)
         BX = BX or default.BX
         WQ = WQ or (default.WQ if BQ % default.WQ == 0 else 16)
         stages, blocks = opts.stages or 2, opts.blocks_per_sm
@@ -716,6 +764,16 @@ class AttentionFamily:
         fixed = {str(x.decl).split()[-1] for x in params}
         woven, packed, more = self._axis_params(d, p, cfg, fixed)
         params += more
+        if p.lse is not None:  # the rows' log-sum-exp (fp32, natural log), for the backward
+            if ws is not None or cfg.wx > 1 or cfg.packed:
+                raise CodegenError("attention family: the log-sum-exp output is written by the plain tiles "
+                                   "(no splits of x, warps along x or packed rows)")
+            sL = contiguous_strides(p.lse)
+            params += [Param(Arg("tensor", d.output_names[1], dtype="fp32", axes=p.lse.axis_names),
+                             Code("float* __restrict__ Lse")), int_param("sL_q", sL[p.q])]
+            for ax in woven:
+                ax["sL"] = ident(ax["axis"], "sL_")
+                params.append(stride_param(ax["sL"], sL[ax["axis"]], "stride of the log-sum-exp"))
         nz = math.prod(sz[a] for a in p.woven if not (cfg.packed and a in self.packed_axes(p)))
         if nz > 65535:
             raise CodegenError(f"attention family: {nz} woven combinations (heads x batch); at most 65535")
@@ -754,10 +812,11 @@ class AttentionFamily:
             raise CodegenError(f"attention family: the tiles need {smem} bytes of shared memory; "
                                f"{arch} allows {limit} per block")
         tag = short_hash(T, [str(x) for x in chain.full.lines], [str(x) for x in chain.nomask.lines],
-                         p.woven, causal, window, always_mask, cfg, float_idx)
+                         p.woven, causal, window, always_mask, cfg, float_idx,
+                         *(("lse",) if p.lse is not None else ()))
         sub = f"t{cfg.SX}" if cfg.SX != cfg.BX else ""
         more = (f"_wx{cfg.wx}" if cfg.wx > 1 else "") + ("_p" if cfg.packed else "") \
-            + (f"_k{cfg.splits}" if cfg.splits > 1 else "")
+            + (f"_k{cfg.splits}" if cfg.splits > 1 else "") + ("_lse" if p.lse is not None else "")
         kname = Code(f"napkin_attn_{T}_d{cfg.D}_q{cfg.BQ}_x{cfg.BX}{sub}_w{cfg.WQ}_s{cfg.stages}{more}_{tag}")
         chain_desc = ", ".join(chain.boxes) or "none"
         ctx = dict(
@@ -774,7 +833,7 @@ class AttentionFamily:
             PACKED=cfg.packed, packed=packed, packed_desc=comment(", ".join(self.packed_axes(p))),
             NROWS=Code("Np" if cfg.packed else "Nq"), SPLIT=ws is not None, ws_o=Code("ws_o"), ws_lse=Code("ws_lse"),
             MASK_RANGE=causal is not None or window is not None, KV_COLUMNS=cfg.kv_columns,
-            KV_UNROLL=cfg.kv_unroll, WX=cfg.wx,
+            KV_UNROLL=cfg.kv_unroll, WX=cfg.wx, LSE=p.lse is not None,
         )
         source = render("attention_fwd.cu.jinja", **ctx)
         grid = (math.ceil(nrows / cfg.BQ), nz, cfg.splits)
