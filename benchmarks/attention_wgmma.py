@@ -47,6 +47,9 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=15)
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--all-configs", action="store_true", help="time every wgmma configuration")
+    ap.add_argument("--variants", action="store_true",
+                    help="time the model's best wgmma configuration one chunk at a time, in two stages, "
+                         "and in two stages with ping-pong")
     ap.add_argument("--json")
     a = ap.parse_args()
     gpu = torch.cuda.get_device_name()
@@ -80,8 +83,23 @@ def main() -> None:
                         cfg = attention_wgmma.config_of(attention_wgmma.analyze(d), d, r.schedule)
                         picks[f"wgmma_q{cfg.BQ}x{cfg.BX}s{o.stages}"] = r.schedule
                 pred = {id(r.schedule): r.seconds for r in ranked}
+                compiled = {key: compile_diagram(d, schedule=s) for key, s in picks.items()}
+                if a.variants and wg:
+                    import dataclasses
+
+                    from napkin.codegen.api import CompiledDiagram
+
+                    best = attention_wgmma.config_of(attention_wgmma.analyze(d), d, wg[0].schedule)
+                    for ov, pp in ((False, False), (True, False), (True, True)):
+                        if pp and best.consumers != 2:
+                            continue
+                        cfg = dataclasses.replace(best, overlap=ov, pingpong=pp)
+                        key = f"v_q{cfg.BQ}x{cfg.BX}s{cfg.stages}{'_2st' if ov else '_1st'}{'_pp' if pp else ''}"
+                        prog = attention_wgmma.lower_config(FAMILY, d, cfg)
+                        picks[key] = prog.schedule
+                        compiled[key] = CompiledDiagram(prog, arch="sm_90a")
                 for key, s in picks.items():
-                    c = compile_diagram(d, schedule=s)
+                    c = compiled[key]
                     out = c.empty_outputs(fill=float("nan"))
                     sec = timed(lambda: c(**ins, out=out), a.warmup, a.reps)
                     ref = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
@@ -91,7 +109,7 @@ def main() -> None:
                     row[key + "_pred"] = flops / pred[id(s)] / 1e12 if id(s) in pred else None
                     row[key + "_err"] = err
                 rows.append(row)
-                extra = "  ".join(f"{k}={row[k]:.0f}" for k in row if k.startswith("wgmma_q") and not k.endswith(("_engine", "_pred", "_err")))
+                extra = "  ".join(f"{k}={row[k]:.0f}" for k in row if k.startswith(("wgmma_q", "v_q")) and not k.endswith(("_engine", "_pred", "_err")))
                 print(f"{'causal' if causal else 'full  '} d={D:3d} seq={n:5d} b={b:2d}  flash={row['flash'] or 0:.0f} "
                       f"cudnn={row['cudnn'] or 0:.0f}  napkin={row['planner']:.0f} ({row['planner_engine']}, model "
                       f"{row['planner_pred']:.0f}, err {row['planner_err']:.1e})  mma.sync={row['mma.sync']:.0f}  "

@@ -78,3 +78,58 @@ def test_the_planner_picks_it_where_the_model_predicts_it_faster():
     print(engines, [k.template for k in c.program.launches])
     assert engines == ["wgmma"]
     assert [k.template for k in c.program.launches] == ["attention_wgmma.cu.jinja"]
+
+
+@pytest.mark.parametrize("variant", [(False, False), (True, False), (True, True)],
+                         ids=["one-stage", "two-stage", "two-stage-pingpong"])
+@pytest.mark.parametrize("name", ["mha", "attention_causal", "attention_window"])
+@pytest.mark.parametrize("D", attention_wgmma.HEAD_DIMS)
+def test_every_variant_of_the_loop(name, D, variant):
+    """Each way the consumers walk the chunks (one at a time; two stages; two stages with ping-pong
+    between two warpgroups), whichever the defaults are, on every configuration it applies to;
+    chunk counts odd and even (the two-stage loop walks them in pairs)."""
+    import dataclasses
+
+    from napkin.codegen.api import CompiledDiagram
+    from napkin.codegen.verify import verify_compiled
+
+    overlap, pingpong = variant
+    for cfg in attention_wgmma.configs(D):
+        if pingpong and cfg.consumers != 2:
+            continue
+        cfg = dataclasses.replace(cfg, overlap=overlap, pingpong=pingpong)
+        for q, x in ((1000, 1000), (129, 777), (3 * cfg.BX - 5, 3 * cfg.BX)):  # q <= x: rows with keys
+            d = library.get(name).bind(**sizes(name, q=q, x=x, d=D))
+            program = attention_wgmma.lower_config(FAMILY, d, cfg)
+            rows = verify_compiled(CompiledDiagram(program, arch="sm_90a"))
+            assert all(r.ok for r in rows), (cfg, q, x, rows)
+
+
+@pytest.mark.parametrize("name", ["mha", "attention_causal", "gqa"])
+@pytest.mark.parametrize("D", attention_wgmma.HEAD_DIMS)
+def test_the_forward_with_its_log_sum_exp(name, D):
+    """The forward with saves (O and the rows' log-sum-exp P_lse, fp32, for the backward) on the
+    wgmma template: both outputs NaN-poisoned, against the float64 reference."""
+    import math
+
+    import torch
+
+    from napkin.codegen.api import compile as compile_diagram
+    from napkin.diagrams.grad import forward_with_saves
+    from napkin.diagrams.reference import random_inputs
+
+    f = forward_with_saves(library.get(name), {"O", "P_lse"}).bind(**sizes(name, q=1000, x=777, d=D))
+    cands = attention_wgmma.candidates(FAMILY, f, "h100", "bf16")
+    assert cands
+    c = compile_diagram(f, schedule=cands[0])
+    assert [k.template for k in c.program.launches] == ["attention_wgmma.cu.jinja"]
+    xs = random_inputs(f, device="cuda", seed=3)
+    out = c.empty_outputs(fill=float("nan"))
+    c(**xs, out=out)
+    torch.cuda.synchronize()
+    ref = f.reference({n: t.double() for n, t in xs.items()}, dtype=torch.float64)
+    assert out["P_lse"].dtype == torch.float32
+    rel = float((out["O"].double() - ref["O"]).norm() / ref["O"].norm())
+    lse_err = float((out["P_lse"].double() - ref["P_lse"]).abs().max())
+    print(f"{name} d={D}: O {rel:.2e}, lse max abs error {lse_err:.2e}")
+    assert rel < 1e-2 and lse_err < 1e-3 * max(1.0, math.log(777))

@@ -504,9 +504,8 @@ class AttentionFamily:
                     splits = splits[1:]
                 for k in splits:
                     out.append(self.schedule(diagram, replace(v, splits=k), gpu=gpu, dtype=dtype))
-        if p.lse is not None:  # the log-sum-exp output is the mma.sync template's
-            return out
-        # the Hopper template (wgmma + TMA), after the mma.sync tiles: a tie keeps mma.sync
+        # the Hopper template (wgmma + TMA, the log-sum-exp output too), after the mma.sync tiles:
+        # a tie keeps mma.sync
         from . import attention_wgmma
 
         return out + attention_wgmma.candidates(self, diagram, gpu, dtype)

@@ -15,25 +15,32 @@ Offered (by :meth:`AttentionFamily.candidates`) where the GPU has wgmma, the hea
 or 128, q is more than the decode tiles' 64 rows, and each of Q, K, V is stored as rows of d
 (its q or x the second-to-last axis, every other axis whole rows), which the two-dimensional
 tensor maps need; the model ranks them with the mma.sync tiles and the planner takes whichever
-it predicts faster. Not here: the packed GQA tiles and split x of decode (the mma.sync path).
+it predicts faster. The forward with its log-sum-exp output (the backward's saves) runs here too.
+Not here: the packed GQA tiles and split x of decode (the mma.sync path), head dims other than 64
+and 128 (the mma.sync path).
+
+Measured (H100, bf16, 16 heads, 16k tokens a batch; ``benchmarks/attention_wgmma.py``): at seq 16k
+580 TFLOP/s at d = 128 (0.88x SDPA-cuDNN, 1.69x SDPA-flash), 572 causal (0.99x, 1.80x), 455 at
+d = 64 (0.95x, 1.52x); at seq 1k 0.54-0.66x cuDNN (eight chunks a block: the block's start-up and
+its end are not overlapped with another tile's work).
 
 >>> from napkin.diagrams import library
 >>> d = library.get("mha").bind(h=16, q=4096, x=4096, d=128)
 >>> wgmma_reason(analyze(d), d, "h100"), wgmma_reason(analyze(d), d, "a100-80gb")
 (None, 'a100-80gb (sm_80) has no wgmma (it needs sm_90a)')
->>> [c.BQ for c in configs(128)], [c.BQ for c in configs(64)]
-([128, 128], [128, 192])
+>>> [(c.BQ, c.BX, c.overlap) for c in configs(128)][0], [(c.BQ, c.BX, c.overlap) for c in configs(64)][0]
+((128, 128, False), (128, 128, True))
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ...diagrams.diagram import Diagram
 from ...errors import CodegenError
 from ...perfmodel.schedule import KernelOptions, Schedule
-from ..program import KernelLaunch, Program
+from ..program import Arg, KernelLaunch, Program
 from ..render import Code, comment, comment_lines, ident
 from .attention import DECODE_ROWS, LOG2E, AttentionProblem, analyze
 from .contraction import _gpu_key, _smem_limit
@@ -41,23 +48,32 @@ from .epilogue import (Param, check_index_size, contiguous_strides, ctype, float
                        score_chain, short_hash, signature, stride_param, tensor_param, tensormap_param)
 
 __all__ = ["WgmmaAttentionConfig", "CONFIGS", "HEAD_DIMS", "configs", "wgmma_reason", "candidates", "schedule",
-           "config_of", "launch_estimate", "lower", "TEMPLATE"]
+           "config_of", "launch_estimate", "lower", "lower_config", "TEMPLATE", "PINGPONG"]
 
 TEMPLATE = "attention_wgmma.cu.jinja"
 
-#: (consumer warpgroups, s_x, stages) per head dimension, best first. The registers of one
-#: consumer thread hold S (s_x / 2 fp32), P (s_x / 4) and O (d / 2): at d = 128 and s_x = 128
-#: that is 160 of the 240 two consumers get from setmaxnreg (three would get 160). ptxas allocates
-#: the whole kernel within the cap at entry (65536 / threads: 168 for two consumers, 128 for
-#: three), so three consumers take chunks of 64 keys (64 x 128 chunks spill there). Shared memory: Q (64 x consumers x d) and
-#: stages x (K + V chunks), 160 KiB at d = 128 with two stages of 128 keys.
+#: (consumer warpgroups, s_x, stages, two stages) per head dimension. The registers of one
+#: consumer thread hold S (s_x / 2 fp32), P (s_x / 4; twice with two stages) and O (d / 2): at
+#: d = 128 and s_x = 128 that is 160 of the 240 two consumers get from setmaxnreg (three would
+#: get 160). ptxas allocates the whole kernel within the cap at entry (65536 / threads: 168 for two
+#: consumers, 128 for three), so three consumers take chunks of 64 keys (64 x 128 chunks spill
+#: there). Shared memory: Q (64 x consumers x d) and stages x (K + V chunks), 160 KiB at d = 128
+#: with two stages of 128 keys. The two-stage loop (S of chunk j and its softmax beside P V of
+#: chunk j - 1) measured faster at d = 64 and slower at d = 128 (H200, 16k tokens: 459 against 436
+#: TFLOP/s at d = 64, 494 against 570 at d = 128), so each head dimension keeps its faster loop.
 CONFIGS = {
-    64: ((2, 128, 3), (3, 64, 4)),
-    128: ((2, 128, 2), (2, 64, 4)),
+    64: ((2, 128, 3, True), (2, 128, 4, True), (3, 64, 4, True)),
+    128: ((2, 128, 2, False), (2, 128, 3, False), (2, 176, 2, False)),
 }
 
 #: The head dimensions the template is offered for.
 HEAD_DIMS = tuple(sorted(CONFIGS))
+
+#: Whether two consumer warpgroups take turns issuing their products (ping-pong, named barriers),
+#: so that one's softmax runs while the other's wgmma keep the tensor cores busy. Built and
+#: tested, off: it measured no faster than the warpgroups' own interleaving (H200: d = 64 439
+#: against 459 TFLOP/s, d = 128 506 against 494, both two-stage).
+PINGPONG = False
 
 #: Registers per producer thread after setmaxnreg (it issues TMA copies only).
 PRODUCER_REGS = 24
@@ -72,6 +88,8 @@ class WgmmaAttentionConfig:
     BX: int
     consumers: int
     stages: int
+    overlap: bool = False  # two stages inside a warpgroup: S of chunk j beside P V of chunk j - 1
+    pingpong: bool = False  # two consumers take turns issuing their products (needs overlap)
 
     @property
     def BQ(self) -> int:
@@ -105,7 +123,7 @@ class WgmmaAttentionConfig:
 
 def configs(D: int) -> list[WgmmaAttentionConfig]:
     """The configurations for head dimension ``D``, best first (none where it has no table)."""
-    return [WgmmaAttentionConfig(D, bx, c, st) for c, bx, st in CONFIGS.get(D, ())]
+    return [WgmmaAttentionConfig(D, bx, c, st, overlap=two) for c, bx, st, two in CONFIGS.get(D, ())]
 
 
 def _rows_layout_problem(v, row_axis: str, last: str, sizes) -> str | None:
@@ -137,8 +155,6 @@ def wgmma_reason(p: AttentionProblem, diagram: Diagram, gpu=None, arch: str | No
         return f"head dimension {D}: the wgmma template takes {', '.join(map(str, HEAD_DIMS))}"
     if p.dv != p.d:
         return "the wgmma template needs V's value axis to be the head dimension"
-    if getattr(p, "lse", None) is not None:
-        return "the wgmma template writes no log-sum-exp output (the mma.sync template does)"
     for v, row in ((p.Q, p.q), (p.K, p.x), (p.V, p.x)):
         why = _rows_layout_problem(v, row, p.d, diagram.sizes)
         if why:
@@ -158,7 +174,10 @@ def schedule(fam, diagram: Diagram, cfg: WgmmaAttentionConfig, gpu="h100", dtype
     p = analyze(diagram)
     groups = {a: 1 for a in p.woven}
     groups[p.q] = cfg.BQ
-    s = Schedule.fused(diagram, groups=groups, streams={p.x: cfg.BX}, rf_groups={p.q: 64}, gpu=_gpu_key(gpu),
+    # with the log-sum-exp output the model sees x whole (the diagram's log-sum-exp is two passes
+    # over x as written; the kernel's online softmax keeps both in one): the chunk is the table's
+    streams = {} if p.lse is not None else {p.x: cfg.BX}
+    s = Schedule.fused(diagram, groups=groups, streams=streams, rf_groups={p.q: 64}, gpu=_gpu_key(gpu),
                        dtype=dtype or p.dtype)
     return s.replace(kernels=(s.kernels[0].replace(family=fam.name, options=cfg.options()),))
 
@@ -173,8 +192,13 @@ def candidates(fam, diagram: Diagram, gpu, dtype: str) -> list[Schedule]:
     if not isinstance(sz.get(p.q), int) or sz[p.q] <= DECODE_ROWS:
         return []
     limit = _smem_limit(gpu)
-    return [schedule(fam, diagram, c, gpu, dtype) for c in configs(diagram.axes[p.d].bound_size)
-            if c.smem_bytes() <= limit]
+    out, seen = [], set()
+    for c in configs(diagram.axes[p.d].bound_size):
+        key = (c.consumers, c.stages) if p.lse is not None else c  # x whole: one chunk per row tiling
+        if c.smem_bytes() <= limit and key not in seen:
+            seen.add(key)
+            out.append(schedule(fam, diagram, c, gpu, dtype))
+    return out
 
 
 def config_of(p: AttentionProblem, diagram: Diagram, sched: Schedule) -> WgmmaAttentionConfig:
@@ -202,7 +226,14 @@ def config_of(p: AttentionProblem, diagram: Diagram, sched: Schedule) -> WgmmaAt
         raise CodegenError(f"attention family (wgmma): head dimension {D}; the template takes "
                            f"{', '.join(map(str, HEAD_DIMS))}")
     consumers = opts.warpgroups or (BQ // 64 if BQ else table[0].consumers)
-    cfg = WgmmaAttentionConfig(D, BX or table[0].BX, consumers, opts.stages or table[0].stages)
+    stages = opts.stages or table[0].stages
+    if BX is None:  # x whole in the model (the log-sum-exp output): the table's chunk for these rows
+        same = [c for c in table if (c.consumers, c.stages) == (consumers, stages)] or table
+        BX = same[0].BX
+    cfg = WgmmaAttentionConfig(D, BX, consumers, stages)
+    known = [c for c in table if (c.BX, c.consumers, c.stages) == (cfg.BX, cfg.consumers, cfg.stages)]
+    cfg = replace(cfg, overlap=known[0].overlap if known else False, pingpong=PINGPONG and consumers == 2
+                  and (known[0].overlap if known else False))
     what = f"attention family (wgmma): g_{p.q}={BQ}, w_{p.q}={WQ}, s_{p.x}={cfg.BX}, warpgroups={consumers}"
     if BQ is not None and BQ != cfg.BQ:
         raise CodegenError(f"{what}: g_{p.q} must be 64 x the consumer warpgroups ({cfg.BQ})")
@@ -212,12 +243,16 @@ def config_of(p: AttentionProblem, diagram: Diagram, sched: Schedule) -> WgmmaAt
         raise CodegenError(f"{what}: 1 to 3 consumer warpgroups")
     if cfg.BX % 16 or not 16 <= cfg.BX <= 256:
         raise CodegenError(f"{what}: s_{p.x} must be a multiple of 16 up to 256 (one wgmma's N)")
+    if cfg.pingpong and (consumers != 2 or not cfg.overlap):
+        raise CodegenError(f"{what}: ping-pong takes two consumer warpgroups, each with its two stages")
     if not 2 <= cfg.stages <= 8:
         raise CodegenError(f"{what}: stages must be 2 to 8")
-    # S (BX / 2), P (BX / 4) and O (D / 2) registers a consumer thread, and some 24 more
-    if cfg.BX // 2 + cfg.BX // 4 + D // 2 + 24 > cfg.consumer_regs():
-        raise CodegenError(f"{what}: S, P and O need {cfg.BX // 2 + cfg.BX // 4 + D // 2} registers a thread; "
-                           f"{consumers} consumers get {cfg.consumer_regs()}")
+    # S (BX / 2), P (BX / 4, twice with two stages) and O (D / 2) registers a consumer thread, and
+    # some 24 more
+    need = cfg.BX // 2 + cfg.BX // 4 * (2 if cfg.overlap else 1) + D // 2
+    if need + 24 > cfg.consumer_regs():
+        raise CodegenError(f"{what}: S, P and O need {need} registers a thread; {consumers} consumers get "
+                           f"{cfg.consumer_regs()}")
     return cfg
 
 
@@ -271,6 +306,20 @@ def lower(fam, diagram: Diagram, sched: Schedule, arch: str) -> Program:
     return Program(diagram, sched, fam.name, (launch,), (), dict(diagram.sizes))
 
 
+def lower_config(fam, diagram: Diagram, cfg: WgmmaAttentionConfig, arch: str = "sm_90a") -> Program:
+    """The Program of one configuration as given (its overlap and ping-pong too), for comparing
+    the template's variants; :func:`lower` takes the configuration a schedule says."""
+    p = analyze(diagram)
+    why = wgmma_reason(p, diagram, arch=arch)
+    if why:
+        raise CodegenError(f"attention family (wgmma): {why}")
+    if cfg.pingpong and (cfg.consumers != 2 or not cfg.overlap):
+        raise CodegenError("attention family (wgmma): ping-pong takes two consumer warpgroups, each with its two "
+                           "stages")
+    sched = schedule(fam, diagram, cfg)
+    return Program(diagram, sched, fam.name, (_launch(diagram, p, cfg, arch),), (), dict(diagram.sizes))
+
+
 def _launch(d: Diagram, p: AttentionProblem, cfg: WgmmaAttentionConfig, arch: str) -> KernelLaunch:
     T = p.dtype
     sz = d.sizes
@@ -286,6 +335,10 @@ def _launch(d: Diagram, p: AttentionProblem, cfg: WgmmaAttentionConfig, arch: st
         int_param("Nq", Nq), int_param("Nx", Nx),
         int_param("sO_q", sO[p.q], f"row stride of {out}[{','.join(p.O.axis_names)}]"),
     ]
+    if p.lse is not None:  # the rows' log-sum-exp (fp32, natural log), for the backward
+        sL = contiguous_strides(p.lse)
+        params += [Param(Arg("tensor", d.output_names[1], dtype="fp32", axes=p.lse.axis_names),
+                         Code("float* __restrict__ Lse")), int_param("sL_q", sL[p.q])]
     fixed = {str(x.decl).split()[-1] for x in params}
     woven = []
     nz = 1
@@ -309,6 +362,9 @@ def _launch(d: Diagram, p: AttentionProblem, cfg: WgmmaAttentionConfig, arch: st
                    int_param(names["rK"], rows["rK"], f"rows of {p.K.label()} per index of {ax}"),
                    int_param(names["rV"], rows["rV"], f"rows of {p.V.label()} per index of {ax}"),
                    stride_param(names["sO"], sO[ax], f"stride of the output along {ax}")]
+        if p.lse is not None:
+            names["sL"] = name("sL_")
+            params.append(stride_param(names["sL"], sL[ax], "stride of the log-sum-exp"))
         woven.append(names)
     if nz > 65535:
         raise CodegenError(f"attention family: {nz} woven combinations (heads x batch); at most 65535")
@@ -322,10 +378,11 @@ def _launch(d: Diagram, p: AttentionProblem, cfg: WgmmaAttentionConfig, arch: st
     if smem > limit:
         raise CodegenError(f"attention family (wgmma): the tiles need {smem} bytes of shared memory; "
                            f"{arch} allows {limit} per block")
-    pingpong = False
+    pingpong = cfg.pingpong
+    lse = p.lse is not None
     tag = short_hash(T, [str(x) for x in chain.full.lines], [str(x) for x in chain.nomask.lines], p.woven, causal,
-                     window, always_mask, cfg, float_idx, pingpong)
-    kname = Code(f"napkin_attn_wgmma_{T}_d{cfg.D}_q{cfg.BQ}_x{cfg.BX}_s{cfg.stages}_{tag}")
+                     window, always_mask, cfg, float_idx, pingpong, lse)
+    kname = Code(f"napkin_attn_wgmma_{T}_d{cfg.D}_q{cfg.BQ}_x{cfg.BX}_s{cfg.stages}{'_lse' if lse else ''}_{tag}")
     legend = [
         "(sequence lengths and woven sizes are kernel arguments; D is compiled in)",
         f"diagram {d.name}: {p.Q.label()}, {p.K.label()}, {p.V.label()} -> {out}[{','.join(p.O.axis_names)}], {T}",
@@ -341,6 +398,8 @@ def _launch(d: Diagram, p: AttentionProblem, cfg: WgmmaAttentionConfig, arch: st
         legend.append(f"  causal (offset {causal}): key blocks above the diagonal skipped")
     if window is not None:
         legend.append(f"  sliding window {window}: key blocks outside it skipped")
+    if lse:
+        legend.append(f"  log-sum-exp: {d.output_names[1]}[{','.join(p.lse.axis_names)}] (fp32, natural log) per row")
     ns, no = cfg.BX // 2, cfg.D // 2
     ctx = dict(
         kname=kname, T=ctype(T), AB=Code("bf16" if T == "bf16" else "f16"), D=cfg.D, BX=cfg.BX, STAGES=cfg.stages,
@@ -358,13 +417,13 @@ def _launch(d: Diagram, p: AttentionProblem, cfg: WgmmaAttentionConfig, arch: st
         full_body=chain.full.body("          "), full_result=chain.full.result,
         nomask_body=chain.nomask.body("          "), nomask_result=chain.nomask.result,
         NOMASK_NEEDED=bool(chain.nomask.lines), chain_desc=comment(", ".join(chain.boxes) or "none"),
-        PINGPONG=pingpong, LSE=False,
+        PINGPONG=pingpong, OVERLAP=cfg.overlap, LSE=p.lse is not None,
     )
     source = render(TEMPLATE, **ctx)
     grid = (math.ceil(Nq / cfg.BQ), nz, 1)
     tunables = (("BQ", cfg.BQ), ("BX", cfg.BX), ("WQ", 64), ("stages", cfg.stages), ("D", cfg.D),
                 ("warpgroups", cfg.consumers), ("engine", "wgmma"), ("causal", causal), ("window", window),
-                ("pingpong", pingpong))
+                ("overlap", cfg.overlap), ("pingpong", pingpong))
     return KernelLaunch(
         name=str(kname), source=source, grid=grid, block=(cfg.threads, 1, 1), shared_bytes=smem,
         args=tuple(x.arg for x in params), template=TEMPLATE, tunables=tunables,

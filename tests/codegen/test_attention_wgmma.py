@@ -1,0 +1,163 @@
+"""The attention family's Hopper template (``attention_wgmma.py``, ``attention_wgmma.cu.jinja``) on
+the CPU: which diagrams it takes and why not, the planner's choice (wgmma on an H100 at d = 64 and
+128, mma.sync on an A100), the lowering of a schedule's tiles and its refusals, and the template
+built with nvcc for sm_90a (marked ``nvcc``) in every configuration (and with ping-pong): no spills
+(the one configuration that spills a few bytes with ALiBi's extra registers is named), no wgmma
+serialised by ptxas (warning C7513), no stack.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from napkin.codegen.families import attention_wgmma as W
+from napkin.codegen.families.attention import FAMILY, analyze
+from napkin.codegen.planner import derive
+from napkin.diagrams import Axis, Diagram, array, library
+from napkin.diagrams.library import attention_core
+from napkin.errors import CodegenError
+from napkin.perfmodel.schedule import Schedule
+
+
+def bound(name, dtype="bf16", d=128, q=1000, x=1000, **more) -> Diagram:
+    dg = library.get(name).with_dtype(dtype)
+    sizes = {"q": q, "x": x, "d": d, "h": 2, "j": 3, **more}
+    return dg.bind(**{k: v for k, v in sizes.items() if k in dg.axes})
+
+
+def test_reasons():
+    d = bound("mha")
+    p = analyze(d)
+    assert W.wgmma_reason(p, d, "h100") is None
+    assert "sm_90a" in W.wgmma_reason(p, d, "a100-80gb")
+    assert "sm_90a" in W.wgmma_reason(p, d, arch="sm_80")
+    d96 = bound("mha", d=96)
+    assert "head dimension 96" in W.wgmma_reason(analyze(d96), d96, "h100")
+    q, x, dd, h = Axis("q"), Axis("x"), Axis("d"), Axis("h")
+    bshd = Diagram("bshd", attention_core(array("Q", q, h, dd), array("K", x, h, dd), array("V", x, h, dd)))
+    b = bshd.bind(q=100, x=100, h=4, d=64)
+    assert "second to last" in W.wgmma_reason(analyze(b), b, "h100")
+    assert not W.candidates(FAMILY, b, "h100", "bf16")  # the mma.sync tiles run it
+
+
+@pytest.mark.parametrize("name", ["mha", "attention_causal", "gqa"])
+@pytest.mark.parametrize("D", [64, 128])
+def test_derive_picks_wgmma_on_hopper_and_mma_sync_on_ampere(name, D):
+    d = bound(name, d=D, q=4096, x=4096, h=4)
+    plan = derive(d, "h100", "bf16", explain=False).plan
+    (k,) = plan.kernels
+    assert k.family == "attention" and k.kernel.options.engine == "wgmma"
+    assert k.kernel.options.warpgroups in (2, 3) and k.kernel.options.stages >= 2
+    prog = FAMILY.lower(d, plan.schedule, "sm_90a")
+    assert [x.template for x in prog.launches] == ["attention_wgmma.cu.jinja"]
+    plan = derive(d, "a100-80gb", "bf16", explain=False).plan
+    assert plan.kernels[0].kernel.options.engine == "mma.sync"
+
+
+def test_decode_keeps_the_mma_sync_tiles():
+    d = bound("gqa", q=1, x=8192, h=8, j=4)
+    assert not W.candidates(FAMILY, d, "h100", "bf16")
+
+
+def test_lower_reads_the_tiles_and_options():
+    d = bound("attention_causal", d=128)
+    cfg = W.configs(128)[0]
+    s = W.schedule(FAMILY, d, cfg)
+    opts = s.kernels[0].options
+    assert (opts.engine, opts.warpgroups, opts.stages) == ("wgmma", cfg.consumers, cfg.stages)
+    (k,) = FAMILY.lower(d, s, "sm_90a").launches
+    assert f"constexpr int BX = {cfg.BX};" in k.source and f"constexpr int CONSUMERS = {cfg.consumers};" in k.source
+    assert k.block == (128 * (cfg.consumers + 1), 1, 1) and k.grid == (-(-1000 // cfg.BQ), 2, 1)
+    assert k.shared_bytes == cfg.smem_bytes() and k.model_smem_bytes == (cfg.BQ * 128 + 2 * cfg.stages * cfg.BX * 128) * 2
+    assert dict(k.tunables)["causal"] == 0 and dict(k.tunables)["engine"] == "wgmma"
+    assert {a.kind for a in k.args} >= {"tmap", "tensor", "int", "float"}
+    est = FAMILY.launch_estimate(d, s, "h100")
+    assert est["tensor_path"] == "peak" and est["threads"] == k.block[0]
+    assert FAMILY.builds_for(s, "sm_90a") and not FAMILY.builds_for(s, "sm_80")
+
+
+def test_refusals():
+    d = bound("mha", d=128)
+    with pytest.raises(CodegenError, match="sm_90a"):
+        FAMILY.lower(d, W.schedule(FAMILY, d, W.configs(128)[0]), "sm_80")
+    bad = Schedule.fused(d, groups={"q": 128, "h": 1}, streams={"x": 128}, rf_groups={"q": 32})
+    bad = bad.replace(kernels=(bad.kernels[0].replace(family="attention", options=W.configs(128)[0].options()),))
+    with pytest.raises(CodegenError, match="w_q"):
+        FAMILY.lower(d, bad, "sm_90a")
+    bad = Schedule.fused(d, groups={"q": 192, "h": 1}, streams={"x": 128}, rf_groups={"q": 64})
+    bad = bad.replace(kernels=(bad.kernels[0].replace(family="attention", options=W.configs(128)[0].options()),))
+    with pytest.raises(CodegenError, match="64 x the consumer warpgroups"):
+        FAMILY.lower(d, bad, "sm_90a")
+    d64 = bound("mha", d=64)
+    with pytest.raises(CodegenError, match="ping-pong"):
+        W.lower_config(FAMILY, d64, dataclasses.replace(W.configs(64)[2], pingpong=True))  # three consumers
+
+
+# ---------------------------------------------------------------------------- nvcc builds
+
+def _cases():
+    out = []
+    for D in W.HEAD_DIMS:
+        for c in W.configs(D):
+            # the configuration's own loop, and ping-pong where it has two stages and two consumers
+            # (the two-stage loop at d = 128, not offered, spills with masks)
+            variants = {c}
+            if c.consumers == 2 and c.overlap:
+                variants.add(dataclasses.replace(c, pingpong=True))
+            for v in sorted(variants, key=str):
+                for name in ("mha", "attention_causal", "attention_alibi", "attention_window"):
+                    out.append((name, "bf16", v))
+        out.append(("gqa", "fp16", W.configs(D)[0]))
+    return out
+
+
+CASES = _cases()
+
+#: Configurations allowed a few bytes of spills: ALiBi's bias per score beside 88 registers of S.
+SPILL_OK = {("attention_alibi", 128, 176)}
+
+
+@pytest.fixture(scope="module")
+def builds():
+    from napkin.kernels.nvcc import nvcc_compile
+
+    def build(case):
+        name, dtype, cfg = case
+        d = bound(name, dtype, d=cfg.D)
+        (k,) = W.lower_config(FAMILY, d, cfg).launches
+        return k, nvcc_compile(k.source, "sm_90a")
+
+    with ThreadPoolExecutor(max(2, os.cpu_count() or 2)) as ex:
+        return dict(enumerate(ex.map(build, CASES)))
+
+
+@pytest.mark.nvcc
+@pytest.mark.parametrize("i", range(len(CASES)), ids=[f"{n}-{t}-d{c.D}-q{c.BQ}x{c.BX}s{c.stages}"
+                                                       f"{'-2st' if c.overlap else ''}{'-pp' if c.pingpong else ''}"
+                                                       for n, t, c in CASES])
+def test_builds_without_spills_or_serialised_wgmma(builds, i):
+    name, _, cfg = CASES[i]
+    launch, usage = builds[i]
+    k = usage[launch.name]
+    print(f"{launch.name}: {k.registers} registers at entry, {launch.shared_bytes} B shared")
+    assert "C7513" not in usage.log, "ptxas serialised the wgmma"
+    if (name, cfg.D, cfg.BX) not in SPILL_OK:
+        assert not k.spills and k.stack_bytes == 0
+    assert k.registers <= 65536 // launch.threads
+    assert launch.shared_bytes <= 227 * 1024 and k.shared_bytes == 0
+
+
+def test_the_forward_with_its_log_sum_exp_plans_on_wgmma():
+    from napkin.diagrams.grad import forward_with_saves
+
+    f = forward_with_saves(library.get("attention_causal"), {"O", "P_lse"}).bind(h=2, q=4096, x=4096, d=128)
+    cands = W.candidates(FAMILY, f, "h100", "bf16")
+    assert cands and all(not s.kernels[0].streams for s in cands)  # x whole in the model
+    (k,) = FAMILY.lower(f, derive(f, "h100", "bf16", explain=False).plan.schedule, "sm_90a").launches
+    assert k.template == "attention_wgmma.cu.jinja" and "Lse[" in k.source
+    lse = [a for a in k.args if a.kind == "tensor" and a.name == "P_lse"]
+    assert lse and lse[0].dtype == "fp32"
