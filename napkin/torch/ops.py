@@ -248,8 +248,11 @@ class NapkinOp:
         d = self.diagram
         self.input_names = d.input_names
         self.output_names = d.output_names
-        self._in_dtypes = tuple(torch_dtype(v.dtype) for v in d.inputs)
-        self._out_dtypes = tuple(torch_dtype(v.dtype) for v in d.outputs)
+        # the kernels may store an array in another dtype than the diagram's (attention's saved
+        # log-sum-exp in fp32): the checks and the fake outputs follow the compiled diagram
+        ins, outs = getattr(compiled, "_dtypes", None) or {}, getattr(compiled, "_out_dtypes", None) or {}
+        self._in_dtypes = tuple(torch_dtype(ins.get(v.name, v.dtype)) for v in d.inputs)
+        self._out_dtypes = tuple(torch_dtype(outs.get(n, v.dtype)) for n, v in zip(d.output_names, d.outputs))
         # each input's axes: a fixed size, or the name of a dynamic axis
         self._in_axes = tuple(tuple(a.bound_size if a.name not in self.dynamic else a.name for a in v.axes)
                               for v in d.inputs)
@@ -521,7 +524,10 @@ class NapkinOp:
             else:
                 g = g.to(dt).contiguous()
             env["d" + n] = g
-        env.update(zip(pieces.save, saved))
+        # a saved array in the dtype the backward's kernels read (the forward's attention kernel
+        # stores the log-sum-exp in fp32; an unfused backward plan reads the diagram's dtype)
+        want = dict(zip(b.input_names, b._in_dtypes))
+        env.update((n, t if t.dtype == want[n] else t.to(want[n])) for n, t in zip(pieces.save, saved))
         outs = b(*(env[n] for n in b.input_names))
         outs = outs if isinstance(outs, tuple) else (outs,)
         got = dict(zip(b.output_names, outs))
