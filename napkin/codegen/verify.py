@@ -161,6 +161,7 @@ def verify_compiled(compiled, *, seed: int | None = None, tolerance: float | Non
     import torch
 
     from ..diagrams.reference import random_inputs
+    from ..dtypes import torch_dtype
 
     d = compiled.diagram
     dt = sorted(d.dtypes)[0] if d.dtypes else "bf16"
@@ -169,6 +170,9 @@ def verify_compiled(compiled, *, seed: int | None = None, tolerance: float | Non
     fam = compiled.family
     sched = _schedule_text(compiled)
     inputs = random_inputs(d, device="cuda", seed=seed)
+    # the kernels may store an input in another dtype than the diagram's (a saved log-sum-exp in fp32)
+    stored = getattr(compiled, "_dtypes", None) or {}
+    inputs = {k: v.to(torch_dtype(stored.get(k, d.value(k).dtype))) for k, v in inputs.items()}
     outs = compiled.empty_outputs(device="cuda", fill=float("nan"))
     compiled(**inputs, out=outs)
     torch.cuda.synchronize()
