@@ -263,6 +263,9 @@ class _Run:
         elif kind == "norm":
             (x,) = args
             ax = b.axis_names.index(op.over)
+            if phase == "body" and op.over == self.s:
+                raise ScheduleError(f"interpreter: {op.how} over the streamed axis {self.s!r} (its row scale "
+                                    "factored out of the contraction) has no rule here")
             if op.how == "layernorm":
                 mean = x.mean(ax, keepdims=True)
                 var = ((x - mean) ** 2).mean(ax, keepdims=True)

@@ -213,6 +213,53 @@ def _verb(b: Value, axis: str) -> str:
     return f"is defined on {axis}"
 
 
+#: Maps linear in one argument: a per-row scale of that argument passes through them unchanged.
+_SCALE_THROUGH = ("mul", "scale")
+
+
+def _row_scale_factors_out(b: Value, s: str, d, in_kernel, out_ids, outputs) -> bool:
+    """Whether rmsnorm box ``b`` over the streamed axis ``s`` reaches, inside the kernel and only
+    through multiplications, contractions over ``s`` alone: Σ_s (x·r)·y = r·Σ_s x·y for the row
+    scale r = 1/√(mean x² + eps), so the stream needs no whole row (RMSNorm → linear)."""
+    if b.op.how != "rmsnorm":
+        return False
+    outs = out_ids | {id(v) for v in outputs}
+    stack, seen = [b], set()
+    while stack:
+        v = stack.pop()
+        if id(v) in seen:
+            continue
+        seen.add(id(v))
+        cons = d.consumers.get(id(v), ())
+        if id(v) in outs or not cons:
+            return False
+        for c in cons:
+            if id(c) not in in_kernel or sum(1 for a in c.args if a is v) != 1:
+                return False
+            if c.op.kind == "contract" and s in c.op.over:
+                continue
+            others = [a for a in c.args if a is not v]
+            if c.op.kind == "map" and c.op.fn in _SCALE_THROUGH and s in c.axis_names and \
+                    not any(_reaches(a, b) for a in others):  # x·r times r again is not linear in r
+                stack.append(c)
+                continue
+            return False
+    return True
+
+
+def _reaches(v: Value, target: Value) -> bool:
+    """Whether ``v`` is ``target`` or computed from it."""
+    stack, seen = [v], set()
+    while stack:
+        u = stack.pop()
+        if u is target:
+            return True
+        if id(u) not in seen:
+            seen.add(id(u))
+            stack.extend(u.args)
+    return False
+
+
 def _lone_softmax_reason(axis: str) -> str:
     return (f"softmax over {axis} needs the whole row before it can write any output; it becomes "
             f"streamable only when followed by a contraction over {axis}, which supplies the accumulator")
@@ -472,7 +519,7 @@ def _plan_kernel(schedule: Schedule, index: int, boxes: tuple[Value, ...], names
         onl = [a for a, p in aps if p == "online"]
         if s in own:
             kind = b.op.kind
-            if kind == "norm":
+            if kind == "norm" and not _row_scale_factors_out(b, s, d, in_kernel, out_ids, outputs):
                 raise ScheduleError(
                     f"cannot stream axis {s!r} in kernel {kname!r}: box {bname} ({b.op.how} over {s}) needs the "
                     f"mean{' and variance' if b.op.how == 'layernorm' else ' square'} of the whole row before "
@@ -490,7 +537,9 @@ def _plan_kernel(schedule: Schedule, index: int, boxes: tuple[Value, ...], names
                 raise ScheduleError(
                     f"cannot stream axis {s!r} in kernel {kname!r}: box {bname} contracts two streamed "
                     f"softmaxes ({', '.join(names[id(a)] for a in onl)}); one online softmax per contraction")
-            phase[id(b)] = "online" if kind == "softmax" else "acc"
+            # an rmsnorm whose row scale factors out of a contraction over s passes its chunk on
+            # unscaled (the kernel accumulates the mean square and scales the sum at the end)
+            phase[id(b)] = "online" if kind == "softmax" else "chunk" if kind == "norm" else "acc"
         elif s in b.axis_names:
             if late:
                 raise ScheduleError(

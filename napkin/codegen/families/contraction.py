@@ -3,7 +3,11 @@
 A diagram belongs here when its only box that is not elementwise is a two-input contraction
 over one axis, ``C[batch.., a, c] = Σ_b A[.., a, b]·B[.., b, c]``, and every other box is a
 whitelisted map after it (bias, GELU, SiLU, scale, a residual add): the library's ``matmul``,
-``batched_matmul``, ``matmul_t`` and ``mlp``.
+``batched_matmul``, ``matmul_t`` and ``mlp``. On the wgmma template also: two sums of one operand
+combined by maps (SwiGLU's gate and up), an rmsnorm of A over the summed axis times G[b] before
+the sum (``rmsnorm_linear``: a prologue on the A tiles, the row scale applied in the epilogue), and
+a softmax, sum, max, min or mean along the output's rows when one tile spans them (``gemm_softmax``
+with ``c <= 256``).
 
 Roles are read off the diagram: ``c`` is the output's last (contiguous) axis, the operand that
 carries it is ``B`` and the other ``A``; ``a`` is A's own axis (the last of them in the output
@@ -44,7 +48,7 @@ from ...errors import CodegenError
 from ...perfmodel.schedule import KernelOptions, Schedule
 from ..program import Arg, Buffer, KernelLaunch, Program
 from ..render import Code, comment_lines, ident
-from .epilogue import (FUNCTIONS, Param, check_epilogue, check_index_size, contiguous_strides, ctype, epilogue_code,
+from .epilogue import (FUNCTIONS, Param, check_epilogue, check_index_size, contiguous_strides, ctype, cuda_float, epilogue_code,
                        index_size_problem, int_param, render, short_hash, signature, stride_param, tensor_param, tensormap_param)
 
 __all__ = ["ContractionFamily", "MatmulProblem", "MatmulConfig", "analyze", "FAMILY"]
@@ -122,6 +126,15 @@ class MatmulProblem:
     #: whose result the epilogue combines with the first's (``acc2``)
     contraction2: Value | None = None
     B2: Value | None = None
+    #: a prologue (RMSNorm -> linear): the rmsnorm box over b of operand A whose row scale the
+    #: epilogue applies, the boxes between A and the contraction, and the input G[b] multiplying
+    #: A's tiles as they are loaded (None: the norm alone)
+    norm: Value | None = None
+    prologue: tuple[Value, ...] = ()
+    G: Value | None = None
+    #: a reduction along the output's rows (softmax, or a sum, max, min or mean over ``c``) of
+    #: the contraction after elementwise maps; the output follows it through further maps
+    rowred: Value | None = None
 
     @property
     def dual(self) -> bool:
@@ -244,8 +257,120 @@ def _dual_problem(diagram: Diagram, contracts: list[Value]) -> MatmulProblem | s
     return replace(p, out=outs[0], contraction2=c2, B2=B2)
 
 
+def _prologue_problem(diagram: Diagram, norm: Value, contracts: list[Value]) -> MatmulProblem | str:
+    """RMSNorm -> linear: ``Y = epilogue(Σ_b (rmsnorm_b(X)·G[b])·W)`` with the norm over the summed
+    axis ``b`` of the input X: the row scale 1/√(mean_b X² + eps) factors out of the sum, so the
+    kernel multiplies X's tiles by G as they are loaded, accumulates Σ_b X² from the same tiles
+    (every b of a row passes through the block) and scales the sum in the epilogue."""
+    C = next(v for v in contracts if v is not norm)
+    X = norm.args[0]
+    if norm.op.how != "rmsnorm":
+        return f"a {norm.op.how} before the contraction (only rmsnorm's row scale factors out of the sum)"
+    if not isinstance(C.op, Contract) or len(C.args) != 2 or tuple(C.op.over) != (norm.op.over,):
+        return "the rmsnorm feeds a box that is not a two-operand contraction over the norm's axis alone"
+    if not X.is_input:
+        return "the rmsnorm's operand is not a diagram input"
+    b = norm.op.over
+    # the chain from the norm to the contraction: nothing, or one multiplication by an input on b
+    chain, G = [norm], None
+    operand = next((a for a in C.args if not a.is_input), None)
+    if operand is not norm:
+        if not (isinstance(operand.op, Map) and operand.op.fn == "mul" and len(operand.args) == 2
+                and any(a is norm for a in operand.args)):
+            return "between the rmsnorm and the contraction is something other than one multiplication by G[b]"
+        G = next(a for a in operand.args if a is not norm)
+        if not G.is_input or G.axis_names != (b,) or G.dtype != X.dtype:
+            return f"the rmsnorm is multiplied by {G.label()}, not by an input on its axis {b!r} alone"
+        chain.append(operand)
+    lhs = chain[-1]
+    other = [a for a in C.args if a is not lhs]
+    if len(other) != 1 or not other[0].is_input or other[0] is X:
+        return "the contraction must multiply the normalised operand by another diagram input"
+    for v in chain:
+        if len(diagram.consumers.get(id(v), ())) != 1:
+            return f"box {diagram.name_of(v)} of the prologue is read by more than the contraction"
+    from ...diagrams.ops import contract
+
+    core = _reason_or_problem(Diagram("prologue_core", contract(X, other[0], over=b, out=C.axis_names)))
+    if isinstance(core, str):
+        return core
+    reason = check_epilogue(diagram, C, before=tuple(chain))
+    if reason:
+        return reason
+    if core.A is not X or not core.a_kmajor or core.batch or core.k_outer:
+        return (f"the rmsnorm's operand {X.label()} must be the rows operand of a plain matmul, stored with "
+                f"{b!r} last (its rows are normalised as their tiles stream by)")
+    if any(v.dtype != X.dtype for v in diagram.inputs):
+        return "inputs have different dtypes"
+    return replace(core, contraction=C, out=diagram.outputs[0], norm=norm, prologue=tuple(chain), G=G)
+
+
+#: The reductions along a row the wgmma epilogue finishes in registers (the tile spans the row).
+ROW_REDUCTIONS = ("softmax", "sum", "max", "min", "mean")
+#: Those whose kernels have passed the GPU tests (tests/codegen/test_contraction_fusion_gpu.py,
+#: which runs every kind of ROW_REDUCTIONS): the family takes only these; the others stay their
+#: own kernel until a GPU run of those tests passes.
+ROW_REDUCTIONS_CHECKED = ("sum", "mean")
+
+
+def _rowred_problem(diagram: Diagram, R: Value, contracts: list[Value]) -> MatmulProblem | str:
+    """GEMM -> row reduction: ``out = post(R_c(pre(Σ_b A·B)))`` with R a softmax, or a sum, max,
+    min or mean, over the output's last axis ``c``, ``pre`` and ``post`` elementwise maps. When one
+    block tile spans the row (N <= g_c), each row of the accumulators lives in one quad of lanes:
+    the epilogue reduces it with two shuffles and the logits never reach HBM."""
+    C = next(v for v in contracts if v is not R)
+    if not isinstance(C.op, Contract) or len(C.args) != 2:
+        return "the reduction does not follow a two-operand contraction"
+    kind = R.op.kind if R.op.kind == "softmax" else R.op.how
+    if kind not in ROW_REDUCTIONS:
+        return f"a {kind} reduction after the contraction (softmax, sum, max, min or mean run in its epilogue)"
+    if kind not in ROW_REDUCTIONS_CHECKED:
+        return (f"a {kind} along the rows after the contraction: its epilogue is not yet checked on a GPU "
+                f"({', '.join(ROW_REDUCTIONS_CHECKED)} are); it stays its own kernel")
+    over = R.op.over
+    if not C.axis_names or C.axis_names[-1] != over:
+        return (f"the reduction runs over {over!r}, not the contraction's last (column) axis: a row "
+                "reduction of the output tile reduces along its columns")
+    core = _reason_or_problem(Diagram("rowred_core", C))
+    if isinstance(core, str):
+        return core
+    if core.batch or core.k_outer:
+        return "a row reduction after the contraction runs on a plain matmul (no batch or outer-sum axes)"
+    from .epilogue import _depends_on
+
+    pre_axes, post_axes = set(C.axis_names), set(R.axis_names)
+    outs = diagram.outputs
+    if len(outs) != 1 or not _depends_on(outs[0], R) or set(outs[0].axis_names) != post_axes:
+        return "the diagram's one output must follow the row reduction through elementwise maps on its axes"
+    for v in diagram.nodes:
+        if v is C or v is R:
+            continue
+        after = _depends_on(v, R)
+        axes = post_axes if after else pre_axes
+        if not isinstance(v.op, Map) or v.op.fn not in FUNCTIONS or not set(v.axis_names) <= axes:
+            return (f"box {diagram.name_of(v)} around the row reduction is not a whitelisted map on "
+                    f"{'its' if after else 'the contraction'}'s axes")
+        if not after and not _depends_on(v, C):
+            return f"box {diagram.name_of(v)} does not follow the contraction"
+        if after and any(not a.is_input and a is not R and not _depends_on(a, R) for a in v.args):
+            return (f"box {diagram.name_of(v)} after the row reduction reads a value from before it "
+                    "(the epilogue keeps only the reduction's result)")
+        for a in v.args:
+            if a.is_input and not set(a.axis_names) <= axes:
+                return f"input {a.label()} of box {diagram.name_of(v)} carries axes beyond {sorted(axes)}"
+    if not _depends_on(R.args[0], C) and R.args[0] is not C:
+        return "the row reduction does not read the contraction"
+    return replace(core, out=outs[0], rowred=R)
+
+
 def _reason_or_problem(diagram: Diagram) -> MatmulProblem | str:
     contracts = [v for v in diagram.nodes if not isinstance(v.op, Map)]
+    norms = [v for v in contracts if v.op.kind == "norm"]
+    if len(contracts) == 2 and len(norms) == 1:
+        return _prologue_problem(diagram, norms[0], contracts)
+    reds = [v for v in contracts if v.op.kind in ("softmax", "reduce")]
+    if len(contracts) == 2 and len(reds) == 1:
+        return _rowred_problem(diagram, reds[0], contracts)
     if len(contracts) == 2:
         return _dual_problem(diagram, contracts)
     if len(contracts) != 1 or not isinstance(contracts[0].op, Contract):
@@ -508,6 +633,34 @@ class ContractionFamily:
             return why
         return None
 
+    def prologue_reason(self, diagram: Diagram, p: MatmulProblem, gpu=None, arch: str | None = None,
+                        dtype: str | None = None) -> str | None:
+        """Why an RMSNorm -> linear prologue cannot run fused, or None if it can: it rewrites the
+        swizzled A slots between TMA and wgmma (the wgmma template only), whole 16-byte pieces of
+        rows (no padded copy of the operand)."""
+        why = self.wgmma_reason(diagram, gpu, arch=arch, dtype=dtype)
+        if why:
+            return f"an rmsnorm prologue runs on the wgmma template only: {why}"
+        pads = padded_rows(diagram, p)
+        if pads:
+            return (f"an rmsnorm prologue reads whole 16-byte pieces of rows; {sorted(pads)} have rows that "
+                    "are not 16-byte multiples")
+        return None
+
+    def rowred_reason(self, diagram: Diagram, p: MatmulProblem, gpu=None, arch: str | None = None,
+                      dtype: str | None = None) -> str | None:
+        """Why a row reduction after the contraction cannot run in its epilogue, or None if it can:
+        the wgmma template's accumulator layout keeps a row in one quad of lanes, and one block
+        tile must span the row (a split reduction over several column tiles is not built)."""
+        why = self.wgmma_reason(diagram, gpu, arch=arch, dtype=dtype)
+        if why:
+            return f"a row reduction after the contraction runs on the wgmma template only: {why}"
+        n = diagram.sizes.get(p.c)
+        if isinstance(n, int) and n > 256:
+            return (f"the row of {n} columns ({p.c!r}) spans several column tiles (at most 256 a tile); the "
+                    "reduction across tiles is left to its own kernel")
+        return None
+
     def builds_for(self, schedule: Schedule, arch: str) -> bool:
         """Whether ``schedule`` can be built for ``arch`` (its wgmma configurations need sm_90a:
         a schedule ranked for an H100 but compiled for sm_80 takes the best mma.sync one)."""
@@ -521,6 +674,26 @@ class ContractionFamily:
         dtype = dtype or p.dtype
         limit = _smem_limit(gpu)
         out = []
+        if p.rowred is not None:
+            why = self.rowred_reason(diagram, p, gpu, dtype=dtype)
+            if why:
+                raise CodegenError(f"contraction family: {why}")
+            # the tile spans the row: the fewest 64-column blocks covering it, rows as each
+            # configuration has them where the accumulators fit (WM x BN / 128 <= 128 a thread)
+            n = diagram.sizes.get(p.c)
+            bn = max(64, -(-n // 64) * 64)
+            for cfg in dict.fromkeys(replace(c, BN=bn, WN=bn) for c in self.configs(dtype, "wgmma")):
+                if cfg.WM * bn // 128 <= 128 and cfg.smem_bytes(p, _elem(dtype)) <= limit:
+                    out.append(self.schedule(diagram, cfg, gpu=gpu, dtype=dtype))
+            return out
+        if p.norm is not None:
+            why = self.prologue_reason(diagram, p, gpu, dtype=dtype)
+            if why:
+                raise CodegenError(f"contraction family: {why}")
+            for cfg in dict.fromkeys(_narrowed(c, diagram.sizes.get(p.c)) for c in self.configs(dtype, "wgmma")):
+                if cfg.smem_bytes(p, _elem(dtype)) <= limit:
+                    out.append(self.schedule(diagram, cfg, gpu=gpu, dtype=dtype))
+            return out
         if p.dual:
             why = self.wgmma_reason(diagram, gpu, dtype=dtype)
             if why:
@@ -571,9 +744,13 @@ class ContractionFamily:
         p = analyze(diagram)
         # one batch element per block: a group of 1 on each batch axis
         # the outer contracted axes are walked one index at a time: streams of 1
-        s = Schedule.fused(diagram, groups={**{a: 1 for a in p.batch}, p.a: cfg.BM, p.c: cfg.BN},
+        # a row reduction's tile spans the row: c stays whole in every block (its width, the
+        # fewest 64-column blocks covering it, follows from the size)
+        cols = {} if p.rowred is not None else {p.c: cfg.BN}
+        rf_cols = {} if p.rowred is not None else {p.c: cfg.WN}
+        s = Schedule.fused(diagram, groups={**{a: 1 for a in p.batch}, p.a: cfg.BM, **cols},
                            streams={**{k: 1 for k in p.k_outer}, p.b: cfg.BK},
-                           rf_groups={p.a: cfg.WM, p.c: cfg.WN}, gpu=_gpu_key(gpu),
+                           rf_groups={p.a: cfg.WM, **rf_cols}, gpu=_gpu_key(gpu),
                            dtype=dtype or p.dtype)
         return s.replace(kernels=(s.kernels[0].replace(family=self.name, options=cfg.options()),))
 
@@ -605,8 +782,12 @@ class ContractionFamily:
             est.update(extra_launches=launches, extra_hbm_bytes=moved)
         if cfg.wgmma:
             # the tensor cores read both operands from SMEM themselves while the next wgmma is
-            # issued: the datasheet tensor path, operand traffic overlapped
-            est.update(tensor_path="peak", overlap_operands=True)
+            # issued: the datasheet tensor path, operand traffic overlapped. An rmsnorm prologue
+            # rewrites each A slot in shared memory (consumer threads, a proxy fence and a
+            # warpgroup barrier) before its wgmma: that traffic does not hide behind the tensor
+            # cores (measured on an H200 at 4096^3: 386 us fused, 214 us for the matmul alone,
+            # 244 us for the row-wise norm and the matmul apart)
+            est.update(tensor_path="peak", overlap_operands=p.norm is None)
         return est
 
     # ------------------------------------------------------------------ lower
@@ -647,6 +828,12 @@ class ContractionFamily:
         stages, blocks = opts.stages, opts.blocks_per_sm
         splits = opts.splits or 1
         engine = opts.engine or ("simt" if simt else "mma.sync")
+        if p.rowred is not None and engine != "wgmma":
+            raise CodegenError(f"contraction family: a row reduction after the contraction runs on the wgmma "
+                               f"template only (the schedule asks for {engine})")
+        if p.norm is not None and engine != "wgmma":
+            raise CodegenError(f"contraction family: an rmsnorm prologue runs on the wgmma template only "
+                               f"(the schedule asks for {engine})")
         if p.dual and engine != "wgmma":
             raise CodegenError(f"contraction family: a dual contraction runs on the wgmma template only "
                                f"(the schedule asks for {engine})")
@@ -686,8 +873,16 @@ class ContractionFamily:
         if why:
             raise CodegenError(f"contraction family: the schedule asks for engine=wgmma, but {why}; "
                                "use engine mma.sync")
+        why = self.prologue_reason(schedule.diagram, p, arch=arch) if p.norm is not None else None
+        if p.rowred is not None:
+            why = self.rowred_reason(schedule.diagram, p, arch=arch)
+        if why:
+            raise CodegenError(f"contraction family: {why}")
         d = MatmulConfig(False, *WGMMA_CONFIGS[0], wgmma=True)
         BM, BN = sizes["BM"] or d.BM, sizes["BN"] or d.BN
+        n = schedule.diagram.sizes.get(p.c)
+        if p.rowred is not None and sizes["BN"] is None and isinstance(n, int):
+            BN = max(64, -(-n // 64) * 64)  # the whole row, in 64-column blocks
         BK, WM, WN = sizes["BK"] or 64, sizes["WM"] or min(d.WM, BM), sizes["WN"] or BN
         known = [c for c in self.configs(p.dtype, "wgmma") if (c.BM, c.BN, c.WM) == (BM, BN, WM)]
         if stages is None:
@@ -708,6 +903,9 @@ class ContractionFamily:
                                "(a dual contraction's wgmma spans 2 x g_c <= 256 columns)")
         if not 2 <= stages <= 8:
             raise CodegenError(f"{what}: stages must be 2 to 8, got {stages}")
+        n = schedule.diagram.sizes.get(p.c)
+        if p.rowred is not None and isinstance(n, int) and BN < n:
+            raise CodegenError(f"{what}: the row reduction over {p.c!r} needs one tile to span its {n} columns")
         smem, limit = cfg.smem_bytes(p, 2), _smem_limit(None, arch)
         if smem > limit:
             raise CodegenError(f"{what}: {stages} stages need {smem} bytes of shared memory; {limit} fit")
@@ -954,6 +1152,8 @@ class ContractionFamily:
         if p.dual:
             pb2 = padded.get(p.B2.name)
             params.append(tensormap_param(p.B2, "tmB2", box_b, name=pb2[0] if pb2 else None))
+        if p.G is not None:
+            params.append(tensor_param(p.G, "G", T))
         params += [
             tensor_param(p.out, "Y", T, const=False, name=out_name),
             int_param("M", M), int_param("N", N), int_param("K", K),
@@ -980,11 +1180,26 @@ class ContractionFamily:
                        int_param(names["rB"], sB[ax] // row_b, f"rows of {p.B.label()} per index of {ax}")]
             kouter.append(names)
         index_vars = {ax: ident(ax, "i_") for ax in (p.a, p.c, *p.batch)}
-        epi = epilogue_code(d, p.contraction, p.out, index_vars=index_vars, ctype_name=T, start2=p.contraction2)
-        params += epi.params
+        red, post = None, None
+        if p.rowred is not None:
+            # maps before the reduction (on the accumulators), the reduction, maps after it
+            R = p.rowred
+            red = R.op.kind if R.op.kind == "softmax" else R.op.how
+            epi = epilogue_code(d, p.contraction, R.args[0], index_vars=index_vars, ctype_name=T)
+            post = epilogue_code(d, R, p.out, index_vars={ax: index_vars[ax] for ax in R.axis_names},
+                                 ctype_name=T, prefix="q")
+            params += epi.params
+            seen = {str(x.decl) for x in params}
+            params += [x for x in post.params if str(x.decl) not in seen]
+        else:
+            epi = epilogue_code(d, p.contraction, p.out, index_vars=index_vars, ctype_name=T, start2=p.contraction2)
+            params += epi.params
         layout = ("k" if p.a_kmajor else "m") + ("k" if p.b_kmajor else "n")
-        tag = short_hash(T, layout, [str(x) for x in epi.lines], p.batch, p.k_outer, cfg)
-        dual = "_dual" if p.dual else ""
+        eps = p.norm.op.eps if p.norm is not None else None
+        tag = short_hash(T, layout, [str(x) for x in epi.lines], p.batch, p.k_outer, cfg,
+                         *(() if eps is None else ("rmsnorm", eps, p.G is not None)),
+                         *(() if red is None else (red, [str(x) for x in post.lines])))
+        dual = "_dual" if p.dual else "_rmsnorm" if p.norm is not None else f"_{red}" if red else ""
         kname = Code(f"napkin_mm_wgmma{dual}_{T}_{cfg.BM}x{cfg.BN}x{cfg.BK}_w{cfg.WM}_s{cfg.stages}_{layout}_{tag}")
         wn = cfg.BN * (2 if p.dual else 1)  # the wgmma's N
         nacc = wn // 2
@@ -992,6 +1207,10 @@ class ContractionFamily:
             kname=kname, T=ctype(T), AB=Code("bf16" if T == "bf16" else "f16"), BM=cfg.BM, BN=wn, DUAL=p.dual,
             WM=cfg.WM, STAGES=cfg.stages, GROUP_M=GROUP_M, A_KMAJOR=p.a_kmajor, B_KMAJOR=p.b_kmajor,
             CONSUMER_REGS=cfg.consumer_regs(), NACC=nacc,
+            PROLOGUE=p.norm is not None, PROLOGUE_GAMMA=p.G is not None,
+            T2=Code("__nv_bfloat162" if T == "bf16" else "__half2"),
+            RED=red, post_body=post.body("      ") if post else None, post_result=post.result if post else None,
+            EPS=cuda_float(eps) if eps is not None else None,
             acc_operands=Code("{" + ", ".join(f"%{i}" for i in range(nacc)) + "}"),
             acc_constraints=Code(", ".join(f'"+f"(d[{i}])' for i in range(nacc))),
             params=signature(params), legend=comment_lines(self._legend(d, p, cfg, epi.boxes)),
@@ -1004,10 +1223,11 @@ class ContractionFamily:
         tunables = (("BM", cfg.BM), ("BN", cfg.BN), ("BK", cfg.BK), ("WM", cfg.WM), ("WN", cfg.WN),
                     ("stages", cfg.stages), ("engine", "wgmma"), ("a_kmajor", p.a_kmajor),
                     ("b_kmajor", p.b_kmajor))
+        extra = (("dual", True),) if p.dual else (("row_reduction", red),) if red else ()
         return KernelLaunch(
             name=str(kname), source=source, grid=(tiles, nbatch, 1), block=(cfg.threads, 1, 1),
             shared_bytes=cfg.smem_bytes(p, 2), args=tuple(x.arg for x in params),
-            template="matmul_wgmma.cu.jinja", tunables=tunables + ((("dual", True),) if p.dual else ()),
+            template="matmul_wgmma.cu.jinja", tunables=tunables + extra,
             model_smem_bytes=cfg.model_smem_bytes(2),
             model_regs_per_thread=cfg.consumer_regs(),
         )
@@ -1018,6 +1238,10 @@ class ContractionFamily:
             "(sizes are kernel arguments: one kernel serves every shape)",
             f"diagram {d.name}: {p.A.label()} x {p.B.label()}"
             + (f" and {p.A.label()} x {p.B2.label()} (dual: acc, acc2)" if p.dual else "")
+            + (f", prologue: {p.A.label()} -> rmsnorm over {p.b} (eps {p.norm.op.eps})"
+               + (f" x {p.G.label()}" if p.G is not None else "") if p.norm is not None else "")
+            + (f", then {d.name_of(p.rowred)} = {p.rowred.op.label()} along each row (the tile spans it)"
+               if p.rowred is not None else "")
             + f" -> {d.output_names[0]}[{','.join(p.out.axis_names)}], {p.dtype}",
             f"  {p.a} -> M (rows, any size):    g_{p.a} = BM = {cfg.BM}, w_{p.a} = WM = {cfg.WM}",
             f"  {p.c} -> N (columns, any size): g_{p.c} = BN = {cfg.BN}, w_{p.c} = WN = {cfg.WN}",

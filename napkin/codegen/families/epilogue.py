@@ -314,19 +314,21 @@ def epilogue_nodes(diagram: Diagram, start: Value) -> list[Value]:
     return nodes[nodes.index(start) + 1:] if start in nodes else []
 
 
-def check_epilogue(diagram: Diagram, start: Value) -> str | None:
+def check_epilogue(diagram: Diagram, start: Value, before: Sequence[Value] = ()) -> str | None:
     """Why the boxes other than ``start`` cannot be a fused epilogue of it, or None if they can.
 
     They must all be whitelisted maps over (a subset of) ``start``'s axes whose inputs are
     ``start``, other such maps, or diagram inputs carrying only ``start``'s axes; the diagram has
-    one output, computed from ``start`` and carrying exactly its axes.
+    one output, computed from ``start`` and carrying exactly its axes. The boxes ``before`` (a
+    prologue the kernel runs on an operand) are not part of the epilogue.
     """
     outs = diagram.outputs
     if len(outs) != 1:
         return f"the diagram has {len(outs)} outputs; this family writes one"
     start_axes = set(start.axis_names)
+    skip = {id(start), *(id(v) for v in before)}
     for v in diagram.nodes:
-        if v is start:
+        if id(v) in skip:
             continue
         if not isinstance(v.op, Map):
             return f"box {diagram.name_of(v)} ({v.op.kind}) is not elementwise"
