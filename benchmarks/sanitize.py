@@ -86,6 +86,14 @@ def _attention_causal_grad():
     return library.get("attention_causal").grad(save={"O", "P_lse"})
 
 
+def _gemm_row_sum():
+    from napkin.diagrams import Diagram, array, axes, contract, sum_over
+
+    a, b, c = axes("a b c")
+    L = contract(array("A", a, b), array("B", c, b), over=b, out=(a, c), name="L")
+    return Diagram("gemm_row_sum", sum_over(L, c, name="Y"))
+
+
 @dataclass(frozen=True)
 class Case:
     """One sanitizer run: a diagram (a library name or a builder), sizes, dtype and the planner's
@@ -120,6 +128,14 @@ CASES = [
     Case("matmul_wgmma.cu.jinja", "matmul", {"a": 333, "b": 520, "c": 264}, family="contraction",
          archs=("sm_90a",)),
     Case("matmul_wgmma.cu.jinja", "mlp", {"a": 333, "b": 520, "c": 264}, family="contraction",
+         archs=("sm_90a",)),
+    # RMSNorm -> linear in one kernel: the A slots rewritten in place (x * gamma) between TMA and
+    # wgmma, the rows' mean squares from the same tiles
+    Case("matmul_wgmma.cu.jinja", "rmsnorm_linear", {"r": 333, "x": 520, "c": 264}, family="contraction",
+         archs=("sm_90a",)),
+    # GEMM -> a sum along rows one tile spans (c = 200 of a 256-wide tile: masked columns), one
+    # value a row written from the epilogue
+    Case("matmul_wgmma.cu.jinja", _gemm_row_sum, {"a": 333, "b": 520, "c": 200}, family="contraction",
          archs=("sm_90a",)),
     # batched with a sum of 72 (not whole 64-deep chunks of B[n,b,c]): mma.sync on Hopper too
     Case("matmul_mma.cu.jinja", "batched_matmul", {"n": 2, "a": 77, "b": 72, "c": 40}, family="contraction"),
