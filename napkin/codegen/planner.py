@@ -53,7 +53,8 @@ MAX_FUSED_BOXES = 12
 #: The most boxes that are not elementwise one kernel may hold (attention: two contractions and a
 #: softmax); longer runs are refused before any family is asked. A family may declare larger limits
 #: for the runs it takes (``max_heavy_boxes``, ``max_fused_boxes``: attention's backward holds six
-#: contractions in up to 16 boxes); only that family is asked about such runs.
+#: contractions in up to 16 boxes); only that family is asked about such runs, and only about those
+#: with exactly its number of heavy boxes.
 MAX_HEAVY_BOXES = 3
 #: The most boxes (renames left out) one derive call plans: the search evaluates at most
 #: 2 orders × MAX_PLANNED_BOXES × MAX_FUSED_BOXES = 24,000 runs of boxes (about 15 s for a chain of
@@ -263,11 +264,12 @@ class _Planner:
         if len(boxes) > 1 and heavy > self.max_heavy:
             return KernelChoice(boxes, refusals=(("planner", f"more than {self.max_heavy} boxes that are "
                                                   "not elementwise: no family fuses that many"),))
-        # past the default limits only the families that declare larger ones are asked
+        # past the default limits only a family that declares larger ones is asked, and only about
+        # runs of its pattern: as many heavy boxes as it declares (the search's cost stays bounded)
         families = self.families
         if len(boxes) > MAX_FUSED_BOXES or (len(boxes) > 1 and heavy > MAX_HEAVY_BOXES):
             families = [f for f in families if len(boxes) <= _limit(f, "max_fused_boxes", MAX_FUSED_BOXES)
-                        and heavy <= _limit(f, "max_heavy_boxes", MAX_HEAVY_BOXES)]
+                        and heavy == _limit(f, "max_heavy_boxes", MAX_HEAVY_BOXES) > MAX_HEAVY_BOXES]
             if not families:
                 return KernelChoice(boxes, refusals=(("planner", f"{len(boxes)} boxes, {heavy} not elementwise: "
                                                       "no family fuses that many"),))
