@@ -9,6 +9,7 @@ half of it causal) with the model's prediction of each napkin kernel; ``--json``
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import statistics
 
@@ -34,6 +35,7 @@ def main() -> None:
     import torch
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
+    from napkin.codegen.api import CompiledDiagram
     from napkin.codegen.api import compile as compile_diagram
     from napkin.codegen.families import attention_wgmma
     from napkin.codegen.families.attention import FAMILY
@@ -50,6 +52,8 @@ def main() -> None:
     ap.add_argument("--variants", action="store_true",
                     help="time the model's best wgmma configuration one chunk at a time, in two stages, "
                          "and in two stages with ping-pong")
+    ap.add_argument("--extra", nargs="*", default=[],
+                    help="more configurations to time, each D,consumers,s_x,stages,two_stages (1 or 0)")
     ap.add_argument("--json")
     a = ap.parse_args()
     gpu = torch.cuda.get_device_name()
@@ -80,16 +84,12 @@ def main() -> None:
                 if a.all_configs:
                     for r in wg:
                         o = r.schedule.kernels[0].options
-                        cfg = attention_wgmma.config_of(attention_wgmma.analyze(d), d, r.schedule)
+                        cfg = attention_wgmma.config_of(FAMILY.problem(d), d, r.schedule)
                         picks[f"wgmma_q{cfg.BQ}x{cfg.BX}s{o.stages}"] = r.schedule
                 pred = {id(r.schedule): r.seconds for r in ranked}
                 compiled = {key: compile_diagram(d, schedule=s) for key, s in picks.items()}
                 if a.variants and wg:
-                    import dataclasses
-
-                    from napkin.codegen.api import CompiledDiagram
-
-                    best = attention_wgmma.config_of(attention_wgmma.analyze(d), d, wg[0].schedule)
+                    best = attention_wgmma.config_of(FAMILY.problem(d), d, wg[0].schedule)
                     for ov, pp in ((False, False), (True, False), (True, True)):
                         if pp and best.consumers != 2:
                             continue
@@ -98,6 +98,15 @@ def main() -> None:
                         prog = attention_wgmma.lower_config(FAMILY, d, cfg)
                         picks[key] = prog.schedule
                         compiled[key] = CompiledDiagram(prog, arch="sm_90a")
+                for spec in a.extra:
+                    dd, cons, bx, st, two = (int(v) for v in spec.split(","))
+                    if dd != D:
+                        continue
+                    cfg = attention_wgmma.WgmmaAttentionConfig(dd, bx, cons, st, overlap=bool(two))
+                    key = f"x_q{cfg.BQ}x{bx}s{st}{'_2st' if two else '_1st'}"
+                    prog = attention_wgmma.lower_config(FAMILY, d, cfg)
+                    picks[key] = prog.schedule
+                    compiled[key] = CompiledDiagram(prog, arch="sm_90a")
                 for key, s in picks.items():
                     c = compiled[key]
                     out = c.empty_outputs(fill=float("nan"))
@@ -109,7 +118,7 @@ def main() -> None:
                     row[key + "_pred"] = flops / pred[id(s)] / 1e12 if id(s) in pred else None
                     row[key + "_err"] = err
                 rows.append(row)
-                extra = "  ".join(f"{k}={row[k]:.0f}" for k in row if k.startswith(("wgmma_q", "v_q")) and not k.endswith(("_engine", "_pred", "_err")))
+                extra = "  ".join(f"{k}={row[k]:.0f}" for k in row if k.startswith(("wgmma_q", "v_q", "x_q")) and not k.endswith(("_engine", "_pred", "_err")))
                 print(f"{'causal' if causal else 'full  '} d={D:3d} seq={n:5d} b={b:2d}  flash={row['flash'] or 0:.0f} "
                       f"cudnn={row['cudnn'] or 0:.0f}  napkin={row['planner']:.0f} ({row['planner_engine']}, model "
                       f"{row['planner_pred']:.0f}, err {row['planner_err']:.1e})  mma.sync={row['mma.sync']:.0f}  "

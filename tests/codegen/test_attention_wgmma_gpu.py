@@ -133,3 +133,23 @@ def test_the_forward_with_its_log_sum_exp(name, D):
     lse_err = float((out["P_lse"].double() - ref["P_lse"]).abs().max())
     print(f"{name} d={D}: O {rel:.2e}, lse max abs error {lse_err:.2e}")
     assert rel < 1e-2 and lse_err < 1e-3 * max(1.0, math.log(777))
+
+
+#: Configurations beyond the tables (three consumers at d = 128, wider chunks at d = 64), built
+#: and checked so that a measurement can promote them.
+MORE = [attention_wgmma.WgmmaAttentionConfig(128, 64, 3, 3), attention_wgmma.WgmmaAttentionConfig(128, 64, 3, 4),
+        attention_wgmma.WgmmaAttentionConfig(128, 96, 2, 2, overlap=True),
+        attention_wgmma.WgmmaAttentionConfig(64, 64, 3, 4, overlap=False),
+        attention_wgmma.WgmmaAttentionConfig(64, 192, 2, 2, overlap=False)]
+
+
+@pytest.mark.parametrize("cfg", MORE, ids=str)
+@pytest.mark.parametrize("name", ["mha", "attention_causal"])
+def test_more_configurations(name, cfg):
+    from napkin.codegen.api import CompiledDiagram
+    from napkin.codegen.verify import verify_compiled
+
+    for q, x in ((1000, 1000), (129, 777)):
+        d = library.get(name).bind(**sizes(name, q=q, x=x, d=cfg.D))
+        rows = verify_compiled(CompiledDiagram(attention_wgmma.lower_config(FAMILY, d, cfg), arch="sm_90a"))
+        assert all(r.ok for r in rows), (cfg, q, x, rows)

@@ -510,6 +510,14 @@ class AttentionFamily:
 
         return out + attention_wgmma.candidates(self, diagram, gpu, dtype)
 
+    #: Queries up to which the decode tiles are offered (the wgmma template only above it).
+    decode_rows = DECODE_ROWS
+
+    @staticmethod
+    def problem(diagram: Diagram) -> AttentionProblem:
+        """What the family reads off ``diagram`` (:func:`analyze`; the wgmma module's entry)."""
+        return analyze(diagram)
+
     @staticmethod
     def _engine(schedule: Schedule) -> str | None:
         return schedule.kernels[0].options.engine if len(schedule.kernels) == 1 else None

@@ -25,6 +25,7 @@ d = 64 (0.95x, 1.52x); at seq 1k 0.54-0.66x cuDNN (eight chunks a block: the blo
 its end are not overlapped with another tile's work).
 
 >>> from napkin.diagrams import library
+>>> from napkin.codegen.families.attention import analyze
 >>> d = library.get("mha").bind(h=16, q=4096, x=4096, d=128)
 >>> wgmma_reason(analyze(d), d, "h100"), wgmma_reason(analyze(d), d, "a100-80gb")
 (None, 'a100-80gb (sm_80) has no wgmma (it needs sm_90a)')
@@ -36,13 +37,16 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 from ...diagrams.diagram import Diagram
 from ...errors import CodegenError
 from ...perfmodel.schedule import KernelOptions, Schedule
 from ..program import Arg, KernelLaunch, Program
 from ..render import Code, comment, comment_lines, ident
-from .attention import DECODE_ROWS, LOG2E, AttentionProblem, analyze
+
+if TYPE_CHECKING:  # the family (attention.py) calls this module and hands it what it read
+    from .attention import AttentionProblem
 from .contraction import _gpu_key, _smem_limit
 from .epilogue import (Param, check_index_size, contiguous_strides, ctype, float_param, int_param, render,
                        score_chain, short_hash, signature, stride_param, tensor_param, tensormap_param)
@@ -74,6 +78,8 @@ HEAD_DIMS = tuple(sorted(CONFIGS))
 #: tested, off: it measured no faster than the warpgroups' own interleaving (H200: d = 64 439
 #: against 459 TFLOP/s, d = 128 506 against 494, both two-stage).
 PINGPONG = False
+
+LOG2E = 1.4426950408889634
 
 #: Registers per producer thread after setmaxnreg (it issues TMA copies only).
 PRODUCER_REGS = 24
@@ -171,7 +177,7 @@ def wgmma_reason(p: AttentionProblem, diagram: Diagram, gpu=None, arch: str | No
 def schedule(fam, diagram: Diagram, cfg: WgmmaAttentionConfig, gpu="h100", dtype: str | None = None) -> Schedule:
     """The schedule of a configuration: one woven combination per block, ``g_q = BQ`` at SMEM,
     ``w_q = 64`` at RF (a consumer warpgroup's rows), ``s_x = BX`` at SMEM."""
-    p = analyze(diagram)
+    p = fam.problem(diagram)
     groups = {a: 1 for a in p.woven}
     groups[p.q] = cfg.BQ
     # with the log-sum-exp output the model sees x whole (the diagram's log-sum-exp is two passes
@@ -184,12 +190,13 @@ def schedule(fam, diagram: Diagram, cfg: WgmmaAttentionConfig, gpu="h100", dtype
 
 def candidates(fam, diagram: Diagram, gpu, dtype: str) -> list[Schedule]:
     """The wgmma schedules for ``diagram`` on ``gpu``: none where the template cannot run it or
-    q fits the decode tiles; else one per configuration that fits the shared memory."""
-    p = analyze(diagram)
+    q fits the family's decode tiles (``fam.decode_rows``); else one per configuration that fits
+    the shared memory. ``fam`` is the attention family (``fam.problem`` reads a diagram)."""
+    p = fam.problem(diagram)
     if wgmma_reason(p, diagram, gpu, dtype=dtype) is not None:
         return []
     sz = diagram.sizes
-    if not isinstance(sz.get(p.q), int) or sz[p.q] <= DECODE_ROWS:
+    if not isinstance(sz.get(p.q), int) or sz[p.q] <= fam.decode_rows:
         return []
     limit = _smem_limit(gpu)
     out, seen = [], set()
@@ -262,7 +269,7 @@ def launch_estimate(fam, diagram: Diagram, sched: Schedule, gpu=None) -> dict:
     itself (the datasheet tensor path, operand traffic overlapped); the softmax's exp and the
     products of one warpgroup run one after the other (no ping-pong yet), while the other
     warpgroups of the SM overlap them only as their scheduling happens to."""
-    p = analyze(diagram)
+    p = fam.problem(diagram)
     cfg = config_of(p, diagram, sched)
     sz = diagram.sizes
     blocks = math.ceil(sz[p.q] / cfg.BQ) * math.prod(sz[a] for a in p.woven)
@@ -297,7 +304,7 @@ def _masks(p: AttentionProblem, chain):
 
 def lower(fam, diagram: Diagram, sched: Schedule, arch: str) -> Program:
     """The Program of a wgmma schedule (one launch)."""
-    p = analyze(diagram)
+    p = fam.problem(diagram)
     why = wgmma_reason(p, diagram, arch=arch)
     if why:
         raise CodegenError(f"attention family: the schedule asks for engine=wgmma, but {why}")
@@ -309,7 +316,7 @@ def lower(fam, diagram: Diagram, sched: Schedule, arch: str) -> Program:
 def lower_config(fam, diagram: Diagram, cfg: WgmmaAttentionConfig, arch: str = "sm_90a") -> Program:
     """The Program of one configuration as given (its overlap and ping-pong too), for comparing
     the template's variants; :func:`lower` takes the configuration a schedule says."""
-    p = analyze(diagram)
+    p = fam.problem(diagram)
     why = wgmma_reason(p, diagram, arch=arch)
     if why:
         raise CodegenError(f"attention family (wgmma): {why}")
