@@ -258,7 +258,7 @@ def test_rank_fallback_has_one_candidate():
 
 
 def test_family_order_and_lookup():
-    assert families.ORDER == ("rowwise", "contraction", "attention", "pointwise", "fallback")
+    assert families.ORDER == ("rowwise", "contraction", "attention", "attention_bwd", "pointwise", "fallback")
     assert families.get("rowwise") is rowwise.FAMILY
     assert families.get("fallback") is fallback.FAMILY
     with pytest.raises(CodegenError, match="unknown"):
