@@ -17,7 +17,7 @@ from napkin.codegen.families.attention import FAMILY as FORWARD
 from napkin.codegen.families.attention_bwd import CONFIGS, FAMILY, BackwardConfig, analyze
 from napkin.diagrams import Axis, library
 from napkin.diagrams.grad import forward_with_saves
-from napkin.errors import CodegenError
+from napkin.errors import CodegenError, DiagramError
 
 SAVE = {"O", "P_lse"}
 SMEM_LIMIT = {"sm_80": 163 * 1024, "sm_90a": 227 * 1024}
@@ -45,6 +45,21 @@ def test_recognises_the_backward_of_attention(name):
 ])
 def test_refuses_with_the_reason(name, why):
     assert why in FAMILY.why_not(library.get(name).grad(save=SAVE))
+
+
+def test_recognition_never_raises_on_the_library_and_its_backwards():
+    from napkin.diagrams.grad import saveable
+
+    for name in library.names():
+        d = library.get(name)
+        variants = [d]
+        try:
+            variants += [d.grad(), d.grad(save={s.name for s in saveable(d)})]
+        except DiagramError:  # a diagram grad does not take is not this test's business
+            pass
+        for v in variants:
+            why = FAMILY.why_not(v)
+            assert why is None or isinstance(why, str)
 
 
 def test_refuses_other_saves_and_other_diagrams():

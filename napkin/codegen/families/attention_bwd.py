@@ -150,6 +150,13 @@ def _unary_chain(end: Value, start: Value) -> list[Value] | None:
     return chain[::-1]
 
 
+def _other(v: Value, one: Value) -> Value | None:
+    """The argument of the two-argument box ``v`` that is not ``one`` (None unless exactly one is)."""
+    if len(v.args) != 2 or sum(a is one for a in v.args) != 1:
+        return None
+    return v.args[1] if v.args[0] is one else v.args[0]
+
+
 def _over(v: Value) -> tuple[str, ...]:
     return tuple(v.op.over) if isinstance(v.op, Contract) else ()
 
@@ -199,14 +206,16 @@ def _reason_or_problem(diagram: Diagram) -> BackwardProblem | str:
     if dV is None:
         return "no dV = Σ dO·P among the outputs"
     q = dV.op.over[0]
-    dO = next(a for a in dV.args if a is not P)
+    dO = _other(dV, P)
+    if dO is None:
+        return "dV does not contract P with the cotangent dO"
     rest = [o for o in outs if o is not dV]
     dQ = next((o for o in rest if o.op.over == (x,) and any(a is K for a in o.args)), None)
     dK = next((o for o in rest if o.op.over == (q,) and any(a is Q for a in o.args)), None)
     if dQ is None or dK is None or dQ is dK:
         return "no dQ = Σ_x dS·K and dK = Σ_q dS·Q among the outputs"
-    dS = next(a for a in dQ.args if a is not K)
-    if not any(a is dS for a in dK.args):
+    dS = _other(dQ, K)
+    if dS is None or not any(a is dS for a in dK.args):
         return "dQ and dK do not read the same dS"
     # dS = scales(mul(P, sub(dP, D)))
     ds_scale = 1.0
@@ -219,17 +228,16 @@ def _reason_or_problem(diagram: Diagram) -> BackwardProblem | str:
         v = v.args[0]
     if not (isinstance(v.op, Map) and v.op.fn == "mul" and len(v.args) == 2 and any(a is P for a in v.args)):
         return "dS is not (scales of) P·(dP − D)"
-    sub2 = next(a for a in v.args if a is not P)
-    if not (isinstance(sub2.op, Map) and sub2.op.fn == "sub" and len(sub2.args) == 2):
+    sub2 = _other(v, P)
+    if sub2 is None or not (isinstance(sub2.op, Map) and sub2.op.fn == "sub" and len(sub2.args) == 2):
         return "dS is not (scales of) P·(dP − D)"
     dP, Dv = sub2.args
-    if not (_is_contract(dP, d) and {id(a) for a in dP.args} == {id(dO), id(next(a for a in dP.args if a is not dO))}
-            and any(a is dO for a in dP.args)):
+    V = _other(dP, dO) if _is_contract(dP, d) else None
+    if V is None:
         return "dP is not Σ_d dO·V"
-    V = next(a for a in dP.args if a is not dO)
-    if not (_is_contract(Dv, d) and any(a is dO for a in Dv.args)):
+    O = _other(Dv, dO) if _is_contract(Dv, d) else None
+    if O is None:
         return "D is not Σ_d dO·O inside the diagram"
-    O = next(a for a in Dv.args if a is not dO)
     if not all(a.is_input for a in (Q, K, V, dO, O, lse)):
         return "Q, K, V, dO, O and P_lse must be inputs"
     known = {id(n) for n in (S, *maps, sub, P, dP, Dv, sub2, v, dQ, dK, dV)}
