@@ -18,19 +18,22 @@ masks (soft-capping, ALiBi) need their derivative inside the kernel: refused too
 Schedule (three launches, one :class:`~napkin.codegen.program.Program`):
 
 1. a pre-pass: ``D`` per row in fp32 into a workspace, and the fp32 dQ workspace zeroed;
-2. the kernel: ``x`` grouped at SMEM in blocks of ``g_x = BX`` keys (16 a warp at RF: each warp
-   keeps its keys' dK and dV, 16 x d fp32, in registers), ``q`` streamed at SMEM in tiles of
-   ``s_q = BQ`` (Q, dO double-buffered with cp.async); per tile S^T and dP^T are recomputed in
+2. the kernel: blocks of ``BX`` keys (grid.x; 16 a warp: each warp keeps its keys' dK and dV,
+   16 x d fp32, in registers), ``q`` streamed at SMEM in tiles of ``s_q = BQ`` (Q, dO
+   double-buffered with cp.async); per tile S^T and dP^T are recomputed in
    registers, P^T and dS^T feed the dV and dK products as A fragments without leaving
    registers, and dS^T goes through shared memory for ``dQ_tile = dS·K``, which every block adds
    to the fp32 workspace with atomic adds (causal: the query tiles above the diagonal of a key
    block are skipped);
 3. a conversion: dQ = c · workspace, rounded to the dtype.
 
-The model prices it as one kernel of the whole diagram (the five products' FLOPs, the scores
-recomputed, Q and dO re-read once per key block), plus what it cannot see
-(:meth:`AttentionBackwardFamily.launch_estimate`): the two small launches, the workspaces'
-HBM bytes and the dQ atomics' L2 traffic (``(Nx / BX) · Nq · d`` fp32 adds). Accumulating dQ
+The schedule the model prices streams ``q`` with one woven combination a block; ``x`` cannot be
+grouped there (dQ sums over it), so the block's keys are said by its warps (``BX = 16 · warps``)
+and the model sees one kernel of the whole diagram (the five products' FLOPs, the scores
+recomputed), plus what it cannot see (:meth:`AttentionBackwardFamily.launch_estimate`): the key
+blocks, the two small launches and the workspaces' HBM bytes, the dQ atomics
+(``(Nx / BX) · Nq · d`` fp32 adds) and Q, dO re-read per key block at the L2, and the warps'
+operand loads from shared memory (causal: only the tiles computed). Accumulating dQ
 atomically rather than in a second launch streaming the keys: the second launch would recompute
 S and P and dP again (two more of the five products, 40 % more tensor work) to save the atomics,
 which move ``4 · d`` bytes per query row per key block — a small fraction of the block's
