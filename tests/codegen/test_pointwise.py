@@ -305,6 +305,34 @@ def test_a_map_over_one_layout_keeps_whole_vectors_across_rows(r, x, dtype, tail
         assert gx * cfg.threads * cfg.unroll * shape.vec >= r * x   # every value, the tail's included
 
 
+@pytest.mark.parametrize("build_, sizes, aligned", [
+    (row_sum, dict(r=7, x=4095), True), (row_sum, dict(r=3, x=1), True), (total, dict(r=9, x=41), True),
+    (l2_norm, dict(r=6, x=71), True), (dot_all, dict(r=9, x=41), True), (row_sum, dict(r=7, x=4096), False),
+    (sum_bs, dict(b=3, h=5, s=33), False),            # R = (b, s) is no run of the row's memory
+    (matvec, dict(a=7, b=101), False),                # x[b] is read by every row (broadcast)
+    (full_and_reduced, dict(r=4, x=41), False),       # an output written in the pass
+    (masked_rowmax, dict(q=9, x=9), False)])          # an index map
+def test_rows_of_odd_length_keep_whole_vectors(build_, sizes, aligned):
+    """A row kernel whose rows are contiguous runs of every input keeps 16-byte vectors where the
+    row's length is odd: each row reads the values before its first 16-byte boundary and after its
+    last whole vector one by one, aligned vectors between; other shapes narrow the vector."""
+    d = bound(build_, sizes)
+    shape = pw.analyse(d)
+    assert shape.mode == "row" and shape.aligned_rows == aligned
+    assert shape.vec == (8 if aligned or sizes[shape.inner] % 8 == 0 else math.gcd(8, sizes[shape.inner]))
+    src = lower(d, family="pointwise", gpu="h100").launches[0].source
+    if aligned:
+        assert "napkin_pwh::head_of(in_" in src and "const idx_t rflat = head + (rv0 + u * THREADS_PER_ROW) * VEC;" in src
+        assert "for (idx_t j = lane; j < NR - nrv * VEC; j += THREADS_PER_ROW) {" in src
+        assert f"constexpr idx_t NR = {shape.nr};" in src
+    else:
+        assert "head_of(" not in src.split("extern")[-1]
+    two = lower(bound(dot_all, dict(r=9, x=41)), family="pointwise", gpu="h100").launches[0].source
+    # two inputs: their vectors align together only when they start at the same place in a line
+    assert ("(reinterpret_cast<unsigned long long>(in_X) ^ reinterpret_cast<unsigned long long>(in_Y))) % 16ULL"
+            in two)
+
+
 def test_maps_prefer_eight_vectors_in_flight_in_128_thread_blocks():
     """The model times a long map's unrolls alike; the family's order then picks 128 threads with
     eight vectors each (measured best on an H200: tanh-form GELU 67 us against 70 with four and
@@ -357,7 +385,7 @@ def test_random_shapes_lower_and_cover_the_space(which, dtype, data):
     d = bound(build_, sizes, dtype)
     assert FAMILY.explain(d) is None
     shape = pw.analyse(d)
-    assert shape.sizes[shape.inner] % shape.vec == 0 or (shape.mode == "map" and shape.flat)
+    assert shape.sizes[shape.inner] % shape.vec == 0 or (shape.mode == "map" and shape.flat) or shape.aligned_rows
     cands = FAMILY.candidates(d, "h100", dtype)
     assert cands
     for s in (cands[0], cands[-1]):
@@ -383,7 +411,8 @@ def test_random_shapes_lower_and_cover_the_space(which, dtype, data):
 
 NVCC_CASES = [
     (sigmoid_chain, dict(r=64, x=4096)), (broadcast_chain, dict(r=64, x=4093)), (transposed_add, dict(r=64, x=64)),
-    (alibi_map, dict(h=4, q=64, x=64)), (sigmoid_chain, dict(r=7, x=4095)), (column_sum, dict(r=4096, x=512)), (row_sum, dict(r=4, x=1 << 16)),
+    (alibi_map, dict(h=4, q=64, x=64)), (sigmoid_chain, dict(r=7, x=4095)), (row_sum, dict(r=64, x=4095)),
+    (dot_all, dict(r=64, x=999)), (column_sum, dict(r=4096, x=512)), (row_sum, dict(r=4, x=1 << 16)),
     (row_sum, dict(r=4096, x=4097)), (sum_bh, dict(b=16, h=64, s=512)), (sum_bs, dict(b=16, h=8, s=512)),
     (total, dict(r=512, x=512)), (post_maps, dict(r=1024, x=1024)), (full_and_reduced, dict(r=256, x=1024)),
     (masked_rowmax, dict(q=256, x=256)), (row_sum, dict(r=3, x=3 * 2 ** 30)), (matvec, dict(a=1000, b=4099)),

@@ -70,10 +70,12 @@ PLANNED = [
     (transposed_add, [dict(r=37, x=41), dict(r=256, x=512)]),
     (alibi_map, [dict(h=2, q=37, x=37)]),
     (column_sum, [dict(r=8192, x=4096), dict(r=37, x=1000), dict(r=1000, x=7), dict(r=3, x=1)]),
-    (row_sum, [dict(r=8192, x=4096), dict(r=33, x=1000), dict(r=2, x=100003), dict(r=1, x=1)]),
+    # rows of 100003, 4095, 7 values: aligned vectors between a head and a tail read value by value
+    (row_sum, [dict(r=8192, x=4096), dict(r=33, x=1000), dict(r=2, x=100003), dict(r=1, x=1), dict(r=4096, x=4095),
+               dict(r=5, x=7)]),
     (sum_bh, [dict(b=16, h=64, s=4096), dict(b=3, h=5, s=97)]),
     (sum_bs, [dict(b=16, h=64, s=4096), dict(b=3, h=5, s=97)]),
-    (total, [dict(r=1024, x=1024), dict(r=13, x=31)]),
+    (total, [dict(r=1024, x=1024), dict(r=13, x=31), dict(r=3, x=(1 << 20) + 3)]),
     (l2_norm, [dict(r=4096, x=4096), dict(r=7, x=1001)]),
     (column_mean, [dict(r=8192, x=4096), dict(r=29, x=40)]),
     (post_maps, [dict(r=4096, x=1024), dict(r=20, x=24)]),
@@ -82,7 +84,7 @@ PLANNED = [
     (matvec, [dict(a=8192, b=8192), dict(a=1000, b=4099), dict(a=1, b=7), dict(a=33, b=100003)]),
     (vecmat, [dict(b=8192, c=8192), dict(b=4099, c=1000), dict(b=7, c=1)]),
     (batched_matvec_gelu, [dict(n=8, a=1024, b=4096), dict(n=3, a=77, b=999)]),
-    (dot_all, [dict(r=4096, x=4096), dict(r=13, x=31)]),
+    (dot_all, [dict(r=4096, x=4096), dict(r=13, x=31), dict(r=77, x=999)]),
 ]
 
 
@@ -132,10 +134,12 @@ def test_every_kind_of_configuration_verifies(case, dtype):
 
 @pytest.mark.parametrize("build, sizes", [(sigmoid_chain, dict(r=33, x=1000)), (sigmoid_chain, dict(r=33, x=999)),
                                           (column_sum, dict(r=1000, x=72)), (row_sum, dict(r=9, x=3000)),
+                                          (row_sum, dict(r=9, x=3001)), (dot_all, dict(r=7, x=999)),
                                           (sum_bh, dict(b=7, h=9, s=40))],
-                         ids=["chain", "chain_flat", "column_sum", "row_sum", "sum_bh"])
+                         ids=["chain", "chain_flat", "column_sum", "row_sum", "row_sum_odd", "dot_odd", "sum_bh"])
 def test_inputs_that_start_unaligned(build, sizes):
-    """A contiguous view one element into its storage: the vector accesses fall back to scalars."""
+    """A contiguous view one element into its storage: the vector accesses fall back to scalars, or
+    (rows of odd length) each row finds its own first 16-byte boundary."""
     cd = napkin_compile(build(), sizes=sizes, dtype="bf16")
     check(cd, seed=3, offset=1)
 

@@ -13,9 +13,12 @@ contractions and renames are other families' boxes.
 
 How it runs: the *vector axis* is the innermost axis of the largest array that holds every axis
 of ``U``; a thread works on ``VEC`` consecutive positions along it (``VEC`` values fill 16
-bytes, fewer where the axis' size is not a multiple), with one vector access for arrays that
-hold it innermost, strided scalar accesses for arrays that hold it elsewhere and one broadcast
-scalar for arrays that lack it. Maps are evaluated in fp32 registers; every input is read once and
+bytes, fewer where the axis' size is not a multiple, except in a map whose arrays all hold ``U``
+in one order, whose vectors run over the flattened space with a partial last one, and in a row
+kernel whose rows are contiguous runs of every input, each row reading its values before its
+first 16-byte boundary and after its last whole vector one by one), with one vector access for
+arrays that hold it innermost, strided scalar accesses for arrays that hold it elsewhere and one
+broadcast scalar for arrays that lack it. Maps are evaluated in fp32 registers; every input is read once and
 every output written once. Three kernels, by where the vector axis is:
 
 - ``map`` (no reduction): ``THREADS`` threads per block, each ``UNROLL`` vectors of the flattened
@@ -108,6 +111,10 @@ class PointwiseShape:
     #: vectors run over the flattened space (see :func:`_flat_vectors`): the vector axis' size is
     #: not a multiple of the 16-byte vector, the space's size need not be either.
     tail: int = 0
+    #: the row kernel's rows are contiguous runs of every array it reads, of a length that is not a
+    #: multiple of VEC: each row reads its first values up to a 16-byte boundary and its last ones
+    #: value by value, whole aligned vectors between (see :func:`_row_runs`).
+    aligned_rows: bool = False
 
     @property
     def flat(self) -> bool:
@@ -337,14 +344,17 @@ def analyse(diagram: Diagram) -> PointwiseShape | str:
     bytes_ = lookup_dtype(next(iter(dts))).bytes
     vec = 16 // bytes_
     tail = 0
+    aligned_rows = False
     if sizes[inner] % vec and mode == "map" and _flat_vectors(order, loop, full_out):
         tail = math.prod(sizes[a] for a in order) % vec
+    elif sizes[inner] % vec and mode == "row" and _row_runs(order, red, loop, chain, full_out):
+        aligned_rows = True
     else:
         while sizes[inner] % vec:
             vec //= 2
     return PointwiseShape(d, next(iter(dts)), sizes, mode, _how(chain[0]) if chain else None, tuple(order),
                           tuple(a for a in order if a in red), tuple(a for a in order if a in K), tuple(chain),
-                          loop, post, tuple(full_out), tuple(kept_out), vec, tail)
+                          loop, post, tuple(full_out), tuple(kept_out), vec, tail, aligned_rows)
 
 
 def _flat_vectors(order: tuple[str, ...], loop, full_out) -> bool:
@@ -353,6 +363,19 @@ def _flat_vectors(order: tuple[str, ...], loop, full_out) -> bool:
     every array's offset, and 16-byte vectors stay whole where a row's length is odd), and no map
     reads an axis index (which would change inside a vector)."""
     arrays = [a for b in loop for a in b.args if a.is_input] + [v for _, v in full_out]
+    return (all(tuple(v.axis_names) == tuple(order) for v in arrays)
+            and not any(b.op.index_axes for b in loop))
+
+
+def _row_runs(order: tuple[str, ...], red: set, loop, chain, full_out) -> bool:
+    """Whether the row kernel's rows are contiguous runs of every array it reads: the reduced axes
+    are the innermost of the space, every input read holds the whole space in its order (so a row
+    starts at ``row * NR`` in each), no map reads an axis index, and no output is written in the
+    pass. Such rows keep 16-byte vectors where their length is odd: each starts misaligned by its
+    own amount, read value by value up to the first 16-byte boundary."""
+    if tuple(order[len(order) - len(red):]) != tuple(a for a in order if a in red) or full_out:
+        return False
+    arrays = [a for b in loop for a in b.args if a.is_input] + [a for a in chain[0].args if a.is_input]
     return (all(tuple(v.axis_names) == tuple(order) for v in arrays)
             and not any(b.op.index_axes for b in loop))
 
@@ -561,7 +584,8 @@ def regs_need(shape: PointwiseShape, cfg: Config) -> int:
     whose own index the pass computes and per index an index map reads; with 64-bit indices 4
     more in the map kernel, and 5 each and 16 more in a reduction, whose per-thread offsets and
     loop bounds are 64-bit too), one per map, and a fixed base for addresses and loop state (8
-    more for the column kernel's shared-memory combine). A sum of products holds both factors unpacked."""
+    more for the column kernel's shared-memory combine, 4 for aligned rows' head and vector count).
+    A sum of products holds both factors unpacked."""
     b = shape.bytes
     # a reduction unrolled, or a sum of products (both factors converted before they multiply),
     # holds its vectors as fp32 values
@@ -582,7 +606,7 @@ def regs_need(shape: PointwiseShape, cfg: Config) -> int:
     outer, loop = _pass_needs(shape, g)
     per, extra = (2, 0) if not shape.big else ((2, 4) if shape.mode == "map" else (5, 16))
     index = per * (len(outer) + len(loop) + sum(len(m.op.index_axes) for m in shape.loop)) + extra
-    base = BASE_REGS + (8 if shape.mode == "col" else 0)
+    base = BASE_REGS + (8 if shape.mode == "col" else 0) + (4 if shape.aligned_rows else 0)
     return base + cfg.unroll * loads + stores + acc + index + len(shape.loop)
 
 
@@ -808,10 +832,15 @@ def lower_shape(shape: PointwiseShape, cfg: Config, schedule: Schedule, arch: st
     loads: list[Code] = []
     vec_ptrs: list[Code] = []
     elem_loads: list[Code] = []
+    one_loads: list[Code] = []     # aligned rows: one value of a row's head or tail into lane 0 of set 0
+    head_ptr: Code | None = None   # aligned rows: where the first input's row starts
     for v in loop_inputs:
         nm = name(v)
         ptr, ld = ident(nm, "in_"), ident(nm, "ld_")
         kind, stride, off = placed(nm, v)
+        if shape.aligned_rows:
+            one_loads.append(Code(f"{ld}[0].x[0] = {ptr}[{off}];"))
+            head_ptr = head_ptr or Code(f"{ptr} + {ident(nm, 'koff_')}")
         if kind == "bcast":
             loads_decl.append(Code(f"T {ld}[UNROLL];"))
             loads.append(Code(f"{ld}[u] = {ptr}[{off}];"))
@@ -875,6 +904,14 @@ def lower_shape(shape: PointwiseShape, cfg: Config, schedule: Schedule, arch: st
     vec_ok = Code("true") if shape.vec == 1 or not vec_ptrs else Code(
         "((" + " | ".join(f"reinterpret_cast<unsigned long long>({p})" for p in vec_ptrs)
         + f") % {shape.vec * shape.bytes}ULL) == 0ULL")
+    if shape.aligned_rows:
+        # every row starts at the same offset in each input: their vectors align together when the
+        # inputs start at the same place in a 16-byte line (and on a value's boundary)
+        p0 = vec_ptrs[0]
+        same = "".join(f" | (reinterpret_cast<unsigned long long>({p0}) ^ reinterpret_cast<unsigned long long>({p}))"
+                       for p in vec_ptrs[1:])
+        vec_ok = Code(f"(reinterpret_cast<unsigned long long>({p0}) % {shape.bytes}ULL) == 0ULL"
+                      + (f" && (({same[3:]}) % {shape.vec * shape.bytes}ULL) == 0ULL" if same else ""))
 
     params = [Code(f"const {T}* __restrict__ {ident(name(v), 'in_')}") for v in used_inputs]
     args = [Arg("tensor", name(v), dtype=shape.dtype, axes=v.axis_names) for v in used_inputs]
@@ -907,6 +944,10 @@ def lower_shape(shape: PointwiseShape, cfg: Config, schedule: Schedule, arch: st
                       "THREADS_PER_ROW (grid.x)")
         legend.append(f"reduced R = ({red_axes_text}) -> rflat = (rv0 + u * THREADS_PER_ROW) * VEC, lanes "
                       "stride along R; split s = blockIdx.y takes CHUNK vectors of R (grid.y = SPLITS)")
+        if shape.aligned_rows:
+            legend.append(f"a row is a contiguous run of NR = {shape.nr} values in every input (no multiple of VEC): "
+                          "its HEAD values before the first 16-byte boundary and the values after its last whole "
+                          "vector are read one by one (split 0), rflat = HEAD + vector * VEC")
         legend.append(f"tunables: THREADS_PER_ROW = {cfg.tpr}, ROWS_PER_BLOCK = {cfg.rows_per_block}, "
                       f"UNROLL = {cfg.unroll}, VEC = {shape.vec}, SPLITS = {cfg.splits}")
         sched.append(f"{shape.how} over R in fp32: UNROLL accumulators per thread, then "
@@ -945,6 +986,7 @@ def lower_shape(shape: PointwiseShape, cfg: Config, schedule: Schedule, arch: st
         post_index=post_index, post_loads=post_loads, post_stmts=post_stmts, post_stores=post_stores,
         red_out=ident(name(shape.reduce_out), "a_") if shape.chain else None,
         ws=ident(part, "ws_") if split else None,
+        aligned_rows=shape.aligned_rows, head_ptr=head_ptr, one_loads=one_loads,
     )
     kernel = Code(f"{base}_{mode}")
     src = render(TEMPLATE, kernel=kernel, stage="pass", **ctx)
