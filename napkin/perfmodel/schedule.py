@@ -49,6 +49,9 @@ RELABEL_LEVELS = ("SMEM", "RF")
 
 #: Levels an array may be placed at inside a kernel.
 PLACEMENT_LEVELS = ("SMEM", "RF")
+#: Families whose group tiles always compute whole (tensor-core tiles on zero-filled operands): the
+#: model costs an axis they tile padded to a multiple of the tile (:meth:`Schedule.padded_view`).
+WHOLE_TILE_FAMILIES = ("contraction", "attention")
 
 
 def tile_symbol(name: str) -> sympy.Symbol:
@@ -377,20 +380,32 @@ class Schedule:
     def padded_view(self) -> Schedule:
         """The schedule as the model costs it: where a tile overhangs its axis (a 128-row tile on
         45 rows), the kernel runs one whole, partly idle tile, so the axis is costed padded to the
-        tile (the model's own rule, a group no larger than its axis, then holds).
+        tile (the model's own rule, a group no larger than its axis, then holds). The tensor-core
+        families (:data:`WHOLE_TILE_FAMILIES`) also run the last of several tiles whole (a
+        192-column tile twice over 256 columns computes 384): their group tiles pad the axis to a
+        multiple of the tile, so a tile that wastes half its work is not ranked with one that fits.
 
         >>> from napkin.diagrams import library
         >>> s = Schedule.fused(library.get("matmul").bind(a=45, b=64, c=64), groups={"a": 128})
         >>> s.padded_view().diagram.sizes["a"]
         128
+        >>> k = Schedule.fused(library.get("matmul").bind(a=64, b=64, c=256), groups={"c": 192}).kernels[0]
+        >>> s = Schedule(library.get("matmul").bind(a=64, b=64, c=256), (k.replace(family="contraction"),))
+        >>> s.padded_view().diagram.sizes["c"]
+        384
         """
         d = self.diagram
         grow: dict[str, int] = {}
         for k in self.kernels:
+            whole = k.family in WHOLE_TILE_FAMILIES
             for r in k.relabels:
                 n = d.axes[r.axis].size if r.axis in d.axes else None
-                if isinstance(r.size, int) and isinstance(n, int) and r.size > n:
+                if not (isinstance(r.size, int) and isinstance(n, int)):
+                    continue
+                if r.size > n:
                     grow[r.axis] = max(grow.get(r.axis, 0), r.size)
+                elif whole and r.kind == "group" and n % r.size:
+                    grow[r.axis] = max(grow.get(r.axis, 0), -(-n // r.size) * r.size)
         if not grow:
             return self
         try:
