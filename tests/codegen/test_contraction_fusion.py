@@ -220,26 +220,13 @@ def gemm_rowred(kind: str, dtype: str = "bf16") -> Diagram:
 ROW_KINDS = ["softmax", "sum", "max", "min", "mean"]
 
 
-@pytest.fixture
-def every_row_reduction(monkeypatch):
-    """Every kind the template builds taken by the family (not only those checked on a GPU)."""
-    from napkin.codegen.families import contraction
-
-    monkeypatch.setattr(contraction, "ROW_REDUCTIONS_CHECKED", contraction.ROW_REDUCTIONS)
-
-
-def test_only_row_reductions_checked_on_a_gpu_are_taken():
-    from napkin.codegen.families.contraction import ROW_REDUCTIONS_CHECKED
-
+def test_every_row_reduction_the_template_builds_is_taken():
     for kind in ROW_KINDS:
-        why = FAMILY.explain(bound(gemm_rowred(kind), a=1000, b=520, c=200))
-        assert (why is None) == (kind in ROW_REDUCTIONS_CHECKED), (kind, why)
-        if why is not None:
-            assert "not yet checked on a GPU" in why
+        assert FAMILY.explain(bound(gemm_rowred(kind), a=1000, b=520, c=200)) is None, kind
 
 
 @pytest.mark.parametrize("kind", ROW_KINDS)
-def test_gemm_then_row_reduction_is_one_kernel_when_the_tile_spans_the_row(kind, monkeypatch, every_row_reduction):
+def test_gemm_then_row_reduction_is_one_kernel_when_the_tile_spans_the_row(kind, monkeypatch):
     d = bound(gemm_rowred(kind), a=1000, b=520, c=200)
     p = analyze(d)
     assert p.rowred is not None and (p.a, p.b, p.c) == ("a", "b", "c")
@@ -266,7 +253,7 @@ def test_gemm_then_row_reduction_is_one_kernel_when_the_tile_spans_the_row(kind,
         assert len(plan.kernels) > 1, plan
 
 
-def test_row_reduction_refusals(every_row_reduction):
+def test_row_reduction_refusals():
     # the row spans 16 column tiles: the reduction stays its own kernel (gemm_softmax's defaults)
     d = bound(library.get("gemm_softmax"), a=4096, b=1024, c=4096)
     with pytest.raises(CodegenError, match="spans several column tiles"):
@@ -289,7 +276,7 @@ def test_row_reduction_refusals(every_row_reduction):
 
 @pytest.mark.nvcc
 @pytest.mark.parametrize("kind", ROW_KINDS)
-def test_row_reduction_builds_without_spills(kind, every_row_reduction):
+def test_row_reduction_builds_without_spills(kind):
     from napkin.kernels.nvcc import nvcc_compile
 
     for c in (200, 64):
@@ -314,7 +301,7 @@ def test_the_model_refuses_a_norm_multiplied_by_itself():
     assert FAMILY.explain(d) is not None
 
 
-def test_a_map_after_the_row_reduction_reading_the_logits_is_refused(every_row_reduction):
+def test_a_map_after_the_row_reduction_reading_the_logits_is_refused():
     from napkin.diagrams.ops import softmax
 
     a, b, c = Axis("a"), Axis("b"), Axis("c")

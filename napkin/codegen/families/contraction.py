@@ -307,10 +307,6 @@ def _prologue_problem(diagram: Diagram, norm: Value, contracts: list[Value]) -> 
 
 #: The reductions along a row the wgmma epilogue finishes in registers (the tile spans the row).
 ROW_REDUCTIONS = ("softmax", "sum", "max", "min", "mean")
-#: Those whose kernels have passed the GPU tests (tests/codegen/test_contraction_fusion_gpu.py,
-#: which runs every kind of ROW_REDUCTIONS): the family takes only these; the others stay their
-#: own kernel until a GPU run of those tests passes.
-ROW_REDUCTIONS_CHECKED = ("sum", "mean")
 
 
 def _rowred_problem(diagram: Diagram, R: Value, contracts: list[Value]) -> MatmulProblem | str:
@@ -324,9 +320,6 @@ def _rowred_problem(diagram: Diagram, R: Value, contracts: list[Value]) -> Matmu
     kind = R.op.kind if R.op.kind == "softmax" else R.op.how
     if kind not in ROW_REDUCTIONS:
         return f"a {kind} reduction after the contraction (softmax, sum, max, min or mean run in its epilogue)"
-    if kind not in ROW_REDUCTIONS_CHECKED:
-        return (f"a {kind} along the rows after the contraction: its epilogue is not yet checked on a GPU "
-                f"({', '.join(ROW_REDUCTIONS_CHECKED)} are); it stays its own kernel")
     over = R.op.over
     if not C.axis_names or C.axis_names[-1] != over:
         return (f"the reduction runs over {over!r}, not the contraction's last (column) axis: a row "
