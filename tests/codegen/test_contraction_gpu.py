@@ -82,7 +82,8 @@ def test_sum_over_two_axes(a_kmajor, b_kmajor, dtype):
     ("matmul", [dict(a=33, b=100003, c=40), dict(a=64, b=65536, c=64)]),
     ("batched_matmul", [dict(n=3, a=64, b=10000, c=40)]),
 ])
-def test_split_sums_planned_for_small_outputs(name, shapes):
+@pytest.mark.parametrize("dtype", ["bf16", "fp32"])
+def test_split_sums_planned_for_small_outputs(name, shapes, dtype):
     """Small outputs over long sums: the planner splits the sum (fp32 partials, a combining launch
     in a fixed order); the result matches float64 and is the same bits on a second run."""
     import torch
@@ -90,8 +91,8 @@ def test_split_sums_planned_for_small_outputs(name, shapes):
     from napkin.codegen import compile as napkin_compile
     from napkin.diagrams.reference import random_inputs
 
-    check(library.get(name), "bf16", shapes)
-    cd = napkin_compile(library.get(name), sizes=shapes[0], dtype="bf16")
+    check(library.get(name), dtype, shapes)
+    cd = napkin_compile(library.get(name), sizes=shapes[0], dtype=dtype)
     assert (cd.plan.kernels[0].kernel.options.splits or 1) > 1, cd.plan
     ins = random_inputs(cd.diagram, device="cuda", seed=5)
     first, second = cd(**ins).clone(), cd(**ins)

@@ -713,9 +713,9 @@ class ContractionFamily:
     def split_counts(diagram: Diagram, p: MatmulProblem, cfg: MatmulConfig, gpu) -> list[int]:
         """How many blocks may share one output tile's sum: where the tiles (times the batch) leave
         most SMs idle and the sum is long, splits that bring the blocks to one or two waves, each
-        split keeping at least ``MIN_SPLIT_CHUNKS`` chunks (the mma.sync template splits; the wgmma
-        and fp32 templates do not)."""
-        if cfg.wgmma or cfg.simt:
+        split keeping at least ``MIN_SPLIT_CHUNKS`` chunks (the mma.sync and fp32 templates split;
+        the wgmma template does not)."""
+        if cfg.wgmma:
             return []
         sz = diagram.sizes
         if not all(isinstance(sz.get(n), int) for n in (p.a, p.c, p.b, *p.batch, *p.k_outer)):
@@ -914,8 +914,6 @@ class ContractionFamily:
         if not 32 <= cfg.threads <= 1024:
             raise CodegenError(f"{what}: gives {cfg.threads} threads per block (32 to 1024)")
         if cfg.simt:
-            if cfg.splits > 1:
-                raise CodegenError(f"{what}: the fp32 template does not split its sum (splits={cfg.splits})")
             if (cfg.WM, cfg.WN) not in ((32, 64), (64, 32)):
                 raise CodegenError(f"{what}: the fp32 template's warp tiles are 32x64 or 64x32")
             if cfg.BK not in (4, 8, 16, 32):
