@@ -281,3 +281,23 @@ def test_swiglu_plans_the_dual_kernel_and_is_right():
     cd = compile_diagram("swiglu", sizes=dict(a=512, b=256, f=704))
     assert "napkin_mm_wgmma_dual" in cd.program.launches[0].name
     check(library.get("swiglu"), "bf16", [dict(a=512, b=256, f=704), dict(a=77, b=64, f=136)])
+
+
+@pytest.mark.parametrize("cfg", [WGMMA_CONFIGS[3], WGMMA_CONFIGS[1]], ids=["128x128", "256x128"])
+@pytest.mark.parametrize("splits", [2, 7])
+def test_wgmma_split_sums(cfg, splits):
+    """The wgmma template's split sum: fp32 partials from the registers, the combining launch adds
+    them and applies the epilogue (mlp's bias and GELU); 7 splits of a few chunks leave the last
+    shares empty (they write zeros); rows and columns past the tile edges, a batch, an outer sum."""
+    from napkin.codegen.planner import derive
+
+    _hopper()
+    for build, shapes in [(lambda: library.get("mlp"), [dict(a=300, b=1024, c=136), dict(a=64, b=200, c=72)]),
+                          (lambda: library.get("batched_matmul"), [dict(n=3, a=77, b=640, c=40)]),
+                          (lambda: mm_multi_sum(b_kmajor=False, residual=True), [dict(h=3, a=100, b=128, c=72)])]:
+        for shape in shapes:
+            d = build().with_dtype("bf16").bind(**shape)
+            s = FAMILY.schedule(d, MatmulConfig(False, *cfg, wgmma=True, splits=splits))
+            check(build(), "bf16", [shape], schedule=s)
+    plan = derive(library.get("matmul"), "h100", "bf16", sizes=dict(a=256, b=262144, c=256), explain=False).plan
+    assert plan.kernels[0].kernel.options.engine == "wgmma" and (plan.kernels[0].kernel.options.splits or 1) > 1

@@ -214,7 +214,7 @@ def test_a_small_output_over_a_long_sum_splits_it():
 
     plan = derive(d, gpu="h100", explain=False).plan
     k = plan.kernels[0].kernel
-    assert k.options.splits and k.options.splits > 1 and k.options.engine == "mma.sync", plan
+    assert k.options.splits and k.options.splits > 1 and k.options.engine in ("mma.sync", "wgmma"), plan
     prog = FAMILY.lower(d, plan.schedule, "sm_90a")
     main, combine = prog.launches
     (buf,) = prog.buffers
@@ -223,11 +223,11 @@ def test_a_small_output_over_a_long_sum_splits_it():
     assert {a.name for a in main.args if a.kind == "tensor"} >= {buf.name}
     assert "erff(" in combine.source and "x_bias" in combine.source and "SPLITS = " in combine.source
     assert "erff(" not in main.source.split("extern \"C\"")[1].split("return;")[0]  # partials leave raw
-    # a big output is never split; neither is the wgmma template
+    # a big output is never split; every template splits a small one
     big = prepare_bound(library.get("matmul"), dict(a=4096, b=4096, c=4096))
     assert {s.kernels[0].options.splits for s in FAMILY.candidates(big, "h100", "bf16")} == {None}
-    assert not [s for s in FAMILY.candidates(d, "h100", "bf16")
-                if s.kernels[0].options.engine == "wgmma" and s.kernels[0].options.splits]
+    assert {s.kernels[0].options.engine for s in FAMILY.candidates(d, "h100", "bf16")
+            if s.kernels[0].options.splits} == {"mma.sync", "wgmma"}
 
 
 def test_fp32_splits_a_long_sum_too():
@@ -251,17 +251,20 @@ def prepare_bound(d, sizes, dtype="bf16"):
 @pytest.mark.nvcc
 @pytest.mark.parametrize("build,sizes", [
     (lambda: library.get("mlp"), dict(a=100, b=20000, c=72)),
-    (lambda: library.get("batched_matmul"), dict(n=3, a=64, b=10000, c=40)),
-    (lambda: mm_multi_sum(residual=True), dict(h=8, a=64, b=4096, c=64)),
+    (lambda: library.get("batched_matmul"), dict(n=3, a=64, b=10048, c=40)),
+    (lambda: mm_multi_sum(b_kmajor=False, residual=True), dict(h=8, a=64, b=4096, c=64)),
 ], ids=["mlp", "batched", "sum-over-2-axes"])
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90a"])
-@pytest.mark.parametrize("dtype", ["bf16", "fp32"])
-def test_split_sums_build_without_spills(build, sizes, arch, dtype):
+@pytest.mark.parametrize("engine", ["mma.sync", "simt", "wgmma"])
+def test_split_sums_build_without_spills(build, sizes, arch, engine):
     from napkin.kernels.nvcc import nvcc_compile
 
-    d = prepare_bound(build(), sizes, dtype)
-    cfg = (MatmulConfig(True, *SIMT_CONFIGS[0], splits=8) if dtype == "fp32"
-           else MatmulConfig(False, *MMA_CONFIGS[6], splits=8))
+    if engine == "wgmma" and arch != "sm_90a":
+        pytest.skip("wgmma is sm_90a's")
+    d = prepare_bound(build(), sizes, "fp32" if engine == "simt" else "bf16")
+    cfg = {"simt": MatmulConfig(True, *SIMT_CONFIGS[0], splits=8),
+           "mma.sync": MatmulConfig(False, *MMA_CONFIGS[6], splits=8),
+           "wgmma": MatmulConfig(False, *WGMMA_CONFIGS[3], wgmma=True, splits=8)}[engine]
     prog = FAMILY.lower(d, FAMILY.schedule(d, cfg), arch)
     assert len(prog.launches) == 2
     for launch in prog.launches:

@@ -171,7 +171,8 @@ class MatmulConfig:
         """The typed options a schedule of this configuration carries."""
         if self.wgmma:
             return KernelOptions(engine="wgmma", stages=self.stages, warpgroups=self.BM // self.WM,
-                                 blocks_per_sm=self.blocks_per_sm, regs_per_thread=self.consumer_regs())
+                                 blocks_per_sm=self.blocks_per_sm, regs_per_thread=self.consumer_regs(),
+                                 splits=self.splits if self.splits > 1 else None)
         return KernelOptions(engine=self.engine, stages=self.stages, warps=self.threads // 32,
                              blocks_per_sm=self.blocks_per_sm, regs_per_thread=self.model_regs(),
                              splits=self.splits if self.splits > 1 else None)
@@ -713,9 +714,9 @@ class ContractionFamily:
     def split_counts(diagram: Diagram, p: MatmulProblem, cfg: MatmulConfig, gpu) -> list[int]:
         """How many blocks may share one output tile's sum: where the tiles (times the batch) leave
         most SMs idle and the sum is long, splits that bring the blocks to one or two waves, each
-        split keeping at least ``MIN_SPLIT_CHUNKS`` chunks (the mma.sync and fp32 templates split;
-        the wgmma template does not)."""
-        if cfg.wgmma:
+        split keeping at least ``MIN_SPLIT_CHUNKS`` chunks (every template splits a plain sum; the
+        wgmma template's dual, prologue and row-reduction kernels do not)."""
+        if cfg.wgmma and (p.dual or p.norm is not None or p.rowred is not None):
             return []
         sz = diagram.sizes
         if not all(isinstance(sz.get(n), int) for n in (p.a, p.c, p.b, *p.batch, *p.k_outer)):
@@ -831,10 +832,10 @@ class ContractionFamily:
             raise CodegenError(f"contraction family: a dual contraction runs on the wgmma template only "
                                f"(the schedule asks for {engine})")
         if engine == "wgmma":
-            if splits > 1:
-                raise CodegenError("contraction family: the wgmma template does not split its sum "
-                                   f"(splits={splits}); use engine mma.sync")
-            return self._wgmma_config(p, schedule, arch, sizes, stages)
+            if splits > 1 and (p.dual or p.norm is not None or p.rowred is not None):
+                raise CodegenError("contraction family: the wgmma template splits only a plain sum (not a dual "
+                                   f"contraction, a prologue or a row reduction; splits={splits})")
+            return replace(self._wgmma_config(p, schedule, arch, sizes, stages), splits=splits)
         if engine not in ("mma.sync", "simt"):
             raise CodegenError(f"contraction family: engine {engine!r} is not built here (wgmma, mma.sync "
                                "or simt)")
@@ -955,15 +956,14 @@ class ContractionFamily:
             shape = tuple(sz[n] for n in v.axis_names[:-1]) + (row,)
             buffers.append(Buffer(name, v.axis_names, shape, v.dtype))
             pads.append(self._pad_launch(diagram, v, name, row))
-        if cfg.wgmma:
-            main = (self._launch_wgmma(diagram, p, cfg, arch, padded),)
-        elif cfg.splits == 1:
-            main = (self._launch(diagram, p, cfg, arch, padded=padded),)
+        launch = self._launch_wgmma if cfg.wgmma else self._launch
+        if cfg.splits == 1:
+            main = (launch(diagram, p, cfg, arch, padded=padded),)
         else:
             ws = _buffer_name(diagram, f"{diagram.name}_partials", taken)
             nbatch = math.prod(sz[a] for a in p.batch)
             buffers.append(Buffer(ws, ("split", "batch", p.a, p.c), (cfg.splits, nbatch, sz[p.a], sz[p.c]), "fp32"))
-            main = (self._launch(diagram, p, cfg, arch, ws, padded), self._combine_launch(diagram, p, cfg, ws))
+            main = (launch(diagram, p, cfg, arch, ws=ws, padded=padded), self._combine_launch(diagram, p, cfg, ws))
         return Program(diagram, schedule, self.name, (*pads, *main), tuple(buffers), dict(sz))
 
     def _pad_launch(self, d: Diagram, v: Value, buffer: str, row: int) -> KernelLaunch:
@@ -1119,7 +1119,7 @@ class ContractionFamily:
         )
 
     def _launch_wgmma(self, d: Diagram, p: MatmulProblem, cfg: MatmulConfig, arch: str,
-                      padded: dict | None = None) -> KernelLaunch:
+                      ws: str | None = None, padded: dict | None = None) -> KernelLaunch:
         T = p.dtype
         sz = d.sizes
         M, N, K = sz[p.a], sz[p.c], sz[p.b]
@@ -1150,6 +1150,8 @@ class ContractionFamily:
             int_param("M", M), int_param("N", N), int_param("K", K),
             int_param("ldy", sY[p.a], f"row stride of {out_name}[{','.join(p.out.axis_names)}]"),
         ]
+        if ws is not None:
+            params.append(Param(Arg("tensor", ws, dtype="fp32", axes=()), Code("float* __restrict__ WS")))
         # batch and outer-sum indices move each operand's tiles down its flattened rows
         row_a, row_b = sA[_tile_rows_axis(p, p.A)], sB[_tile_rows_axis(p, p.B)]
         batch, kouter, nbatch = [], [], 1
@@ -1191,11 +1193,13 @@ class ContractionFamily:
                          *(() if eps is None else ("rmsnorm", eps, p.G is not None)),
                          *(() if red is None else (red, [str(x) for x in post.lines])))
         dual = "_dual" if p.dual else "_rmsnorm" if p.norm is not None else f"_{red}" if red else ""
-        kname = Code(f"napkin_mm_wgmma{dual}_{T}_{cfg.BM}x{cfg.BN}x{cfg.BK}_w{cfg.WM}_s{cfg.stages}_{layout}_{tag}")
+        split = f"_x{cfg.splits}" if cfg.splits > 1 else ""
+        kname = Code(f"napkin_mm_wgmma{dual}{split}_{T}_{cfg.BM}x{cfg.BN}x{cfg.BK}_w{cfg.WM}_s{cfg.stages}_{layout}_{tag}")
         wn = cfg.BN * (2 if p.dual else 1)  # the wgmma's N
         nacc = wn // 2
         ctx = dict(
             kname=kname, T=ctype(T), AB=Code("bf16" if T == "bf16" else "f16"), BM=cfg.BM, BN=wn, DUAL=p.dual,
+            SPLITS=cfg.splits,
             WM=cfg.WM, STAGES=cfg.stages, GROUP_M=GROUP_M, A_KMAJOR=p.a_kmajor, B_KMAJOR=p.b_kmajor,
             CONSUMER_REGS=cfg.consumer_regs(), NACC=nacc,
             PROLOGUE=p.norm is not None, PROLOGUE_GAMMA=p.G is not None,
@@ -1215,8 +1219,10 @@ class ContractionFamily:
                     ("stages", cfg.stages), ("engine", "wgmma"), ("a_kmajor", p.a_kmajor),
                     ("b_kmajor", p.b_kmajor))
         extra = (("dual", True),) if p.dual else (("row_reduction", red),) if red else ()
+        if cfg.splits > 1:
+            extra += (("splits", cfg.splits),)
         return KernelLaunch(
-            name=str(kname), source=source, grid=(tiles, nbatch, 1), block=(cfg.threads, 1, 1),
+            name=str(kname), source=source, grid=(tiles * cfg.splits, nbatch, 1), block=(cfg.threads, 1, 1),
             shared_bytes=cfg.smem_bytes(p, 2), args=tuple(x.arg for x in params),
             template="matmul_wgmma.cu.jinja", tunables=tunables + extra,
             model_smem_bytes=cfg.model_smem_bytes(2),
