@@ -23,7 +23,7 @@ Points (bf16):
 
 CUDA events, warm-up, medians, L2 flushed before every run and inputs rotated
 (:mod:`napkin.bench.timing`). Writes ``backward.json`` (device, GPU name, commit, copy rate,
-points) to ``DIR/<gpu>/`` (default ``benchmarks/results``) after every point.
+``rows``) to ``DIR/<gpu>/`` (default ``benchmarks/results``) after every point.
 """
 
 from __future__ import annotations
@@ -322,8 +322,9 @@ def main() -> int:
         rec["wall_s"] = time.time() - t
         points.append(rec)
         print(json.dumps(rec, default=str), flush=True)
+        # "rows", not "points": the suite's loaders read every "points" list of the folder as its records
         (out_dir / "backward.json").write_text(json.dumps({"device": dev, "gpu": name, "copy_bps": copy_bps,
-                                                           "points": points}, indent=1, default=str))
+                                                           "rows": points}, indent=1, default=str))
         torch.cuda.empty_cache()
     return 0
 

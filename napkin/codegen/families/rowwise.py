@@ -102,7 +102,8 @@ def analyse(diagram: Diagram) -> "RowwiseShape | ChainShape | str":
     """The row-wise structure of ``diagram``, or a sentence saying why it has none: one softmax
     or norm box with maps around it (a :class:`RowwiseShape`), or maps and reductions over one
     row (a :class:`ChainShape`, :func:`analyse_chain`)."""
-    if any(isinstance(v.op, Contract) for v in diagram.nodes):
+    contracts = [v for v in diagram.nodes if isinstance(v.op, Contract)]
+    if contracts and all(_is_dot(v) for v in contracts):
         rewritten = _dots_as_reductions(diagram)
         if isinstance(rewritten, str):
             return rewritten
@@ -170,6 +171,13 @@ def analyse(diagram: Diagram) -> "RowwiseShape | ChainShape | str":
         if vid in post_reads or vid in out_ids:
             kept.append(v)
     return RowwiseShape(**{**shape.__dict__, "kept": tuple(kept)})
+
+
+def _is_dot(v: Value) -> bool:
+    """Whether contraction ``v`` sums an elementwise product: every operand carries every axis of
+    the product (``Σ_x dY·Y``), so no operand is broadcast and no matmul hides in it."""
+    axes = {a for x in v.args for a in x.axis_names}
+    return bool(v.op.over) and all(set(x.axis_names) == axes for x in v.args)
 
 
 def _dots_as_reductions(diagram: Diagram) -> "Diagram | str":
