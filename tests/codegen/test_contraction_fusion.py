@@ -308,3 +308,19 @@ def test_a_map_after_the_row_reduction_reading_the_logits_is_refused():
     L = contract(array("A", a, b), array("B", c, b), over=b, out=(a, c), name="L")
     d = Diagram("p_times_l", (softmax(L, over=c, name="P") * L).named("Y"))
     assert "reads a value from before it" in FAMILY.explain(d)
+
+
+def test_a_contraction_of_a_reduction_before_a_row_reduction_is_refused_not_recursed():
+    """sum_c(Σ_b mean_x(X)·W): the contraction reads a reduction, so the row-reduction core is not
+    a plain contraction (it recursed until Python's limit: layernorm's backward hit it)."""
+    from napkin.diagrams import Diagram, array, axes, contract, mean_over, sum_over
+
+    a, b, c, x = axes("a b c x")
+    m = mean_over(array("X", a, b, x), x, name="m")
+    L = contract(m, array("W", b, c), over=b, name="L")
+    why = FAMILY.explain(Diagram("t", sum_over(L, c, name="Y")).bind(a=8, b=64, c=64, x=16))
+    assert why is not None and "computed by another reduction" in why
+    from napkin.codegen.planner import derive
+    from napkin.diagrams import library
+
+    assert derive(library.get("layernorm").grad(), "h100", "bf16", sizes={"r": 64, "x": 256}).plan.kernels

@@ -325,7 +325,10 @@ def _rowred_problem(diagram: Diagram, R: Value, contracts: list[Value]) -> Matmu
     if not C.axis_names or C.axis_names[-1] != over:
         return (f"the reduction runs over {over!r}, not the contraction's last (column) axis: a row "
                 "reduction of the output tile reduces along its columns")
-    core = _reason_or_problem(Diagram("rowred_core", C))
+    core_diagram = Diagram("rowred_core", C)
+    if any(not isinstance(v.op, Map) for v in core_diagram.nodes if v is not C):
+        return "the contraction before the row reduction reads a value computed by another reduction or contraction"
+    core = _reason_or_problem(core_diagram)
     if isinstance(core, str):
         return core
     if core.batch or core.k_outer:
