@@ -147,6 +147,10 @@ CASES = [
     Case("matmul_simt.cu.jinja", _sum_over_h_d, {"h": 2, "a": 33, "d": 20, "c": 40}, dtype="fp32",
          family="contraction"),
     Case("matmul_combine.cu.jinja", "mlp", {"a": 33, "b": 8192, "c": 40}, family="contraction"),
+    # split sums on the wgmma and fp32 templates: partials from the registers, empty last shares
+    Case("matmul_wgmma.cu.jinja", "mlp", {"a": 130, "b": 16384, "c": 136}, family="contraction",
+         archs=("sm_90a",)),
+    Case("matmul_simt.cu.jinja", "mlp", {"a": 65, "b": 20000, "c": 72}, dtype="fp32", family="contraction"),
     Case("matmul_simt.cu.jinja", "matmul", {"a": 77, "b": 72, "c": 40}, dtype="fp32", family="contraction"),
     Case("attention_fwd.cu.jinja", "attention_causal", {"h": 2, "q": 77, "x": 77, "d": 64}, family="attention"),
     Case("attention_fwd.cu.jinja", "gqa", {"h": 1, "j": 2, "q": 45, "x": 45, "d": 128}, family="attention"),
@@ -155,7 +159,7 @@ CASES = [
     # decode: GQA's query heads packed into one tile, x split over blocks, their partials combined
     # by the second launch (d = 80: flat loads; three query rows wrap the tile's packed rows)
     # the Hopper template: TMA ring, wgmma, causal block skipping, lengths that are not tile multiples
-    Case("attention_wgmma.cu.jinja", "attention_causal", {"h": 2, "q": 777, "x": 1000, "d": 64},
+    Case("attention_wgmma.cu.jinja", "attention_causal", {"h": 2, "q": 1000, "x": 777, "d": 64},
          family="attention", archs=("sm_90a",)),
     Case("attention_wgmma.cu.jinja", "gqa", {"h": 1, "j": 2, "q": 300, "x": 129, "d": 128},
          family="attention", archs=("sm_90a",)),
