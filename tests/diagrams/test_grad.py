@@ -493,7 +493,7 @@ def test_the_random_strategy_reaches_every_kind_of_box():
     """The generator above is not vacuous: over a fixed sample it draws every box kind and mask."""
     seen: set[str] = set()
 
-    @settings(max_examples=300, deadline=None, database=None,
+    @settings(max_examples=300, deadline=None, database=None, derandomize=True,
               suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
     @given(diagrams())
     def collect(d):
