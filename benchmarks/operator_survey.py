@@ -337,11 +337,11 @@ PROBLEMS: dict[str, dict[str, int]] = {
 }
 
 
-#: the examples' diagrams, at the sizes their docstrings use
+#: the examples' diagrams, at the sizes their docstrings use (``matmul_chain.py``'s chains are
+#: left out: forty products of unit-variance matrices overflow bf16, in eager PyTorch as in napkin)
 EXAMPLES: dict[str, dict[str, int]] = {
     "examples/my_diagram.py:swiglu": {"a": 4096, "b": 4096, "f": 11008},
     "examples/my_diagram.py:linear_attention": {"q": 4096, "x": 4096, "d": 128, "e": 128},
-    "examples/matmul_chain.py:chain40": {},
 }
 
 

@@ -33,6 +33,7 @@ def test_points_cover_the_survey_and_the_library():
     pts = survey.points(sorted(survey.PROBLEMS), ["bf16", "fp32"], with_library=True)
     assert len(pts) == 2 * len(survey.PROBLEMS) + len(library.names()) + len(survey.EXAMPLES)
     assert all(p.bound_diagram().is_bound for p in pts[-len(survey.EXAMPLES) - 3:])
+    assert not any("matmul_chain" in p.diagram for p in pts)
 
 
 def _rec(problem, dtype, ratio, families=("pointwise",), ok=True):
