@@ -58,6 +58,7 @@ from ...errors import CodegenError
 from ...perfmodel.schedule import KernelOptions, Schedule
 from ..program import Arg, Buffer, KernelLaunch, Program
 from ..render import Code, comment, comment_lines, ident
+from .attention_problem import AttentionProblem
 from .contraction import _gpu_key, _smem_limit
 from .epilogue import (Param, check_index_size, contiguous_strides, ctype, float_param, index_size_problem,
                        int_param, render, score_chain, short_hash, signature, stride_param, tensor_param)
@@ -127,26 +128,6 @@ def rank_first(diagram: Diagram, gpu: str = "h100"):
     from ..select import rank
 
     return rank(diagram, FAMILY, gpu, diagram.dtypes and sorted(diagram.dtypes)[0] or "bf16")[0].schedule
-
-
-@dataclass(frozen=True)
-class AttentionProblem:
-    """What the family read off a diagram."""
-
-    Q: Value
-    K: Value
-    V: Value
-    S: Value
-    maps: tuple[Value, ...]
-    P: Value
-    O: Value
-    q: str
-    x: str
-    d: str
-    dv: str
-    woven: tuple[str, ...]
-    dtype: str
-    lse: Value | None = None  # a second output: the natural log-sum-exp of each row (fp32)
 
 
 @dataclass(frozen=True)

@@ -37,16 +37,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
 
 from ...diagrams.diagram import Diagram
 from ...errors import CodegenError
 from ...perfmodel.schedule import KernelOptions, Schedule
 from ..program import Arg, KernelLaunch, Program
 from ..render import Code, comment, comment_lines, ident
-
-if TYPE_CHECKING:  # the family (attention.py) calls this module and hands it what it read
-    from .attention import AttentionProblem
+from .attention_problem import AttentionProblem
 from .contraction import _gpu_key, _smem_limit
 from .epilogue import (Param, check_index_size, contiguous_strides, ctype, float_param, int_param, render,
                        score_chain, short_hash, signature, stride_param, tensor_param, tensormap_param)

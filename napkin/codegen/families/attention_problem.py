@@ -1,0 +1,38 @@
+"""What the attention family reads off a diagram (:class:`AttentionProblem`).
+
+A module of its own so that both of the family's kernels take it without importing each other:
+``attention`` (the family, and the mma.sync template) builds it in ``analyze``, and
+``attention_wgmma`` (the Hopper template) reads it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ...diagrams.ops import Value
+
+__all__ = ["AttentionProblem"]
+
+
+@dataclass(frozen=True)
+class AttentionProblem:
+    """What the family read off a diagram: the arrays of ``O = Σ_x softmax_x(maps(Q·Kᵀ))·V``
+    (``S`` the scores, ``maps`` the score chain between S and the softmax ``P``), the axes (``q``
+    queries, ``x`` keys, ``d`` the head dimension of Q and K, ``dv`` that of V, ``woven`` the
+    batch and head axes), the dtype, and ``lse``, the optional second output: the natural
+    log-sum-exp of each row (fp32)."""
+
+    Q: Value
+    K: Value
+    V: Value
+    S: Value
+    maps: tuple[Value, ...]
+    P: Value
+    O: Value
+    q: str
+    x: str
+    d: str
+    dv: str
+    woven: tuple[str, ...]
+    dtype: str
+    lse: Value | None = None
