@@ -326,6 +326,24 @@ class Value:
         """Name and axes, e.g. ``Q[q,d]``."""
         return f"{self.name or self.op.kind}[{','.join(self.axis_names)}]"
 
+    def depends_on(self, target: "Value") -> bool:
+        """Whether this value is ``target`` or is computed from it (through any boxes).
+
+        >>> from napkin.diagrams import Axis
+        >>> x = array("X", Axis("a"))
+        >>> (x * 2.0).depends_on(x), x.depends_on(x * 2.0)
+        (True, False)
+        """
+        stack, seen = [self], set()
+        while stack:
+            u = stack.pop()
+            if u is target:
+                return True
+            if id(u) not in seen:
+                seen.add(id(u))
+                stack.extend(u.args)
+        return False
+
     def named(self, name: str) -> "Value":
         """The same value under another name."""
         return Value(self.op, self.args, self.axes, self.dtype, check_name(name, "array"))

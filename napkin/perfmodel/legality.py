@@ -240,24 +240,11 @@ def _row_scale_factors_out(b: Value, s: str, d, in_kernel, out_ids, outputs) -> 
                 continue
             others = [a for a in c.args if a is not v]
             if c.op.kind == "map" and c.op.fn in _SCALE_THROUGH and s in c.axis_names and \
-                    not any(_reaches(a, b) for a in others):  # x·r times r again is not linear in r
+                    not any(a.depends_on(b) for a in others):  # x·r times r again is not linear in r
                 stack.append(c)
                 continue
             return False
     return True
-
-
-def _reaches(v: Value, target: Value) -> bool:
-    """Whether ``v`` is ``target`` or computed from it."""
-    stack, seen = [v], set()
-    while stack:
-        u = stack.pop()
-        if u is target:
-            return True
-        if id(u) not in seen:
-            seen.add(id(u))
-            stack.extend(u.args)
-    return False
 
 
 def _lone_softmax_reason(axis: str) -> str:

@@ -52,6 +52,26 @@ def per_diagram(analyse):
     return analysed
 
 
+def plain_kernel_reason(diagram, dtypes) -> str | None:
+    """The checks a kernel of maps and reductions (the row-wise and pointwise families) makes of its
+    sub-diagram before anything else: one dtype among ``dtypes``, every size bound, and no output
+    that is an input (that is a copy, not a computation). None when they pass.
+
+    >>> from napkin.diagrams import library
+    >>> plain_kernel_reason(library.get("softmax"), ("bf16",))
+    'axis sizes are not bound'
+    """
+    dts = {v.dtype for v in (*diagram.inputs, *diagram.nodes)}
+    if len(dts) != 1 or next(iter(dts)) not in dtypes:
+        return f"dtype {sorted(dts)} is not one of {', '.join(dtypes)}"
+    if not diagram.is_bound:
+        return "axis sizes are not bound"
+    for v in diagram.outputs:
+        if v.is_input:
+            return f"output {diagram.name_of(v)} is an input (a copy, not a computation)"
+    return None
+
+
 #: The order in which lowering tries the families.
 ORDER = ("rowwise", "contraction", "attention", "attention_bwd", "pointwise", "fallback")
 

@@ -44,7 +44,7 @@ from ...perfmodel.schedule import KernelOptions, Schedule
 from ..program import Arg, KernelLaunch, Program
 from ..render import Code, comment, comment_lines, ident
 from .attention_problem import AttentionProblem
-from .contraction import _gpu_key, _smem_limit
+from .contraction import _gpu_key, _smem_limit, wgmma_target_reason
 from .epilogue import (Param, check_index_size, contiguous_strides, ctype, float_param, int_param, render,
                        score_chain, short_hash, signature, stride_param, tensor_param, tensormap_param)
 
@@ -142,17 +142,9 @@ def _rows_layout_problem(v, row_axis: str, last: str, sizes) -> str | None:
 def wgmma_reason(p: AttentionProblem, diagram: Diagram, gpu=None, arch: str | None = None,
                  dtype: str | None = None) -> str | None:
     """Why the wgmma template cannot run this attention, or None if it can."""
-    dtype = dtype or p.dtype
-    if dtype not in ("bf16", "fp16"):
-        return f"dtype {dtype}: the wgmma template multiplies bf16 or fp16"
-    if gpu is not None:
-        from ...perfmodel.hardware import get_gpu
-
-        g = get_gpu(gpu)
-        if not g.has_wgmma:
-            return f"{g.key} ({g.arch}) has no wgmma (it needs sm_90a)"
-    if arch is not None and arch != "sm_90a":
-        return f"{arch} has no wgmma (it needs sm_90a)"
+    why = wgmma_target_reason(dtype or p.dtype, gpu, arch)
+    if why:
+        return why
     D = diagram.axes[p.d].size
     if isinstance(D, int) and D not in CONFIGS:
         return f"head dimension {D}: the wgmma template takes {', '.join(map(str, HEAD_DIMS))}"

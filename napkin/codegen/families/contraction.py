@@ -245,9 +245,7 @@ def _dual_problem(diagram: Diagram, contracts: list[Value]) -> MatmulProblem | s
             continue
         if not isinstance(v.op, Map) or v.op.fn not in FUNCTIONS or not set(v.axis_names) <= set(c1.axis_names):
             return f"box {diagram.name_of(v)} of a dual contraction is not an elementwise map on its axes"
-    from .epilogue import _depends_on
-
-    if not (_depends_on(outs[0], c1) and _depends_on(outs[0], c2)):
+    if not (outs[0].depends_on(c1) and outs[0].depends_on(c2)):
         return "the output of a dual contraction must combine both sums"
     one = Diagram("dual_first", c1)
     p = _reason_or_problem(one)
@@ -333,31 +331,49 @@ def _rowred_problem(diagram: Diagram, R: Value, contracts: list[Value]) -> Matmu
         return core
     if core.batch or core.k_outer:
         return "a row reduction after the contraction runs on a plain matmul (no batch or outer-sum axes)"
-    from .epilogue import _depends_on
-
     pre_axes, post_axes = set(C.axis_names), set(R.axis_names)
     outs = diagram.outputs
-    if len(outs) != 1 or not _depends_on(outs[0], R) or set(outs[0].axis_names) != post_axes:
+    if len(outs) != 1 or not outs[0].depends_on(R) or set(outs[0].axis_names) != post_axes:
         return "the diagram's one output must follow the row reduction through elementwise maps on its axes"
     for v in diagram.nodes:
         if v is C or v is R:
             continue
-        after = _depends_on(v, R)
+        after = v.depends_on(R)
         axes = post_axes if after else pre_axes
         if not isinstance(v.op, Map) or v.op.fn not in FUNCTIONS or not set(v.axis_names) <= axes:
             return (f"box {diagram.name_of(v)} around the row reduction is not a whitelisted map on "
                     f"{'its' if after else 'the contraction'}'s axes")
-        if not after and not _depends_on(v, C):
+        if not after and not v.depends_on(C):
             return f"box {diagram.name_of(v)} does not follow the contraction"
-        if after and any(not a.is_input and a is not R and not _depends_on(a, R) for a in v.args):
+        if after and any(not a.is_input and a is not R and not a.depends_on(R) for a in v.args):
             return (f"box {diagram.name_of(v)} after the row reduction reads a value from before it "
                     "(the epilogue keeps only the reduction's result)")
         for a in v.args:
             if a.is_input and not set(a.axis_names) <= axes:
                 return f"input {a.label()} of box {diagram.name_of(v)} carries axes beyond {sorted(axes)}"
-    if not _depends_on(R.args[0], C) and R.args[0] is not C:
+    if not R.args[0].depends_on(C) and R.args[0] is not C:
         return "the row reduction does not read the contraction"
     return replace(core, out=outs[0], rowred=R)
+
+
+def wgmma_target_reason(dtype: str, gpu=None, arch: str | None = None) -> str | None:
+    """Why a wgmma template cannot run ``dtype`` on ``gpu`` (a profile or name) or ``arch``, or None
+    (the check every wgmma template makes before its own).
+
+    >>> wgmma_target_reason("bf16", "h100"), wgmma_target_reason("fp32", "h100")
+    (None, 'dtype fp32: the wgmma template multiplies bf16 or fp16')
+    """
+    if dtype not in ("bf16", "fp16"):
+        return f"dtype {dtype}: the wgmma template multiplies bf16 or fp16"
+    if gpu is not None:
+        from ...perfmodel.hardware import get_gpu
+
+        g = get_gpu(gpu)
+        if not g.has_wgmma:
+            return f"{g.key} ({g.arch}) has no wgmma (it needs sm_90a)"
+    if arch is not None and arch != "sm_90a":
+        return f"{arch} has no wgmma (it needs sm_90a)"
+    return None
 
 
 def _reason_or_problem(diagram: Diagram) -> MatmulProblem | str:
@@ -614,18 +630,7 @@ class ContractionFamily:
         p = _reason_or_problem(diagram)
         if isinstance(p, str):
             return p
-        dtype = dtype or p.dtype
-        if dtype not in ("bf16", "fp16"):
-            return f"dtype {dtype}: the wgmma template multiplies bf16 or fp16"
-        if gpu is not None:
-            from ...perfmodel.hardware import get_gpu
-
-            g = get_gpu(gpu)
-            if not g.has_wgmma:
-                return f"{g.key} ({g.arch}) has no wgmma (it needs sm_90a)"
-        if arch is not None and arch != "sm_90a":
-            return f"{arch} has no wgmma (it needs sm_90a)"
-        why = _flat_rows_reason(diagram, p)
+        why = wgmma_target_reason(dtype or p.dtype, gpu, arch) or _flat_rows_reason(diagram, p)
         if why:
             return why
         return None

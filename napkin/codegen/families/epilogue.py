@@ -338,23 +338,11 @@ def check_epilogue(diagram: Diagram, start: Value, before: Sequence[Value] = ())
             return (f"map {diagram.name_of(v)} carries axes {list(v.axis_names)} beyond those of "
                     f"{diagram.name_of(start)} {list(start.axis_names)}")
     out = outs[0]
-    if out is not start and not _depends_on(out, start):
+    if out is not start and not out.depends_on(start):
         return "the output does not depend on the contraction"
     if set(out.axis_names) != start_axes:
         return f"the output carries axes {list(out.axis_names)}, not {list(start.axis_names)}"
     return None
-
-
-def _depends_on(v: Value, target: Value) -> bool:
-    stack, seen = [v], set()
-    while stack:
-        u = stack.pop()
-        if u is target:
-            return True
-        if id(u) not in seen:
-            seen.add(id(u))
-            stack.extend(u.args)
-    return False
 
 
 # ------------------------------------------------------------------ score chains (attention)

@@ -55,7 +55,7 @@ from ...errors import CodegenError
 from ...perfmodel.schedule import Kernel, KernelOptions, Relabel, Schedule
 from ..program import Arg, Buffer, KernelLaunch, Program
 from ..render import Code, c_i64, c_int, comment, cuda_type, ident, map_expr, render
-from . import per_diagram
+from . import per_diagram, plain_kernel_reason
 
 NAME = "pointwise"
 TEMPLATE = "pointwise.cu.jinja"
@@ -233,14 +233,10 @@ def analyse(diagram: Diagram) -> PointwiseShape | str:
         if not isinstance(v.op, (Map, Reduce, Contract)):
             return (f"box {d.name_of(v)} is a {v.op.kind}, not an elementwise map or a reduction "
                     "(other families run softmax, norms, contractions and renames)")
-    dts = {v.dtype for v in (*d.inputs, *nodes)}
-    if len(dts) != 1 or next(iter(dts)) not in _SUPPORTED:
-        return f"dtype {sorted(dts)} is not one of {', '.join(_SUPPORTED)}"
-    if not d.is_bound:
-        return "axis sizes are not bound"
-    for v in d.outputs:
-        if v.is_input:
-            return f"output {d.name_of(v)} is an input (a copy, not a computation)"
+    why = plain_kernel_reason(d, _SUPPORTED)
+    if why:
+        return why
+    dtype = d.nodes[0].dtype  # the one dtype of every array
     sizes = {n: a.bound_size for n, a in d.axes.items()}
     consumers = d.consumers
     out_ids = {id(v) for v in d.outputs}
@@ -341,7 +337,7 @@ def analyse(diagram: Diagram) -> PointwiseShape | str:
         return "the iteration space has no axis (a scalar computation)"
     inner = order[-1]
     mode = "map" if not chain else ("row" if inner in red else "col")
-    bytes_ = lookup_dtype(next(iter(dts))).bytes
+    bytes_ = lookup_dtype(dtype).bytes
     vec = 16 // bytes_
     tail = 0
     aligned_rows = False
@@ -352,7 +348,7 @@ def analyse(diagram: Diagram) -> PointwiseShape | str:
     else:
         while sizes[inner] % vec:
             vec //= 2
-    return PointwiseShape(d, next(iter(dts)), sizes, mode, _how(chain[0]) if chain else None, tuple(order),
+    return PointwiseShape(d, dtype, sizes, mode, _how(chain[0]) if chain else None, tuple(order),
                           tuple(a for a in order if a in red), tuple(a for a in order if a in K), tuple(chain),
                           loop, post, tuple(full_out), tuple(kept_out), vec, tail, aligned_rows)
 

@@ -44,7 +44,7 @@ from ...errors import CodegenError
 from ...perfmodel.schedule import Kernel, KernelOptions, Relabel, Schedule
 from ..program import Arg, KernelLaunch, Program
 from ..render import Code, c_i64, c_int, comment, cuda_type, ident, map_expr, render
-from . import per_diagram
+from . import per_diagram, plain_kernel_reason
 
 NAME = "rowwise"
 TEMPLATE = "rowwise.cu.jinja"
@@ -684,14 +684,10 @@ def analyse_chain(diagram: Diagram) -> ChainShape | str:
     for v in nodes:
         if not isinstance(v.op, (Map, Reduce)):
             return f"box {d.name_of(v)} is a {v.op.kind}, not an elementwise map or a reduction"
-    dts = {v.dtype for v in (*d.inputs, *nodes)}
-    if len(dts) != 1 or next(iter(dts)) not in _SUPPORTED:
-        return f"dtype {sorted(dts)} is not one of {', '.join(_SUPPORTED)}"
-    if not d.is_bound:
-        return "axis sizes are not bound"
-    for v in d.outputs:
-        if v.is_input:
-            return f"output {d.name_of(v)} is an input (a copy, not a computation)"
+    why = plain_kernel_reason(d, _SUPPORTED)
+    if why:
+        return why
+    dtype = d.nodes[0].dtype  # the one dtype of every array
     consumers = d.consumers
     out_ids = {id(v) for v in d.outputs}
     chains: list[Chain] = []
@@ -779,7 +775,7 @@ def analyse_chain(diagram: Diagram) -> ChainShape | str:
         return ("one reduction in one pass with maps around it: the pointwise family runs it "
                 "(the row-wise chain needs several reductions or passes)")
     sizes = {n: a.bound_size for n, a in d.axes.items()}
-    shape = ChainShape(d, next(iter(dts)), sizes, tuple(red), tuple(row_axes), tuple(chains), stage, passes,
+    shape = ChainShape(d, dtype, sizes, tuple(red), tuple(row_axes), tuple(chains), stage, passes,
                        tuple(full_out), tuple(row_out), access)
     if shape.xsize >= 2 ** 30:
         return f"a row of {shape.xsize} values is longer than the 2^30 its 32-bit column index reaches"
