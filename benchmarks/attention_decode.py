@@ -12,7 +12,8 @@ key/value heads, d = 128, q = 1, x = 4k to 128k), short queries (q = 7, 64) and 
 dimensions 96 and 256 (16 heads x batch 4, sequence 4096): napkin's kernel as the planner picks
 it (the model ranks, the top 2 are measured), SDPA with each backend, the measured copy rate,
 and for decode the bytes moved (K, V, Q read once, O written once) over the time against the
-copy rate. One JSON line per point goes to ``--out`` (default: stdout only)::
+copy rate, and the time of a plain device copy of the K and V bytes timed the same way (a batch
+of 8 too: 64 key/value heads). One JSON line per point goes to ``--out`` (default: stdout only)::
 
     python3 benchmarks/attention_decode.py [--out results.jsonl] [--quick] [--only decode]
 
@@ -46,6 +47,9 @@ def points(quick: bool):
     """(label, diagram spec, sizes, causal) of every point."""
     xs = (4096, 32768) if quick else (4096, 32768, 131072, 16384)
     out = [(f"decode x={x}", HERE, {"h": 8, "j": 4, "q": 1, "x": x, "d": 128}, False) for x in xs]
+    # a batch of 8 (the diagram has no batch axis: 64 key/value heads are the same arrays as [8, 8])
+    out += [(f"decode b=8 x={x}", HERE, {"h": 64, "j": 4, "q": 1, "x": x, "d": 128}, False)
+            for x in ((4096,) if quick else (4096, 32768))]
     out += [(f"d={d} seq=4096{' causal' if c else ''}", "attention_causal" if c else "mha",
              {"h": 64, "q": 4096, "x": 4096, "d": d}, c) for c in (False, True) for d in (96, 256)]
     out += [(f"short q={q} x=32768", HERE, {"h": 8, "j": 4, "q": q, "x": 32768, "d": 128}, False) for q in (7, 64)]
@@ -68,11 +72,25 @@ def attention_family_us(point) -> float | None:
         return None
 
 
+def copy_same_bytes_us(nbytes: int, warmup: int) -> float:
+    """The median time (µs) of a device copy of ``nbytes`` (two rotated source/destination pairs,
+    L2 flushed before each run, as napkin's calls are timed)."""
+    import torch
+
+    from napkin.bench.timing import time_fn
+
+    srcs = [torch.empty(nbytes, dtype=torch.int8, device="cuda").random_(0, 100) for _ in range(2)]
+    dsts = [torch.empty_like(s) for s in srcs]
+    t = time_fn(lambda d, s: d.copy_(s), warmup=warmup, reps=30, rotate=list(zip(dsts, srcs)), max_time_s=1.0)
+    return t.median_s * 1e6
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, default=None, help="append one JSON line per point here")
     ap.add_argument("--quick", action="store_true", help="fewer points")
     ap.add_argument("--only", default="", help="the points whose label starts with this (decode, short, d=)")
+    ap.add_argument("--warmup", type=int, default=300, help="untimed calls before each timing (default 300)")
     a = ap.parse_args(argv)
 
     import torch
@@ -84,7 +102,10 @@ def main(argv=None) -> int:
     gpu = match_device_name(torch.cuda.get_device_name())
     copy = copy_bandwidth()
     print(f"{torch.cuda.get_device_name()}: measured copy rate {copy / 1e12:.2f} TB/s (read + write)")
-    cfg = suite.SuiteConfig(gpu=gpu, compile_baselines=False, top_k=2, reps=30, warmup=5, max_time_s=1.0,
+    # a long warm-up: a decode call is 10-200 us, and a few calls after the compiles (seconds of an
+    # idle GPU) are timed before the clocks are back up (an H100 measured the same kernels 16 us
+    # and 25-150 us apart, with their profiled kernel times equal)
+    cfg = suite.SuiteConfig(gpu=gpu, compile_baselines=False, top_k=2, reps=30, warmup=a.warmup, max_time_s=1.0,
                             copy_bandwidth=copy)
     for label, spec, sizes, causal in points(a.quick):
         if not label.startswith(a.only):
@@ -108,6 +129,11 @@ def main(argv=None) -> int:
             moved = point.bytes  # Q, K, V read once, O written once
             row["gbps"] = moved / t / 1e9
             row["copy_fraction"] = moved / t / copy
+            # a plain device copy of the K and V bytes, timed as napkin is (L2 flushed): the floor a
+            # launch and its ramp put under small x, next to the copy rate of a large copy
+            kv = 2 * sizes["h"] * sizes["x"] * sizes["d"] * 2
+            row["copy_same_bytes_us"] = copy_same_bytes_us(kv, a.warmup)
+            row["copy_same_bytes_over_napkin"] = row["copy_same_bytes_us"] / (t * 1e6)
         print(json.dumps(row))
         if a.out:
             with open(a.out, "a") as f:

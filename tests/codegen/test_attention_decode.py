@@ -14,7 +14,7 @@ import re
 import pytest
 
 from napkin.codegen.families.attention import (COMBINE_THREADS, FAMILY, MAX_SPLITS, AttentionConfig,
-                                               analyze)
+                                               analyze, combine_shape)
 from napkin.codegen.lower import build
 from napkin.codegen.planner import derive
 from napkin.codegen.select import rank
@@ -169,7 +169,11 @@ def test_a_split_lowers_to_two_launches_and_two_fp32_workspaces():
     assert main.template == "attention_fwd.cu.jinja" and comb.template == "attention_combine.cu.jinja"
     assert main.grid == (1, 8, 9) and main.block == (32, 1, 1)  # 12 packed rows of a head in one tile
     rows = 8 * 4 * 3
-    assert comb.grid == (math.ceil(rows * 96 // 4 / COMBINE_THREADS), 1, 1)
+    # one block a row; the 9 splits shared by groups of 24 threads (four columns each), every
+    # split's loads of a row issued at once
+    sg, nb = combine_shape(96, 9)
+    assert comb.grid == (rows, 1, 1) and comb.block == (24 * sg, 1, 1) and comb.block[0] <= COMBINE_THREADS
+    assert sg * nb >= 9 and comb.shared_bytes == 4 * sg * (96 + 2)
     shapes = {b.name: (b.shape, b.dtype) for b in prog.buffers}
     assert shapes == {"gqa_decode_opart": ((9, rows, 96), "fp32"), "gqa_decode_lse": ((9, rows), "fp32")}
     ints = {a.name: a.value for a in main.args if a.kind == "int"}
@@ -253,3 +257,45 @@ def test_derive_takes_one_query_row(tmp_path):
     assert code == 0, err
     src = target.read_text()
     assert "constexpr int BQ = 16;" in src and "attention_combine.cu.jinja" in src
+
+
+# ---------------------------------------------------------------------------- the combining launch
+
+@pytest.mark.parametrize("D", [16, 64, 80, 96, 128, 192, 256])
+def test_the_combine_issues_a_rows_loads_at_once(D):
+    """One block a row, at most COMBINE_THREADS threads of four columns each; the groups of D / 4
+    threads share the splits, each group taking one at least, and a thread loads NB splits before it
+    uses any: the whole row in one batch up to SG x COMBINE_BATCH splits, in more batches beyond."""
+    from napkin.codegen.families.attention import COMBINE_BATCH
+
+    for splits in range(2, MAX_SPLITS + 1):
+        sg, nb = combine_shape(D, splits)
+        assert 1 <= sg <= splits and D // 4 * sg <= COMBINE_THREADS
+        assert 1 <= nb <= COMBINE_BATCH
+        assert sg * nb >= splits or nb == COMBINE_BATCH
+        if D // 4 * 2 <= COMBINE_THREADS and splits >= 2:
+            assert sg >= 2  # the splits spread over several groups where two fit
+
+
+def test_the_combine_source_states_its_groups():
+    d = gqa_decode().bind(h=8, j=4, q=1, x=32768, d=256)
+    cfg = AttentionConfig(16, 64, 16, 2, 256, 1, splits=40, packed=True, wx=4)
+    comb = FAMILY.lower(d, FAMILY.schedule(d, cfg), "sm_90a").launches[1]
+    sg, nb = combine_shape(256, 40)
+    assert (sg, nb) == (2, 16)  # 20 splits a group: two batches of loads
+    assert f"constexpr int SG = {sg};" in comb.source and f"constexpr int NB = {nb};" in comb.source
+    assert comb.grid == (8 * 4, 1, 1) and comb.block == (64 * sg, 1, 1)
+    assert comb.shared_bytes == 4 * sg * (256 + 2)
+
+
+def test_splits_offered_include_one_full_wave():
+    d = gqa_decode().bind(h=8, j=4, q=1, x=32768, d=128)
+    p = analyze(d)
+    for nb in (1, 2, 3):
+        cfg = AttentionConfig(16, 64, 16, 2, 128, nb, packed=True, wx=4)
+        got = FAMILY.split_choices(p, d.sizes, cfg, 132)
+        assert 132 * nb // 8 in got  # every block of the wave resident at once
+        assert all(8 * k <= 4 * 132 + 8 or k == 132 * nb // 8 for k in got)
+    short = gqa_decode().bind(h=8, j=4, q=1, x=1024, d=128)  # 16 chunks: at most 8 splits of 2
+    assert max(FAMILY.split_choices(p, short.sizes, AttentionConfig(16, 64, 16, 2, 128, 3, packed=True, wx=4),
+                                    132)) == 8

@@ -64,7 +64,7 @@ from .epilogue import (Param, check_index_size, contiguous_strides, ctype, float
                        int_param, render, score_chain, short_hash, signature, stride_param, tensor_param)
 
 __all__ = ["AttentionFamily", "AttentionProblem", "AttentionConfig", "analyze", "FAMILY", "CONFIGS",
-           "PLAIN_CONFIGS", "DECODE_CONFIGS", "HEAD_DIMS", "MAX_SPLITS", "COMBINE_THREADS"]
+           "PLAIN_CONFIGS", "DECODE_CONFIGS", "HEAD_DIMS", "MAX_SPLITS", "COMBINE_THREADS", "combine_shape"]
 
 LOG2E = 1.4426950408889634
 PAD = 8
@@ -119,8 +119,25 @@ DECODE_ROWS = 64
 MAX_SPLITS = 128
 MIN_SPLIT_CHUNKS = 2
 
-#: Threads per block of the combining launch (four columns of one row each).
+#: The most threads a block of the combining launch has: one row a block, four columns a thread,
+#: the splits shared by as many groups of D / 4 threads as fit (see :func:`combine_shape`).
 COMBINE_THREADS = 128
+
+#: The most splits one thread of the combining launch loads at once (registers: a float4 and a
+#: float each).
+COMBINE_BATCH = 16
+
+
+def combine_shape(D: int, splits: int) -> tuple[int, int]:
+    """The combining launch's split groups SG (blocks of ``D / 4 · SG`` threads, one row each) and
+    the splits NB a thread loads before it uses any: every load of a row in flight at once where
+    ``splits <= SG · COMBINE_BATCH``, so the launch waits about one L2 round trip.
+
+    >>> combine_shape(128, 33), combine_shape(256, 5), combine_shape(64, 3)
+    ((4, 9), (2, 3), (3, 1))
+    """
+    sg = max(1, min(splits, COMBINE_THREADS // (D // 4)))
+    return sg, min(COMBINE_BATCH, -(-splits // sg))
 
 
 def rank_first(diagram: Diagram, gpu: str = "h100"):
@@ -366,6 +383,10 @@ class AttentionFamily:
         p = _reason_or_problem(diagram)
         if isinstance(p, str):
             return p
+        if p.dtype == "fp8":  # the Hopper fp8 template's own checks (the GPU's in its candidates)
+            from . import attention_fp8
+
+            return attention_fp8.structure_reason(p, diagram)
         if p.dtype not in ("bf16", "fp16"):
             return f"dtype {p.dtype}: the tensor-core template runs bf16 and fp16 (fp32 goes to the fallback)"
         sz = diagram.sizes
@@ -421,14 +442,27 @@ class AttentionFamily:
 
     def split_choices(self, p: AttentionProblem, sz, cfg: AttentionConfig, sms: int) -> list[int]:
         """The splits offered for a configuration: 1, and where its tiles give fewer blocks than
-        the SMs, enough to fill them about 1, 2 and 4 times over, each split keeping at least
-        MIN_SPLIT_CHUNKS chunks of keys."""
+        the SMs, enough to fill them about 1, 2 and 4 times over, and the most that still run as
+        one wave (every block resident at once: ``SMs · blocks_per_sm`` blocks, so no split waits
+        for another's SM), each split keeping at least MIN_SPLIT_CHUNKS chunks of keys. The model
+        ranks them: more splits stream more bytes at once but write more partials for the
+        combining launch to read.
+
+        >>> from napkin.diagrams import library
+        >>> d = library.get("gqa").bind(h=8, j=4, q=1, x=32768, d=128)
+        >>> cfg = AttentionConfig(16, 64, 16, 2, 128, 3, packed=True, wx=4)
+        >>> FAMILY.split_choices(analyze(d), d.sizes, cfg, 132)  # 8 blocks: 17, 33, 49 (3 a SM), 66
+        [1, 17, 33, 49, 66]
+        """
         base = self._base_blocks(p, sz, cfg)
         chunks = math.ceil(sz[p.x] / cfg.BX)
         room = min(MAX_SPLITS, chunks // MIN_SPLIT_CHUNKS)
         out = {1}
         if base < sms and room >= 2:
             out |= {max(2, min(room, math.ceil(k * sms / base))) for k in (1, 2, 4)}
+            wave = sms * max(1, cfg.blocks_per_sm) // base
+            if wave >= 2:
+                out.add(min(room, wave))
         return sorted(out)
 
     @staticmethod
@@ -455,6 +489,10 @@ class AttentionFamily:
         D = diagram.axes[p.d].size
         if not isinstance(D, int):
             raise CodegenError("attention family: bind the head dimension before asking for candidates")
+        if p.dtype == "fp8":  # fp8 runs on the Hopper fp8 template only
+            from . import attention_fp8
+
+            return attention_fp8.candidates(self, diagram, gpu, dtype)
         sz = diagram.sizes
         limit = _smem_limit(gpu)
         sms = _sms_of(gpu)
@@ -551,6 +589,10 @@ class AttentionFamily:
         and bytes in flight per thread (the K and V chunks loaded STAGES - 1 ahead); with splits,
         the steps of one split's loop, the combining launch and the workspace it writes and reads
         (``extra_launches``, ``extra_hbm_bytes``)."""
+        if analyze(diagram).dtype == "fp8":
+            from . import attention_fp8
+
+            return attention_fp8.launch_estimate(self, diagram, schedule, gpu)
         if self._engine(schedule) == "wgmma":
             from . import attention_wgmma
 
@@ -676,6 +718,10 @@ class AttentionFamily:
             raise CodegenError(f"attention family: diagram {diagram.name!r}: {reason}")
         if not diagram.is_bound:
             raise CodegenError(f"attention family: bind the sizes of {diagram.name!r} first")
+        if analyze(diagram).dtype == "fp8":
+            from . import attention_fp8
+
+            return attention_fp8.lower(self, diagram, schedule, arch)
         if self._engine(schedule) == "wgmma":
             from . import attention_wgmma
 
@@ -862,18 +908,18 @@ class AttentionFamily:
         legend = [f"diagram {d.name}: the {cfg.splits} splits of {p.x} of {main.name}",
                   f"  rows: {rows} = woven combinations x NROWS ({nrows}: {p.q}"
                   + (f" packed with {', '.join(self.packed_axes(p))})" if cfg.packed else ")"),
-                  f"  {p.dv} -> D = {cfg.D}; SPLITS = {cfg.splits}; THREADS = {COMBINE_THREADS}",
+                  f"  {p.dv} -> D = {cfg.D}; SPLITS = {cfg.splits} in {combine_shape(cfg.D, cfg.splits)[0]} groups",
                   f"  workspaces: {ws[0]} [SPLITS][rows][D], {ws[1]} [SPLITS][rows] (fp32)"]
+        sg, nb = combine_shape(cfg.D, cfg.splits)
         source = render("attention_combine.cu.jinja", kname=kname, T=ctype(p.dtype), D=cfg.D, SPLITS=cfg.splits,
-                        THREADS=COMBINE_THREADS, params=signature(params), legend=comment_lines(legend),
+                        SG=sg, NB=nb, params=signature(params), legend=comment_lines(legend),
                         PACKED=cfg.packed, packed=packed, woven=woven, packed_desc=comment(", ".join(self.packed_axes(p))),
                         NROWS=Code("Np" if cfg.packed else "Nq"), out=Code("O"))
-        threads = rows * (cfg.D // 4)
         launch = KernelLaunch(
-            name=str(kname), source=source, grid=(math.ceil(threads / COMBINE_THREADS), 1, 1),
-            block=(COMBINE_THREADS, 1, 1), shared_bytes=0, args=tuple(x.arg for x in params),
-            template="attention_combine.cu.jinja", tunables=(("SPLITS", cfg.splits), ("D", cfg.D)),
-            model_smem_bytes=0, model_regs_per_thread=64)
+            name=str(kname), source=source, grid=(rows, 1, 1),
+            block=(cfg.D // 4 * sg, 1, 1), shared_bytes=4 * sg * (cfg.D + 2), args=tuple(x.arg for x in params),
+            template="attention_combine.cu.jinja", tunables=(("SPLITS", cfg.splits), ("D", cfg.D), ("SG", sg), ("NB", nb)),
+            model_smem_bytes=4 * sg * (cfg.D + 2), model_regs_per_thread=128)
         return launch, rows
 
     @staticmethod
