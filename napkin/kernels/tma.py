@@ -33,7 +33,7 @@ from napkin.errors import LaunchError
 __all__ = ["TensorMap", "TensorMapSlot", "tensor_map", "launch_raw", "cu_launch_kernel", "SWIZZLE_128B"]
 
 #: cuda.h enumerations used here.
-_DATA_TYPES = {"bf16": 9, "fp16": 6, "fp32": 7}
+_DATA_TYPES = {"bf16": 9, "fp16": 6, "fp32": 7, "fp8": 0}  # fp8 (e4m3): copied as UINT8 bytes
 SWIZZLE_128B = 3
 _L2_PROMOTION_256B = 3
 _INTERLEAVE_NONE = 0
@@ -91,9 +91,10 @@ def tensor_map(t, box: Sequence[int], *, swizzle: int = SWIZZLE_128B) -> TensorM
 
     if t.dim() < 1:
         raise LaunchError("a TMA tensor map needs a tensor with at least one axis")
-    name = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}.get(t.dtype)
+    name = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32",
+            getattr(torch, "float8_e4m3fn", None): "fp8"}.get(t.dtype)
     if name is None:
-        raise LaunchError(f"TMA tensor maps here take bf16, fp16 or fp32 tensors, not {t.dtype}")
+        raise LaunchError(f"TMA tensor maps here take bf16, fp16, fp32 or fp8 tensors, not {t.dtype}")
     elem = t.element_size()
     inner = int(t.shape[-1])
     outer = int(t.numel() // inner) if inner else 0
@@ -136,7 +137,7 @@ def _encode(pointer: int, dtype: str, inner: int, outer: int, elem: int, box: Se
     return m
 
 
-_ELEMENT_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
+_ELEMENT_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4, "fp8": 1}
 
 
 class TensorMapSlot:
@@ -161,7 +162,7 @@ class TensorMapSlot:
     def __init__(self, dtype: str, shape: Sequence[int], box: Sequence[int], *, swizzle: int = SWIZZLE_128B,
                  limit: int = 64):
         if dtype not in _DATA_TYPES:
-            raise LaunchError(f"TMA tensor maps here take bf16, fp16 or fp32 tensors, not {dtype}")
+            raise LaunchError(f"TMA tensor maps here take bf16, fp16, fp32 or fp8 tensors, not {dtype}")
         shape = tuple(int(s) for s in shape)
         if not shape:
             raise LaunchError("a TMA tensor map needs a tensor with at least one axis")

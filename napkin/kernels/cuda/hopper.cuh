@@ -39,6 +39,9 @@
 //   setmaxnreg_inc<N>(), setmaxnreg_dec<N>()
 //                                       move registers between warpgroups (needs a register cap at
 //                                       entry: __launch_bounds__(threads, 1))
+//   pack2_e4m3(a, b), pack4_e4m3(a, b, c, d)
+//                                       floats rounded to fp8 e4m3 (saturating), packed low byte
+//                                       first: the 8-bit wgmma's register A fragments
 #ifndef NAPKIN_HOPPER_CUH
 #define NAPKIN_HOPPER_CUH
 
@@ -186,6 +189,19 @@ NAPKIN_DEVICE void wgmma_commit() {
 template <int N>
 NAPKIN_DEVICE void wgmma_wait() {
   asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+
+// fp8 (e4m3) operands of the 8-bit wgmma (k = 32; both shared-memory operands K-major).
+// pack2_e4m3(a, b) rounds two floats to e4m3 (round to nearest, saturating at +-448; NaN stays
+// NaN) as a 16-bit pair, a in the low byte; pack4_e4m3(a, b, c, d) four of them in one 32-bit
+// register, a in byte 0: the byte order of a register A fragment (byte v holds k offset v).
+NAPKIN_DEVICE u32 pack2_e4m3(float a, float b) {
+  unsigned short r;
+  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(r) : "f"(b), "f"(a));  // first operand: high byte
+  return r;
+}
+NAPKIN_DEVICE u32 pack4_e4m3(float a, float b, float c, float d) {
+  return pack2_e4m3(a, b) | (pack2_e4m3(c, d) << 16);
 }
 #endif  // NAPKIN_HAS_WGMMA
 

@@ -1,0 +1,87 @@
+"""The fp8 (e4m3) attention forward (``napkin.codegen.families.attention_fp8``) on the sweep of
+issue #13: batch x 16 heads x seq with 16k tokens a batch, head dims 128 and 256, causal and not,
+against PyTorch's SDPA in bf16 (flash and cuDNN backends) for reference. Prints one line a point:
+TFLOP/s (4·B·H·N²·d, half of it causal) of the whole fp8 program (the Vt pre-pass and the
+kernel), of the kernel alone (the pre-pass timed by itself and subtracted), the model's
+prediction, and SDPA's. L2 flushed before every timed run (``napkin.bench.timing.time_fn``).
+
+    PYTHONPATH=. python3 benchmarks/attention_fp8.py --seqs 4096 8192 16384 --json out.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+
+
+def main() -> None:
+    import torch
+    import torch.nn.functional as Fn
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from napkin.bench.timing import time_fn
+    from napkin.codegen.api import CompiledDiagram
+    from napkin.codegen.families import attention_fp8
+    from napkin.codegen.lower import build
+    from napkin.codegen.planner import derive
+    from napkin.diagrams import library
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--seqs", type=int, nargs="+", default=[4096, 8192, 16384])
+    ap.add_argument("--dims", type=int, nargs="+", default=[128, 256])
+    ap.add_argument("--tokens", type=int, default=16384)
+    ap.add_argument("--heads", type=int, default=16)
+    ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+    gpu = "h200" if "H200" in torch.cuda.get_device_name() else "h100"
+    rows = []
+    for D in args.dims:
+        for causal in (False, True):
+            for N in args.seqs:
+                B = max(1, args.tokens // N)
+                H = args.heads * B  # batch and heads flatten alike (K and V carry both)
+                name = "attention_causal" if causal else "mha"
+                d = library.get(name).with_dtype("fp8").bind(h=H, q=N, x=N, d=D)
+                plan = derive(d, gpu, "fp8", explain=False).plan
+                program = build(plan, arch="sm_90a")
+                assert program.launches[-1].template == attention_fp8.TEMPLATE
+                scale = 1.0 / 240
+                program = attention_fp8.with_scales(program, descale_q=scale, descale_k=scale, descale_v=scale,
+                                                    scale_o=64.0)
+                cd = CompiledDiagram(program, arch="sm_90a")
+                vt_only = CompiledDiagram(dataclasses.replace(program, launches=program.launches[:1]), arch="sm_90a")
+                q, k, v = (torch.randn(H, N, D, device="cuda").mul_(60).to(torch.float8_e4m3fn) for _ in range(3))
+                flops = 4 * B * args.heads * N * N * D * (0.5 if causal else 1.0)
+                t_all = time_fn(lambda: cd(q, k, v), reps=args.reps, warmup=3).median_s
+                t_vt = time_fn(lambda: vt_only(q, k, v), reps=args.reps, warmup=3).median_s
+                qb, kb, vb = (torch.randn(B, args.heads, N, D, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+                sdpa = {}
+                for label, backend in (("flash", SDPBackend.FLASH_ATTENTION), ("cudnn", SDPBackend.CUDNN_ATTENTION)):
+                    try:
+                        with sdpa_kernel(backend):
+                            sdpa[label] = time_fn(lambda: Fn.scaled_dot_product_attention(qb, kb, vb, is_causal=causal),
+                                                  reps=args.reps, warmup=3).median_s
+                    except RuntimeError:
+                        sdpa[label] = None
+                row = dict(gpu=torch.cuda.get_device_name(), d=D, causal=causal, seq=N, batch=B, heads=args.heads,
+                           stages=program.schedule.kernels[0].options.stages, fp8_s=t_all, vt_s=t_vt,
+                           fp8_tflops=flops / t_all / 1e12, kernel_tflops=flops / (t_all - t_vt) / 1e12,
+                           predicted_s=plan.seconds, predicted_tflops=flops / plan.seconds / 1e12,
+                           **{f"sdpa_{k}_bf16_tflops": (flops / t / 1e12 if t else None) for k, t in sdpa.items()})
+                rows.append(row)
+                fmt = lambda x: f"{x:7.1f}" if x else "    n/a"  # noqa: E731
+                print(f"d={D:3d} causal={int(causal)} seq={N:5d} B={B:2d}: fp8 {row['fp8_tflops']:7.1f} TFLOP/s "
+                      f"(kernel {row['kernel_tflops']:7.1f}, pre-pass {t_vt * 1e6:6.1f} us), model "
+                      f"{row['predicted_tflops']:7.1f}; SDPA bf16 flash {fmt(row['sdpa_flash_bf16_tflops'])}, "
+                      f"cudnn {fmt(row['sdpa_cudnn_bf16_tflops'])}", flush=True)
+                del cd, vt_only, q, k, v, qb, kb, vb
+                torch.cuda.empty_cache()
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

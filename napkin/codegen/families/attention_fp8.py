@@ -1,0 +1,442 @@
+"""The attention family in fp8 (e4m3) on Hopper: both products on the 8-bit wgmma (sm_90a).
+
+The design of the paper's Hopper configuration (docs/architecture.md §4.4) with ``Q·Kᵀ`` and
+``P·V`` both in fp8: the warp-specialised forward of :mod:`~napkin.codegen.families.attention_wgmma`
+(a producer warpgroup with a TMA ring of K and V chunks, two consumer warpgroups of 64 query
+rows) on ``wgmma …k32.f32.e4m3.e4m3``, which takes its shared-memory operands K-major only.
+Q ``[q, d]`` and K ``[x, d]`` are (the k of ``S = Q·Kᵀ`` is d); V ``[x, d]`` is not (the k of
+``P·V`` is x), so a small pre-pass (``attention_fp8_vt.cu.jinja``) writes ``Vt [d, x]`` into a
+buffer, x padded with zeros to whole chunks of 128 keys and permuted inside each run of 32 keys
+into the order in which the accumulator of S hands P to the register A fragments (so P needs
+no shuffle). The model prices the pre-pass (``extra_launches``, ``extra_hbm_bytes``: V read,
+Vt written) beside the kernel at the fp8 tensor peak and one byte a value.
+
+**Per-tensor scales.** The kernel computes attention on the dequantised inputs
+``Q·descale_q``, ``K·descale_k``, ``V·descale_v`` and stores ``O·scale_o`` in e4m3 (the
+diagram's dtype; rounded to nearest, saturating at ±448). The four are ``float`` kernel
+arguments, 1 unless set with :func:`with_scales` (a Program with other values; the generated
+source does not change, so no recompilation). The scales of Q and K fold into the softmax's
+exponent, those of V and O into ``1 / l``.
+
+**Tolerance** (against the diagram's reference on the dequantised inputs in fp32, stated and
+tested in ``tests/codegen/test_attention_fp8.py``): the relative RMS error of O over a whole
+output is at most :data:`RMS_TOLERANCE` (5 %), its largest element error at most twice that
+(relative to the output's largest value). Its sources: O rounded to e4m3 (relative error up to
+2⁻⁴, about 2⁻⁴/√3 RMS), P rounded to e4m3 before ``P·V`` (the row sums l are kept in fp32 from
+the unrounded P), and the 8-bit wgmma's accumulation.
+
+Offered where the diagram is fp8, the GPU has wgmma, the head dimension is 128 or 256, each of
+Q, K, V is stored as rows of d (the tensor maps' rows), no log-sum-exp output is asked for, and
+the score modifiers are positive scales and masks (causal and sliding-window masks skip whole
+key blocks; other masks are applied to every chunk); elsewhere one clear reason.
+
+>>> from napkin.diagrams import library
+>>> from napkin.codegen.families.attention import analyze
+>>> d = library.get("mha").bind(h=16, q=4096, x=4096, d=128).with_dtype("fp8")
+>>> reason(analyze(d), d, "h100") is None, reason(analyze(d), d, "a100-80gb")
+(True, 'dtype fp8: the fp8 attention template multiplies on the 8-bit wgmma; a100-80gb (sm_80) has none (it needs sm_90a)')
+>>> [(c.D, c.BQ, c.BX, c.stages) for c in configs(128)][0]
+(128, 128, 128, 2)
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+from ...diagrams.diagram import Diagram
+from ...errors import CodegenError
+from ...perfmodel.schedule import KernelOptions, Schedule
+from ..program import Arg, Buffer, KernelLaunch, Program
+from ..render import Code, comment, comment_lines, ident
+from .attention_problem import AttentionProblem
+from .attention_wgmma import PRODUCER_REGS, _masks, _rows_layout_problem
+from .contraction import _gpu_key, _smem_limit
+from .epilogue import (Param, check_index_size, contiguous_strides, float_param, int_param, render, score_chain,
+                       short_hash, signature, stride_param)
+
+__all__ = ["Fp8AttentionConfig", "CONFIGS", "HEAD_DIMS", "BX", "RMS_TOLERANCE", "configs", "reason",
+           "structure_reason", "candidates", "schedule", "config_of", "launch_estimate", "lower", "with_scales", "TEMPLATE",
+           "VT_TEMPLATE", "SCALES"]
+
+TEMPLATE = "attention_wgmma_fp8.cu.jinja"
+VT_TEMPLATE = "attention_fp8_vt.cu.jinja"
+
+#: Keys per chunk: one 128-byte swizzled row of Vt (the k of P·V), the N of S = Q·Kᵀ.
+BX = 128
+
+#: (consumer warpgroups, stages) per head dimension, best first. A consumer thread holds S
+#: (BX / 2 = 64 fp32), P (BX / 8 = 16 registers of four e4m3) and O (D / 2): 144 registers at
+#: d = 128, 208 at d = 256, of the 240 two consumers get. Shared memory: Q (128 x d bytes) and
+#: stages x (K + Vt chunks, 2 x 128 x d bytes): 80 KiB at d = 128 with two stages, 224 KiB at
+#: d = 256 with three.
+CONFIGS = {
+    128: ((2, 2), (2, 3), (2, 4)),
+    256: ((2, 2), (2, 3)),
+}
+
+#: The head dimensions the template is offered for.
+HEAD_DIMS = tuple(sorted(CONFIGS))
+
+#: The stated tolerance: relative RMS error of the output against the fp32 reference on the
+#: dequantised inputs (see the module docstring for its sources); the largest element error is
+#: held under twice it, relative to the largest reference value. Measured on an H100 over the 49
+#: cases of the GPU tests: at most 0.036 RMS (the e4m3 rounding of O alone gives 2⁻⁴/√3 = 0.036)
+#: and 0.046 for the largest element.
+RMS_TOLERANCE = 0.05
+
+#: The per-tensor scale arguments, in the order :func:`with_scales` takes them.
+SCALES = ("descale_q", "descale_k", "descale_v", "scale_o")
+
+LOG2E = 1.4426950408889634
+
+#: Threads of the pre-pass's blocks (128 keys of one head each).
+VT_THREADS = 256
+
+
+@dataclass(frozen=True)
+class Fp8AttentionConfig:
+    """``consumers`` warpgroups of 64 query rows (``BQ = 64 · consumers``), chunks of
+    :data:`BX` keys, a ring of ``stages`` K/Vt slots, head dimension ``D``."""
+
+    D: int
+    consumers: int
+    stages: int
+
+    BX = BX
+
+    @property
+    def BQ(self) -> int:
+        return 64 * self.consumers
+
+    @property
+    def threads(self) -> int:
+        return 128 * (self.consumers + 1)
+
+    def consumer_regs(self) -> int:
+        """Registers a consumer thread gets from setmaxnreg (what the producer's 24 leave, at most 240)."""
+        return min(240, (65536 - 128 * PRODUCER_REGS) // (128 * self.consumers) // 8 * 8)
+
+    def model_smem_bytes(self) -> int:
+        """The model's accounting: the Q tile and the stages' K and Vt chunks, one byte a value."""
+        return self.BQ * self.D + 2 * self.stages * BX * self.D
+
+    def smem_bytes(self) -> int:
+        """Dynamic shared memory: the tiles, 1 KiB to align them on a swizzle atom, 256 B of barriers."""
+        return self.model_smem_bytes() + 1024 + 256
+
+    def options(self) -> KernelOptions:
+        return KernelOptions(engine="wgmma", stages=self.stages, warpgroups=self.consumers, blocks_per_sm=1,
+                             regs_per_thread=self.consumer_regs())
+
+
+def configs(D: int) -> list[Fp8AttentionConfig]:
+    """The configurations for head dimension ``D``, best first (none where it has no table)."""
+    return [Fp8AttentionConfig(D, c, st) for c, st in CONFIGS.get(D, ())]
+
+
+def _chain(p: AttentionProblem, diagram: Diagram):
+    index_vars = {ax: ident(ax, "i_") for ax in (p.q, p.x, *p.woven)}
+    return score_chain(diagram, p.maps, index_vars=index_vars), index_vars
+
+
+def structure_reason(p: AttentionProblem, diagram: Diagram) -> str | None:
+    """Why the fp8 template cannot run this attention whatever the GPU, or None."""
+    D = diagram.axes[p.d].size
+    if isinstance(D, int) and D not in CONFIGS:
+        return f"head dimension {D}: the fp8 template takes {' and '.join(map(str, HEAD_DIMS))}"
+    if p.dv != p.d:
+        return "the fp8 template needs V's value axis to be the head dimension"
+    if p.lse is not None:
+        return "the fp8 template writes no log-sum-exp output"
+    for v, row in ((p.Q, p.q), (p.K, p.x), (p.V, p.x)):
+        why = _rows_layout_problem(v, row, p.d, diagram.sizes)
+        if why:
+            return why
+    try:
+        chain, _ = _chain(p, diagram)
+    except CodegenError as e:
+        return str(e)
+    if chain.nomask.lines:
+        return ("the fp8 template takes positive scales and masks as score modifiers (the per-tensor scales "
+                f"fold into the exponent); this diagram has {', '.join(chain.boxes)}")
+    sz = diagram.sizes
+    for v in (p.Q, p.K, p.V):
+        if all(isinstance(sz.get(a), int) for a in v.axis_names):
+            rows = math.prod(sz[a] for a in v.axis_names[:-1])
+            if rows >= 2 ** 31 - 2 ** 16:
+                return f"{v.label()} has {rows} rows; TMA coordinates are 32-bit"
+    return None
+
+
+def reason(p: AttentionProblem, diagram: Diagram, gpu=None, arch: str | None = None) -> str | None:
+    """Why the fp8 template cannot run this attention on ``gpu`` / ``arch``, or None."""
+    what = "dtype fp8: the fp8 attention template multiplies on the 8-bit wgmma"
+    if gpu is not None:
+        from ...perfmodel.hardware import get_gpu
+
+        g = get_gpu(gpu)
+        if not g.has_wgmma:
+            return f"{what}; {g.key} ({g.arch}) has none (it needs sm_90a)"
+    if arch is not None and arch != "sm_90a":
+        return f"{what}; {arch} has none (it needs sm_90a)"
+    return structure_reason(p, diagram)
+
+
+def candidates(fam, diagram: Diagram, gpu, dtype: str) -> list[Schedule]:
+    """One schedule per configuration that fits the shared memory; a CodegenError with the
+    reason where the template cannot run the diagram on ``gpu`` (the planner reports it)."""
+    p = fam.problem(diagram)
+    why = reason(p, diagram, gpu)
+    if why is not None:
+        raise CodegenError(f"attention family: {why}")
+    limit = _smem_limit(gpu)
+    return [schedule(fam, diagram, c, gpu) for c in configs(diagram.axes[p.d].bound_size)
+            if c.smem_bytes() <= limit]
+
+
+def schedule(fam, diagram: Diagram, cfg: Fp8AttentionConfig, gpu="h100") -> Schedule:
+    """The schedule of a configuration: one woven combination per block, ``g_q = BQ`` at SMEM,
+    ``w_q = 64`` at RF (a consumer warpgroup's rows), ``s_x = 128`` at SMEM, in fp8."""
+    p = fam.problem(diagram)
+    groups = {a: 1 for a in p.woven}
+    groups[p.q] = cfg.BQ
+    s = Schedule.fused(diagram, groups=groups, streams={p.x: BX}, rf_groups={p.q: 64}, gpu=_gpu_key(gpu),
+                       dtype="fp8")
+    return s.replace(kernels=(s.kernels[0].replace(family=fam.name, options=cfg.options()),))
+
+
+def config_of(p: AttentionProblem, diagram: Diagram, sched: Schedule) -> Fp8AttentionConfig:
+    """The configuration an fp8 schedule asks for, checked against what the template builds."""
+    D = diagram.axes[p.d].bound_size
+    table = configs(D)
+    if not table:
+        raise CodegenError(f"attention family (fp8): head dimension {D}; the template takes "
+                           f"{' and '.join(map(str, HEAD_DIMS))}")
+    BQ = BXs = WQ = None
+    for r in sched.kernels[0].relabels:
+        if r.is_symbolic:
+            raise CodegenError(f"attention family (fp8): {r} has no size; bind {r.symbol} first")
+        if r.kind == "group" and r.axis == p.q and r.level == "SMEM":
+            BQ = int(r.size)
+        elif r.kind == "group" and r.axis == p.q and r.level == "RF":
+            WQ = int(r.size)
+        elif r.kind == "stream" and r.axis == p.x and r.level == "SMEM":
+            BXs = int(r.size)
+        elif r.kind == "group" and r.axis in p.woven and r.level == "SMEM" and r.size == 1:
+            continue
+        else:
+            raise CodegenError(f"attention family (fp8): the template cannot realise {r} (it groups {p.q} at "
+                               f"SMEM and in 64-row warpgroups at RF, streams {p.x} at SMEM in chunks of {BX})")
+    opts = sched.kernels[0].options
+    consumers = opts.warpgroups or (BQ // 64 if BQ else table[0].consumers)
+    cfg = Fp8AttentionConfig(D, consumers, opts.stages or table[0].stages)
+    what = f"attention family (fp8): g_{p.q}={BQ}, w_{p.q}={WQ}, s_{p.x}={BXs}, warpgroups={consumers}"
+    if BQ is not None and BQ != cfg.BQ:
+        raise CodegenError(f"{what}: g_{p.q} must be 64 x the consumer warpgroups ({cfg.BQ})")
+    if WQ not in (None, 64):
+        raise CodegenError(f"{what}: w_{p.q} is one wgmma's 64 rows")
+    if BXs not in (None, BX):
+        raise CodegenError(f"{what}: s_{p.x} must be {BX} (one 128-byte row of Vt)")
+    if (cfg.consumers, cfg.stages) not in CONFIGS[D]:
+        raise CodegenError(f"{what}, stages={cfg.stages}: the template builds (warpgroups, stages) in "
+                           f"{list(CONFIGS[D])} at d = {D}")
+    return cfg
+
+
+def _vt_shape(p: AttentionProblem, sz) -> tuple[int, int, int]:
+    """(key/value heads, D, XP): Vt's shape, x padded to whole chunks."""
+    heads = math.prod(sz[a] for a in p.V.axis_names[:-2])
+    return heads, sz[p.d], math.ceil(sz[p.x] / BX) * BX
+
+
+def launch_estimate(fam, diagram: Diagram, sched: Schedule, gpu=None) -> dict:
+    """Blocks, threads, registers, shared memory, bytes in flight (the ring's K and Vt chunks over
+    the block's threads), and the pre-pass: one more launch reading V and writing Vt."""
+    p = fam.problem(diagram)
+    cfg = config_of(p, diagram, sched)
+    sz = diagram.sizes
+    blocks = math.ceil(sz[p.q] / cfg.BQ) * math.prod(sz[a] for a in p.woven)
+    heads, D, XP = _vt_shape(p, sz)
+    return dict(blocks=blocks, threads=cfg.threads, regs=min(255, 65536 // cfg.threads // 8 * 8),
+                smem=cfg.smem_bytes(), in_flight_bytes_per_thread=2 * BX * cfg.D * cfg.stages / cfg.threads,
+                threads_per_row=4, tensor_path="peak", overlap_operands=True, overlap_compute=False,
+                extra_launches=1, extra_hbm_bytes=heads * sz[p.x] * D + heads * D * XP)
+
+
+def _names(d: Diagram, p: AttentionProblem) -> str:
+    """A buffer name for Vt that no array of the diagram has."""
+    taken = {d.name_of(v) for v in (*d.inputs, *d.nodes)} | set(d.output_names)
+    name = f"{p.V.name}_t"
+    while name in taken:
+        name += "_"
+    return name
+
+
+def lower(fam, diagram: Diagram, sched: Schedule, arch: str) -> Program:
+    """The Program of an fp8 schedule: the Vt pre-pass, then the attention kernel."""
+    p = fam.problem(diagram)
+    why = reason(p, diagram, arch=arch)
+    if why:
+        raise CodegenError(f"attention family: {why}")
+    cfg = config_of(p, diagram, sched)
+    sz = diagram.sizes
+    vt = _names(diagram, p)
+    heads, D, XP = _vt_shape(p, sz)
+    buf = Buffer(vt, ("kv_head", p.d, "x_padded"), (heads, D, XP), "fp8")
+    return Program(diagram, sched, fam.name, (_vt_launch(diagram, p, vt, XP, heads), _launch(diagram, p, cfg, vt, arch)),
+                   (buf,), dict(sz))
+
+
+def with_scales(program: Program, *, descale_q: float = 1.0, descale_k: float = 1.0, descale_v: float = 1.0,
+                scale_o: float = 1.0) -> Program:
+    """The same program with other per-tensor scales: attention of ``Q·descale_q``,
+    ``K·descale_k``, ``V·descale_v``, stored as ``O·scale_o`` (each positive and finite).
+
+    >>> from napkin.codegen.families.attention import FAMILY
+    >>> from napkin.diagrams import library
+    >>> d = library.get("mha").bind(h=2, q=256, x=256, d=128).with_dtype("fp8")
+    >>> prog = FAMILY.lower(d, schedule(FAMILY, d, configs(128)[0]), "sm_90a")
+    >>> [a.value for a in with_scales(prog, descale_v=0.5).launches[-1].args if a.name in SCALES]
+    [1.0, 1.0, 0.5, 1.0]
+    """
+    given = dict(descale_q=descale_q, descale_k=descale_k, descale_v=descale_v, scale_o=scale_o)
+    for n, v in given.items():
+        if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v) or v <= 0:
+            raise CodegenError(f"with_scales: {n} must be a positive finite number, got {v!r}")
+    launches = []
+    found = False
+    for k in program.launches:
+        if k.template == TEMPLATE:
+            found = True
+            k = replace(k, args=tuple(replace(a, value=float(given[a.name])) if a.kind == "float" and a.name in given
+                                      else a for a in k.args))
+        launches.append(k)
+    if not found:
+        raise CodegenError(f"with_scales: program of {program.diagram.name!r} has no fp8 attention launch "
+                           f"(families: {program.family})")
+    return replace(program, launches=tuple(launches))
+
+
+def _vt_launch(d: Diagram, p: AttentionProblem, vt: str, XP: int, heads: int) -> KernelLaunch:
+    sz = d.sizes
+    D, Nx = sz[p.d], sz[p.x]
+    params = [
+        Param(Arg("tensor", p.V.name, dtype="fp8", axes=p.V.axis_names), Code("const unsigned char* __restrict__ V")),
+        Param(Arg("tensor", vt, dtype="fp8", axes=("kv_head", p.d, "x_padded")), Code("unsigned char* __restrict__ Vt")),
+        int_param("Nx", Nx), int_param("XP", XP, "keys of a Vt row (padded to whole chunks)"),
+    ]
+    tag = short_hash("vt", D)
+    kname = Code(f"napkin_attn_fp8_vt_d{D}_{tag}")
+    legend = [f"diagram {d.name}: {p.V.label()} (fp8) -> {vt}[kv_head,{p.d},x_padded]",
+              f"  {p.x} -> Nx keys, XP = {XP} (whole chunks of {BX}); {p.d} -> D = {D}; heads = {heads} (grid.y)"]
+    source = render(VT_TEMPLATE, kname=kname, D=D, THREADS=VT_THREADS, params=signature(params),
+                    legend=comment_lines(legend))
+    return KernelLaunch(name=str(kname), source=source, grid=(XP // BX, heads, 1), block=(VT_THREADS, 1, 1),
+                        shared_bytes=0, args=tuple(x.arg for x in params), template=VT_TEMPLATE,
+                        tunables=(("D", D),), model_smem_bytes=BX * (D + 4), model_regs_per_thread=32)
+
+
+def _launch(d: Diagram, p: AttentionProblem, cfg: Fp8AttentionConfig, vt: str, arch: str) -> KernelLaunch:
+    sz = d.sizes
+    Nq, Nx = sz[p.q], sz[p.x]
+    check_index_size(Nq, f"axis {p.q!r} of {p.Q.label()}", 2 ** 30 + 2 ** 16, "attention")
+    check_index_size(Nx, f"axis {p.x!r} of {p.K.label()}", 2 ** 30 + 2 ** 16, "attention")
+    sQ, sK, sV, sO = (contiguous_strides(v) for v in (p.Q, p.K, p.V, p.O))
+    out = d.output_names[0]
+
+    def tmap(name: str, cname: str, box, axes) -> Param:
+        return Param(Arg("tmap", name, value=tuple(box), dtype="fp8", axes=axes),
+                     Code(f"const __grid_constant__ napkin::TensorMap {cname}"))
+
+    params: list[Param] = [
+        tmap(p.Q.name, "tmQ", (128, cfg.BQ), p.Q.axis_names), tmap(p.K.name, "tmK", (128, BX), p.K.axis_names),
+        tmap(vt, "tmVt", (BX, cfg.D), ("kv_head", p.d, "x_padded")),
+        Param(Arg("tensor", out, dtype="fp8", axes=p.O.axis_names), Code("unsigned char* __restrict__ O")),
+        int_param("Nq", Nq), int_param("Nx", Nx),
+        int_param("sO_q", sO[p.q], f"row stride of {out}[{','.join(p.O.axis_names)}]"),
+    ]
+    fixed = {str(x.decl).split()[-1] for x in params} | set(SCALES) | {"scale_log2"}
+    woven = []
+    nz = 1
+    for ax in p.woven:
+        nz *= sz[ax]
+
+        def name(prefix: str) -> Code:
+            n = ident(ax, prefix)
+            return n if n not in fixed else ident(ax, prefix[:-1] + "w_")
+
+        names = dict(idx=ident(ax, "i_"), size=name("n_"), rQ=name("rQ_"), rK=name("rK_"), rV=name("rV_"),
+                     sO=name("sO_"), axis=ax)
+        rows = {}
+        for key, v, s, row in (("rQ", p.Q, sQ, p.q), ("rK", p.K, sK, p.x)):
+            stride = s.get(ax, 0)
+            if stride % s[row]:
+                raise CodegenError(f"attention family (fp8): {v.label()}'s stride along {ax} is not whole rows")
+            rows[key] = stride // s[row]
+        # Vt: D rows a key/value head (V's stride along ax is a whole number of heads of Nx rows)
+        if sV.get(ax, 0) % (Nx * cfg.D):
+            raise CodegenError(f"attention family (fp8): {p.V.label()}'s stride along {ax} is not whole heads")
+        rows["rV"] = sV.get(ax, 0) // (Nx * cfg.D) * cfg.D
+        params += [int_param(names["size"], sz[ax]),
+                   int_param(names["rQ"], rows["rQ"], f"rows of {p.Q.label()} per index of {ax}"),
+                   int_param(names["rK"], rows["rK"], f"rows of {p.K.label()} per index of {ax}"),
+                   int_param(names["rV"], rows["rV"], f"rows of {vt} per index of {ax}"),
+                   stride_param(names["sO"], sO[ax], f"stride of the output along {ax}")]
+        woven.append(names)
+    if nz > 65535:
+        raise CodegenError(f"attention family: {nz} woven combinations (heads x batch); at most 65535")
+    chain, index_vars = _chain(p, d)
+    float_idx = max(Nq, Nx) < 2 ** 24
+    params.append(float_param("scale_log2", chain.factor * LOG2E))
+    params += [float_param(s, 1.0) for s in SCALES]
+    causal, window, always_mask = _masks(p, chain)
+    smem = cfg.smem_bytes()
+    limit = _smem_limit(None, arch)
+    if smem > limit:
+        raise CodegenError(f"attention family (fp8): the tiles need {smem} bytes of shared memory; "
+                           f"{arch} allows {limit} per block")
+    tag = short_hash("fp8", [str(x) for x in chain.full.lines], p.woven, causal, window, always_mask, cfg, float_idx)
+    kname = Code(f"napkin_attn_wgmma_fp8_d{cfg.D}_q{cfg.BQ}_s{cfg.stages}_{tag}")
+    legend = [
+        "(sequence lengths, woven sizes and the per-tensor scales are kernel arguments; D is compiled in)",
+        f"diagram {d.name}: {p.Q.label()}, {p.K.label()}, {p.V.label()} -> {out}[{','.join(p.O.axis_names)}], fp8 e4m3",
+        f"  {p.q} -> queries Nq: g_{p.q} = BQ = {cfg.BQ} (CONSUMERS = {cfg.consumers} warpgroups), w_{p.q} = 64",
+        f"  {p.x} -> keys Nx:    s_{p.x} = BX = {BX}, stages = STAGES = {cfg.stages}; V read as {vt} (the pre-pass)",
+        f"  {p.d} -> D = {cfg.D}",
+        *[f"  {ax} -> woven (grid.y)" + ("" if ax in p.K.axis_names else "; K, V broadcast along it")
+          for ax in p.woven],
+        f"  engine: wgmma e4m3 + TMA; registers {PRODUCER_REGS} (producer) / {cfg.consumer_regs()} (consumers)",
+        f"  score modifiers: {', '.join(chain.boxes) or 'none'}; softmax scale folded: {chain.factor:.6g}",
+        "  per-tensor scales: " + ", ".join(SCALES) + " (float arguments, 1 unless set)",
+    ]
+    if causal is not None:
+        legend.append(f"  causal (offset {causal}): key blocks above the diagonal skipped")
+    if window is not None:
+        legend.append(f"  sliding window {window}: key blocks outside it skipped")
+    ns, no = BX // 2, cfg.D // 2
+    ctx = dict(
+        kname=kname, D=cfg.D, STAGES=cfg.stages, CONSUMERS=cfg.consumers, PRODUCER_REGS=PRODUCER_REGS,
+        CONSUMER_REGS=cfg.consumer_regs(),
+        s_operands=Code("{" + ", ".join(f"%{i}" for i in range(ns)) + "}"),
+        s_constraints=Code(", ".join(f'"+f"(s[{i}])' for i in range(ns))),
+        o_operands=Code("{" + ", ".join(f"%{i}" for i in range(no)) + "}"),
+        a_operands=Code("{" + ", ".join(f"%{no + i}" for i in range(4)) + "}"),
+        o_constraints=Code(", ".join(f'"+f"(o[{i}])' for i in range(no))),
+        params=signature(params), legend=comment_lines(legend), woven=woven,
+        REVERSE=causal is not None and window is None, CAUSAL=causal, WINDOW=window, ALWAYS_MASK=always_mask,
+        IDX_ROW=index_vars[p.q], IDX_COL=index_vars[p.x], FLOAT_IDX=float_idx,
+        IDX_TYPE=Code("const float" if float_idx else "const int"),
+        ROW_BASE=Code("frow_lo" if float_idx else "row_lo"), COL_BASE=Code("fx0" if float_idx else "x0"),
+        full_body=chain.full.body("          "), full_result=chain.full.result,
+        chain_desc=comment(", ".join(chain.boxes) or "none"),
+    )
+    source = render(TEMPLATE, **ctx)
+    tunables = (("BQ", cfg.BQ), ("BX", BX), ("WQ", 64), ("stages", cfg.stages), ("D", cfg.D),
+                ("warpgroups", cfg.consumers), ("engine", "wgmma"), ("dtype", "fp8"), ("causal", causal),
+                ("window", window))
+    return KernelLaunch(
+        name=str(kname), source=source, grid=(math.ceil(Nq / cfg.BQ), nz, 1), block=(cfg.threads, 1, 1),
+        shared_bytes=smem, args=tuple(x.arg for x in params), template=TEMPLATE, tunables=tunables,
+        model_smem_bytes=cfg.model_smem_bytes(), model_regs_per_thread=cfg.consumer_regs(),
+    )

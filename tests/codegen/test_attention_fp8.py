@@ -1,0 +1,165 @@
+"""The fp8 (e4m3) attention forward (``attention_fp8.py``, ``attention_wgmma_fp8.cu.jinja`` and
+the Vt pre-pass ``attention_fp8_vt.cu.jinja``) on the CPU: which diagrams it takes and why not,
+the planner's choice (the fp8 template on an H100, one clear error naming sm_90a elsewhere), the
+model's pricing (fp8 peak, one byte a value, the pre-pass's bytes), the per-tensor scales, the
+CLI, and every configuration built with nvcc for sm_90a (marked ``nvcc``) without spills.
+"""
+
+from __future__ import annotations
+
+import os
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from napkin.codegen.families import attention_fp8 as F8
+from napkin.codegen.families.attention import FAMILY, analyze
+from napkin.codegen.planner import derive
+from napkin.diagrams import library
+from napkin.errors import CodegenError, NapkinError
+from tests.napkin_test_support import cli_invoke
+
+
+def bound(name, d=128, q=1000, x=1000, dtype="fp8", **more):
+    dg = library.get(name).with_dtype(dtype)
+    sizes = {"q": q, "x": x, "d": d, "h": 2, "j": 3, **more}
+    return dg.bind(**{k: v for k, v in sizes.items() if k in dg.axes})
+
+
+def test_reasons():
+    d = bound("mha")
+    p = analyze(d)
+    assert F8.reason(p, d, "h100") is None and FAMILY.why_not(d) is None
+    assert "sm_90a" in F8.reason(p, d, "a100-80gb") and "sm_90a" in F8.reason(p, d, arch="sm_80")
+    d64 = bound("mha", d=64)
+    assert "head dimension 64" in FAMILY.why_not(d64)
+    alibi = bound("attention_alibi")
+    assert "positive scales and masks" in FAMILY.why_not(alibi)
+    from napkin.diagrams.grad import forward_with_saves
+
+    f = forward_with_saves(library.get("attention_causal"), {"O", "P_lse"}).with_dtype("fp8").bind(
+        h=2, q=1000, x=1000, d=128)
+    assert "log-sum-exp" in FAMILY.why_not(f)
+
+
+@pytest.mark.parametrize("name", ["mha", "attention_causal", "gqa", "attention_window"])
+@pytest.mark.parametrize("D", F8.HEAD_DIMS)
+def test_derive_picks_the_fp8_template_on_hopper(name, D):
+    d = bound(name, d=D, q=4096, x=4096, h=4)
+    plan = derive(d, "h100", "fp8", explain=False).plan
+    (k,) = plan.kernels
+    assert k.family == "attention" and k.kernel.options.engine == "wgmma" and plan.schedule.dtype == "fp8"
+    prog = FAMILY.lower(d, plan.schedule, "sm_90a")
+    assert [x.template for x in prog.launches] == [F8.VT_TEMPLATE, F8.TEMPLATE]
+    (buf,) = prog.buffers
+    heads = 4  # K and V carry h only (gqa's query groups j share them)
+    assert buf.dtype == "fp8" and buf.shape == (heads, D, 4096)
+    vt, main = prog.launches
+    assert vt.grid == (4096 // 128, heads, 1)
+    assert {a.name for a in main.args if a.kind == "tmap"} == {"Q", "K", buf.name}
+    assert [a.name for a in main.args if a.kind == "float"] == ["scale_log2", *F8.SCALES]
+    assert "m64n128k32.f32.e4m3.e4m3" in main.source and f"m64n{D}k32.f32.e4m3.e4m3" in main.source
+
+
+def test_other_gpus_get_one_clear_error():
+    d = bound("mha", q=4096, x=4096)
+    with pytest.raises(NapkinError, match="sm_90a"):
+        derive(d, "a100-80gb", "fp8", explain=False)
+    with pytest.raises(CodegenError, match="sm_90a"):
+        FAMILY.lower(d, F8.schedule(FAMILY, d, F8.configs(128)[0]), "sm_80")
+
+
+def test_the_model_prices_fp8():
+    """fp8 is predicted faster than bf16 at the same sizes (fp8 tensor peak, half the bytes), and
+    the estimate carries the pre-pass (one launch; V read and Vt written)."""
+    d8, d16 = bound("mha", q=8192, x=8192, h=16), bound("mha", q=8192, x=8192, h=16, dtype="bf16")
+    t8 = derive(d8, "h100", "fp8", explain=False).plan.seconds
+    t16 = derive(d16, "h100", "bf16", explain=False).plan.seconds
+    assert t8 < 0.8 * t16
+    s = F8.schedule(FAMILY, d8, F8.configs(128)[0])
+    est = FAMILY.launch_estimate(d8, s, "h100")
+    assert est["extra_launches"] == 1 and est["extra_hbm_bytes"] == 2 * 16 * 8192 * 128
+    assert est["smem"] == F8.configs(128)[0].smem_bytes()
+
+
+def test_lower_reads_the_tiles_and_refuses_others():
+    d = bound("attention_causal")
+    for cfg in F8.configs(128):
+        s = F8.schedule(FAMILY, d, cfg)
+        assert F8.config_of(analyze(d), d, s) == cfg
+        main = FAMILY.lower(d, s, "sm_90a").launches[1]
+        assert main.block == (cfg.threads, 1, 1) and main.grid == (-(-1000 // cfg.BQ), 2, 1)
+        assert main.shared_bytes == cfg.smem_bytes() and main.model_smem_bytes == cfg.model_smem_bytes()
+        assert f"constexpr int STAGES = {cfg.stages};" in main.source
+    bad = F8.schedule(FAMILY, d, F8.Fp8AttentionConfig(128, 2, 7))
+    with pytest.raises(CodegenError, match="stages"):
+        FAMILY.lower(d, bad, "sm_90a")
+
+
+def test_with_scales():
+    d = bound("mha")
+    prog = FAMILY.lower(d, F8.schedule(FAMILY, d, F8.configs(128)[0]), "sm_90a")
+    scaled = F8.with_scales(prog, descale_q=0.5, descale_k=2.0, descale_v=0.25, scale_o=8.0)
+    vals = {a.name: a.value for a in scaled.launches[1].args if a.kind == "float"}
+    assert [vals[n] for n in F8.SCALES] == [0.5, 2.0, 0.25, 8.0]
+    assert scaled.launches[1].source == prog.launches[1].source  # arguments only: no new build
+    assert {a.name: a.value for a in prog.launches[1].args if a.name in F8.SCALES} == dict.fromkeys(F8.SCALES, 1.0)
+    for bad in (0.0, -1.0, float("inf"), float("nan")):
+        with pytest.raises(CodegenError, match="descale_v"):
+            F8.with_scales(prog, descale_v=bad)
+    bf16 = bound("mha", dtype="bf16")
+    plain = FAMILY.lower(bf16, derive(bf16, "h100", "bf16", explain=False).plan.schedule, "sm_90a")
+    with pytest.raises(CodegenError, match="no fp8 attention launch"):
+        F8.with_scales(plain, descale_q=2.0)
+
+
+def test_cli_generate(tmp_path):
+    out = tmp_path / "a.cu"
+    code, stdout, stderr = cli_invoke("generate", "attention", "--dtype", "fp8", "-o", str(out))
+    assert code == 0, stderr
+    src = out.read_text()
+    assert "e4m3" in src and "napkin_attn_fp8_vt" in src
+    code, stdout, stderr = cli_invoke("generate", "mha", "--dtype", "fp8", "--gpu", "a100", "-o",
+                                      str(tmp_path / "b.cu"))
+    assert code == 2 and "sm_90a" in stderr + stdout and "Traceback" not in stderr + stdout
+
+
+# ---------------------------------------------------------------------------- nvcc builds
+
+CASES = [(name, c) for D in F8.HEAD_DIMS for c in F8.configs(D)
+         for name in ("mha", "attention_causal", "attention_window", "gqa")]
+
+
+#: Allowed a few bytes of spills: d = 256 with the causal mask (O's 128 and S's 64 registers a
+#: thread beside the mask's indices and, for GQA, the woven axes: ptxas spills 4 to 16 words).
+SPILL_OK = {("attention_causal", 256), ("gqa", 256)}
+
+
+@pytest.fixture(scope="module")
+def builds():
+    from napkin.kernels.nvcc import nvcc_compile
+
+    def build(case):
+        name, cfg = case
+        d = bound(name, d=cfg.D)
+        prog = FAMILY.lower(d, F8.schedule(FAMILY, d, cfg), "sm_90a")
+        return prog, nvcc_compile(prog.source(), "sm_90a")
+
+    with ThreadPoolExecutor(max(2, os.cpu_count() or 2)) as ex:
+        return dict(enumerate(ex.map(build, CASES)))
+
+
+@pytest.mark.nvcc
+@pytest.mark.parametrize("i", range(len(CASES)), ids=[f"{n}-d{c.D}-s{c.stages}" for n, c in CASES])
+def test_builds_without_spills(builds, i):
+    name, cfg = CASES[i]
+    prog, usage = builds[i]
+    assert "C7513" not in usage.log, "ptxas serialised the wgmma"
+    for launch in prog.launches:
+        k = usage[launch.name]
+        if (name, cfg.D) in SPILL_OK and launch.template == F8.TEMPLATE:
+            assert k.spill_stores <= 16 and k.stack_bytes <= 64
+        else:
+            assert not k.spills and k.stack_bytes == 0
+        assert k.registers <= 65536 // launch.threads
+        assert launch.shared_bytes <= 227 * 1024
