@@ -259,6 +259,16 @@ def test_derive_takes_one_query_row(tmp_path):
     assert "constexpr int BQ = 16;" in src and "attention_combine.cu.jinja" in src
 
 
+def test_derive_packs_the_query_heads_of_the_gqa_library_diagram_at_one_query_row():
+    code, out, err = cli_invoke("derive", "gqa", "-s", "h=8,j=4,q=1,x=8192,d=128", "--gpu", "h100")
+    assert code == 0, err
+    line = out[out.index("plan of gqa"):].splitlines()[1]
+    # the 4 query heads of a key/value head share one tile (K and V read once), split over x
+    assert "attention:" in line and "j→g_j=4" in line and "q→g_q=1" in line, line
+    splits = int(re.search(r"splits=(\d+)", line).group(1))
+    assert 8 * splits >= 132  # the 8 key/value heads' tiles fill the SMs
+
+
 # ---------------------------------------------------------------------------- the combining launch
 
 @pytest.mark.parametrize("D", [16, 64, 80, 96, 128, 192, 256])
