@@ -1,9 +1,12 @@
 """The attention family's Hopper template (wgmma + TMA) against its mma.sync tiles and PyTorch's
 SDPA flash and cuDNN backends, on the sweep of issue #13: batch x 16 heads x seq with 16k tokens a
-batch, head dims 64 and 128, causal and not, bf16. Prints one line a point (TFLOP/s: 4·B·H·N²·d,
-half of it causal) with the model's prediction of each napkin kernel; ``--json`` writes them.
+batch, head dims 64 and 128 (``--dims 80 96 192 256`` too), causal and not, bf16. Prints one line a
+point (TFLOP/s: 4·B·H·N²·d, half of it causal) with the model's prediction of each napkin kernel;
+``--json`` writes them. ``--gqa 4`` times grouped-query attention instead (16 query heads, 4 of them
+a K/V head; SDPA with ``enable_gqa``), with the best packed and unpacked wgmma tiles the model ranks.
 
     PYTHONPATH=. python3 benchmarks/attention_wgmma.py --seqs 1024 4096 16384 --json out.json
+    PYTHONPATH=. python3 benchmarks/attention_wgmma.py --dims 128 --gqa 4 --seqs 2048 8192
 """
 
 from __future__ import annotations
@@ -40,7 +43,15 @@ def main() -> None:
     from napkin.codegen.families import attention_wgmma
     from napkin.codegen.families.attention import FAMILY
     from napkin.codegen.select import rank
-    from napkin.diagrams import library
+    from napkin.diagrams import Axis, Diagram, array, library
+    from napkin.diagrams.library import attention_core
+
+    def gqa(causal: bool) -> Diagram:
+        if causal:
+            return library.get("gqa")
+        Q = array("Q", Axis("h"), Axis("j"), Axis("q"), Axis("d"))
+        K, V = array("K", Axis("h"), Axis("x"), Axis("d")), array("V", Axis("h"), Axis("x"), Axis("d"))
+        return Diagram("gqa_full", attention_core(Q, K, V))
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--seqs", type=int, nargs="+", default=[1024, 2048, 4096, 8192, 16384])
@@ -54,6 +65,7 @@ def main() -> None:
                          "and in two stages with ping-pong")
     ap.add_argument("--extra", nargs="*", default=[],
                     help="more configurations to time, each D,consumers,s_x,stages,two_stages (1 or 0)")
+    ap.add_argument("--gqa", type=int, default=0, help="query heads per K/V head (16 query heads in all)")
     ap.add_argument("--json")
     a = ap.parse_args()
     gpu = torch.cuda.get_device_name()
@@ -62,16 +74,23 @@ def main() -> None:
         for D in a.dims:
             for n in a.seqs:
                 b = max(1, a.tokens // n)
-                name = "attention_causal" if causal else "mha"
-                d = library.get(name).bind(h=16 * b, q=n, x=n, d=D)
                 flops = 4 * b * 16 * n * n * D / (2 if causal else 1)
-                q, k, v = (torch.randn(b, 16, n, D, device="cuda", dtype=torch.bfloat16) for _ in range(3))
-                ins = {"Q": q.view(16 * b, n, D), "K": k.view(16 * b, n, D), "V": v.view(16 * b, n, D)}
-                row = dict(gpu=gpu, causal=causal, d=D, seq=n, batch=b)
+                J = a.gqa or 1
+                kvh = 16 // J
+                q = torch.randn(b, 16, n, D, device="cuda", dtype=torch.bfloat16)
+                k, v = (torch.randn(b, kvh, n, D, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+                if a.gqa:
+                    d = gqa(causal).bind(h=kvh * b, j=J, q=n, x=n, d=D)
+                    ins = {"Q": q.view(kvh * b, J, n, D), "K": k.view(kvh * b, n, D), "V": v.view(kvh * b, n, D)}
+                else:
+                    d = library.get("attention_causal" if causal else "mha").bind(h=16 * b, q=n, x=n, d=D)
+                    ins = {"Q": q.view(16 * b, n, D), "K": k.view(16 * b, n, D), "V": v.view(16 * b, n, D)}
+                sdpa_kw = dict(is_causal=causal, enable_gqa=True) if a.gqa else dict(is_causal=causal)
+                row = dict(gpu=gpu, causal=causal, d=D, seq=n, batch=b, gqa=J)
                 for backend, key in ((SDPBackend.FLASH_ATTENTION, "flash"), (SDPBackend.CUDNN_ATTENTION, "cudnn")):
                     try:
                         with sdpa_kernel(backend):
-                            f = lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)  # noqa: E731
+                            f = lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, **sdpa_kw)  # noqa: E731
                             row[key] = flops / timed(f, a.warmup, a.reps) / 1e12
                     except Exception as e:  # noqa: BLE001 - a backend that does not run here
                         row[key] = None
@@ -81,6 +100,10 @@ def main() -> None:
                 mma = next(r for r in ranked if r.schedule.kernels[0].options.engine != "wgmma")
                 picks["mma.sync"] = mma.schedule
                 wg = [r for r in ranked if r.schedule.kernels[0].options.engine == "wgmma"]
+                if a.gqa:  # the model's best packed and unpacked wgmma tiles
+                    for r in wg:
+                        pk = attention_wgmma.config_of(FAMILY.problem(d), d, r.schedule).pack
+                        picks.setdefault("wgmma_packed" if pk > 1 else "wgmma_unpacked", r.schedule)
                 if a.all_configs:
                     for r in wg:
                         o = r.schedule.kernels[0].options
@@ -111,15 +134,17 @@ def main() -> None:
                     c = compiled[key]
                     out = c.empty_outputs(fill=float("nan"))
                     sec = timed(lambda: c(**ins, out=out), a.warmup, a.reps)
-                    ref = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
+                    ref = torch.nn.functional.scaled_dot_product_attention(q, k, v, **sdpa_kw)
                     err = ((out["O"].view_as(ref).float() - ref.float()).norm() / ref.float().norm()).item()
+                    row[key + "_pack"] = dict(c.program.launches[0].tunables).get("pack")
                     row[key] = flops / sec / 1e12
                     row[key + "_engine"] = s.kernels[0].options.engine
                     row[key + "_pred"] = flops / pred[id(s)] / 1e12 if id(s) in pred else None
                     row[key + "_err"] = err
                 rows.append(row)
-                extra = "  ".join(f"{k}={row[k]:.0f}" for k in row if k.startswith(("wgmma_q", "v_q", "x_q")) and not k.endswith(("_engine", "_pred", "_err")))
-                print(f"{'causal' if causal else 'full  '} d={D:3d} seq={n:5d} b={b:2d}  flash={row['flash'] or 0:.0f} "
+                extra = "  ".join(f"{k}={row[k]:.0f}" for k in row if k.startswith(("wgmma_", "v_q", "x_q"))
+                                  and not k.endswith(("_engine", "_pred", "_err", "_pack")))
+                print(f"{'causal' if causal else 'full  '} d={D:3d} seq={n:5d} b={b:2d} gqa={J}  flash={row['flash'] or 0:.0f} "
                       f"cudnn={row['cudnn'] or 0:.0f}  napkin={row['planner']:.0f} ({row['planner_engine']}, model "
                       f"{row['planner_pred']:.0f}, err {row['planner_err']:.1e})  mma.sync={row['mma.sync']:.0f}  "
                       f"x flash {row['planner'] / (row['flash'] or 1):.2f}  x cudnn {row['planner'] / (row['cudnn'] or 1):.2f}  {extra}",

@@ -11,13 +11,24 @@ warpgroups=.., stages=..)``. §4.4 of the design derives how many consumer warpg
 registers of a warpgroup's S (64 x s_x), P and O (64 x d) tiles and the shared memory of the ring
 give two at d = 128, two or three at d = 64 (:data:`CONFIGS`).
 
-Offered (by :meth:`AttentionFamily.candidates`) where the GPU has wgmma, the head dimension is 64
-or 128, q is more than the decode tiles' 64 rows, and each of Q, K, V is stored as rows of d
-(its q or x the second-to-last axis, every other axis whole rows), which the two-dimensional
-tensor maps need; the model ranks them with the mma.sync tiles and the planner takes whichever
-it predicts faster. The forward with its log-sum-exp output (the backward's saves) runs here too.
-Not here: the packed GQA tiles and split x of decode (the mma.sync path), head dims other than 64
-and 128 (the mma.sync path).
+Offered (by :meth:`AttentionFamily.candidates`) where the GPU has wgmma, the head dimension is one
+of :data:`HEAD_DIMS` (64, 80, 96, 128, 192, 256), q is more than the decode tiles' 64 rows, and each
+of Q, K, V is stored as rows of d (its q or x the second-to-last axis, every other axis whole rows),
+which the two-dimensional tensor maps need; the model ranks them with the mma.sync tiles and the
+planner takes whichever it predicts faster. The forward with its log-sum-exp output (the backward's
+saves) runs here too. Head dimensions 80 and 96 keep shared rows of DP = 128 (TMA zero-fills the
+columns past d; Q·Kᵀ contracts d / 16 steps only and P·V is one wgmma of N = d, so the padding costs
+shared memory, not products); 192 and 256 take chunks of 64 to 112 keys beside O's 96 or 128
+registers a consumer thread.
+
+GQA packing (``pack`` heads of the one axis K and V lack, :data:`PACKS`): a tile's BQ rows are
+``BQ / pack`` queries of ``pack`` consecutive query heads, one TMA box of Q a head, so a K/V chunk is
+loaded once for all of them; the schedule says it as ``g_q = BQ / pack`` and a group of ``pack`` on
+that axis. It moves the same bytes as unpacked tiles over long sequences; it pays where ``q`` is not
+a multiple of BQ (fewer padded rows) and on causal diagrams (a tile's key range ends at its
+``BQ / pack`` queries' diagonal). Offered after the unpacked tiles (a tie keeps them), not with the
+log-sum-exp output or score modifiers that read the head index.
+Not here: the split x of decode (the mma.sync path), head dimensions without a table.
 
 Measured (H100, bf16, 16 heads, 16k tokens a batch; ``benchmarks/attention_wgmma.py``): at seq 16k
 580 TFLOP/s at d = 128 (0.88x SDPA-cuDNN, 1.69x SDPA-flash), 572 causal (0.99x, 1.80x), 455 at
@@ -62,9 +73,24 @@ TEMPLATE = "attention_wgmma.cu.jinja"
 #: with two stages of 128 keys. The two-stage loop (S of chunk j and its softmax beside P V of
 #: chunk j - 1) measured faster at d = 64 and slower at d = 128 (H200, 16k tokens: 459 against 436
 #: TFLOP/s at d = 64, 494 against 570 at d = 128), so each head dimension keeps its faster loop.
+#: Head dimensions that are not whole 64-column blocks (80, 96) keep their shared tiles DP wide (D
+#: rounded up to 64; TMA zero-fills the columns past D): Q K^T contracts D / 16 steps only and P V
+#: is one wgmma of N = D, so the padding costs shared memory and no products. There three consumers
+#: of 64-key chunks in two stages ran fastest (H100, 16 heads, 16k tokens, d = 96, seq 8k: 553
+#: TFLOP/s against 497 for two consumers of 128 keys one stage at a time and 402 in two stages; the
+#: model prices the two-consumer tiles ahead, as a 192-row tile leaves a partial last wave, so they
+#: are not offered). d = 192 and 256 hold O in 96 or 128 registers a consumer thread: chunks of 112
+#: and 80 keys keep S beside it (ptxas then spills 8 bytes with some score modifiers, outside the
+#: products' loop), and two stages of those chunks fill the shared memory (216 and 224 KiB with the
+#: Q tile); at d = 256, 80-key chunks ran at 654 TFLOP/s against 558 for 64 (seq 8k), one consumer
+#: at 427.
 CONFIGS = {
     64: ((2, 128, 3, True), (2, 128, 4, True), (3, 64, 4, True)),
+    80: ((3, 64, 3, True), (3, 64, 4, True)),
+    96: ((3, 64, 3, True),),
     128: ((2, 128, 2, False), (2, 128, 3, False), (2, 176, 2, False)),
+    192: ((2, 112, 2, False), (2, 96, 2, False), (2, 64, 3, False)),
+    256: ((2, 80, 2, False), (2, 64, 2, False)),
 }
 
 #: The head dimensions the template is offered for.
@@ -93,10 +119,32 @@ class WgmmaAttentionConfig:
     stages: int
     overlap: bool = False  # two stages inside a warpgroup: S of chunk j beside P V of chunk j - 1
     pingpong: bool = False  # two consumers take turns issuing their products (needs overlap)
+    pack: int = 1  # GQA: heads of the packed axis sharing the tile's rows (BQ / pack queries each)
+    pad_pv: bool = False  # P V at N = DP (the zero columns too) instead of N = D
 
     @property
     def BQ(self) -> int:
         return 64 * self.consumers
+
+    @property
+    def QT(self) -> int:
+        """Queries of one head in the tile (BQ, or BQ / pack when packed)."""
+        return self.BQ // self.pack
+
+    @property
+    def DP(self) -> int:
+        """The shared tiles' row: D rounded up to whole 64-column (128-byte swizzled) blocks."""
+        return -(-self.D // 64) * 64
+
+    @property
+    def NV(self) -> int:
+        """The N of the P V product: D (80 and 96 are wgmma N sizes), or DP with ``pad_pv``."""
+        return self.DP if self.pad_pv else self.D
+
+    def consumer_need(self) -> int:
+        """Registers a consumer thread's tiles take: S (BX / 2 fp32), P (BX / 4, twice with two
+        stages) and O (NV / 2)."""
+        return self.BX // 2 + self.BX // 4 * (2 if self.overlap else 1) + self.NV // 2
 
     @property
     def threads(self) -> int:
@@ -116,8 +164,8 @@ class WgmmaAttentionConfig:
         return self.model_smem_bytes() + 1024 + 256
 
     def model_smem_bytes(self) -> int:
-        """The model's accounting: the Q tile and the stages' K and V chunks (bf16/fp16)."""
-        return (self.BQ * self.D + 2 * self.stages * self.BX * self.D) * 2
+        """The model's accounting: the Q tile and the stages' K and V chunks (bf16/fp16), rows of DP."""
+        return (self.BQ * self.DP + 2 * self.stages * self.BX * self.DP) * 2
 
     def options(self) -> KernelOptions:
         return KernelOptions(engine="wgmma", stages=self.stages, warpgroups=self.consumers, blocks_per_sm=1,
@@ -163,16 +211,53 @@ def wgmma_reason(p: AttentionProblem, diagram: Diagram, gpu=None, arch: str | No
     return None
 
 
+#: Heads of a packed axis a tile may hold (each keeps at least 16 queries of the tile's rows).
+PACKS = (2, 4, 8)
+
+
+def _packed_axes(p: AttentionProblem) -> tuple[str, ...]:
+    """The woven axes K and V lack (GQA's query heads per K/V head), in Q's order."""
+    return tuple(a for a in p.woven if a not in p.K.axis_names and a not in p.V.axis_names)
+
+
+def pack_reason(p: AttentionProblem, diagram: Diagram) -> str | None:
+    """Why the query heads that share a K/V head (GQA's ``j``) cannot share a tile's rows, or None:
+    one such axis, no log-sum-exp output, and score modifiers that do not read its index (a tile's
+    rows then hold several heads)."""
+    packs = _packed_axes(p)
+    if len(packs) != 1:
+        return f"packing takes one axis that K and V lack ({len(packs)} here)"
+    if p.lse is not None:
+        return "the forward with its log-sum-exp output runs unpacked"
+    index_vars = {ax: ident(ax, "i_") for ax in (p.q, p.x, *p.woven)}
+    chain = score_chain(diagram, p.maps, index_vars=index_vars)
+    text = " ".join(str(x) for x in (*chain.full.lines, *chain.nomask.lines))
+    if str(index_vars[packs[0]]) in text:
+        return f"a score modifier reads the index of {packs[0]!r}"
+    return None
+
+
 def schedule(fam, diagram: Diagram, cfg: WgmmaAttentionConfig, gpu="h100", dtype: str | None = None) -> Schedule:
     """The schedule of a configuration: one woven combination per block, ``g_q = BQ`` at SMEM,
-    ``w_q = 64`` at RF (a consumer warpgroup's rows), ``s_x = BX`` at SMEM."""
+    ``w_q = 64`` at RF (a consumer warpgroup's rows), ``s_x = BX`` at SMEM. Packed (``pack`` heads
+    of the axis K and V lack): ``g_q = BQ / pack`` and a group of ``pack`` on that axis at SMEM; a
+    warpgroup's 64 rows are ``w_q = min(64, g_q)`` queries times the heads that fill them."""
     p = fam.problem(diagram)
     groups = {a: 1 for a in p.woven}
-    groups[p.q] = cfg.BQ
+    groups[p.q] = cfg.QT
+    rf = {p.q: min(64, cfg.QT)}
+    if cfg.pack > 1:
+        why = pack_reason(p, diagram)
+        if why:
+            raise CodegenError(f"attention family (wgmma): packing {cfg.pack} heads: {why}")
+        (j,) = _packed_axes(p)
+        groups[j] = cfg.pack
+        if cfg.QT < 64:
+            rf[j] = 64 // cfg.QT
     # with the log-sum-exp output the model sees x whole (the diagram's log-sum-exp is two passes
     # over x as written; the kernel's online softmax keeps both in one): the chunk is the table's
     streams = {} if p.lse is not None else {p.x: cfg.BX}
-    s = Schedule.fused(diagram, groups=groups, streams=streams, rf_groups={p.q: 64}, gpu=_gpu_key(gpu),
+    s = Schedule.fused(diagram, groups=groups, streams=streams, rf_groups=rf, gpu=_gpu_key(gpu),
                        dtype=dtype or p.dtype)
     return s.replace(kernels=(s.kernels[0].replace(family=fam.name, options=cfg.options()),))
 
@@ -189,11 +274,15 @@ def candidates(fam, diagram: Diagram, gpu, dtype: str) -> list[Schedule]:
         return []
     limit = _smem_limit(gpu)
     out, seen = [], set()
+    packs = () if pack_reason(p, diagram) else [g for g in PACKS if g <= sz[_packed_axes(p)[0]]]
     for c in configs(diagram.axes[p.d].bound_size):
         key = (c.consumers, c.stages) if p.lse is not None else c  # x whole: one chunk per row tiling
         if c.smem_bytes() <= limit and key not in seen:
             seen.add(key)
             out.append(schedule(fam, diagram, c, gpu, dtype))
+            # GQA packed after the unpacked tiles (a tie keeps them): BQ / g queries of g heads
+            out += [schedule(fam, diagram, replace(c, pack=g), gpu, dtype) for g in packs
+                    if c.BQ % g == 0 and (c.BQ // g) % 16 == 0]
     return out
 
 
@@ -201,6 +290,8 @@ def config_of(p: AttentionProblem, diagram: Diagram, sched: Schedule) -> WgmmaAt
     """The configuration a wgmma schedule asks for, checked against what the template builds."""
     D = diagram.axes[p.d].bound_size
     BQ = BX = WQ = None
+    packs = _packed_axes(p)
+    pack, wpack = 1, None
     for r in sched.kernels[0].relabels:
         if r.is_symbolic:
             raise CodegenError(f"attention family (wgmma): {r} has no size; bind {r.symbol} first")
@@ -212,6 +303,10 @@ def config_of(p: AttentionProblem, diagram: Diagram, sched: Schedule) -> WgmmaAt
             BX = int(r.size)
         elif r.kind == "group" and r.axis in p.woven and r.level == "SMEM" and r.size == 1:
             continue
+        elif r.kind == "group" and r.axis in packs and r.level == "SMEM":
+            pack = int(r.size)
+        elif r.kind == "group" and r.axis in packs and r.level == "RF":
+            wpack = int(r.size)
         else:
             raise CodegenError(f"attention family (wgmma): the template cannot realise {r} (it groups {p.q} "
                                f"at SMEM and in 64-row warpgroups at RF, streams {p.x} at SMEM, one combination "
@@ -221,19 +316,31 @@ def config_of(p: AttentionProblem, diagram: Diagram, sched: Schedule) -> WgmmaAt
     if not table:
         raise CodegenError(f"attention family (wgmma): head dimension {D}; the template takes "
                            f"{', '.join(map(str, HEAD_DIMS))}")
+    if BQ is not None:
+        BQ *= pack  # the tile's rows: g_q queries of each of the packed heads
     consumers = opts.warpgroups or (BQ // 64 if BQ else table[0].consumers)
     stages = opts.stages or table[0].stages
     if BX is None:  # x whole in the model (the log-sum-exp output): the table's chunk for these rows
         same = [c for c in table if (c.consumers, c.stages) == (consumers, stages)] or table
         BX = same[0].BX
-    cfg = WgmmaAttentionConfig(D, BX, consumers, stages)
+    cfg = WgmmaAttentionConfig(D, BX, consumers, stages, pack=pack)
     known = [c for c in table if (c.BX, c.consumers, c.stages) == (cfg.BX, cfg.consumers, cfg.stages)]
     cfg = replace(cfg, overlap=known[0].overlap if known else False, pingpong=PINGPONG and consumers == 2
-                  and (known[0].overlap if known else False))
+                  and (known[0].overlap if known else False), pad_pv=known[0].pad_pv if known else False)
     what = f"attention family (wgmma): g_{p.q}={BQ}, w_{p.q}={WQ}, s_{p.x}={cfg.BX}, warpgroups={consumers}"
     if BQ is not None and BQ != cfg.BQ:
-        raise CodegenError(f"{what}: g_{p.q} must be 64 x the consumer warpgroups ({cfg.BQ})")
-    if WQ not in (None, 64):
+        raise CodegenError(f"{what}: g_{p.q} must be 64 x the consumer warpgroups ({cfg.BQ})"
+                           + (f" over the {pack} packed heads" if pack > 1 else ""))
+    if pack > 1:
+        why = pack_reason(p, diagram)
+        if why:
+            raise CodegenError(f"{what}: {why}")
+        if cfg.BQ % pack or cfg.QT % 16:
+            raise CodegenError(f"{what}: {pack} packed heads need whole runs of 16 rows each in {cfg.BQ}")
+        if wpack not in (None, max(1, 64 // cfg.QT)):
+            raise CodegenError(f"{what}: a warpgroup's 64 rows hold {max(1, 64 // cfg.QT)} packed heads, "
+                               f"not {wpack}")
+    if WQ not in (None, min(64, cfg.QT)):
         raise CodegenError(f"{what}: w_{p.q} is one wgmma's 64 rows")
     if not 1 <= consumers <= 3:
         raise CodegenError(f"{what}: 1 to 3 consumer warpgroups")
@@ -243,9 +350,9 @@ def config_of(p: AttentionProblem, diagram: Diagram, sched: Schedule) -> WgmmaAt
         raise CodegenError(f"{what}: ping-pong takes two consumer warpgroups, each with its two stages")
     if not 2 <= cfg.stages <= 8:
         raise CodegenError(f"{what}: stages must be 2 to 8")
-    # S (BX / 2), P (BX / 4, twice with two stages) and O (D / 2) registers a consumer thread, and
-    # some 24 more
-    need = cfg.BX // 2 + cfg.BX // 4 * (2 if cfg.overlap else 1) + D // 2
+    # S (BX / 2), P (BX / 4, twice with two stages) and O (NV / 2) registers a consumer thread,
+    # and some 24 more
+    need = cfg.consumer_need()
     if need + 24 > cfg.consumer_regs():
         raise CodegenError(f"{what}: S, P and O need {need} registers a thread; {consumers} consumers get "
                            f"{cfg.consumer_regs()}")
@@ -261,9 +368,11 @@ def launch_estimate(fam, diagram: Diagram, sched: Schedule, gpu=None) -> dict:
     p = fam.problem(diagram)
     cfg = config_of(p, diagram, sched)
     sz = diagram.sizes
-    blocks = math.ceil(sz[p.q] / cfg.BQ) * math.prod(sz[a] for a in p.woven)
+    packs = _packed_axes(p) if cfg.pack > 1 else ()
+    blocks = math.ceil(sz[p.q] / cfg.QT) * math.prod(-(-sz[a] // cfg.pack) if a in packs else sz[a]
+                                                      for a in p.woven)
     return dict(blocks=blocks, threads=cfg.threads, regs=cfg.entry_regs(), smem=cfg.smem_bytes(),
-                in_flight_bytes_per_thread=2 * cfg.BX * cfg.D * 2 * cfg.stages / cfg.threads,
+                in_flight_bytes_per_thread=2 * cfg.BX * cfg.DP * 2 * cfg.stages / cfg.threads,
                 threads_per_row=4, tensor_path="peak", overlap_operands=True, overlap_compute=False)
 
 
@@ -325,7 +434,7 @@ def _launch(d: Diagram, p: AttentionProblem, cfg: WgmmaAttentionConfig, arch: st
     sQ, sK, sV, sO = (contiguous_strides(v) for v in (p.Q, p.K, p.V, p.O))
     out = d.output_names[0]
     params: list[Param] = [
-        tensormap_param(p.Q, "tmQ", (64, cfg.BQ)), tensormap_param(p.K, "tmK", (64, cfg.BX)),
+        tensormap_param(p.Q, "tmQ", (64, cfg.QT)), tensormap_param(p.K, "tmK", (64, cfg.BX)),
         tensormap_param(p.V, "tmV", (64, cfg.BX)),
         tensor_param(p.O, "O", T, const=False, name=out),
         int_param("Nq", Nq), int_param("Nx", Nx),
@@ -337,9 +446,14 @@ def _launch(d: Diagram, p: AttentionProblem, cfg: WgmmaAttentionConfig, arch: st
                          Code("float* __restrict__ Lse")), int_param("sL_q", sL[p.q])]
     fixed = {str(x.decl).split()[-1] for x in params}
     woven = []
+    pack = None
     nz = 1
+    packed = _packed_axes(p) if cfg.pack > 1 else ()
+    if packed:
+        why = pack_reason(p, d)
+        if why:
+            raise CodegenError(f"attention family (wgmma): packing {cfg.pack} heads: {why}")
     for ax in p.woven:
-        nz *= sz[ax]
 
         def name(prefix: str) -> Code:
             n = ident(ax, prefix)
@@ -347,6 +461,16 @@ def _launch(d: Diagram, p: AttentionProblem, cfg: WgmmaAttentionConfig, arch: st
 
         names = dict(idx=ident(ax, "i_"), size=name("n_"), rQ=name("rQ_"), rK=name("rK_"), rV=name("rV_"),
                      sO=name("sO_"), axis=ax)
+        if ax in packed:  # the tile's heads: Q rows and the output's stride along the axis
+            rq = sQ.get(ax, 0)
+            if rq % sQ[p.q]:
+                raise CodegenError(f"attention family (wgmma): {p.Q.label()}'s stride along {ax} is not whole rows")
+            params += [int_param(names["size"], sz[ax]),
+                       int_param(names["rQ"], rq // sQ[p.q], f"rows of {p.Q.label()} per index of {ax}"),
+                       stride_param(names["sO"], sO[ax], f"stride of the output along {ax}")]
+            pack = names
+            continue
+        nz *= sz[ax]
         rows = {}
         for key, v, s, row in (("rQ", p.Q, sQ, p.q), ("rK", p.K, sK, p.x), ("rV", p.V, sV, p.x)):
             stride = s.get(ax, 0)
@@ -378,15 +502,18 @@ def _launch(d: Diagram, p: AttentionProblem, cfg: WgmmaAttentionConfig, arch: st
     lse = p.lse is not None
     tag = short_hash(T, [str(x) for x in chain.full.lines], [str(x) for x in chain.nomask.lines], p.woven, causal,
                      window, always_mask, cfg, float_idx, pingpong, lse)
-    kname = Code(f"napkin_attn_wgmma_{T}_d{cfg.D}_q{cfg.BQ}_x{cfg.BX}_s{cfg.stages}{'_lse' if lse else ''}_{tag}")
+    more = (f"_p{cfg.pack}" if pack else "") + ("_lse" if lse else "")
+    kname = Code(f"napkin_attn_wgmma_{T}_d{cfg.D}_q{cfg.BQ}_x{cfg.BX}_s{cfg.stages}{more}_{tag}")
     legend = [
         "(sequence lengths and woven sizes are kernel arguments; D is compiled in)",
         f"diagram {d.name}: {p.Q.label()}, {p.K.label()}, {p.V.label()} -> {out}[{','.join(p.O.axis_names)}], {T}",
         f"  {p.q} -> queries Nq: g_{p.q} = BQ = {cfg.BQ} (CONSUMERS = {cfg.consumers} warpgroups), w_{p.q} = 64",
         f"  {p.x} -> keys Nx:    s_{p.x} = BX = {cfg.BX}, stages = STAGES = {cfg.stages}",
-        f"  {p.d} -> D = {cfg.D}",
+        f"  {p.d} -> D = {cfg.D} (shared rows of DP = {cfg.DP}; P V at N = NV = {cfg.NV})",
         *[f"  {ax} -> woven (grid.y)" + ("" if ax in p.K.axis_names else "; K, V broadcast along it")
-          for ax in p.woven],
+          for ax in p.woven if ax not in packed],
+        *[f"  {ax} -> packed: PACK_G = {cfg.pack} heads x QT = {cfg.QT} queries a tile (grid.x); K, V loaded once "
+          "for them" for ax in packed],
         f"  engine: wgmma + TMA; registers {PRODUCER_REGS} (producer) / {cfg.consumer_regs()} (consumers)",
         f"  score modifiers: {', '.join(chain.boxes) or 'none'}; softmax scale folded: {chain.factor:.6g}",
     ]
@@ -396,9 +523,10 @@ def _launch(d: Diagram, p: AttentionProblem, cfg: WgmmaAttentionConfig, arch: st
         legend.append(f"  sliding window {window}: key blocks outside it skipped")
     if lse:
         legend.append(f"  log-sum-exp: {d.output_names[1]}[{','.join(p.lse.axis_names)}] (fp32, natural log) per row")
-    ns, no = cfg.BX // 2, cfg.D // 2
+    ns, no = cfg.BX // 2, cfg.NV // 2
     ctx = dict(
-        kname=kname, T=ctype(T), AB=Code("bf16" if T == "bf16" else "f16"), D=cfg.D, BX=cfg.BX, STAGES=cfg.stages,
+        kname=kname, T=ctype(T), AB=Code("bf16" if T == "bf16" else "f16"), D=cfg.D, DP=cfg.DP, NV=cfg.NV,
+        PACK=pack is not None, PACK_G=cfg.pack, pack=pack, BX=cfg.BX, STAGES=cfg.stages,
         CONSUMERS=cfg.consumers, PRODUCER_REGS=PRODUCER_REGS, CONSUMER_REGS=cfg.consumer_regs(),
         s_operands=Code("{" + ", ".join(f"%{i}" for i in range(ns)) + "}"),
         s_constraints=Code(", ".join(f'"+f"(s[{i}])' for i in range(ns))),
@@ -416,10 +544,10 @@ def _launch(d: Diagram, p: AttentionProblem, cfg: WgmmaAttentionConfig, arch: st
         PINGPONG=pingpong, OVERLAP=cfg.overlap, LSE=p.lse is not None,
     )
     source = render(TEMPLATE, **ctx)
-    grid = (math.ceil(Nq / cfg.BQ), nz, 1)
+    grid = (math.ceil(Nq / cfg.QT) * (-(-sz[packed[0]] // cfg.pack) if packed else 1), nz, 1)
     tunables = (("BQ", cfg.BQ), ("BX", cfg.BX), ("WQ", 64), ("stages", cfg.stages), ("D", cfg.D),
                 ("warpgroups", cfg.consumers), ("engine", "wgmma"), ("causal", causal), ("window", window),
-                ("overlap", cfg.overlap), ("pingpong", pingpong))
+                ("overlap", cfg.overlap), ("pingpong", pingpong), ("pack", cfg.pack), ("NV", cfg.NV))
     return KernelLaunch(
         name=str(kname), source=source, grid=grid, block=(cfg.threads, 1, 1), shared_bytes=smem,
         args=tuple(x.arg for x in params), template=TEMPLATE, tunables=tunables,
