@@ -3,7 +3,7 @@ issue #13: batch x 16 heads x seq with 16k tokens a batch, head dims 128 and 256
 against PyTorch's SDPA in bf16 (flash and cuDNN backends) for reference. Prints one line a point:
 TFLOP/s (4·B·H·N²·d, half of it causal) of the whole fp8 program (the Vt pre-pass and the
 kernel), of the kernel alone (the pre-pass timed by itself and subtracted), the model's
-prediction, and SDPA's. L2 flushed before every timed run (``napkin.bench.timing.time_fn``).
+prediction, and SDPA's (``--both-loops``: at d = 128 the tiles' other loop too). L2 flushed before every timed run (``napkin.bench.timing.time_fn``).
 
     PYTHONPATH=. python3 benchmarks/attention_fp8.py --seqs 4096 8192 16384 --json out.json
 """
@@ -23,6 +23,7 @@ def main() -> None:
     from napkin.bench.timing import time_fn
     from napkin.codegen.api import CompiledDiagram
     from napkin.codegen.families import attention_fp8
+    from napkin.codegen.families.attention import FAMILY
     from napkin.codegen.lower import build
     from napkin.codegen.planner import derive
     from napkin.diagrams import library
@@ -34,6 +35,8 @@ def main() -> None:
     ap.add_argument("--heads", type=int, default=16)
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--json", default=None)
+    ap.add_argument("--all-configs-at", type=int, default=None, help="time every configuration at this seq")
+    ap.add_argument("--both-loops", action="store_true", help="at d = 128 also time the other loop of the tiles")
     args = ap.parse_args()
     gpu = "h200" if "H200" in torch.cuda.get_device_name() else "h100"
     rows = []
@@ -71,6 +74,18 @@ def main() -> None:
                            predicted_s=plan.seconds, predicted_tflops=flops / plan.seconds / 1e12,
                            **{f"sdpa_{k}_bf16_tflops": (flops / t / 1e12 if t else None) for k, t in sdpa.items()})
                 rows.append(row)
+                cfg = attention_fp8.config_of(FAMILY.problem(d), d, plan.schedule)
+                row["overlap"] = cfg.overlap
+                if args.both_loops and D in attention_fp8.CONFIGS and D == 128:  # the other loop, same tiles
+                    other = dataclasses.replace(cfg, overlap=not cfg.overlap)
+                    alt = CompiledDiagram(attention_fp8.with_scales(
+                        attention_fp8.lower_config(FAMILY, d, other), descale_q=scale, descale_k=scale,
+                        descale_v=scale, scale_o=64.0), arch="sm_90a")
+                    t_alt = time_fn(lambda: alt(q, k, v), reps=args.reps, warmup=3).median_s
+                    row["other_loop_tflops"] = flops / t_alt / 1e12
+                    print(f"d={D:3d} causal={int(causal)} seq={N:5d}: the other loop (two stages {other.overlap}) "
+                          f"{row['other_loop_tflops']:7.1f} TFLOP/s", flush=True)
+                    del alt
                 fmt = lambda x: f"{x:7.1f}" if x else "    n/a"  # noqa: E731
                 print(f"d={D:3d} causal={int(causal)} seq={N:5d} B={B:2d}: fp8 {row['fp8_tflops']:7.1f} TFLOP/s "
                       f"(kernel {row['kernel_tflops']:7.1f}, pre-pass {t_vt * 1e6:6.1f} us), model "
@@ -78,6 +93,23 @@ def main() -> None:
                       f"cudnn {fmt(row['sdpa_cudnn_bf16_tflops'])}", flush=True)
                 del cd, vt_only, q, k, v, qb, kb, vb
                 torch.cuda.empty_cache()
+    if args.all_configs_at:  # every configuration and loop, non-causal, at one sequence length
+        N = args.all_configs_at
+        B = max(1, args.tokens // N)
+        H = args.heads * B
+        for D in args.dims:
+            d = library.get("mha").with_dtype("fp8").bind(h=H, q=N, x=N, d=D)
+            q, k, v = (torch.randn(H, N, D, device="cuda").mul_(60).to(torch.float8_e4m3fn) for _ in range(3))
+            flops = 4 * B * args.heads * N * N * D
+            cfgs = sorted({c for c in attention_fp8.configs(D)}
+                          | ({dataclasses.replace(c, overlap=not c.overlap) for c in attention_fp8.configs(D)}
+                             if D == 128 else set()), key=str)
+            for cfg in cfgs:
+                cd = CompiledDiagram(attention_fp8.lower_config(FAMILY, d, cfg), arch="sm_90a")
+                t = time_fn(lambda: cd(q, k, v), reps=args.reps, warmup=3).median_s
+                rows.append(dict(gpu=torch.cuda.get_device_name(), d=D, causal=False, seq=N, batch=B,
+                                 heads=args.heads, config=str(cfg), fp8_s=t, fp8_tflops=flops / t / 1e12))
+                print(f"d={D:3d} seq={N:5d} {cfg}: {flops / t / 1e12:7.1f} TFLOP/s", flush=True)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)

@@ -25,6 +25,17 @@ output is at most :data:`RMS_TOLERANCE` (5 %), its largest element error at most
 2⁻⁴, about 2⁻⁴/√3 RMS), P rounded to e4m3 before ``P·V`` (the row sums l are kept in fp32 from
 the unrounded P), and the 8-bit wgmma's accumulation.
 
+The consumers' loop takes a chunk at a time (S, softmax, P·V) or, at d = 128, two stages inside
+a warpgroup (chunk j's S issued with chunk j - 1's P·V, its softmax while that runs), whichever
+measured faster (:data:`CONFIGS`).
+
+Measured (H100, 16 heads, 16k tokens a batch, seq 4k-16k, the planner's tiles, the pre-pass
+included, ``benchmarks/attention_fp8.py``): d = 256 1021-1151 TFLOP/s non-causal and 775-1098
+causal; d = 128 749-844 non-causal and 604-784 causal with the tiles then first in the table
+(two stages, one chunk at a time; 857 at seq 8k with the four-stage two-stage loop now first).
+SDPA in bf16 on the same shapes: cuDNN 674-748, flash 302-367. The pre-pass takes 29 µs (d = 128)
+to 54 µs (d = 256) for 16 x 16k keys.
+
 Offered where the diagram is fp8, the GPU has wgmma, the head dimension is 128 or 256, each of
 Q, K, V is stored as rows of d (the tensor maps' rows), no log-sum-exp output is asked for, and
 the score modifiers are positive scales and masks (causal and sliding-window masks skip whole
@@ -34,9 +45,9 @@ key blocks; other masks are applied to every chunk); elsewhere one clear reason.
 >>> from napkin.codegen.families.attention import analyze
 >>> d = library.get("mha").bind(h=16, q=4096, x=4096, d=128).with_dtype("fp8")
 >>> reason(analyze(d), d, "h100") is None, reason(analyze(d), d, "a100-80gb")
-(True, 'dtype fp8: the fp8 attention template multiplies on the 8-bit wgmma; a100-80gb (sm_80) has none (it needs sm_90a)')
->>> [(c.D, c.BQ, c.BX, c.stages) for c in configs(128)][0]
-(128, 128, 128, 2)
+(True, 'dtype fp8: the fp8 attention template multiplies on the 8-bit wgmma; a100-80gb (sm_80) has no wgmma (it needs sm_90a)')
+>>> [(c.D, c.BQ, c.BX, c.stages, c.overlap) for c in configs(128)][0]
+(128, 128, 128, 4, True)
 """
 
 from __future__ import annotations
@@ -51,12 +62,12 @@ from ..program import Arg, Buffer, KernelLaunch, Program
 from ..render import Code, comment, comment_lines, ident
 from .attention_problem import AttentionProblem
 from .attention_wgmma import PRODUCER_REGS, _masks, _rows_layout_problem
-from .contraction import _gpu_key, _smem_limit
+from .contraction import _gpu_key, _smem_limit, wgmma_target_reason
 from .epilogue import (Param, check_index_size, contiguous_strides, float_param, int_param, render, score_chain,
                        short_hash, signature, stride_param)
 
 __all__ = ["Fp8AttentionConfig", "CONFIGS", "HEAD_DIMS", "BX", "RMS_TOLERANCE", "configs", "reason",
-           "structure_reason", "candidates", "schedule", "config_of", "launch_estimate", "lower", "with_scales", "TEMPLATE",
+           "structure_reason", "candidates", "schedule", "config_of", "lower_config", "launch_estimate", "lower", "with_scales", "TEMPLATE",
            "VT_TEMPLATE", "SCALES"]
 
 TEMPLATE = "attention_wgmma_fp8.cu.jinja"
@@ -65,14 +76,19 @@ VT_TEMPLATE = "attention_fp8_vt.cu.jinja"
 #: Keys per chunk: one 128-byte swizzled row of Vt (the k of P·V), the N of S = Q·Kᵀ.
 BX = 128
 
-#: (consumer warpgroups, stages) per head dimension, best first. A consumer thread holds S
-#: (BX / 2 = 64 fp32), P (BX / 8 = 16 registers of four e4m3) and O (D / 2): 144 registers at
-#: d = 128, 208 at d = 256, of the 240 two consumers get. Shared memory: Q (128 x d bytes) and
-#: stages x (K + Vt chunks, 2 x 128 x d bytes): 80 KiB at d = 128 with two stages, 224 KiB at
-#: d = 256 with three.
+#: (consumer warpgroups, stages, two stages inside a warpgroup) per head dimension, best first
+#: (the model ranks them alike: a tie keeps the first). A consumer thread holds S (BX / 2 = 64
+#: fp32), P (BX / 8 = 16 registers of four e4m3; twice with two stages) and O (D / 2): 144 (160)
+#: registers at d = 128, 208 at d = 256, of the 240 two consumers get. Shared memory: Q (128 x d
+#: bytes) and stages x (K + Vt chunks, 2 x 128 x d bytes): 144 KiB at d = 128 with four stages,
+#: 224 KiB at d = 256 with three. Measured (H100, 16 heads x seq 8192 x 2, non-causal, TFLOP/s):
+#: d = 128: 857 with four stages and the two-stage loop, 853 three and two-stage, 827 three
+#: one chunk at a time, 805 four, 784 two, 687 two stages with the two-stage loop (too shallow a
+#: ring to feed it); d = 256: 1137 with two stages, 1129 with three (one chunk at a time: two P
+#: buffers do not fit beside S and O there).
 CONFIGS = {
-    128: ((2, 2), (2, 3), (2, 4)),
-    256: ((2, 2), (2, 3)),
+    128: ((2, 4, True), (2, 3, True), (2, 2, False)),
+    256: ((2, 2, False), (2, 3, False)),
 }
 
 #: The head dimensions the template is offered for.
@@ -102,6 +118,7 @@ class Fp8AttentionConfig:
     D: int
     consumers: int
     stages: int
+    overlap: bool = False  # two stages inside a warpgroup: S of chunk j beside P V of chunk j - 1
 
     BX = BX
 
@@ -132,7 +149,7 @@ class Fp8AttentionConfig:
 
 def configs(D: int) -> list[Fp8AttentionConfig]:
     """The configurations for head dimension ``D``, best first (none where it has no table)."""
-    return [Fp8AttentionConfig(D, c, st) for c, st in CONFIGS.get(D, ())]
+    return [Fp8AttentionConfig(D, c, st, two) for c, st, two in CONFIGS.get(D, ())]
 
 
 def _chain(p: AttentionProblem, diagram: Diagram):
@@ -171,15 +188,10 @@ def structure_reason(p: AttentionProblem, diagram: Diagram) -> str | None:
 
 def reason(p: AttentionProblem, diagram: Diagram, gpu=None, arch: str | None = None) -> str | None:
     """Why the fp8 template cannot run this attention on ``gpu`` / ``arch``, or None."""
-    what = "dtype fp8: the fp8 attention template multiplies on the 8-bit wgmma"
-    if gpu is not None:
-        from ...perfmodel.hardware import get_gpu
-
-        g = get_gpu(gpu)
-        if not g.has_wgmma:
-            return f"{what}; {g.key} ({g.arch}) has none (it needs sm_90a)"
-    if arch is not None and arch != "sm_90a":
-        return f"{what}; {arch} has none (it needs sm_90a)"
+    # the wgmma templates' target check alone (its dtype check is the 16-bit templates')
+    why = wgmma_target_reason("bf16", gpu, arch)
+    if why:
+        return f"dtype fp8: the fp8 attention template multiplies on the 8-bit wgmma; {why}"
     return structure_reason(p, diagram)
 
 
@@ -230,7 +242,9 @@ def config_of(p: AttentionProblem, diagram: Diagram, sched: Schedule) -> Fp8Atte
                                f"SMEM and in 64-row warpgroups at RF, streams {p.x} at SMEM in chunks of {BX})")
     opts = sched.kernels[0].options
     consumers = opts.warpgroups or (BQ // 64 if BQ else table[0].consumers)
-    cfg = Fp8AttentionConfig(D, consumers, opts.stages or table[0].stages)
+    stages = opts.stages or table[0].stages
+    known = [c for c in table if (c.consumers, c.stages) == (consumers, stages)]
+    cfg = Fp8AttentionConfig(D, consumers, stages, known[0].overlap if known else False)
     what = f"attention family (fp8): g_{p.q}={BQ}, w_{p.q}={WQ}, s_{p.x}={BXs}, warpgroups={consumers}"
     if BQ is not None and BQ != cfg.BQ:
         raise CodegenError(f"{what}: g_{p.q} must be 64 x the consumer warpgroups ({cfg.BQ})")
@@ -238,9 +252,9 @@ def config_of(p: AttentionProblem, diagram: Diagram, sched: Schedule) -> Fp8Atte
         raise CodegenError(f"{what}: w_{p.q} is one wgmma's 64 rows")
     if BXs not in (None, BX):
         raise CodegenError(f"{what}: s_{p.x} must be {BX} (one 128-byte row of Vt)")
-    if (cfg.consumers, cfg.stages) not in CONFIGS[D]:
+    if not known:
         raise CodegenError(f"{what}, stages={cfg.stages}: the template builds (warpgroups, stages) in "
-                           f"{list(CONFIGS[D])} at d = {D}")
+                           f"{[(c.consumers, c.stages) for c in table]} at d = {D}")
     return cfg
 
 
@@ -286,6 +300,23 @@ def lower(fam, diagram: Diagram, sched: Schedule, arch: str) -> Program:
     buf = Buffer(vt, ("kv_head", p.d, "x_padded"), (heads, D, XP), "fp8")
     return Program(diagram, sched, fam.name, (_vt_launch(diagram, p, vt, XP, heads), _launch(diagram, p, cfg, vt, arch)),
                    (buf,), dict(sz))
+
+
+def lower_config(fam, diagram: Diagram, cfg: Fp8AttentionConfig, arch: str = "sm_90a") -> Program:
+    """The Program of one configuration as given (its two-stage loop too), for comparing the
+    template's variants; :func:`lower` takes the configuration a schedule says."""
+    p = fam.problem(diagram)
+    why = reason(p, diagram, arch=arch)
+    if why:
+        raise CodegenError(f"attention family: {why}")
+    if cfg.D not in CONFIGS or cfg.consumers != 2 or not 2 <= cfg.stages <= 8:
+        raise CodegenError(f"attention family (fp8): {cfg} is not a configuration the template builds")
+    sz = diagram.sizes
+    vt = _names(diagram, p)
+    heads, D, XP = _vt_shape(p, sz)
+    buf = Buffer(vt, ("kv_head", p.d, "x_padded"), (heads, D, XP), "fp8")
+    return Program(diagram, schedule(fam, diagram, cfg), fam.name,
+                   (_vt_launch(diagram, p, vt, XP, heads), _launch(diagram, p, cfg, vt, arch)), (buf,), dict(sz))
 
 
 def with_scales(program: Program, *, descale_q: float = 1.0, descale_k: float = 1.0, descale_v: float = 1.0,
@@ -397,7 +428,7 @@ def _launch(d: Diagram, p: AttentionProblem, cfg: Fp8AttentionConfig, vt: str, a
         raise CodegenError(f"attention family (fp8): the tiles need {smem} bytes of shared memory; "
                            f"{arch} allows {limit} per block")
     tag = short_hash("fp8", [str(x) for x in chain.full.lines], p.woven, causal, window, always_mask, cfg, float_idx)
-    kname = Code(f"napkin_attn_wgmma_fp8_d{cfg.D}_q{cfg.BQ}_s{cfg.stages}_{tag}")
+    kname = Code(f"napkin_attn_wgmma_fp8_d{cfg.D}_q{cfg.BQ}_s{cfg.stages}{'_2st' if cfg.overlap else ''}_{tag}")
     legend = [
         "(sequence lengths, woven sizes and the per-tensor scales are kernel arguments; D is compiled in)",
         f"diagram {d.name}: {p.Q.label()}, {p.K.label()}, {p.V.label()} -> {out}[{','.join(p.O.axis_names)}], fp8 e4m3",
@@ -429,12 +460,12 @@ def _launch(d: Diagram, p: AttentionProblem, cfg: Fp8AttentionConfig, vt: str, a
         IDX_TYPE=Code("const float" if float_idx else "const int"),
         ROW_BASE=Code("frow_lo" if float_idx else "row_lo"), COL_BASE=Code("fx0" if float_idx else "x0"),
         full_body=chain.full.body("          "), full_result=chain.full.result,
-        chain_desc=comment(", ".join(chain.boxes) or "none"),
+        chain_desc=comment(", ".join(chain.boxes) or "none"), OVERLAP=cfg.overlap,
     )
     source = render(TEMPLATE, **ctx)
     tunables = (("BQ", cfg.BQ), ("BX", BX), ("WQ", 64), ("stages", cfg.stages), ("D", cfg.D),
                 ("warpgroups", cfg.consumers), ("engine", "wgmma"), ("dtype", "fp8"), ("causal", causal),
-                ("window", window))
+                ("window", window), ("overlap", cfg.overlap))
     return KernelLaunch(
         name=str(kname), source=source, grid=(math.ceil(Nq / cfg.BQ), nz, 1), block=(cfg.threads, 1, 1),
         shared_bytes=smem, args=tuple(x.arg for x in params), template=TEMPLATE, tunables=tunables,
