@@ -84,7 +84,8 @@ def check_backward(name, dtype, sizes, seed=0, cfg=None):
         b = _forward(name).grad(save=SAVE).with_dtype(dtype).bind(**sizes)
         sched = FAMILY.schedule(b, cfg, dtype=dtype)
     cd = _backward(name, sizes, dtype, sched)
-    assert [k.template for k in cd.launches].count("attention_bwd.cu.jinja") == 3
+    # three launches; the main one on mma.sync, or on wgmma where the planner takes it (sm_90a)
+    assert len(cd.launches) == 3 and cd.launches[2].template == "attention_bwd.cu.jinja"
     feed = dict(xs, dO=dO, O=saved["O"].to(xs["Q"].dtype), P_lse=saved["P_lse"].float())
     got = _run(cd, feed, poison=True)
     torch.cuda.synchronize()

@@ -354,8 +354,21 @@ class AttentionBackwardFamily:
         if not isinstance(D, int):
             raise CodegenError("attention_bwd family: bind the head dimension before asking for candidates")
         limit = _smem_limit(gpu)
+        from . import attention_bwd_wgmma  # the Hopper kernel (wgmma, TMA) where the GPU has wgmma
+
         return [self.schedule(diagram, c, gpu=gpu, dtype=dtype) for c in self.configs(D)
-                if c.smem_bytes() <= limit and c.problem() is None]
+                if c.smem_bytes() <= limit and c.problem() is None] + attention_bwd_wgmma.candidates(
+                    self, diagram, gpu, dtype)
+
+    @staticmethod
+    def _engine(schedule: Schedule) -> str | None:
+        return schedule.kernels[0].options.engine if len(schedule.kernels) == 1 else None
+
+    # what the Hopper kernel's module reads through the family (it does not import this module)
+    problem = staticmethod(analyze)
+    masking = staticmethod(_masking)
+    workspace_names = staticmethod(_workspace_names)
+    visited_tiles = staticmethod(visited_tiles)
 
     def schedule(self, diagram: Diagram, cfg: BackwardConfig, gpu="h100", dtype: str | None = None) -> Schedule:
         """``q`` streamed at SMEM (s_q = BQ), one combination of the woven axes a block, and the
@@ -407,6 +420,10 @@ class AttentionBackwardFamily:
         warps' operand loads from shared memory (``extra_smem_bytes``: each warp reads whole query
         tiles for its 16 keys; on an H200 these bring the prediction within 0-25 % of the
         measured time, against 1.8x optimistic without them)."""
+        if self._engine(schedule) == "wgmma":
+            from . import attention_bwd_wgmma
+
+            return attention_bwd_wgmma.launch_estimate(self, diagram, schedule, gpu)
         p = analyze(diagram)
         cfg = self.config_of(p, diagram, schedule)
         sz = diagram.sizes
@@ -445,7 +462,8 @@ class AttentionBackwardFamily:
         return est
 
     def builds_for(self, schedule: Schedule, arch: str) -> bool:
-        return True
+        """Whether ``schedule`` can be built for ``arch`` (the wgmma kernel needs sm_90a)."""
+        return self._engine(schedule) != "wgmma" or arch == "sm_90a"
 
     def lower(self, diagram: Diagram, schedule: Schedule, arch: str) -> Program:
         reason = self.why_not(diagram)
@@ -453,6 +471,10 @@ class AttentionBackwardFamily:
             raise CodegenError(f"attention_bwd family: diagram {diagram.name!r}: {reason}")
         if not diagram.is_bound:
             raise CodegenError(f"attention_bwd family: bind the sizes of {diagram.name!r} first")
+        if self._engine(schedule) == "wgmma":
+            from . import attention_bwd_wgmma
+
+            return attention_bwd_wgmma.lower(self, diagram, schedule, arch)
         p = analyze(diagram)
         cfg = self.config_of(p, diagram, schedule)
         smem = cfg.smem_bytes()
