@@ -1,0 +1,149 @@
+"""The wgmma template's persistent grid: at most one block per SM walks the output tiles (of every
+batch element and every share of a split sum), the next tile's chunks loading while this one's
+results leave through each consumer's own staging block.
+
+CPU tests: which kernels are persistent, their grid and shared memory. GPU tests (marked ``gpu``):
+shapes with more work items than SMs, so that every block walks several tiles (with edges that
+are not tile multiples, a batch, a split sum, the dual kernel and an epilogue), through
+``napkin.codegen.verify`` (fresh random inputs, NaN-poisoned outputs, float64 reference).
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from napkin.codegen.families.contraction import (DUAL_CONFIGS, FAMILY, WGMMA_CONFIGS, MatmulConfig, analyze,
+                                                 wgmma_persistent)
+from napkin.diagrams import library
+
+try:
+    from .test_contraction_nvcc import gate_up
+except ImportError:  # tests/codegen is not a package: pytest puts its folder on sys.path
+    from test_contraction_nvcc import gate_up
+
+
+def _launch(d, cfg, gpu="h100"):
+    s = FAMILY.schedule(d, cfg, gpu=gpu)
+    return next(k for k in FAMILY.lower(d, s, "sm_90a").launches if k.template == "matmul_wgmma.cu.jinja")
+
+
+@pytest.mark.parametrize("cfg", WGMMA_CONFIGS, ids=lambda c: f"{c[0]}x{c[1]}")
+def test_grid_is_one_block_per_sm_at_most(cfg):
+    cfg = MatmulConfig(False, *cfg, wgmma=True)
+    big = library.get("matmul").with_dtype("bf16").bind(a=4096, b=512, c=4096)
+    k = _launch(big, cfg)
+    tiles = math.ceil(4096 / cfg.BM) * math.ceil(4096 / cfg.BN)
+    assert tiles > 132 and k.grid == (132, 1, 1)
+    assert dict(k.tunables)["persistent"] is True and "PERSISTENT = true" in k.source
+    small = library.get("matmul").with_dtype("bf16").bind(a=296, b=512, c=296)
+    assert _launch(small, cfg).grid == (math.ceil(296 / cfg.BM) * math.ceil(296 / cfg.BN), 1, 1)
+    # the SM count comes from the GPU the schedule is made for
+    assert _launch(big, cfg, gpu="a100-80gb").grid == (108, 1, 1)
+
+
+def test_batch_and_splits_are_work_items_not_grid_rows():
+    cfg = MatmulConfig(False, *WGMMA_CONFIGS[3], wgmma=True)
+    d = library.get("batched_matmul").with_dtype("bf16").bind(n=3, a=300, b=256, c=136)
+    k = _launch(d, cfg)
+    assert k.grid == (3 * 3 * 2, 1, 1)  # 3 x 2 tiles of 128 x 128, 3 batch elements
+    d = library.get("matmul").with_dtype("bf16").bind(a=256, b=65536, c=256)
+    k = _launch(d, MatmulConfig(False, *WGMMA_CONFIGS[3], wgmma=True, splits=40))
+    assert k.grid == (132, 1, 1)  # 4 tiles x 40 shares = 160 items
+
+
+def test_shared_memory_counts_the_staging_blocks():
+    """A persistent kernel's consumers stage their rows beside the ring (64 x 72 elements each);
+    the prologue and row-reduction kernels stage the tile in the ring and ask for nothing more."""
+    d = library.get("matmul").with_dtype("bf16").bind(a=4096, b=512, c=4096)
+    p = analyze(d)
+    assert wgmma_persistent(p)
+    for c in WGMMA_CONFIGS:
+        cfg = MatmulConfig(False, *c, wgmma=True)
+        ring = cfg.stages * (cfg.BM + cfg.BN) * 64 * 2 + 1024 + 128
+        assert cfg.smem_bytes(p, 2) == ring + (cfg.BM // cfg.WM) * 64 * 72 * 2
+        assert cfg.smem_bytes(p, 2) <= 227 * 1024
+    for c in DUAL_CONFIGS:
+        dd = gate_up(True).with_dtype("bf16").bind(a=1000, b=512, f=776)
+        assert MatmulConfig(False, *c, wgmma=True, dual=True).smem_bytes(analyze(dd), 2) <= 227 * 1024
+    sm = library.get("gemm_softmax").with_dtype("bf16").bind(a=1000, b=256, c=200)
+    ps = analyze(sm)
+    assert not wgmma_persistent(ps)
+    k = FAMILY.lower(sm, FAMILY.candidates(sm, "h100", "bf16")[0], "sm_90a").launches[0]
+    assert "PERSISTENT = false" in k.source and "persistent" not in dict(k.tunables)
+    assert k.grid[0] == math.ceil(1000 / dict(k.tunables)["BM"])
+
+
+# ---------------------------------------------------------------------------------------- GPU
+
+
+def _hopper():
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("no GPU")
+    if torch.cuda.get_device_capability() < (9, 0):
+        pytest.skip("wgmma needs sm_90a")
+
+
+def check(diagram, shapes, schedule):
+    from napkin.codegen.verify import verify
+
+    report = verify(diagram, dtype="bf16", shapes=shapes, family="contraction", schedule=schedule)
+    print(report)
+    assert report.ok, str(report)
+
+
+def _sched(diagram, shape, cfg):
+    return FAMILY.schedule(diagram.with_dtype("bf16").bind(**shape), cfg)
+
+
+@pytest.fixture(params=[1, 2], ids=lambda v: f"cluster{v}")
+def variant(request, monkeypatch):
+    """Blocks per cluster (2: the cluster's blocks share their B tiles through TMA multicast)."""
+    import napkin.codegen.families.contraction as contraction
+
+    monkeypatch.setattr(contraction, "WGMMA_CLUSTER", request.param)
+    return request.param
+
+
+def test_variants_source_and_launch(variant):
+    cluster = variant
+    d = library.get("matmul_t").with_dtype("bf16").bind(a=4096, b=512, c=4096)
+    cfg = MatmulConfig(False, *WGMMA_CONFIGS[0], wgmma=True)
+    k = _launch(d, cfg)
+    assert k.grid[0] % cluster == 0 and k.grid[0] == 132 // cluster * cluster
+    assert ("__cluster_dims__(2, 1, 1)" in k.source) == (cluster == 2)
+    assert dict(k.tunables).get("cluster", 1) == cluster
+    assert k.shared_bytes == 4 * (128 + 256) * 64 * 2 + 1024 + 128 + 2 * 64 * 72 * 2
+    maps = {a.name: a.value for a in k.args if a.kind == "tmap"}
+    assert maps == {"A": (64, 128), "B": (64, 256 // cluster)}  # the cluster's blocks copy B in parts
+    g = library.get("gemm_softmax").with_dtype("bf16").bind(a=1000, b=256, c=200)
+    s = FAMILY.lower(g, FAMILY.candidates(g, "h100", "bf16")[0], "sm_90a").launches[0].source
+    assert "__cluster_dims__" not in s and "PERSISTENT = false" in s
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("cfg", WGMMA_CONFIGS, ids=lambda c: f"{c[0]}x{c[1]}")
+def test_every_block_walks_several_tiles(cfg, variant):
+    """More tiles than SMs, edges that are not tile multiples, an epilogue (bias, GELU) that reads
+    each tile's row and column indices: a tile walked second or third must land where it belongs
+    (an odd number of block rows leaves a cluster's second block a tile past the last row)."""
+    _hopper()
+    cfg = MatmulConfig(False, *cfg, wgmma=True)
+    shape = dict(a=2900, b=200, c=2 * 132 * 8)  # 23 (12) x 9 (17) tiles: several items a block
+    check(library.get("mlp"), [shape], _sched(library.get("mlp"), shape, cfg))
+
+
+@pytest.mark.gpu
+def test_batched_split_and_dual_items(variant):
+    _hopper()
+    bmm = library.get("batched_matmul")
+    shape = dict(n=45, a=300, b=256, c=136)  # 3 x 2 tiles x 45 = 270 items
+    check(bmm, [shape], _sched(bmm, shape, MatmulConfig(False, *WGMMA_CONFIGS[3], wgmma=True)))
+    mlp = library.get("mlp")
+    shape = dict(a=700, b=2048, c=300)  # 6 x 3 tiles x 9 shares = 162 items (7 chunks a share)
+    check(mlp, [shape], _sched(mlp, shape, MatmulConfig(False, *WGMMA_CONFIGS[3], wgmma=True, splits=9)))
+    d = gate_up(True)
+    shape = dict(a=1500, b=128, f=1480)  # 12 x 12 tiles of 128 x 128
+    check(d, [shape], _sched(d, shape, MatmulConfig(False, *DUAL_CONFIGS[0], wgmma=True, dual=True)))
