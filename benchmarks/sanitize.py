@@ -170,6 +170,9 @@ CASES = [
     # conversion, with lengths that are not tile multiples
     Case("attention_bwd.cu.jinja", _attention_causal_grad, {"h": 2, "q": 77, "x": 99, "d": 64},
          family="attention_bwd"),
+    # its Hopper kernel (TMA ring, wgmma, the dS^T tile in shared memory, dQ reductions)
+    Case("attention_bwd_wgmma.cu.jinja", _attention_causal_grad, {"h": 4, "q": 1000, "x": 777, "d": 128},
+         family="attention_bwd", archs=("sm_90a",)),
     Case("fallback_contract.cu.jinja", "transformer_block", {"q": 9, "e": 16, "h": 2, "d": 8, "f": 24},
          dtype="fp32", family="fallback"),
     Case("fallback_row.cu.jinja", "layernorm", {"r": 3, "x": 100}, dtype="fp32", family="fallback"),
