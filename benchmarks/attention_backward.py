@@ -149,6 +149,7 @@ def sweep_configs(s, d, causal, gpu, reps):
 
     from napkin.bench.timing import time_fn
     from napkin.codegen import compile as napkin_compile
+    from napkin.codegen.families import attention_bwd_wgmma
     from napkin.codegen.families.attention_bwd import FAMILY, analyze
     from napkin.codegen.select import predict_schedule
 
@@ -162,15 +163,16 @@ def sweep_configs(s, d, causal, gpu, reps):
     feed["P_lse"] = feed["P_lse"].abs() + 3.0  # a plausible log-sum-exp: P = exp(S - lse) stays small
     out = []
     for sched in FAMILY.candidates(bound, gpu, "bf16"):
-        cfg = FAMILY.config_of(analyze(bound), bound, sched)
+        engine = sched.kernels[0].options.engine  # mma.sync tiles, and the Hopper kernel's (wgmma)
+        cfg = (attention_bwd_wgmma.config_of if engine == "wgmma" else FAMILY.config_of)(analyze(bound), bound, sched)
         pred = predict_schedule(bound, FAMILY, sched, gpu).seconds * 1e6
         try:
             k = napkin_compile(grad, sizes=sizes, dtype="bf16", gpu=gpu, family="attention_bwd", schedule=sched)
             t = time_fn(lambda: k(**feed), warmup=3, reps=reps, max_time_s=1.0).median_s * 1e6
         except Exception as e:  # noqa: BLE001
             t = f"{type(e).__name__}: {e}"[:200]
-        out.append({"BX": cfg.BX, "BQ": cfg.BQ, "pred_us": pred, "us": t})
-        print(f"  config seq={s} d={d} causal={causal} BX={cfg.BX} BQ={cfg.BQ}: predicted {pred:.1f} µs, "
+        out.append({"engine": engine, "BX": cfg.BX, "BQ": cfg.BQ, "pred_us": pred, "us": t})
+        print(f"  config seq={s} d={d} causal={causal} {engine} BX={cfg.BX} BQ={cfg.BQ}: predicted {pred:.1f} µs, "
               f"measured {t if isinstance(t, str) else f'{t:.1f} µs'}", flush=True)
     return out
 
