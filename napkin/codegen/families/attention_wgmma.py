@@ -33,7 +33,11 @@ Not here: the split x of decode (the mma.sync path), head dimensions without a t
 Measured (H100, bf16, 16 heads, 16k tokens a batch; ``benchmarks/attention_wgmma.py``): at seq 16k
 580 TFLOP/s at d = 128 (0.88x SDPA-cuDNN, 1.69x SDPA-flash), 572 causal (0.99x, 1.80x), 455 at
 d = 64 (0.95x, 1.52x); at seq 1k 0.54-0.66x cuDNN (eight chunks a block: the block's start-up and
-its end are not overlapped with another tile's work).
+its end are not overlapped with another tile's work). Seq 2k-8k: d = 96 405-486 (0.89-0.99x
+cuDNN, 1.33-1.43x flash), causal 322-479 (0.95-1.10x cuDNN); d = 256 523-640 (0.84-0.91x cuDNN,
+1.71-1.98x flash), causal 461-597 (0.82-0.92x); d = 192 595-625 at 4k-8k (0.87-0.95x cuDNN);
+GQA (4 query heads a K/V head, d = 128) 454-590, packed tiles within the run-to-run spread of the
+unpacked ones.
 
 >>> from napkin.diagrams import library
 >>> from napkin.codegen.families.attention import analyze
@@ -83,7 +87,8 @@ TEMPLATE = "attention_wgmma.cu.jinja"
 #: and 80 keys keep S beside it (ptxas then spills 8 bytes with some score modifiers, outside the
 #: products' loop), and two stages of those chunks fill the shared memory (216 and 224 KiB with the
 #: Q tile); at d = 256, 80-key chunks ran at 654 TFLOP/s against 558 for 64 (seq 8k), one consumer
-#: at 427.
+#: at 427, the two-stage loop (two P buffers beside O: ptxas spills) at 479, with ping-pong 488;
+#: at d = 192 the two-stage loop ran at 508 against 629 one chunk at a time.
 CONFIGS = {
     64: ((2, 128, 3, True), (2, 128, 4, True), (3, 64, 4, True)),
     80: ((3, 64, 3, True), (3, 64, 4, True)),
