@@ -439,9 +439,9 @@ def _reason_or_problem(diagram: Diagram) -> MatmulProblem | str:
 #: consecutive block rows and share one copy of their B tile (each block copies its part to all of
 #: them through TMA multicast). Off: on an H100, 66 clusters of 2 ran 4096^3 at 325 TFLOP/s
 #: against 760 for 132 single blocks (every configuration; the kernel is right, its GPU tests pass).
+#: That run released each slot with cluster-scope arrivals (mbarrier.arrive.release.cluster); the
+#: plain remote arrival it makes now passed the GPU tests but was not timed.
 WGMMA_CLUSTER = 1
-#: At most this many clusters run at once (None: as many as the SMs hold, one block an SM).
-WGMMA_MAX_CLUSTERS = None
 
 
 def wgmma_cluster(p: MatmulProblem) -> int:
@@ -1257,8 +1257,7 @@ class ContractionFamily:
         work = tiles * cfg.splits * nbatch  # the work items; a persistent grid walks them
         if wgmma_persistent(p):  # whole clusters, each walking items of `cluster` tiles
             items = math.ceil(math.ceil(M / cfg.BM) / cluster) * math.ceil(N / cfg.BN) * cfg.splits * nbatch
-            clusters = sms // cluster if WGMMA_MAX_CLUSTERS is None else min(sms // cluster, WGMMA_MAX_CLUSTERS)
-            blocks = min(items, clusters) * cluster
+            blocks = min(items, sms // cluster) * cluster
         else:
             blocks = work
         tunables = (("BM", cfg.BM), ("BN", cfg.BN), ("BK", cfg.BK), ("WM", cfg.WM), ("WN", cfg.WN),
