@@ -168,3 +168,13 @@ def test_builds_without_spills(builds, i):
             assert not k.spills and k.stack_bytes == 0
         assert k.registers <= 65536 // launch.threads
         assert launch.shared_bytes <= 227 * 1024
+
+
+def test_tensor_maps_take_fp8():
+    """TMA copies fp8 as bytes: rows must still be multiples of 16 bytes (16 values)."""
+    from napkin.errors import LaunchError
+    from napkin.kernels.tma import TensorMapSlot
+
+    assert TensorMapSlot("fp8", (4, 1000, 128), (128, 128)).description == "fp8 [4000][128], box (128, 128)"
+    with pytest.raises(LaunchError, match="8 elements of 1 bytes"):
+        TensorMapSlot("fp8", (100, 8), (8, 64))
