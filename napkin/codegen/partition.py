@@ -90,18 +90,30 @@ def attach_renames(diagram: Diagram, kernels: Sequence[Sequence[str]]) -> list[t
 
 
 def is_connected(diagram: Diagram, boxes: Sequence[str]) -> bool:
-    """Whether the boxes form one piece when arrays between them (through views) are wires."""
+    """Whether the boxes form one piece when arrays between them (through views) are wires. A box
+    that reads nothing but diagram inputs is wired to the boxes that read one of the same inputs
+    too: fused, they read it once (a layernorm backward's ``dbeta = Σ_r dY`` beside the row kernel
+    that reads dY)."""
     names = set(boxes)
     if len(names) <= 1:
         return True
     values = {diagram.name_of(v): v for v in diagram.nodes if diagram.name_of(v) in names}
     adj: dict[str, set[str]] = {n: set() for n in names}
+    readers: dict[int, set[str]] = {}
     for n, v in values.items():
         for a in v.args:
             src = diagram.name_of(_source(diagram, a)) if not a.is_input else None
             if src in names and src != n:
                 adj[n].add(src)
                 adj[src].add(n)
+            if _source(diagram, a).is_input:
+                readers.setdefault(id(_source(diagram, a)), set()).add(n)
+    for n, v in values.items():
+        if v.args and all(_source(diagram, a).is_input for a in v.args):
+            for a in v.args:
+                for m in readers[id(_source(diagram, a))] - {n}:
+                    adj[n].add(m)
+                    adj[m].add(n)
     start = next(iter(names))
     seen, stack = {start}, [start]
     while stack:

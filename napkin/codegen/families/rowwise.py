@@ -1,8 +1,9 @@
 """The row-wise fused family: one softmax / layernorm / rmsnorm over an axis ``x``, with
 elementwise prologue maps before it and an epilogue after it, in one pass over HBM; and any chain
 of maps and reductions over one row of one or several innermost axes (log-softmax, L1/L2 norms,
-group norm, logsumexp, row max and min), in one kernel: see "chains of reductions" below and
-docs/architecture.md, "The row-wise family".
+group norm, logsumexp, row max and min), in one kernel, with reductions over every row beside them
+(a norm backward's dgamma and dbeta, summed per block while it streams its rows): see "chains of
+reductions" below and docs/architecture.md, "The row-wise family".
 
 >>> from napkin.diagrams import library
 >>> s = analyse(library.get("group_norm").bind(n=2, g=4, c=8, s=64))
@@ -33,16 +34,18 @@ kernel lowers to the same kernel again.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import math
 from dataclasses import dataclass, field
 
+from ...diagrams.axes import is_name
 from ...diagrams.diagram import Diagram
 from ...diagrams.functions import get_function
 from ...diagrams.ops import Contract, Map, Norm, Reduce, Softmax, Value, apply, map_fn, sum_over
 from ...dtypes import dtype as lookup_dtype
 from ...errors import CodegenError
 from ...perfmodel.schedule import Kernel, KernelOptions, Relabel, Schedule
-from ..program import Arg, KernelLaunch, Program
+from ..program import Arg, Buffer, KernelLaunch, Program
 from ..render import Code, c_i64, c_int, comment, cuda_type, ident, map_expr, render
 from . import per_diagram, plain_kernel_reason
 
@@ -550,6 +553,19 @@ def lower_shape(shape: RowwiseShape, cfg: Config, schedule: Schedule, arch: str,
 # read in registers (*register mode*: HBM reads each input once). A row too long for registers is
 # *streamed*: one row per block, every pass reads its inputs again (from L2 where they are still
 # there, else HBM), ``UNROLL`` chunks in flight per thread.
+#
+# *Column reductions* (:func:`_rows_and_columns`): a reduction over every row axis K of a value the
+# chain computes per element, whose result only leaves the kernel (a norm backward's
+# ``dgamma = Σ_r dY·N`` and ``dbeta = Σ_r dY`` beside its row sums). The kernel then runs one full
+# wave of ``splits`` blocks, each looping over row groups ``b, b + splits, ...`` (the first pass's
+# row vectors and per-row scalars of the next group are loaded while this one is worked on). Each
+# thread adds its columns' values into fp32 partials in shared memory (its own words only, laid out
+# so a warp's lanes touch consecutive words); at the end the block adds its row slots in order and
+# writes one partial row per column reduction; a second launch adds the ``splits`` rows per column
+# in a fixed order (the same inputs give the same bits). HBM then moves X, dY and dX once, the
+# vectors once, and ``2 × 4 × splits × row`` bytes of partials per column reduction, which the
+# launch estimate states with the combining launch. Register mode only (the partials' words follow
+# the register chunks).
 
 #: Registers a thread may give to the values of the row it keeps across passes (64 fp32 values:
 #: 8 chunks of bf16, 16 of fp32), and the most chunks one thread holds in register mode.
@@ -561,6 +577,17 @@ CHAIN_BASE_REGS = 16
 #: Threads per row (one row per block) and chunks in flight per thread of a streamed row.
 STREAM_THREADS = (256, 512, 1024)
 STREAM_UNROLLS = (2, 4)
+#: Column reductions: the blocks are one full wave (``splits`` = SMs × the blocks one SM holds at
+#: once, at most one block per row group: every slot busy, no second wave, the fewest partials
+#: that keep every slot busy); the SMs and blocks per SM assumed where no GPU is named; the most
+#: static shared memory a block may keep its column partials in (48 KiB less the block reduction's
+#: scratch).
+DEFAULT_SMS = 132
+DEFAULT_BLOCKS_PER_SM = 2
+MAX_COL_SMEM = 48 * 1024 - 256
+#: Threads of the combining launch of column partials: 32 columns × 8 slices of the blocks.
+COMBINE_COLS = 32
+COMBINE_SLICES = 8
 #: C operator of each reduction kind, its identity, and the block/warp reduction operator.
 _CHAIN_OPS = {"sum": ("({a} + {b})", "0.f", "napkin::SumOp"),
               "max": ("fmaxf({a}, {b})", "(-INFINITY)", "napkin::MaxOp"),
@@ -603,6 +630,8 @@ class ChainShape:
     access: dict                    # id(input) -> "row" (vectors), "scalar" (one per row), "gather"
     needs: tuple[tuple[Value, ...], ...] = ()   # per pass: the row-varying values it evaluates
     source: Diagram | None = None   # the diagram given, where ``diagram`` rewrote its contractions
+    cols: tuple[Chain, ...] = ()    # column reductions: over every row axis K, summed per block
+    col_out: tuple[tuple[str, Value], ...] = ()   # their outputs (holding R, in red's order)
     kind = "chain"
 
     @property
@@ -635,7 +664,7 @@ class ChainShape:
         topological order: those its reductions and row-shaped outputs need."""
         if self.needs:
             return self.needs[p]
-        targets = [c.source for c in self.chains if self.stage[id(c.source)] == p]
+        targets = [c.source for c in (*self.chains, *self.cols) if self.stage[id(c.source)] == p]
         targets += [v for _, v in self.full_out if self.stage[id(v)] == p]
         got: set[int] = set()
         stack = list(targets)
@@ -715,18 +744,16 @@ def analyse_chain(diagram: Diagram) -> ChainShape | str:
         chains.append(Chain(tuple(links), kinds.pop(), scale))
     if not chains:
         return "has no reduction"
-    R = {v.op.over for c in chains for v in c.links}
-    for c in chains:
-        over = {v.op.over for v in c.links}
-        if over != R:
-            return (f"reduction {d.name_of(c.result)} reduces ({', '.join(sorted(over))}), not the whole row "
-                    f"({', '.join(sorted(R))})")
     values = (*d.inputs, *nodes)
     U: list[str] = []
     for v in values:
         U += [a for a in v.axis_names if a not in U]
-    kept_axes = [a for a in U if a not in R]
     whole = [v for v in d.inputs if set(v.axis_names) == set(U)] + [v for v in d.outputs if set(v.axis_names) == set(U)]
+    picked = _rows_and_columns(d, chains, U, whole[0] if whole else None)
+    if isinstance(picked, str):
+        return picked
+    R, chains, cols = picked
+    kept_axes = [a for a in U if a not in R]
     if not whole:
         return f"no input or output holds every axis ({', '.join(U)}) to lay the rows out"
     primary = whole[0]
@@ -745,9 +772,13 @@ def analyse_chain(diagram: Diagram) -> ChainShape | str:
             access[id(v)] = "row"
         else:
             access[id(v)] = "gather"
+    for c in cols:
+        if c.result.axis_names != red:
+            return (f"column reduction {d.name_of(c.result)} holds ({', '.join(c.result.axis_names)}), not the row's "
+                    f"axes in the order of the rows ({', '.join(red)})")
     stage: dict[int, int] = {id(v): 0 for v in d.inputs}
-    result_of = {id(c.result): c for c in chains}
-    link_ids = {id(v) for c in chains for v in c.links}
+    result_of = {id(c.result): c for c in (*chains, *cols)}
+    link_ids = {id(v) for c in (*chains, *cols) for v in c.links}
     for v in nodes:
         if id(v) in result_of:
             stage[id(v)] = stage[id(result_of[id(v)].source)] + 1
@@ -755,9 +786,13 @@ def analyse_chain(diagram: Diagram) -> ChainShape | str:
             continue
         else:
             stage[id(v)] = max(stage[id(a)] for a in v.args)
-    full_out, row_out = [], []
+    full_out, row_out, col_out = [], [], []
+    col_ids = {id(c.result) for c in cols}
     for n, v in zip(d.output_names, d.outputs):
-        if any(n == m for m, _ in (*full_out, *row_out)):
+        if any(n == m for m, _ in (*full_out, *row_out, *col_out)):
+            continue
+        if id(v) in col_ids:
+            col_out.append((n, v))
             continue
         if set(v.axis_names) & R:
             if set(v.axis_names) != set(U) or v.axis_names[len(v.axis_names) - nr:] != red:
@@ -769,17 +804,49 @@ def analyse_chain(diagram: Diagram) -> ChainShape | str:
                 return (f"output {n} holds ({', '.join(v.axis_names)}), not one value per row "
                         f"({', '.join(kept_axes)})")
             row_out.append((n, v))
-    passes = 1 + max([stage[id(c.source)] for c in chains] + [stage[id(v)] for _, v in full_out])
-    if passes == 1 and len(chains) == 1 and len({v.op.how for v in chains[0].links}) == 1:
+    passes = 1 + max([stage[id(c.source)] for c in (*chains, *cols)] + [stage[id(v)] for _, v in full_out])
+    if passes == 1 and len(chains) == 1 and not cols and len({v.op.how for v in chains[0].links}) == 1:
         # the pointwise family's row kernel runs this too, and splits a long row over blocks
         return ("one reduction in one pass with maps around it: the pointwise family runs it "
                 "(the row-wise chain needs several reductions or passes)")
     sizes = {n: a.bound_size for n, a in d.axes.items()}
     shape = ChainShape(d, dtype, sizes, tuple(red), tuple(row_axes), tuple(chains), stage, passes,
-                       tuple(full_out), tuple(row_out), access)
+                       tuple(full_out), tuple(row_out), access, cols=tuple(cols), col_out=tuple(col_out))
     if shape.xsize >= 2 ** 30:
         return f"a row of {shape.xsize} values is longer than the 2^30 its 32-bit column index reaches"
     return dataclasses.replace(shape, needs=tuple(shape.need(p) for p in range(passes)))
+
+
+def _rows_and_columns(d: Diagram, chains: list[Chain], U: list[str], primary: Value | None
+                      ) -> "tuple[set[str], list[Chain], list[Chain]] | str":
+    """(the row R, the reductions over it, the column reductions) of a chain diagram, or why
+    there is none. Without column reductions every chain reduces the same axes, R. A *column
+    reduction* reduces every other axis instead (the rows, K: ``dgamma = Σ_r dY·N`` beside the
+    row sums of a norm's backward): its source holds every axis, nothing in the kernel reads its
+    result (an output, complete only when every row is done), and the rows are laid out with R
+    innermost (``primary``, the first array holding every axis). The kernel sums it per block
+    while it streams its rows (see "column reductions" below)."""
+    reduced = [frozenset(v.op.over for v in c.links) for c in chains]
+    distinct = list(dict.fromkeys(reduced))
+    if len(distinct) == 1:
+        return set(distinct[0]), list(chains), []
+    consumers = d.consumers
+    out_ids = {id(v) for v in d.outputs}
+
+    def column(c: Chain, rows: frozenset) -> bool:
+        return (frozenset(v.op.over for v in c.links) == frozenset(U) - rows and id(c.result) in out_ids
+                and not consumers.get(id(c.result)) and set(c.source.axis_names) == set(U))
+
+    for R in distinct:
+        rest = [c for c, s in zip(chains, reduced) if s != R]
+        inner = primary is not None and set(primary.axis_names[len(primary.axis_names) - len(R):]) == R
+        if inner and all(column(c, R) for c in rest):
+            return set(R), [c for c, s in zip(chains, reduced) if s == R], rest
+    first = distinct[0]
+    c = next(c for c, s in zip(chains, reduced) if s != first)
+    return (f"reduction {d.name_of(c.result)} reduces ({', '.join(sorted(reduced[chains.index(c)]))}), not the whole "
+            f"row ({', '.join(sorted(first))}), and is no column reduction (one that reduces every other axis of "
+            "an array holding every axis, read by no box)")
 
 
 @dataclass(frozen=True)
@@ -793,6 +860,7 @@ class ChainConfig:
     chunks_per_thread: int
     unroll: int
     stream: bool
+    splits: int | None = None   # with column reductions: the blocks, each looping over row groups
 
     @property
     def threads(self) -> int:
@@ -810,12 +878,37 @@ class ChainConfig:
         """Typed options: a streamed row says how many chunks it keeps in flight (``stages``)."""
         return KernelOptions(threads_per_row=self.threads_per_row, warps=self.threads // 32,
                              stages=self.unroll if self.stream else None,
-                             regs_per_thread=chain_regs_estimate(shape, self))
+                             regs_per_thread=chain_regs_estimate(shape, self), splits=self.splits)
+
+    def groups(self, shape: ChainShape) -> int:
+        """Groups of ``rows_per_block`` rows (the blocks of a kernel without column reductions)."""
+        return max(1, -(-shape.nrows // self.rows_per_block))
+
+    def blocks(self, shape: ChainShape) -> int:
+        """Blocks launched: one per row group, or ``splits`` looping over the row groups."""
+        return self.splits if self.splits else self.groups(shape)
+
+    def iterations(self, shape: ChainShape) -> int:
+        """Row groups one block runs one after another (1 without column reductions)."""
+        return -(-self.groups(shape) // self.splits) if self.splits else 1
 
 
 def make_chain_config(shape: ChainShape, threads_per_row: int, rows_per_block: int,
-                      stream_unroll: int | None = None) -> ChainConfig:
+                      stream_unroll: int | None = None, splits: int | None = None) -> ChainConfig:
     base = make_config(shape, threads_per_row, rows_per_block)   # checks the thread counts
+    if shape.cols:
+        # column reductions: per-thread partials of fixed columns, in registers (register mode)
+        groups = max(1, -(-shape.nrows // rows_per_block))
+        if stream_unroll is not None:
+            raise CodegenError("rowwise: column reductions keep their per-thread partials in registers; a "
+                               "streamed row has none to keep them in")
+        if splits is None or not 1 <= splits <= groups:
+            raise CodegenError(f"rowwise: column reductions need a block count (splits) in 1..{groups} (the "
+                               f"groups of {rows_per_block} rows), got {splits}")
+        return ChainConfig(threads_per_row, rows_per_block, base.vec, base.chunks_per_thread,
+                           base.chunks_per_thread, False, splits)
+    if splits is not None:
+        raise CodegenError("rowwise: splits (blocks looping over rows) only with column reductions")
     if stream_unroll is None:
         return ChainConfig(threads_per_row, rows_per_block, base.vec, base.chunks_per_thread,
                            base.chunks_per_thread, False)
@@ -861,7 +954,12 @@ def chain_regs_need(shape: ChainShape, cfg: ChainConfig) -> int:
     scalars = sum(1 for v in (*shape.diagram.inputs, *shape.diagram.nodes) if not shape.is_full(v))
     index = 2 * len(shape.row_axes) + 2 * (len(shape.red) - 1)
     ragged = 4 if not _even(shape, cfg) else 0
-    return CHAIN_BASE_REGS + kept + busiest + scalars + len(shape.chains) + index + ragged
+    # column reductions: their partials live in shared memory; the row loop's state and addresses,
+    # and the next row group's raw vectors (4 registers a chunk) and scalars, loaded ahead
+    cols = 6 + 2 * len(shape.cols) if shape.cols else 0
+    for v in prefetched(shape, cfg):
+        cols += 4 * cfg.unroll if shape.access[id(v)] == "row" else 1
+    return CHAIN_BASE_REGS + kept + busiest + scalars + len(shape.chains) + index + ragged + cols
 
 
 def _even(shape, cfg) -> bool:
@@ -875,23 +973,40 @@ def chain_regs_estimate(shape: ChainShape, cfg: ChainConfig) -> int:
     return min(MAX_REGS, budget, (65536 // cfg.threads) // 8 * 8)
 
 
-def chain_configs(shape: ChainShape) -> list[ChainConfig]:
+def chain_configs(shape: ChainShape, sms: int = DEFAULT_SMS, per_sm=None) -> list[ChainConfig]:
     """Every configuration for this row: register mode where the row fits (the kept vectors
-    within :data:`MAX_KEPT_REGS`, at most :data:`MAX_CHUNKS` chunks a thread), else streamed."""
+    within :data:`MAX_KEPT_REGS`, at most :data:`MAX_CHUNKS` chunks a thread), else streamed.
+    With column reductions only register mode, each with one full wave of blocks (``splits``: ``sms``
+    times the blocks an SM holds, ``per_sm(threads, registers, shared bytes)``, or
+    :data:`DEFAULT_BLOCKS_PER_SM` without a GPU; at most one block per row group), and only where the
+    partials fit the block's static shared memory (:data:`MAX_COL_SMEM`)."""
     out = []
     chunks = -(-shape.xsize // shape.vec)
     for tpr in THREADS_PER_ROW:
         if tpr > THREADS_PER_ROW[0] and chunks * 2 < tpr:
             continue  # at least half of the row's threads must have a chunk
         for rpb in ((1,) if tpr > 32 else tuple(sorted({t // tpr for t in BLOCK_THREADS}))):
-            cfg = make_chain_config(shape, tpr, rpb)
-            if cfg.chunks_per_thread > MAX_CHUNKS or cfg.values_per_thread * len(shape.kept) > MAX_KEPT_REGS:
-                continue
-            if chain_regs_need(shape, cfg) + 8 > min(MAX_REGS, 65536 // cfg.threads):
-                continue  # the budget keeps 8 registers of slack over the footprint
-            out.append(cfg)
-    if out:
-        return sorted(out, key=lambda c: (not 8 <= c.values_per_thread <= 32, -c.values_per_thread, c.threads))
+            groups = max(1, -(-shape.nrows // rpb))
+            splits: list = [None]
+            if shape.cols:
+                probe = make_chain_config(shape, tpr, rpb, splits=1)
+                if col_smem_bytes(shape, probe) > MAX_COL_SMEM:
+                    continue
+                resident = DEFAULT_BLOCKS_PER_SM if per_sm is None else \
+                    per_sm(probe.threads, chain_regs_estimate(shape, probe), chain_smem_bytes(shape, probe))
+                if resident < 1:
+                    continue
+                splits = [min(groups, sms * resident)]
+            for sp in splits:
+                cfg = make_chain_config(shape, tpr, rpb, splits=sp)
+                if cfg.chunks_per_thread > MAX_CHUNKS or cfg.values_per_thread * len(shape.kept) > MAX_KEPT_REGS:
+                    continue
+                if chain_regs_need(shape, cfg) + 8 > min(MAX_REGS, 65536 // cfg.threads):
+                    continue  # the budget keeps 8 registers of slack over the footprint
+                out.append(cfg)
+    if out or shape.cols:
+        return sorted(out, key=lambda c: (not 8 <= c.values_per_thread <= 32, -c.values_per_thread, c.threads,
+                                          c.splits or 0))
     for tpr in STREAM_THREADS:
         for u in STREAM_UNROLLS:
             cfg = make_chain_config(shape, tpr, 1, u)
@@ -901,13 +1016,17 @@ def chain_configs(shape: ChainShape) -> list[ChainConfig]:
 
 
 def chain_config_from_schedule(shape: ChainShape, schedule: Schedule) -> ChainConfig:
-    """The configuration a schedule's kernel names (threads per row, warps, and ``stages`` for a
-    streamed row), or the family's preferred one where it names none."""
+    """The configuration a schedule's kernel names (threads per row, warps, ``stages`` for a
+    streamed row, ``splits`` with column reductions), or the family's preferred one where it names
+    none."""
     opts = schedule.kernels[0].options if len(schedule.kernels) == 1 else None
     if opts is not None and opts.threads_per_row is not None:
         tpr = opts.threads_per_row
         rows = max(1, (opts.warps or 1) * 32 // tpr) if tpr <= 32 else 1
-        return make_chain_config(shape, tpr, rows, opts.stages)
+        splits = opts.splits
+        if shape.cols and splits is None:  # a schedule that names no block count: one wave's worth
+            splits = min(max(1, -(-shape.nrows // rows)), DEFAULT_SMS * DEFAULT_BLOCKS_PER_SM)
+        return make_chain_config(shape, tpr, rows, opts.stages, splits)
     options = chain_configs(shape)
     if not options:
         raise CodegenError(f"rowwise: no configuration runs a row of {shape.xsize} {shape.dtype} values")
@@ -915,9 +1034,18 @@ def chain_config_from_schedule(shape: ChainShape, schedule: Schedule) -> ChainCo
 
 
 def chain_schedule_for(shape: ChainShape, cfg: ChainConfig, gpu: str | None) -> Schedule:
-    """Rows grouped per block (and per warp in warp mode), the row whole; every array in registers."""
-    rel = [Relabel(a, g, "SMEM", "group") for a, g in _spread(shape, cfg.rows_per_block)]
-    if not cfg.block_mode and shape.row_axes:
+    """Rows grouped per block (and per warp in warp mode), the row whole; every array in registers.
+    With column reductions the rows are streamed instead (a block steps through groups of
+    ``rows_per_block`` rows, its column partials in registers; the model's one streamed axis is the
+    innermost row axis): the model then counts the column outputs once, and the launch estimate
+    says the blocks, their row iterations and the partials."""
+    if shape.cols:
+        # the model streams one axis per kernel: the innermost row axis stands for the loop over rows
+        a = shape.row_axes[-1]
+        rel = [Relabel(a, min(cfg.rows_per_block, shape.sizes[a]), "SMEM", "stream")]
+    else:
+        rel = [Relabel(a, g, "SMEM", "group") for a, g in _spread(shape, cfg.rows_per_block)]
+    if not cfg.block_mode and shape.row_axes and not shape.cols:
         rel += [Relabel(a, g, "RF", "group") for a, g in _spread(shape, 32 // cfg.threads_per_row)]
     d = shape.source or shape.diagram
     boxes = tuple(d.name_of(v) for v in d.nodes)
@@ -930,22 +1058,64 @@ def chain_schedule_for(shape: ChainShape, cfg: ChainConfig, gpu: str | None) -> 
 def chain_launch_estimate(shape: ChainShape, cfg: ChainConfig) -> dict:
     """Blocks, threads, registers, shared memory and bytes in flight of a chain kernel, the
     dependent cross-thread reductions of its passes, and a streamed row's re-reads (each pass
-    after an input's first reads it again; counted at the HBM rate, ``extra_hbm_bytes``)."""
-    blocks = -(-shape.nrows // cfg.rows_per_block)
+    after an input's first reads it again; counted at the HBM rate, ``extra_hbm_bytes``). With
+    column reductions: ``splits`` blocks, each running its row groups one after another
+    (``row_iterations``; no streamed loop of the model's), the fp32 partials written and read back
+    by the combining launch (``extra_hbm_bytes``, ``extra_launches``)."""
+    blocks = cfg.blocks(shape)
     b = lookup_dtype(shape.dtype).bytes
     first = [sum(1 for v in shape.fresh if shape.uses(v)[:1] == (p,)) for p in range(shape.passes)]
     in_flight = cfg.unroll * 16 * max(1, max(first))
-    idle = 1.0 - (-(-shape.xsize // cfg.vec)) / (cfg.chunks_per_thread * cfg.threads_per_row)
+    busy = (-(-shape.xsize // cfg.vec)) / (cfg.chunks_per_thread * cfg.threads_per_row)
+    if cfg.splits:  # the last row iteration of some blocks has no rows
+        busy *= shape.nrows / (cfg.splits * cfg.iterations(shape) * cfg.rows_per_block)
     red_passes = len({shape.stage[id(c.source)] for c in shape.chains})
     est = dict(blocks=blocks, threads=cfg.threads, regs=chain_regs_estimate(shape, cfg),
-               smem=32 * 4 if cfg.block_mode else 0, in_flight_bytes_per_thread=in_flight,
-               idle_lanes=max(0.0, idle), bytes_per_value=b, threads_per_row=cfg.threads_per_row,
+               smem=chain_smem_bytes(shape, cfg), in_flight_bytes_per_thread=in_flight,
+               idle_lanes=min(0.95, max(0.0, 1.0 - busy)), bytes_per_value=b, threads_per_row=cfg.threads_per_row,
                reductions=red_passes)
+    if cfg.splits:
+        est.update(row_iterations=cfg.iterations(shape), stream_steps=0, extra_launches=1,
+                   extra_hbm_bytes=2 * partial_bytes(shape, cfg))
     if cfg.stream:
         again = sum(len(shape.uses(v)) - 1 for v in shape.fresh)
         if again:
             est["extra_hbm_bytes"] = again * shape.nrows * shape.xsize * b
     return est
+
+
+def prefetched(shape: ChainShape, cfg: ChainConfig) -> tuple[Value, ...]:
+    """The inputs a chain kernel with column reductions loads one row group ahead: those laid out
+    row after row (every row axis then the row, or one value per row), read in the first pass (in
+    register mode every pass reads the vectors the first one loaded)."""
+    if not shape.cols or cfg.stream or not shape.row_axes:
+        return ()
+    K, red = shape.row_axes, shape.red
+    first = {id(v) for v in _loaded(shape, 0, cfg)[0]}
+    out = []
+    for v in shape.diagram.inputs:
+        if shape.access.get(id(v)) == "row" and v.axis_names == (*K, *red) and id(v) in first:
+            out.append(v)
+        elif shape.access.get(id(v)) == "scalar" and v.axis_names == K:
+            out.append(v)
+    return tuple(out)
+
+
+def partial_bytes(shape: ChainShape, cfg: ChainConfig) -> int:
+    """Bytes of the fp32 column partials: one row of the row's length per block and column reduction."""
+    return 4 * len(shape.cols) * (cfg.splits or 0) * shape.xsize
+
+
+def col_smem_bytes(shape: ChainShape, cfg: ChainConfig) -> int:
+    """Shared memory of the column partials: one fp32 row (its thread slots, padded to whole
+    chunks) per column reduction and row of the block; each thread adds into its own words only."""
+    return 4 * len(shape.cols) * cfg.rows_per_block * cfg.chunks_per_thread * cfg.threads_per_row * cfg.vec
+
+
+def chain_smem_bytes(shape: ChainShape, cfg: ChainConfig) -> int:
+    """Shared memory of the chain kernel: the block reduction's 32 floats (one row per block), the
+    column partials' row (several rows per block)."""
+    return (32 * 4 if cfg.block_mode else 0) + col_smem_bytes(shape, cfg)
 
 
 def _strides_of(v: Value, sizes: dict) -> dict[str, int]:
@@ -1022,9 +1192,30 @@ def lower_chain(shape: ChainShape, cfg: ChainConfig, schedule: Schedule, arch: s
         expr = map_expr(op.fn, [var(a) for a in b.args], op.param_values(sizes), idx, ns)
         return Code(f"const float {ident(name(b), 'a_')} = {expr};")
 
+    # with column reductions a block loops over row groups: the first pass's loads of the arrays laid
+    # out row after row (and the per-row scalars) for the next group are issued while this group is
+    # worked on (prefetched into registers), so a block keeps two groups' loads in flight
+    pf = prefetched(shape, cfg)
+    pf_ids = {id(v) for v in pf}
     row_scalars = [(ident(name(v), "r_"), ident(name(v), "in_"), ident(name(v), "off_"))
-                   for v in used_inputs if shape.access[id(v)] == "scalar"]
-    link_ids = {id(v) for c in shape.chains for v in c.links}
+                   for v in used_inputs if shape.access[id(v)] == "scalar" and id(v) not in pf_ids]
+    pf_scalars = [(ident(name(v), "r_"), ident(name(v), "pf_"), ident(name(v), "in_"))
+                  for v in used_inputs if shape.access[id(v)] == "scalar" and id(v) in pf_ids]
+    pf_vectors = [(ident(name(v), "pf_"), ident(name(v), "in_")) for v in pf if shape.access[id(v)] == "row"]
+    link_ids = {id(v) for c in (*shape.chains, *shape.cols) for v in c.links}
+    # column reductions: per-thread partials of the thread's columns (chunk c0 + u, element e)
+    ws = ident(_ws_name(shape), "ws_")
+    cols = []
+    for k, c in enumerate(shape.cols):
+        fmt, ident0, _ = _CHAIN_OPS[c.how]
+        acc = Code(f"colpart[{k}][slot][((c0 + u) * VEC + e) * THREADS_PER_ROW + lane]")
+        cols.append(dict(
+            index=k, acc=acc, identity=Code(ident0), what=comment(f"{c.how} of {name(c.source)} over the rows: "
+                                                                  f"{name(c.result)}"),
+            step=Code(fmt.format(a=acc, b=ident(name(c.source), "a_"))),
+            init=Code(f"colpart[{k}][slot][(c * VEC + e) * THREADS_PER_ROW + lane]"),
+            merge=Code(fmt.format(a="a", b=f"colpart[{k}][s][w]")),
+            offset=c_i64(k * (cfg.splits or 0) * shape.xsize)))
     scalar_maps: dict[int, list[Code]] = {}
     for b in d.nodes:
         if id(b) in link_ids or shape.is_full(b):
@@ -1064,7 +1255,12 @@ def lower_chain(shape: ChainShape, cfg: ChainConfig, schedule: Schedule, arch: s
             buf = ident(nm, "kv_") if id(v) in kept_ids else ident(nm, "ld_")
             if id(v) not in kept_ids:
                 decl.append(Code(f"napkin::Vec16<T> {buf}[UNROLL];"))
-            if any(v is w for w in vecs):
+            if any(v is w for w in vecs) and id(v) in pf_ids:
+                # this group's vectors came in with the last one; the next group's go out now
+                loads.append(Code(f"{buf}[u] = {ident(nm, 'pf_')}[u];"))
+                loads.append(Code(f"napkin::load_vec({ident(nm, 'pf_')}[u], {ident(nm, 'in_')} + next_row * "
+                                  f"{c_i64(shape.xsize)}, col0, next_limit, napkin::zero<T>());"))
+            elif any(v is w for w in vecs):
                 loads.append(Code(f"napkin::load_vec({buf}[u], {ident(nm, 'in_')} + {ident(nm, 'off_')}, col0, "
                                   "limit, napkin::zero<T>());"))
             elem.append(Code(f"const float {ident(nm, 'a_')} = napkin::to_float({buf}[u].x[e]);"))
@@ -1084,14 +1280,18 @@ def lower_chain(shape: ChainShape, cfg: ChainConfig, schedule: Schedule, arch: s
                 result=ident(rn, "a_"), scale=float(c.scale)))
         stores = [(ident(n, "st_"), ident(n, "out_"), ident(n, "off_"), ident(name(v), "a_"))
                   for n, v in shape.full_out if shape.stage[id(v)] == p]
+        pcols = [dict(acc=c["acc"], step=c["step"]) for c, ch in zip(cols, shape.cols)
+                 if shape.stage[id(ch.source)] == p]
         passes.append(dict(index=p, decl=decl, loads=loads, chunk=chunk, elem=elem, accs=accs, stores=stores,
-                           after=scalar_maps.get(p + 1, []),
+                           cols=pcols, after=scalar_maps.get(p + 1, []),
                            what=comment(_pass_text(shape, p))))
     row_stores = [(ident(n, "out_"), ident(n, "off_"), var(v)) for n, v in shape.row_out]
     params = [Code(f"const {T}* __restrict__ {ident(name(v), 'in_')}") for v in used_inputs]
     params += [Code(f"{T}* __restrict__ {ident(n, 'out_')}") for n, _ in outputs]
+    if shape.cols:
+        params.append(Code(f"float* __restrict__ {ws}"))
     nrows = shape.nrows
-    grid = (-(-nrows // cfg.rows_per_block), 1, 1)
+    grid = (cfg.blocks(shape), 1, 1)
     legend_rows = ", ".join(K) or "(none)"
     mode = (f"streamed: every pass reads its inputs again, UNROLL = {cfg.unroll} chunks in flight per thread"
             if cfg.stream else
@@ -1104,9 +1304,15 @@ def lower_chain(shape: ChainShape, cfg: ChainConfig, schedule: Schedule, arch: s
                    f"the row ({', '.join(red)}), {shape.xsize} values, {shape.passes} pass(es) over it, {mode}",
                    "reductions in fp32: per-thread partials, then "
                    + ("block reductions" if cfg.block_mode else f"{cfg.threads_per_row}-lane shuffles")]
+    if shape.cols:
+        sched_lines.append(f"column reductions ({', '.join(name(c.result) for c in shape.cols)}): SPLITS = "
+                           f"{cfg.splits} blocks, {cfg.iterations(shape)} row group(s) each, fp32 partials of "
+                           "each thread's columns in shared memory, one partial row per block")
     sched_lines += [f"schedule: {r}" for k in schedule.kernels for r in k.relabels]
     ctx = dict(
         kernel=kernel_name, T=T, dtype=shape.dtype, kind="chain", arch=comment(arch), diagram=comment(d.name),
+        cols=cols, ws=ws, SPLITS=cfg.splits or 0, ITERS=cfg.iterations(shape), NCOLS=len(cols),
+        pf_scalars=pf_scalars, pf_vectors=pf_vectors, XSTRIDE=c_i64(shape.xsize),
         legend_rows=comment(legend_rows), legend_x=comment(", ".join(red)),
         TPR=cfg.threads_per_row, RPB=cfg.rows_per_block, VEC=cfg.vec, CPT=cfg.chunks_per_thread,
         UNROLL=cfg.unroll, stream=cfg.stream, REGS=chain_regs_estimate(shape, cfg), THREADS=cfg.threads,
@@ -1118,15 +1324,65 @@ def lower_chain(shape: ChainShape, cfg: ChainConfig, schedule: Schedule, arch: s
     src = render(TEMPLATE, **ctx)
     args = tuple(Arg("tensor", name(v), dtype=shape.dtype, axes=v.axis_names) for v in used_inputs)
     args += tuple(Arg("tensor", n, dtype=shape.dtype, axes=v.axis_names) for n, v in outputs)
+    tunables = (("THREADS_PER_ROW", cfg.threads_per_row), ("ROWS_PER_BLOCK", cfg.rows_per_block),
+                ("VEC", cfg.vec), ("CHUNKS_PER_THREAD", cfg.chunks_per_thread), ("UNROLL", cfg.unroll),
+                ("STREAM", int(cfg.stream)), ("THREADS", cfg.threads))
+    if shape.cols:
+        args += (Arg("tensor", _ws_name(shape), dtype="fp32", axes=()),)
+        tunables += (("SPLITS", cfg.splits),)
     return KernelLaunch(
         name=str(kernel_name), source=src, grid=grid, block=(cfg.threads, 1, 1), shared_bytes=0, args=args,
-        template=TEMPLATE,
-        tunables=(("THREADS_PER_ROW", cfg.threads_per_row), ("ROWS_PER_BLOCK", cfg.rows_per_block),
-                  ("VEC", cfg.vec), ("CHUNKS_PER_THREAD", cfg.chunks_per_thread), ("UNROLL", cfg.unroll),
-                  ("STREAM", int(cfg.stream)), ("THREADS", cfg.threads)),
-        model_smem_bytes=32 * 4 if cfg.block_mode else 0,
+        template=TEMPLATE, tunables=tunables,
+        model_smem_bytes=chain_smem_bytes(shape, cfg),
         model_regs_per_thread=chain_regs_estimate(shape, cfg),
     )
+
+
+def _ws_name(shape: ChainShape) -> str:
+    """A buffer name for the column partials that no array of the diagram has."""
+    d = shape.diagram
+    taken = {d.name_of(v) for v in (*d.inputs, *d.nodes)}
+    want = f"{d.name}_colparts"
+    if is_name(want) and want not in taken:
+        return want
+    return f"colparts_{hashlib.sha1(d.name.encode()).hexdigest()[:10]}"
+
+
+#: The combining launch's register budget: its indices, the running value and the loop.
+COMBINE_REGS = 32
+
+
+def lower_combine(shape: ChainShape, cfg: ChainConfig, kernel_name: Code, arch: str) -> tuple[KernelLaunch, Buffer]:
+    """The second launch of a chain kernel with column reductions: each column output is its
+    ``splits`` fp32 partials added in a fixed order (times the mean's scale), and the partials'
+    buffer (column reduction, block, column)."""
+    T = cuda_type(shape.dtype)
+    part = _ws_name(shape)
+    ws = ident(part, "ws_")
+    cols = []
+    for k, (c, (n, _)) in enumerate(zip(shape.cols, shape.col_out)):
+        fmt, ident0, _ = _CHAIN_OPS[c.how]
+        cols.append(dict(
+            identity=Code(ident0), out=ident(n, "out_"), scale=float(c.scale),
+            what=comment(f"{n}: the {c.how} of {cfg.splits} partial rows"),
+            offset=c_i64(k * cfg.splits * shape.xsize),
+            merge_a=Code(fmt.format(a="a", b=f"p[(long long)b * {c_int(shape.xsize)}]")),
+            merge_t=Code(fmt.format(a="t", b="part[s][cx]"))))
+    params = [Code(f"const float* __restrict__ {ws}")]
+    params += [Code(f"{T}* __restrict__ {ident(n, 'out_')}") for n, _ in shape.col_out]
+    src = render(TEMPLATE, kind="chain_combine", kernel=kernel_name, T=T, dtype=shape.dtype, arch=comment(arch),
+                 diagram=comment(shape.diagram.name), legend_x=comment(", ".join(shape.red)), cols=cols, ws=ws,
+                 params=params, COLS=COMBINE_COLS, SLICES=COMBINE_SLICES, SPLITS=cfg.splits, XSIZE=shape.xsize,
+                 REGS=COMBINE_REGS)
+    args = (Arg("tensor", part, dtype="fp32", axes=()),)
+    args += tuple(Arg("tensor", n, dtype=shape.dtype, axes=v.axis_names) for n, v in shape.col_out)
+    launch = KernelLaunch(
+        name=str(kernel_name), source=src, grid=(-(-shape.xsize // COMBINE_COLS), 1, 1),
+        block=(COMBINE_COLS * COMBINE_SLICES, 1, 1), shared_bytes=0, args=args, template=TEMPLATE,
+        tunables=(("MODE", "combine"), ("COLS", COMBINE_COLS), ("SLICES", COMBINE_SLICES), ("SPLITS", cfg.splits)),
+        model_smem_bytes=4 * COMBINE_SLICES * (COMBINE_COLS + 1), model_regs_per_thread=COMBINE_REGS)
+    buf = Buffer(part, ("reduction", "split", "column"), (len(shape.cols), cfg.splits, shape.xsize), "fp32")
+    return launch, buf
 
 
 def _pass_text(shape: ChainShape, p: int) -> str:
@@ -1141,6 +1397,11 @@ class RowwiseFamily:
 
     name = NAME
     smem_from_cost = True  # model_smem_bytes from the cost model's M_SMEM where it agrees
+    # a norm's backward with its column reductions (layernorm: two row sums, dgamma and dbeta; 13
+    # boxes) is one chain kernel: the planner asks this family about runs of exactly 4 boxes that
+    # are not elementwise, up to 16 boxes
+    max_heavy_boxes = 4
+    max_fused_boxes = 16
 
     def explain(self, diagram: Diagram) -> str | None:
         """None if the family takes ``diagram``, else why not."""
@@ -1149,6 +1410,9 @@ class RowwiseFamily:
             return s
         if isinstance(s, ChainShape):
             if not chain_configs(s):
+                if s.cols:
+                    return (f"no configuration keeps a row of {s.xsize} {s.dtype} values and the partials of its "
+                            f"{len(s.cols)} column reduction(s) in registers")
                 return f"no configuration runs a row of {s.xsize} {s.dtype} values"
             return None
         if not configs(s):
@@ -1169,7 +1433,9 @@ class RowwiseFamily:
         shape = self._shape(diagram)
         key = getattr(gpu, "key", gpu)
         if isinstance(shape, ChainShape):
-            return [chain_schedule_for(shape, c, key) for c in chain_configs(shape)]
+            g = _gpu_of(gpu)
+            sms = int(getattr(g, "sms", 0) or 0) or DEFAULT_SMS
+            return [chain_schedule_for(shape, c, key) for c in chain_configs(shape, sms, _per_sm(g))]
         return [schedule_for(shape, c, key) for c in configs(shape)]
 
     def config(self, diagram: Diagram, schedule: Schedule) -> "Config | ChainConfig":
@@ -1205,13 +1471,42 @@ class RowwiseFamily:
         if isinstance(shape, ChainShape):
             cfg = chain_config_from_schedule(shape, schedule)
             launch = lower_chain(shape, cfg, schedule, arch, Code(f"{ident(diagram.name)}_rowwise_chain"))
-            return Program(diagram=diagram, schedule=schedule, family=NAME, launches=(launch,), buffers=(),
-                           sizes=dict(shape.sizes))
+            if not shape.cols:
+                return Program(diagram=diagram, schedule=schedule, family=NAME, launches=(launch,), buffers=(),
+                               sizes=dict(shape.sizes))
+            combine, buf = lower_combine(shape, cfg, Code(f"{ident(diagram.name)}_rowwise_combine"), arch)
+            return Program(diagram=diagram, schedule=schedule, family=NAME, launches=(launch, combine),
+                           buffers=(buf,), sizes=dict(shape.sizes))
         cfg = config_from_schedule(shape, schedule)
         kname = Code(f"{ident(diagram.name)}_rowwise_{shape.kind}")
         launch = lower_shape(shape, cfg, schedule, arch, kname)
         return Program(diagram=diagram, schedule=schedule, family=NAME, launches=(launch,), buffers=(),
                        sizes=dict(shape.sizes))
+
+
+def _gpu_of(gpu):
+    """The GPU profile ``gpu`` names (None where there is no such profile)."""
+    try:
+        from ..select import resolve_gpu
+
+        return resolve_gpu(gpu)
+    except Exception:  # noqa: BLE001 - no profile by that name: the defaults
+        return None
+
+
+def _per_sm(gpu):
+    """``(threads, registers, shared bytes) -> blocks one SM holds`` on ``gpu`` (None without one)."""
+    if gpu is None:
+        return None
+    from ...perfmodel.occupancy import occupancy
+
+    def per_sm(threads: int, regs: int, smem: int) -> int:
+        try:
+            return occupancy(gpu, threads, regs, smem).blocks_per_sm
+        except Exception:  # noqa: BLE001 - a launch the rules cannot place: one block
+            return 1
+
+    return per_sm
 
 
 FAMILY = RowwiseFamily()

@@ -1,0 +1,146 @@
+"""Column reductions in the row-wise chain kernel on a GPU: the rmsnorm and layernorm backwards as ONE
+row-wise kernel (dX, and dgamma/dbeta from per-block fp32 partials and a combining launch) against
+torch.autograd of F.rms_norm / F.layer_norm in float64, on fresh random inputs, rows and row
+lengths that are no multiple of the block or the 16-byte vector, NaN-poisoned outputs and
+partials; every configuration the family proposes for two cases (warp and block mode, each at
+its full-wave block count); a user-written chain over two row axes with a column sum and a column max; the same
+inputs giving the same bits twice (the partials are added in a fixed order)."""
+
+from __future__ import annotations
+
+import pytest
+
+from napkin.codegen.api import compile
+from napkin.codegen.families.rowwise import FAMILY
+from napkin.codegen.prepare import prepare
+from napkin.diagrams import library
+from napkin.diagrams.reference import random_inputs
+
+from test_rowwise_columns import SAVES, batch_rows  # pytest puts this folder on sys.path
+
+pytestmark = pytest.mark.gpu
+
+TOL = {"bf16": 1e-2, "fp16": 1e-2, "fp32": 1e-4}
+EPS = {"rmsnorm": 1e-6, "layernorm": 1e-5}
+
+
+def rel_err(got, want) -> float:
+    import torch
+
+    g, w = got.double(), want.double()
+    return float(torch.linalg.vector_norm(g - w) / torch.linalg.vector_norm(w).clamp_min(1e-300))
+
+
+def torch_grads(name: str, X, g, b, dY):
+    """dX, dgamma (and dbeta) by torch.autograd of F.rms_norm / F.layer_norm in float64."""
+    import torch
+    import torch.nn.functional as F
+
+    x = X.double().requires_grad_(True)
+    gg = g.double().requires_grad_(True)
+    if name == "rmsnorm":
+        y = F.rms_norm(x, (X.shape[-1],), gg, eps=EPS[name])
+        ins = (x, gg)
+    else:
+        bb = b.double().requires_grad_(True)
+        y = F.layer_norm(x, (X.shape[-1],), gg, bb, eps=EPS[name])
+        ins = (x, gg, bb)
+    return torch.autograd.grad(y, ins, dY.double())
+
+
+def run_norm_grad(name: str, sizes: dict, dtype: str, *, schedule=None, seed: int = 0):
+    """The fused backward of ``name`` (its statistics saved as napkin.torch saves them) on fresh
+    inputs into NaN-filled outputs, against torch.autograd; returns the compiled diagram and outputs."""
+    import torch
+
+    tdt = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[dtype]
+    d = library.get(name).grad(save=SAVES[name])
+    cd = compile(d, sizes=sizes, dtype=dtype, schedule=schedule, family="rowwise" if schedule is not None else None)
+    fams = [k.family for k in cd.plan.kernels]
+    assert fams == ["rowwise"], str(cd.plan)
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    r, x = sizes["r"], sizes["x"]
+    X = (torch.randn(r, x, device="cuda", generator=gen) * 2 + 0.5).to(tdt)
+    g = (torch.randn(x, device="cuda", generator=gen) + 1).to(tdt)
+    b = torch.randn(x, device="cuda", generator=gen).to(tdt)
+    dY = torch.randn(r, x, device="cuda", generator=gen).to(tdt)
+    X64 = X.double()
+    env = {"X": X, "gamma": g, "beta": b, "dY": dY}
+    if name == "rmsnorm":
+        env["N_rstd"] = torch.rsqrt((X64 * X64).mean(-1) + EPS[name]).to(tdt)
+    else:
+        mu = X64.mean(-1)
+        env["N_mean"] = mu.to(tdt)
+        env["N_rstd"] = torch.rsqrt(((X64 - mu[:, None]) ** 2).mean(-1) + EPS[name]).to(tdt)
+    args = {n: env[n] for n in cd.input_names}
+    outs = cd.empty_outputs(device="cuda", fill=float("nan"))
+    cd(**args, out=outs)
+    torch.cuda.synchronize()
+    opts = cd.plan.kernels[0].kernel.options
+    # the diagram's float64 reference on the same inputs (the saved statistics as given)
+    ref = cd.diagram.reference({k: v.double() for k, v in args.items()}, dtype=torch.float64)
+    for n in cd.output_names:
+        got = outs[n]
+        assert not torch.isnan(got).any(), f"{name} {dtype} {sizes} {n} ({opts}): NaN (unwritten)"
+        err = rel_err(got, ref[n])
+        assert err <= TOL[dtype], f"{name} {dtype} {sizes} {n} ({opts}): relative error {err:.2e} (reference)"
+    if x >= 64:
+        # torch.autograd of the forward; the statistics napkin saves are rounded to the dtype, which
+        # rows of a few values amplify (x = 3: dX is a small difference), so only longer rows
+        for n, w in zip(("dX", "dgamma", "dbeta"), torch_grads(name, X, g, b, dY)):
+            err = rel_err(outs[n], w)
+            assert err <= TOL[dtype], f"{name} {dtype} {sizes} {n} ({opts}): relative error {err:.2e} (autograd)"
+    return cd, args, outs
+
+
+SHAPES = [dict(r=777, x=1000), dict(r=37, x=4095), dict(r=4096, x=4096), dict(r=1, x=64), dict(r=3000, x=3)]
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp32"])
+@pytest.mark.parametrize("name", ["rmsnorm", "layernorm"])
+def test_norm_backwards_fused(name, dtype):
+    for i, sizes in enumerate(SHAPES):
+        run_norm_grad(name, sizes, dtype, seed=i)
+
+
+def test_fp16_layernorm():
+    run_norm_grad("layernorm", dict(r=129, x=2050), "fp16", seed=9)
+
+
+@pytest.mark.parametrize("name, sizes, dtype", [("layernorm", dict(r=300, x=1000), "bf16"),
+                                                ("rmsnorm", dict(r=517, x=4096), "fp32")])
+def test_every_configuration(name, sizes, dtype):
+    d = prepare(library.get(name).grad(save=SAVES[name]), sizes=sizes, dtype=dtype)
+    cands = FAMILY.candidates(d, "h100", dtype)
+    assert len({s.kernels[0].options.threads_per_row for s in cands}) >= 3
+    for s in cands:
+        run_norm_grad(name, sizes, dtype, schedule=s, seed=len(cands))
+
+
+def test_the_same_inputs_give_the_same_bits():
+    import torch
+
+    cd, args, outs = run_norm_grad("layernorm", dict(r=2048, x=1024), "bf16", seed=4)
+    again = cd.empty_outputs(device="cuda", fill=float("nan"))
+    cd(**args, out=again)
+    torch.cuda.synchronize()
+    for n in outs:
+        assert torch.equal(outs[n], again[n]), n
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp32"])
+def test_a_user_written_chain_with_a_column_sum_and_max(dtype):
+    import torch
+
+    sizes = dict(b=3, s=77, x=999)
+    cd = compile(batch_rows(), sizes=sizes, dtype=dtype)
+    assert [k.family for k in cd.plan.kernels] == ["rowwise"], str(cd.plan)
+    x = random_inputs(cd.diagram, device="cuda", seed=3)
+    outs = cd.empty_outputs(device="cuda", fill=float("nan"))
+    cd(**x, out=outs)
+    torch.cuda.synchronize()
+    ref = cd.diagram.reference({k: v.double() for k, v in x.items()}, dtype=torch.float64)
+    for n in cd.output_names:
+        assert not torch.isnan(outs[n]).any(), n
+        err = rel_err(outs[n], ref[n])
+        assert err <= (1e-2 if dtype == "bf16" else 1e-5), f"{n}: relative error {err:.2e}"
