@@ -4,7 +4,8 @@ For every shape of a sweep: fresh random normal inputs (never zeros), outputs fi
 before the run (an element the kernel never writes stays NaN and fails), the compiled diagram
 run on them, and the diagram's reference run in float64 on the same inputs. The score of each
 output is the relative error ‖out − ref‖ / ‖ref‖ (NaN or inf anywhere in ``out`` is a failure),
-against 1e-2 for bf16/fp16 and 1e-5 for fp32.
+against 1e-2 for bf16/fp16, 1e-5 for fp32 and 5e-2 for fp8 (e4m3 keeps 3 mantissa bits: rounding
+an output alone costs about 3.6 %, the fp8 attention kernel's stated tolerance is 5 %).
 
 A plan of several kernels passes its intermediates through HBM in their own dtype, as eager
 PyTorch does; its outputs are judged against the reference that rounds them at the same kernel
@@ -31,7 +32,7 @@ __all__ = ["verify", "verify_compiled", "boundary_reference", "VerifyReport", "V
            "TOLERANCE"]
 
 #: Relative-error tolerance per input dtype.
-TOLERANCE = {"bf16": 1e-2, "fp16": 1e-2, "fp32": 1e-5}
+TOLERANCE = {"bf16": 1e-2, "fp16": 1e-2, "fp32": 1e-5, "fp8": 5e-2}
 
 _TINY = (5, 3, 7, 2, 9, 11, 13, 6)
 

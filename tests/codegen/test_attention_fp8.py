@@ -178,3 +178,11 @@ def test_tensor_maps_take_fp8():
     assert TensorMapSlot("fp8", (4, 1000, 128), (128, 128)).description == "fp8 [4000][128], box (128, 128)"
     with pytest.raises(LaunchError, match="8 elements of 1 bytes"):
         TensorMapSlot("fp8", (100, 8), (8, 64))
+
+
+def test_verify_judges_fp8_by_the_stated_tolerance():
+    """``napkin verify --dtype fp8`` holds fp8 outputs to the family's stated tolerance, not bf16's."""
+    from napkin.codegen.verify import TOLERANCE
+
+    assert TOLERANCE["fp8"] == F8.RMS_TOLERANCE
+    assert TOLERANCE["fp8"] > TOLERANCE["bf16"]

@@ -124,3 +124,14 @@ def test_a_wrong_key_order_fails_the_tolerance():
     program = dataclasses.replace(program, launches=(dataclasses.replace(vt, source=broken), program.launches[1]))
     rms, _ = run_case("mha", cfg, {"h": 2, "q": 512, "x": 512, "d": 128}, program=program)
     assert rms > 3 * F8.RMS_TOLERANCE
+
+
+@pytest.mark.parametrize("name", ["mha", "attention_causal"])
+def test_napkin_verify_passes_fp8_attention(name):
+    """napkin verify on dtype fp8 (the head dims the fp8 kernel runs, lengths that are not tile
+    multiples): the planner's own plan, NaN-poisoned outputs, judged at the fp8 tolerance."""
+    from napkin.codegen.verify import verify
+
+    shapes = [{"h": 2, "q": 1000, "x": 1000, "d": 128}, {"h": 3, "q": 333, "x": 1001, "d": 256}]
+    report = verify(library.get(name), shapes=shapes, dtype="fp8")
+    assert report.ok, report.rows
