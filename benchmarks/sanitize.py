@@ -42,6 +42,14 @@ def _sum_over_h_d():
                                             name="Y"))
 
 
+def _staged_epilogue():
+    from napkin.diagrams import Diagram, array, axes, contract
+
+    n, a, b, c = axes("n a b c")
+    S = contract(array("A", n, a, b), array("B", n, b, c), over=b, out=(n, a, c), name="S")
+    return Diagram("staged_epilogue", ((S - array("D", n, a)) * array("P", n, a, c)).named("Y"))
+
+
 def _sigmoid_chain():
     from napkin.diagrams import Diagram, array, axes, scale, tanh
 
@@ -142,7 +150,10 @@ CASES = [
     Case("matmul_mma.cu.jinja", "batched_matmul", {"n": 2, "a": 77, "b": 72, "c": 42},
          family="contraction"),  # 84-byte rows, padded first
     Case("pad_rows.cu.jinja", "matmul", {"a": 77, "b": 71, "c": 42}, family="contraction"),  # copied padded
-    Case("matmul_mma.cu.jinja", "mlp", {"a": 65, "b": 64, "c": 136}, family="contraction"),
+    Case("matmul_mma.cu.jinja", "mlp", {"a": 65, "b": 72, "c": 136}, family="contraction"),
+    # an epilogue operand tiled like the output (attention's dS = (dP - D) * P), copied into shared
+    # memory a tile at a time after the loop; rows of 200 and 77 that are not tile multiples
+    Case("matmul_mma.cu.jinja", _staged_epilogue, {"n": 2, "a": 77, "b": 72, "c": 200}, family="contraction"),
     Case("matmul_mma.cu.jinja", _sum_over_h_d, {"h": 3, "a": 77, "d": 72, "c": 40}, family="contraction"),
     Case("matmul_simt.cu.jinja", _sum_over_h_d, {"h": 2, "a": 33, "d": 20, "c": 40}, dtype="fp32",
          family="contraction"),

@@ -308,6 +308,9 @@ def _shape_of(est: dict | None, fam, schedule: Schedule):
     for k in ("stream_steps", "reductions", "reductions_per_step", "threads_per_row", "row_iterations"):
         if est.get(k) is not None:
             facts[k] = est[k]
+    if est.get("epilogue_hbm_bytes"):  # a phase after the loop that the roofline must not overlap
+        facts["epilogue_hbm_bytes"] = float(est["epilogue_hbm_bytes"])
+        facts["epilogue_waits"] = int(est.get("epilogue_waits") or 0)
     return LaunchShape(blocks=int(est["blocks"]), threads=int(est["threads"]), regs_per_thread=int(est["regs"]),
                        smem_bytes=int(est.get("smem") or 0),
                        in_flight_bytes_per_thread=est.get("in_flight_bytes_per_thread") or None,

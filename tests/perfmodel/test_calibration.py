@@ -208,9 +208,10 @@ def test_leave_one_out_uses_only_the_other_points(h200):
 
 
 def test_fitted_profile_round_trips_and_applies_per_family(h200, tmp_path):
-    pts = _samples(h200, [0.6, 0.7, 0.8])
     base = C.base_profile(h200, {"copy_bandwidth": 4.2e12, "gemm_bf16_flops": 7.7e14, "date": "2026-01-01"})
     assert base.hbm_bandwidth == 4.2e12 and base.measured["copy_bandwidth"] == 4.2e12
+    # measured as the model says on the profile fitted (the epilogue's store is priced at its HBM rate)
+    pts = _samples(base, [0.6, 0.7, 0.8])
     cal = C._fit_from_samples(pts, base, "test")
     path = cal.save(tmp_path / "cal.json")
     g = get_gpu(str(path))

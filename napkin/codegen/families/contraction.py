@@ -606,6 +606,26 @@ def _sm_count(gpu) -> int:
     return 132
 
 
+def epilogue_tiles(diagram: Diagram, p: MatmulProblem, cfg: MatmulConfig, elem: int) -> list[Value]:
+    """The epilogue's inputs that the mma.sync template copies into shared memory tile by tile
+    after its loop: those indexed like the output's rows and columns (``E[.., a, c]``, ``c``
+    contiguous, the output's dtype), ``BM x (BN + 8)`` elements each behind the staging tile in the
+    pipeline's memory, as many as it holds (none on the SIMT template or a split sum, whose
+    epilogue runs in the combining launch). The others (a bias, a row statistic) are read per
+    element."""
+    if cfg.simt or cfg.splits > 1:
+        return []
+    room = cfg.smem_bytes(p, elem) // (cfg.BM * (cfg.BN + SMEM_PAD) * elem) - 1
+    return _tiled_like_output(diagram, p)[:max(0, room)]
+
+
+def _tiled_like_output(diagram: Diagram, p: MatmulProblem) -> list[Value]:
+    """The epilogue's inputs indexed like the output's rows and columns (see :func:`epilogue_tiles`)."""
+    return [v for v in diagram.inputs
+            if v is not p.A and v is not p.B and v.axis_names and v.axis_names[-1] == p.c and p.a in v.axis_names
+            and v.dtype == p.dtype and p.out.depends_on(v)]
+
+
 class ContractionFamily:
     """Matmul with a fused elementwise epilogue: mma.sync for bf16/fp16, SIMT FMA for fp32."""
 
@@ -806,6 +826,15 @@ class ContractionFamily:
             moved += rows * (sz[v.axis_names[-1]] + row) * elem
         if launches:
             est.update(extra_launches=launches, extra_hbm_bytes=moved)
+        if not cfg.wgmma and cfg.splits == 1:
+            # the mma.sync and SIMT templates run one output tile per block: the loop, then the
+            # epilogue (its operands read, the tile stored), which the block's neighbours on the
+            # SM, started with it, do not hide (the model prices it as a phase of its own)
+            # (operand tiles copied after the loop are waited for before the maps)
+            extras = sum(math.prod(sz[n] for n in v.axis_names) for v in diagram.inputs
+                         if v is not p.A and v is not p.B)
+            est.update(epilogue_hbm_bytes=(sz[p.a] * sz[p.c] * nbatch + extras) * elem,
+                       epilogue_waits=1 if epilogue_tiles(diagram, p, cfg, elem) else 0)
         if cfg.wgmma:
             # the tensor cores read both operands from SMEM themselves while the next wgmma is
             # issued: the datasheet tensor path, operand traffic overlapped. An rmsnorm prologue
@@ -1116,10 +1145,22 @@ class ContractionFamily:
         if ws is not None:
             params.append(Param(Arg("tensor", ws, dtype="fp32", axes=()), Code("float* __restrict__ WS")))
         index_vars = {ax: ident(ax, "i_") for ax in (p.a, p.c, *p.batch)}
-        epi = epilogue_code(d, p.contraction, p.out, index_vars=index_vars, ctype_name=T)
-        params += epi.params
-
         elem = _elem(T)
+        staged = epilogue_tiles(d, p, cfg, elem)
+        epi = epilogue_code(d, p.contraction, p.out, index_vars=index_vars, ctype_name=T,
+                            tile_reads={v.name: f"napkin::to_float(tE{k}[tile_r * C_LD + tile_c])"
+                                        for k, v in enumerate(staged)})
+        params += epi.params
+        tiles = []
+        for k, v in enumerate(staged):  # the operands the mma template copies tile by tile
+            sv = contiguous_strides(v)
+            params += [tensor_param(v, f"E{k}", T), stride_param(f"ldE{k}", sv[p.a], f"row stride of {v.label()}")]
+            batch_strides = []
+            for ax in (ax for ax in p.batch if ax in sv):
+                params.append(stride_param(f"bE{k}_{ax}", sv[ax], f"stride of {v.label()} along {ax}"))
+                batch_strides.append(dict(idx=index_vars[ax], stride=ident(f"bE{k}_{ax}")))
+            tiles.append(dict(ptr=ident(f"E{k}"), ld=ident(f"ldE{k}"), batch=batch_strides, name=ident(v.name)))
+
         smem = cfg.smem_bytes(p, elem)
         limit = _smem_limit(None, arch)
         if smem > limit:
@@ -1138,7 +1179,8 @@ class ContractionFamily:
             A_KMAJOR=p.a_kmajor, B_KMAJOR=p.b_kmajor,
             params=signature(params), batch=batch, kouter=kouter, legend=legend,
             idx_a=index_vars[p.a], idx_c=index_vars[p.c],
-            epi_body=epi.body("    "), epi_result=epi.result, epi_identity=epi.is_identity,
+            epi_body=epi.body("    "), epi_result=epi.result, epi_identity=epi.is_identity, tiles=tiles,
+            CLAMPED=len(staged) == len(_tiled_like_output(d, p)),
         )
         template = "matmul_simt.cu.jinja" if cfg.simt else "matmul_mma.cu.jinja"
         source = render(template, **ctx)

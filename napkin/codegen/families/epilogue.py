@@ -197,6 +197,7 @@ class MapCode:
     params: list[Param] = field(default_factory=list)
     boxes: list[str] = field(default_factory=list)
     extras: list[str] = field(default_factory=list)
+    tiles: list[str] = field(default_factory=list)  # extra inputs read through ``tile_reads``
 
     def body(self, indent: str = "") -> Code:
         """The statements, one a line (each but the first indented by ``indent``)."""
@@ -234,8 +235,9 @@ def _params(diagram: Diagram, op: Map) -> tuple[float, ...]:
 
 class _EpilogueBuilder:
     def __init__(self, diagram: Diagram, start: Value, index_vars: Mapping[str, str], ctype_name: str,
-                 prefix: str, start2: Value | None = None):
+                 prefix: str, start2: Value | None = None, tile_reads: Mapping[str, str] | None = None):
         self.d = diagram
+        self.tile_reads = dict(tile_reads or {})
         self.index_vars = dict(index_vars)
         self.ctype = ctype_name
         self.prefix = prefix
@@ -250,6 +252,12 @@ class _EpilogueBuilder:
         return Code(f"{self.prefix}{self._n}")
 
     def _extra(self, v: Value) -> Code:
+        if v.name in self.tile_reads:  # the kernel stages this input's tile and reads it there
+            var = self._var()
+            self.code.lines.append(Code(f"const float {var} = {self.tile_reads[v.name]};"))
+            self.code.extras.append(v.name)
+            self.code.tiles.append(v.name)
+            return var
         missing = [n for n in v.axis_names if n not in self.index_vars]
         if missing:
             raise CodegenError(f"epilogue input {v.label()} carries axes {missing} that the kernel's "
@@ -296,14 +304,25 @@ class _EpilogueBuilder:
 
 
 def epilogue_code(diagram: Diagram, start: Value, end: Value, *, index_vars: Mapping[str, str],
-                  ctype_name: str, prefix: str = "e", start2: Value | None = None) -> MapCode:
+                  ctype_name: str, prefix: str = "e", start2: Value | None = None,
+                  tile_reads: Mapping[str, str] | None = None) -> MapCode:
     """Per-element statements computing ``end`` from ``start`` (held in ``acc``) through maps.
 
     ``index_vars`` names the C++ variable of each output axis's index; ``ctype_name`` is the
     dtype extra inputs are stored in; ``start2`` is a second start value (a dual contraction's
-    other sum), held in ``acc2``.
+    other sum), held in ``acc2``. ``tile_reads`` maps an extra input's name to the C++ expression
+    (a float) that reads the element from a copy the kernel made itself (a tile in shared
+    memory): that input gets no parameter here, the kernel passes it, and ``MapCode.tiles`` lists
+    it.
+
+    >>> from napkin.diagrams import library
+    >>> d = library.get("mlp").bind(a=64, b=32, c=48)
+    >>> code = epilogue_code(d, d.value("H"), d.outputs[0], index_vars={"a": "i_a", "c": "i_c"},
+    ...                      ctype_name="bf16", tile_reads={"bias": "napkin::to_float(tB[tile_c])"})
+    >>> code.lines[0], code.tiles, code.params
+    ('const float e1 = napkin::to_float(tB[tile_c]);', ['bias'], [])
     """
-    b = _EpilogueBuilder(diagram, start, index_vars, ctype_name, prefix, start2)
+    b = _EpilogueBuilder(diagram, start, index_vars, ctype_name, prefix, start2, tile_reads)
     b.code.result = b.emit(end)
     return b.code
 
