@@ -61,7 +61,7 @@ from ...perfmodel.schedule import KernelOptions, Schedule
 from ..program import Arg, Buffer, KernelLaunch, Program
 from ..render import Code, comment, comment_lines, ident
 from .attention_problem import AttentionProblem
-from .attention_wgmma import PRODUCER_REGS, _masks, _rows_layout_problem
+from .attention_wgmma import PRODUCER_REGS, _masks, _rows_layout_problem, read_tiles
 from .contraction import _gpu_key, _smem_limit, wgmma_target_reason
 from .epilogue import (Param, check_index_size, contiguous_strides, float_param, int_param, render, score_chain,
                        short_hash, signature, stride_param)
@@ -225,21 +225,9 @@ def config_of(p: AttentionProblem, diagram: Diagram, sched: Schedule) -> Fp8Atte
     if not table:
         raise CodegenError(f"attention family (fp8): head dimension {D}; the template takes "
                            f"{' and '.join(map(str, HEAD_DIMS))}")
-    BQ = BXs = WQ = None
-    for r in sched.kernels[0].relabels:
-        if r.is_symbolic:
-            raise CodegenError(f"attention family (fp8): {r} has no size; bind {r.symbol} first")
-        if r.kind == "group" and r.axis == p.q and r.level == "SMEM":
-            BQ = int(r.size)
-        elif r.kind == "group" and r.axis == p.q and r.level == "RF":
-            WQ = int(r.size)
-        elif r.kind == "stream" and r.axis == p.x and r.level == "SMEM":
-            BXs = int(r.size)
-        elif r.kind == "group" and r.axis in p.woven and r.level == "SMEM" and r.size == 1:
-            continue
-        else:
-            raise CodegenError(f"attention family (fp8): the template cannot realise {r} (it groups {p.q} at "
-                               f"SMEM and in 64-row warpgroups at RF, streams {p.x} at SMEM in chunks of {BX})")
+    BQ, WQ, BXs, _, _ = read_tiles(
+        p, sched, "attention family (fp8)",
+        f"it groups {p.q} at SMEM and in 64-row warpgroups at RF, streams {p.x} at SMEM in chunks of {BX}")
     opts = sched.kernels[0].options
     consumers = opts.warpgroups or (BQ // 64 if BQ else table[0].consumers)
     stages = opts.stages or table[0].stages

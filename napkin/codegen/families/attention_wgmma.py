@@ -291,15 +291,20 @@ def candidates(fam, diagram: Diagram, gpu, dtype: str) -> list[Schedule]:
     return out
 
 
-def config_of(p: AttentionProblem, diagram: Diagram, sched: Schedule) -> WgmmaAttentionConfig:
-    """The configuration a wgmma schedule asks for, checked against what the template builds."""
-    D = diagram.axes[p.d].bound_size
-    BQ = BX = WQ = None
-    packs = _packed_axes(p)
-    pack, wpack = 1, None
+def read_tiles(p: AttentionProblem, sched: Schedule, family: str, does: str,
+               packs: tuple[str, ...] = ()) -> tuple[int | None, int | None, int | None, int, int | None]:
+    """The tiles a Hopper attention schedule's relabels ask for: ``(BQ, WQ, BX, pack, wpack)`` —
+    ``g_q`` at SMEM, ``w_q`` at RF, ``s_x`` at SMEM, the group of the ``packs`` axes at SMEM (1
+    when none) and at RF; None where the schedule does not say. A size not bound yet, or a relabel
+    the template cannot realise, raises, naming ``family`` and what its template ``does``::
+
+        BQ, WQ, BX, pack, wpack = read_tiles(p, sched, "attention family (wgmma)", "it groups q ...")
+    """
+    BQ = BX = WQ = wpack = None
+    pack = 1
     for r in sched.kernels[0].relabels:
         if r.is_symbolic:
-            raise CodegenError(f"attention family (wgmma): {r} has no size; bind {r.symbol} first")
+            raise CodegenError(f"{family}: {r} has no size; bind {r.symbol} first")
         if r.kind == "group" and r.axis == p.q and r.level == "SMEM":
             BQ = int(r.size)
         elif r.kind == "group" and r.axis == p.q and r.level == "RF":
@@ -313,9 +318,17 @@ def config_of(p: AttentionProblem, diagram: Diagram, sched: Schedule) -> WgmmaAt
         elif r.kind == "group" and r.axis in packs and r.level == "RF":
             wpack = int(r.size)
         else:
-            raise CodegenError(f"attention family (wgmma): the template cannot realise {r} (it groups {p.q} "
-                               f"at SMEM and in 64-row warpgroups at RF, streams {p.x} at SMEM, one combination "
-                               "of the woven axes a block)")
+            raise CodegenError(f"{family}: the template cannot realise {r} ({does})")
+    return BQ, WQ, BX, pack, wpack
+
+
+def config_of(p: AttentionProblem, diagram: Diagram, sched: Schedule) -> WgmmaAttentionConfig:
+    """The configuration a wgmma schedule asks for, checked against what the template builds."""
+    D = diagram.axes[p.d].bound_size
+    BQ, WQ, BX, pack, wpack = read_tiles(
+        p, sched, "attention family (wgmma)",
+        f"it groups {p.q} at SMEM and in 64-row warpgroups at RF, streams {p.x} at SMEM, one combination "
+        "of the woven axes a block", packs=_packed_axes(p))
     opts = sched.kernels[0].options
     table = configs(D)
     if not table:
