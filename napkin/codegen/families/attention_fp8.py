@@ -61,7 +61,7 @@ from ...perfmodel.schedule import KernelOptions, Schedule
 from ..program import Arg, Buffer, KernelLaunch, Program
 from ..render import Code, comment, comment_lines, ident
 from .attention_problem import AttentionProblem
-from .attention_wgmma import PRODUCER_REGS, _masks, _rows_layout_problem, read_tiles
+from .attention_wgmma import PRODUCER_REGS, _masks, _rows_layout_problem, mask_legend, read_tiles, shared_context
 from .contraction import _gpu_key, _smem_limit, wgmma_target_reason
 from .epilogue import (Param, check_index_size, contiguous_strides, float_param, int_param, render, score_chain,
                        short_hash, signature, stride_param)
@@ -429,25 +429,12 @@ def _launch(d: Diagram, p: AttentionProblem, cfg: Fp8AttentionConfig, vt: str, a
         f"  score modifiers: {', '.join(chain.boxes) or 'none'}; softmax scale folded: {chain.factor:.6g}",
         "  per-tensor scales: " + ", ".join(SCALES) + " (float arguments, 1 unless set)",
     ]
-    if causal is not None:
-        legend.append(f"  causal (offset {causal}): key blocks above the diagonal skipped")
-    if window is not None:
-        legend.append(f"  sliding window {window}: key blocks outside it skipped")
-    ns, no = BX // 2, cfg.D // 2
+    legend += mask_legend(causal, window)
     ctx = dict(
         kname=kname, D=cfg.D, STAGES=cfg.stages, CONSUMERS=cfg.consumers, PRODUCER_REGS=PRODUCER_REGS,
         CONSUMER_REGS=cfg.consumer_regs(),
-        s_operands=Code("{" + ", ".join(f"%{i}" for i in range(ns)) + "}"),
-        s_constraints=Code(", ".join(f'"+f"(s[{i}])' for i in range(ns))),
-        o_operands=Code("{" + ", ".join(f"%{i}" for i in range(no)) + "}"),
-        a_operands=Code("{" + ", ".join(f"%{no + i}" for i in range(4)) + "}"),
-        o_constraints=Code(", ".join(f'"+f"(o[{i}])' for i in range(no))),
         params=signature(params), legend=comment_lines(legend), woven=woven,
-        REVERSE=causal is not None and window is None, CAUSAL=causal, WINDOW=window, ALWAYS_MASK=always_mask,
-        IDX_ROW=index_vars[p.q], IDX_COL=index_vars[p.x], FLOAT_IDX=float_idx,
-        IDX_TYPE=Code("const float" if float_idx else "const int"),
-        ROW_BASE=Code("frow_lo" if float_idx else "row_lo"), COL_BASE=Code("fx0" if float_idx else "x0"),
-        full_body=chain.full.body("          "), full_result=chain.full.result,
+        **shared_context(p, chain, index_vars, float_idx, (causal, window, always_mask), BX // 2, cfg.D // 2),
         chain_desc=comment(", ".join(chain.boxes) or "none"), OVERLAP=cfg.overlap,
     )
     source = render(TEMPLATE, **ctx)

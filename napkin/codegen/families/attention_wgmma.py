@@ -394,6 +394,35 @@ def launch_estimate(fam, diagram: Diagram, sched: Schedule, gpu=None) -> dict:
                 threads_per_row=4, tensor_path="peak", overlap_operands=True, overlap_compute=False)
 
 
+def mask_legend(causal, window) -> list[str]:
+    """The legend lines of the block skipping a causal mask or a sliding window gives."""
+    lines = []
+    if causal is not None:
+        lines.append(f"  causal (offset {causal}): key blocks above the diagonal skipped")
+    if window is not None:
+        lines.append(f"  sliding window {window}: key blocks outside it skipped")
+    return lines
+
+
+def shared_context(p: AttentionProblem, chain, index_vars, float_idx: bool, masks, ns: int, no: int) -> dict:
+    """The template context every Hopper attention kernel (bf16/fp16 and fp8) takes alike: the
+    inline-asm operand lists of S (``ns`` accumulator registers a thread) and O (``no``), the
+    masks (``(causal, window, always_mask)`` of :func:`_masks`), the score chain and its indices."""
+    causal, window, always_mask = masks
+    return dict(
+        s_operands=Code("{" + ", ".join(f"%{i}" for i in range(ns)) + "}"),
+        s_constraints=Code(", ".join(f'"+f"(s[{i}])' for i in range(ns))),
+        o_operands=Code("{" + ", ".join(f"%{i}" for i in range(no)) + "}"),
+        a_operands=Code("{" + ", ".join(f"%{no + i}" for i in range(4)) + "}"),
+        o_constraints=Code(", ".join(f'"+f"(o[{i}])' for i in range(no))),
+        REVERSE=causal is not None and window is None, CAUSAL=causal, WINDOW=window, ALWAYS_MASK=always_mask,
+        IDX_ROW=index_vars[p.q], IDX_COL=index_vars[p.x], FLOAT_IDX=float_idx,
+        IDX_TYPE=Code("const float" if float_idx else "const int"),
+        ROW_BASE=Code("frow_lo" if float_idx else "row_lo"), COL_BASE=Code("fx0" if float_idx else "x0"),
+        full_body=chain.full.body("          "), full_result=chain.full.result,
+    )
+
+
 def _masks(p: AttentionProblem, chain):
     """(causal offset, window, always_mask) read off the chain, as the mma.sync template does:
     masks that come last with integer offsets skip whole key blocks; any other mask is applied
@@ -535,28 +564,15 @@ def _launch(d: Diagram, p: AttentionProblem, cfg: WgmmaAttentionConfig, arch: st
         f"  engine: wgmma + TMA; registers {PRODUCER_REGS} (producer) / {cfg.consumer_regs()} (consumers)",
         f"  score modifiers: {', '.join(chain.boxes) or 'none'}; softmax scale folded: {chain.factor:.6g}",
     ]
-    if causal is not None:
-        legend.append(f"  causal (offset {causal}): key blocks above the diagonal skipped")
-    if window is not None:
-        legend.append(f"  sliding window {window}: key blocks outside it skipped")
+    legend += mask_legend(causal, window)
     if lse:
         legend.append(f"  log-sum-exp: {d.output_names[1]}[{','.join(p.lse.axis_names)}] (fp32, natural log) per row")
-    ns, no = cfg.BX // 2, cfg.NV // 2
     ctx = dict(
         kname=kname, T=ctype(T), AB=Code("bf16" if T == "bf16" else "f16"), D=cfg.D, DP=cfg.DP, NV=cfg.NV,
         PACK=pack is not None, PACK_G=cfg.pack, pack=pack, BX=cfg.BX, STAGES=cfg.stages,
         CONSUMERS=cfg.consumers, PRODUCER_REGS=PRODUCER_REGS, CONSUMER_REGS=cfg.consumer_regs(),
-        s_operands=Code("{" + ", ".join(f"%{i}" for i in range(ns)) + "}"),
-        s_constraints=Code(", ".join(f'"+f"(s[{i}])' for i in range(ns))),
-        o_operands=Code("{" + ", ".join(f"%{i}" for i in range(no)) + "}"),
-        a_operands=Code("{" + ", ".join(f"%{no + i}" for i in range(4)) + "}"),
-        o_constraints=Code(", ".join(f'"+f"(o[{i}])' for i in range(no))),
         params=signature(params), legend=comment_lines(legend), woven=woven,
-        REVERSE=causal is not None and window is None, CAUSAL=causal, WINDOW=window, ALWAYS_MASK=always_mask,
-        IDX_ROW=index_vars[p.q], IDX_COL=index_vars[p.x], FLOAT_IDX=float_idx,
-        IDX_TYPE=Code("const float" if float_idx else "const int"),
-        ROW_BASE=Code("frow_lo" if float_idx else "row_lo"), COL_BASE=Code("fx0" if float_idx else "x0"),
-        full_body=chain.full.body("          "), full_result=chain.full.result,
+        **shared_context(p, chain, index_vars, float_idx, (causal, window, always_mask), cfg.BX // 2, cfg.NV // 2),
         nomask_body=chain.nomask.body("          "), nomask_result=chain.nomask.result,
         NOMASK_NEEDED=bool(chain.nomask.lines), chain_desc=comment(", ".join(chain.boxes) or "none"),
         PINGPONG=pingpong, OVERLAP=cfg.overlap, LSE=p.lse is not None,
