@@ -61,7 +61,8 @@ from ...perfmodel.schedule import KernelOptions, Schedule
 from ..program import Arg, Buffer, KernelLaunch, Program
 from ..render import Code, comment, comment_lines, ident
 from .attention_problem import AttentionProblem
-from .attention_wgmma import PRODUCER_REGS, _masks, _rows_layout_problem, mask_legend, read_tiles, shared_context
+from .attention_wgmma import (PRODUCER_REGS, _masks, _rows_layout_problem, mask_legend, read_tiles,
+                              shared_context, tma_rows_reason)
 from .contraction import _gpu_key, _smem_limit, wgmma_target_reason
 from .epilogue import (Param, check_index_size, contiguous_strides, float_param, int_param, render, score_chain,
                        short_hash, signature, stride_param)
@@ -177,13 +178,7 @@ def structure_reason(p: AttentionProblem, diagram: Diagram) -> str | None:
     if chain.nomask.lines:
         return ("the fp8 template takes positive scales and masks as score modifiers (the per-tensor scales "
                 f"fold into the exponent); this diagram has {', '.join(chain.boxes)}")
-    sz = diagram.sizes
-    for v in (p.Q, p.K, p.V):
-        if all(isinstance(sz.get(a), int) for a in v.axis_names):
-            rows = math.prod(sz[a] for a in v.axis_names[:-1])
-            if rows >= 2 ** 31 - 2 ** 16:
-                return f"{v.label()} has {rows} rows; TMA coordinates are 32-bit"
-    return None
+    return tma_rows_reason(p, diagram.sizes)
 
 
 def reason(p: AttentionProblem, diagram: Diagram, gpu=None, arch: str | None = None) -> str | None:

@@ -207,7 +207,11 @@ def wgmma_reason(p: AttentionProblem, diagram: Diagram, gpu=None, arch: str | No
         why = _rows_layout_problem(v, row, p.d, diagram.sizes)
         if why:
             return why
-    sz = diagram.sizes
+    return tma_rows_reason(p, diagram.sizes)
+
+
+def tma_rows_reason(p: AttentionProblem, sz) -> str | None:
+    """Why Q, K or V has too many rows for a TMA coordinate (32-bit), or None."""
     for v in (p.Q, p.K, p.V):
         if all(isinstance(sz.get(a), int) for a in v.axis_names):
             rows = math.prod(sz[a] for a in v.axis_names[:-1])
