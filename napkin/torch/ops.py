@@ -427,10 +427,16 @@ class NapkinOp:
         array's bytes against its recomputation, but an extra output can also break a fused
         forward (the attention kernel writes one output; the planner then runs scores and
         probabilities apart), which only the plans show. Each entry is (save, forward seconds,
-        backward seconds), best first."""
+        backward seconds), best first.
+
+        Every set that saves a norm's statistic also saves what the backward would recompute
+        from it (:func:`napkin.diagrams.grad.recomputed_from_statistics`: the statistic is
+        rounded to the diagram's dtype, so the recomputed array is not the one the forward's
+        saved arrays were computed from). That is a matter of accuracy, not of time, so no
+        set without them is ranked."""
         from ..codegen.api import local_arch
         from ..codegen.plancache import derive_cached
-        from ..diagrams.grad import forward_with_saves, grad
+        from ..diagrams.grad import forward_with_saves, grad, recomputed_from_statistics
         from ..diagrams.ops import Rename
 
         gpu = self.compiled.gpu
@@ -443,6 +449,7 @@ class NapkinOp:
                  frozenset(n for n in picks if n.endswith(("_rstd", "_mean"))), frozenset()]
         out, seen, last = [], set(), None
         for c in cands:
+            c = c | frozenset(recomputed_from_statistics(bound, c))
             if c in seen:
                 continue
             seen.add(c)

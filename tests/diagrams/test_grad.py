@@ -22,7 +22,7 @@ import napkin.diagrams as nd
 from napkin.diagrams import (Axis, Diagram, alibi, array, causal, contract, library, map_fn, reduce, rename,
                              sliding_window, softmax)
 from napkin.diagrams.functions import FUNCTIONS, ElementwiseFn
-from napkin.diagrams.grad import forward_with_saves, grad, inputs_read, saveable
+from napkin.diagrams.grad import forward_with_saves, grad, inputs_read, recomputed_from_statistics, saveable
 from napkin.errors import DiagramError
 
 SCALE = float(os.environ.get("NAPKIN_PROPERTY_SCALE", "1") or 1)
@@ -282,6 +282,49 @@ def test_saveable_and_forward_with_saves_agree():
     assert inputs_read(d) == ("gamma",)  # dX needs no X once N and its statistics are there
     with pytest.raises(DiagramError, match="cannot save"):
         forward_with_saves(d, {"nope"})
+
+
+BLOCK_SAVES = {"N1_rstd", "Qp", "O", "N2", "N2_rstd", "add"}  # what choose_saved picks for the block
+
+
+def test_what_the_backward_would_recompute_from_a_saved_statistic_is_listed():
+    block = library.get("transformer_block")
+    assert recomputed_from_statistics(block, BLOCK_SAVES) == ("N1", "Xn", "Xn2")
+    # N2 is saved already; the MLP's saved pre-activation depends on N2 and Xn2
+    assert recomputed_from_statistics(block, {"N2_rstd", "add"}) == ("N2", "Xn2")
+    assert recomputed_from_statistics(block, {"N1_rstd", "N2_rstd"}) == ()
+    assert recomputed_from_statistics(block, {"Qp", "O"}) == ()  # no statistic saved
+    # a norm alone: its output is recomputed, but no saved array was computed from it
+    assert recomputed_from_statistics(library.get("layernorm"), {"N_mean", "N_rstd"}) == ()
+    with pytest.raises(DiagramError, match="save must be a set"):
+        recomputed_from_statistics(block, "N1_rstd")
+
+
+def test_saving_what_is_recomputed_from_a_rounded_statistic_keeps_the_forwards_operands():
+    # The saved arrays rounded to bf16, as the kernels store them, everything else in float64: with
+    # N1_rstd saved alone the backward recomputes Xn (so K and V) from a rounded statistic beside
+    # the forward's Qp and O, and the attention weights' gradients lose about a third of their
+    # accuracy; saving N1, Xn and Xn2 as well gives them back.
+    sizes = {"q": 128, "e": 128, "h": 2, "d": 64, "f": 128}
+    d = library.get("transformer_block").bind(**sizes)
+    gen = torch.Generator().manual_seed(0)
+    scale = {"g1": 0.1, "g2": 0.1, "b1": 0.1, "Wq": 128 ** -0.5, "Wk": 128 ** -0.5, "Wv": 128 ** -0.5,
+             "Wo": 128 ** -0.5, "W1": 128 ** -0.5, "W2": 128 ** -0.5}
+    feed = {n: (t * scale.get(n, 1.0) + (1.0 if n in ("g1", "g2") else 0.0)).bfloat16().double()
+            for n, t in draw_inputs(d, gen).items()}
+    dY = torch.randn(128, 128, generator=gen, dtype=torch.float64).bfloat16().double()
+    a = {n: t.clone().requires_grad_(True) for n, t in feed.items()}
+    d.reference(a, dtype=torch.float64)["Y"].backward(dY)
+    errors = []
+    for save in (BLOCK_SAVES, BLOCK_SAVES | set(recomputed_from_statistics(d, BLOCK_SAVES))):
+        fwd = forward_with_saves(d, save).reference(feed, dtype=torch.float64)
+        got = grad(d, None, save).reference({**feed, "dY": dY, **{s: fwd[s].bfloat16().double() for s in save}},
+                                            dtype=torch.float64)
+        errors.append({n: float((got["d" + n] - a[n].grad).norm() / a[n].grad.norm()) for n in feed})
+    plain, kept = errors
+    for n in ("Wq", "Wk", "g1"):
+        assert kept[n] < 0.75 * plain[n], (n, plain[n], kept[n])
+    assert all(kept[n] <= plain[n] * 1.05 for n in feed), (plain, kept)  # none worse beyond noise
 
 
 def test_grad_of_a_symbolic_diagram_binds_later():

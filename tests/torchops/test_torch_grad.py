@@ -18,7 +18,7 @@ from functorch.compile import make_boxed_func
 
 import napkin.torch as nt
 import napkin.torch.ops as ops
-from napkin.diagrams import Axis, Diagram, array
+from napkin.diagrams import Axis, Diagram, array, contract, gelu, rmsnorm
 from napkin.errors import CodegenError, DiagramError
 
 GPU = "h100"
@@ -103,6 +103,20 @@ def test_saved_arrays_come_from_the_with_saves_forward():
     want = grads_of(lambda *t: o.reference(*t), xs, cot)
     for a, b in zip(mine, want):
         assert (a.float() - b.float()).norm() <= 2e-2 * b.float().norm()
+
+
+def test_a_save_set_keeping_a_norm_statistic_keeps_what_the_backward_would_recompute_from_it():
+    # H (saved) was computed from the forward's Xn; recomputing Xn from the bf16 rstd would give
+    # the backward another Xn, so every ranked set saving both also saves N and Xn
+    r, x, c = Axis("r"), Axis("x"), Axis("c")
+    X, g, W = array("X", r, x), array("g", x), array("W", c, x)
+    Xn = (rmsnorm(X, over=x, name="N") * g).named("Xn")
+    d = Diagram("norm_gelu", gelu(contract(Xn, W, over=x, out=(r, c), name="H"), name="Y"))
+    o = nt.op(d, sizes={"r": 256, "x": 256, "c": 512}, dtype="bf16", gpu=GPU, grad=False)
+    ranked = [c for c, _, _ in o._rank_saves(o.diagram, {"N_rstd", "H"})]
+    assert frozenset({"N_rstd", "H", "N", "Xn"}) in ranked, ranked
+    assert all({"N", "Xn"} <= c for c in ranked if {"N_rstd", "H"} <= c), ranked
+    assert frozenset({"N_rstd"}) in ranked  # nothing saved was computed from N: recomputing is consistent
 
 
 def test_each_set_of_inputs_needing_a_gradient_gets_its_own_backward():
