@@ -81,7 +81,7 @@ def test_a_user_written_chain_plans_as_one_kernel(sizes):
     assert re.search(r"colpart\[1\]\[slot\]\[\(c \* VEC \+ e\) \* THREADS_PER_ROW \+ lane\] = \(-INFINITY\)", src)
     assert re.search(r"colpart\[1\]\[slot\]\[\(\(c0 \+ u\) \* VEC \+ e\) \* THREADS_PER_ROW \+ lane\] = fmaxf\(", src)
     assert "a = fmaxf(a, colpart[1][s][w])" in src
-    assert re.search(r"a = fmaxf\(a, p\[", p.launches[1].source)
+    assert "a = fmaxf(a, v[j]);" in p.launches[1].source and "(-INFINITY);" in p.launches[1].source
 
 
 def _read_column_sum() -> Diagram:
@@ -205,11 +205,73 @@ def test_the_generated_source_says_how_it_runs():
     acc = "colpart[{}][slot][((c0 + u) * VEC + e) * THREADS_PER_ROW + lane]"
     assert f"{acc.format(0)} = ({acc.format(0)} + a_" in main.source        # dgamma += dY·N
     assert f"{acc.format(1)} = ({acc.format(1)} + a_dY)" in main.source     # dbeta += dY
-    # the next row group's X and dY (and the saved statistics) are loaded while this one is worked on
-    assert "napkin::load_vec(pf_X[u], in_X + next_row * 4096LL, col0, next_limit" in main.source
-    assert "kv_X[u] = pf_X[u];" in main.source and "pf_N_rstd = next_limit ?" in main.source
+    # the row group PREFETCH groups ahead (X, dY and the saved statistics) is loaded while this one
+    # is worked on, into slot d of the registers in flight
+    depth = dict(main.tunables)["PREFETCH"]
+    assert f"constexpr int PREFETCH = {depth};" in main.source
+    assert "napkin::load_vec(pf_X[d][u], in_X + next_row * 4096LL, col0, next_limit" in main.source
+    assert "kv_X[u] = pf_X[d][u];" in main.source and "pf_N_rstd[d] = next_limit ?" in main.source
+    assert "next_row = row + (long long)PREFETCH * SPLITS * ROWS_PER_BLOCK" in main.source
+    # gamma holds the row's axis only: each thread loads its columns once, before the row loop
+    loop = main.source.index("for (int it0 = 0; it0 < ITERS; it0 += PREFETCH)")
+    assert 0 < main.source.index("napkin::load_vec(hv_gamma[u], in_gamma,") < loop
+    assert "a_gamma = napkin::to_float(hv_gamma[u].x[e]);" in main.source and "ld_gamma" not in main.source
     assert "out_dgamma[col]" in comb.source and "out_dbeta[col]" in comb.source
     assert f"constexpr int SPLITS = {splits};" in comb.source
+    # the combining launch keeps DEPTH partials in flight per thread, added in the order of b
+    assert "v[j] = b < SPLITS ? p[(long long)b * XSIZE] : 0.f;" in comb.source and "a = (a + v[j]);" in comb.source
+
+
+@pytest.mark.parametrize("depth", [1, 2, 3])
+def test_the_prefetch_depth_is_a_typed_option_that_lowers_back(depth):
+    from napkin.codegen.families.rowwise import chain_config_from_schedule, chain_schedule_for, make_chain_config
+
+    sub = whole(norm_grad("rmsnorm", r=777, x=1000))
+    s = analyse(sub)
+    cfg = make_chain_config(s, 128, 1, splits=100, prefetch=depth)
+    sched = chain_schedule_for(s, cfg, "h100")
+    assert sched.kernels[0].options.stages == depth and sched.kernels[0].options.splits == 100
+    assert chain_config_from_schedule(s, sched) == cfg
+    main = FAMILY.lower(sub, sched, "sm_90a").launches[0]
+    assert dict(main.tunables)["PREFETCH"] == depth and f"constexpr int PREFETCH = {depth};" in main.source
+    # 8 row groups of 100 blocks: a depth that does not divide them stops the unrolled loop early
+    assert "constexpr int ITERS = 8;" in main.source
+    assert "if (ITERS % PREFETCH != 0 && it >= ITERS) break;" in main.source
+    # the registers and the bytes in flight grow with the depth
+    est = FAMILY.launch_estimate(sub, sched, "h100")
+    base = FAMILY.launch_estimate(sub, chain_schedule_for(s, make_chain_config(s, 128, 1, splits=100, prefetch=1),
+                                                          "h100"), "h100")
+    assert est["in_flight_bytes_per_thread"] == depth * base["in_flight_bytes_per_thread"]
+    assert (est["regs"] > base["regs"]) == (depth > 1)
+
+
+@pytest.mark.parametrize("kwargs, words", [
+    (dict(splits=10, prefetch=0), "1..3 row groups ahead"),
+    (dict(splits=10, prefetch=4), "1..3 row groups ahead"),
+])
+def test_a_prefetch_depth_out_of_range_is_refused(kwargs, words):
+    from napkin.codegen.families.rowwise import make_chain_config
+    from napkin.errors import CodegenError
+
+    s = analyse(whole(norm_grad("rmsnorm", r=300, x=1000)))
+    with pytest.raises(CodegenError, match=words):
+        make_chain_config(s, 128, 1, **kwargs)
+
+
+def test_prefetch_needs_column_reductions():
+    from napkin.codegen.families.rowwise import make_chain_config
+    from napkin.errors import CodegenError
+
+    s = analyse(prepare(library.get("log_softmax"), sizes=dict(r=8, x=1000), dtype="bf16"))
+    assert isinstance(s, ChainShape) and not s.cols
+    with pytest.raises(CodegenError, match="only with column reductions"):
+        make_chain_config(s, 128, 1, prefetch=2)
+
+
+def test_the_candidates_offer_one_and_two_row_groups_in_flight():
+    sub = whole(norm_grad("layernorm", r=16384, x=4096))
+    depths = {s.kernels[0].options.stages for s in FAMILY.candidates(sub, "h100", "bf16")}
+    assert depths == {1, 2}
 
 
 # ----------------------------------------------------------------------------- nvcc

@@ -558,11 +558,15 @@ def lower_shape(shape: RowwiseShape, cfg: Config, schedule: Schedule, arch: str,
 # chain computes per element, whose result only leaves the kernel (a norm backward's
 # ``dgamma = Σ_r dY·N`` and ``dbeta = Σ_r dY`` beside its row sums). The kernel then runs one full
 # wave of ``splits`` blocks, each looping over row groups ``b, b + splits, ...`` (the first pass's
-# row vectors and per-row scalars of the next group are loaded while this one is worked on). Each
+# row vectors and per-row scalars of the group ``prefetch`` groups ahead are loaded while this one
+# is worked on, ``prefetch`` of them in flight in registers; the loop is unrolled ``prefetch`` times
+# so that each slot is a register; vectors of the row's axes only, ``gamma``, are loaded once before
+# the loop: a thread's columns are the same in every row). Each
 # thread adds its columns' values into fp32 partials in shared memory (its own words only, laid out
 # so a warp's lanes touch consecutive words); at the end the block adds its row slots in order and
 # writes one partial row per column reduction; a second launch adds the ``splits`` rows per column
-# in a fixed order (the same inputs give the same bits). HBM then moves X, dY and dX once, the
+# in a fixed order (the same inputs give the same bits, whatever the prefetch depth), each thread
+# with ``COMBINE_DEPTH`` partials in flight. HBM then moves X, dY and dX once, the
 # vectors once, and ``2 × 4 × splits × row`` bytes of partials per column reduction, which the
 # launch estimate states with the combining launch. Register mode only (the partials' words follow
 # the register chunks).
@@ -585,9 +589,17 @@ STREAM_UNROLLS = (2, 4)
 DEFAULT_SMS = 132
 DEFAULT_BLOCKS_PER_SM = 2
 MAX_COL_SMEM = 48 * 1024 - 256
+#: Column reductions: the row groups a block loads ahead of the one it works on (each is the first
+#: pass's row vectors of ``rows_per_block`` rows, in registers), by default and at most.
+DEFAULT_PREFETCH = 1
+MAX_PREFETCH = 3
+#: The depths the family proposes (the model weighs the bytes in flight against the registers).
+PREFETCHES = (1, 2)
 #: Threads of the combining launch of column partials: 32 columns × 8 slices of the blocks.
 COMBINE_COLS = 32
 COMBINE_SLICES = 8
+#: Partials one thread of the combining launch loads before it adds them (bytes in flight).
+COMBINE_DEPTH = 8
 #: C operator of each reduction kind, its identity, and the block/warp reduction operator.
 _CHAIN_OPS = {"sum": ("({a} + {b})", "0.f", "napkin::SumOp"),
               "max": ("fmaxf({a}, {b})", "(-INFINITY)", "napkin::MaxOp"),
@@ -861,6 +873,7 @@ class ChainConfig:
     unroll: int
     stream: bool
     splits: int | None = None   # with column reductions: the blocks, each looping over row groups
+    prefetch: int = 1           # with column reductions: row groups loaded ahead of the one worked on
 
     @property
     def threads(self) -> int:
@@ -875,9 +888,10 @@ class ChainConfig:
         return self.vec * self.chunks_per_thread
 
     def options(self, shape: ChainShape) -> KernelOptions:
-        """Typed options: a streamed row says how many chunks it keeps in flight (``stages``)."""
-        return KernelOptions(threads_per_row=self.threads_per_row, warps=self.threads // 32,
-                             stages=self.unroll if self.stream else None,
+        """Typed options: a streamed row says how many chunks it keeps in flight (``stages``), a
+        kernel with column reductions how many row groups it loads ahead (``stages``)."""
+        stages = self.unroll if self.stream else (self.prefetch if self.splits else None)
+        return KernelOptions(threads_per_row=self.threads_per_row, warps=self.threads // 32, stages=stages,
                              regs_per_thread=chain_regs_estimate(shape, self), splits=self.splits)
 
     def groups(self, shape: ChainShape) -> int:
@@ -894,7 +908,11 @@ class ChainConfig:
 
 
 def make_chain_config(shape: ChainShape, threads_per_row: int, rows_per_block: int,
-                      stream_unroll: int | None = None, splits: int | None = None) -> ChainConfig:
+                      stream_unroll: int | None = None, splits: int | None = None,
+                      prefetch: int | None = None) -> ChainConfig:
+    """A chain configuration, checked: ``stream_unroll`` chunks in flight of a streamed row; with
+    column reductions ``splits`` blocks looping over the row groups, each loading ``prefetch`` of
+    them ahead (1..:data:`MAX_PREFETCH`; default :data:`DEFAULT_PREFETCH`)."""
     base = make_config(shape, threads_per_row, rows_per_block)   # checks the thread counts
     if shape.cols:
         # column reductions: per-thread partials of fixed columns, in registers (register mode)
@@ -905,8 +923,14 @@ def make_chain_config(shape: ChainShape, threads_per_row: int, rows_per_block: i
         if splits is None or not 1 <= splits <= groups:
             raise CodegenError(f"rowwise: column reductions need a block count (splits) in 1..{groups} (the "
                                f"groups of {rows_per_block} rows), got {splits}")
+        depth = DEFAULT_PREFETCH if prefetch is None else prefetch
+        if not 1 <= depth <= MAX_PREFETCH:
+            raise CodegenError(f"rowwise: column reductions load 1..{MAX_PREFETCH} row groups ahead (stages), "
+                               f"got {prefetch}")
         return ChainConfig(threads_per_row, rows_per_block, base.vec, base.chunks_per_thread,
-                           base.chunks_per_thread, False, splits)
+                           base.chunks_per_thread, False, splits, depth)
+    if prefetch is not None:
+        raise CodegenError("rowwise: prefetch (row groups loaded ahead) only with column reductions")
     if splits is not None:
         raise CodegenError("rowwise: splits (blocks looping over rows) only with column reductions")
     if stream_unroll is None:
@@ -920,17 +944,32 @@ def make_chain_config(shape: ChainShape, threads_per_row: int, rows_per_block: i
 
 
 def _loaded(shape: ChainShape, p: int, cfg: ChainConfig) -> tuple[list[Value], list[Value]]:
-    """(row inputs pass ``p`` loads as vectors, gathered inputs it reads per element)."""
+    """(row inputs pass ``p`` loads as vectors, gathered inputs it reads per element); the
+    vectors a kernel with column reductions holds for every row (:func:`resident`) are loaded
+    once, before its loop over the rows, not here."""
     kept = {id(v) for v in shape.kept} if not cfg.stream else set()
+    held = {id(v) for v in resident(shape, cfg)}
     vecs, gathers = [], []
     for v in shape.need(p):
-        if not v.is_input:
+        if not v.is_input or id(v) in held:
             continue
         if shape.access[id(v)] == "gather":
             gathers.append(v)
         elif id(v) not in kept or shape.uses(v)[0] == p:
             vecs.append(v)
     return vecs, gathers
+
+
+def resident(shape: ChainShape, cfg: ChainConfig) -> tuple[Value, ...]:
+    """The inputs a chain kernel with column reductions loads once, before its loop over the row
+    groups, and keeps in registers: vectors holding the row's axes only, in its order
+    (``gamma[x]``): a thread's columns are the same in every row it works on, so each row would
+    read the same 16 bytes again (from L2, a wait in every pass of every row)."""
+    if not shape.cols or cfg.stream:
+        return ()
+    used = {id(v) for p in range(shape.passes) for v in shape.need(p)}
+    return tuple(v for v in shape.diagram.inputs
+                 if id(v) in used and shape.access.get(id(v)) == "row" and v.axis_names == shape.red)
 
 
 def chain_regs_need(shape: ChainShape, cfg: ChainConfig) -> int:
@@ -941,7 +980,8 @@ def chain_regs_need(shape: ChainShape, cfg: ChainConfig) -> int:
     inputs (one value per chunk in flight where it is constant over the chunk, else half a
     register per value in flight: ptxas hoists the scalar loads), one register per per-row value
     and accumulator, two per row axis whose index is computed, and a fixed base for addresses,
-    indices and loop state."""
+    indices and loop state. With column reductions: the row loop's state, the ``prefetch`` row
+    groups' raw vectors and scalars loaded ahead, and the raw vectors held for every row."""
     kept = 0 if cfg.stream else cfg.vec * cfg.unroll * len(shape.kept)
     busiest = 0
     for p in range(shape.passes):
@@ -957,8 +997,15 @@ def chain_regs_need(shape: ChainShape, cfg: ChainConfig) -> int:
     # column reductions: their partials live in shared memory; the row loop's state and addresses,
     # and the next row group's raw vectors (4 registers a chunk) and scalars, loaded ahead
     cols = 6 + 2 * len(shape.cols) if shape.cols else 0
+    # the groups in flight, and of a 16-bit row the raw vectors of the group worked on while the
+    # next load goes out (fp32 ones are the row's values, counted above)
+    worked = 1 if lookup_dtype(shape.dtype).bytes == 2 else 0
     for v in prefetched(shape, cfg):
-        cols += 4 * cfg.unroll if shape.access[id(v)] == "row" else 1
+        if shape.access[id(v)] == "row":
+            cols += (cfg.prefetch + worked) * 4 * cfg.unroll
+        else:
+            cols += cfg.prefetch
+    cols += 4 * cfg.unroll * len(resident(shape, cfg))     # the vectors held for every row
     return CHAIN_BASE_REGS + kept + busiest + scalars + len(shape.chains) + index + ragged + cols
 
 
@@ -967,9 +1014,17 @@ def _even(shape, cfg) -> bool:
     return chunks * cfg.vec == shape.xsize and chunks == cfg.chunks_per_thread * cfg.threads_per_row
 
 
+def _slack(cfg: ChainConfig) -> int:
+    """Registers the budget keeps over the footprint: 8, or none with column reductions and one
+    row group in flight (the footprint counts the group worked on and the one loaded as whole
+    vectors, which ptxas overlaps; 8 more would cost a resident block of a 256-thread row)."""
+    return 0 if cfg.splits and cfg.prefetch == 1 else 8
+
+
 def chain_regs_estimate(shape: ChainShape, cfg: ChainConfig) -> int:
-    """The register budget the model assumes and the kernel asks for (``__maxnreg__``)."""
-    budget = -(-chain_regs_need(shape, cfg) // 8) * 8 + 8
+    """The register budget the model assumes and the kernel asks for (``__maxnreg__``): the
+    footprint rounded up to the allocation unit (8), plus the slack (:func:`_slack`)."""
+    budget = -(-chain_regs_need(shape, cfg) // 8) * 8 + _slack(cfg)
     return min(MAX_REGS, budget, (65536 // cfg.threads) // 8 * 8)
 
 
@@ -987,26 +1042,27 @@ def chain_configs(shape: ChainShape, sms: int = DEFAULT_SMS, per_sm=None) -> lis
             continue  # at least half of the row's threads must have a chunk
         for rpb in ((1,) if tpr > 32 else tuple(sorted({t // tpr for t in BLOCK_THREADS}))):
             groups = max(1, -(-shape.nrows // rpb))
-            splits: list = [None]
+            splits: list = [(None, None)]
             if shape.cols:
-                probe = make_chain_config(shape, tpr, rpb, splits=1)
-                if col_smem_bytes(shape, probe) > MAX_COL_SMEM:
-                    continue
-                resident = DEFAULT_BLOCKS_PER_SM if per_sm is None else \
-                    per_sm(probe.threads, chain_regs_estimate(shape, probe), chain_smem_bytes(shape, probe))
-                if resident < 1:
-                    continue
-                splits = [min(groups, sms * resident)]
-            for sp in splits:
-                cfg = make_chain_config(shape, tpr, rpb, splits=sp)
+                splits = []
+                for depth in PREFETCHES:
+                    probe = make_chain_config(shape, tpr, rpb, splits=1, prefetch=depth)
+                    if col_smem_bytes(shape, probe) > MAX_COL_SMEM:
+                        break
+                    resident = DEFAULT_BLOCKS_PER_SM if per_sm is None else \
+                        per_sm(probe.threads, chain_regs_estimate(shape, probe), chain_smem_bytes(shape, probe))
+                    if resident >= 1:
+                        splits.append((min(groups, sms * resident), depth))
+            for sp, depth in splits:
+                cfg = make_chain_config(shape, tpr, rpb, splits=sp, prefetch=depth)
                 if cfg.chunks_per_thread > MAX_CHUNKS or cfg.values_per_thread * len(shape.kept) > MAX_KEPT_REGS:
                     continue
-                if chain_regs_need(shape, cfg) + 8 > min(MAX_REGS, 65536 // cfg.threads):
-                    continue  # the budget keeps 8 registers of slack over the footprint
+                if chain_regs_need(shape, cfg) + _slack(cfg) > min(MAX_REGS, 65536 // cfg.threads):
+                    continue
                 out.append(cfg)
     if out or shape.cols:
         return sorted(out, key=lambda c: (not 8 <= c.values_per_thread <= 32, -c.values_per_thread, c.threads,
-                                          c.splits or 0))
+                                          c.splits or 0, c.prefetch))
     for tpr in STREAM_THREADS:
         for u in STREAM_UNROLLS:
             cfg = make_chain_config(shape, tpr, 1, u)
@@ -1024,8 +1080,10 @@ def chain_config_from_schedule(shape: ChainShape, schedule: Schedule) -> ChainCo
         tpr = opts.threads_per_row
         rows = max(1, (opts.warps or 1) * 32 // tpr) if tpr <= 32 else 1
         splits = opts.splits
-        if shape.cols and splits is None:  # a schedule that names no block count: one wave's worth
-            splits = min(max(1, -(-shape.nrows // rows)), DEFAULT_SMS * DEFAULT_BLOCKS_PER_SM)
+        if shape.cols:  # stages: the row groups loaded ahead
+            if splits is None:  # a schedule that names no block count: one wave's worth
+                splits = min(max(1, -(-shape.nrows // rows)), DEFAULT_SMS * DEFAULT_BLOCKS_PER_SM)
+            return make_chain_config(shape, tpr, rows, None, splits, opts.stages)
         return make_chain_config(shape, tpr, rows, opts.stages, splits)
     options = chain_configs(shape)
     if not options:
@@ -1060,12 +1118,14 @@ def chain_launch_estimate(shape: ChainShape, cfg: ChainConfig) -> dict:
     dependent cross-thread reductions of its passes, and a streamed row's re-reads (each pass
     after an input's first reads it again; counted at the HBM rate, ``extra_hbm_bytes``). With
     column reductions: ``splits`` blocks, each running its row groups one after another
-    (``row_iterations``; no streamed loop of the model's), the fp32 partials written and read back
-    by the combining launch (``extra_hbm_bytes``, ``extra_launches``)."""
+    (``row_iterations``; no streamed loop of the model's) with ``prefetch`` groups' loads in flight,
+    the fp32 partials written and read back by the combining launch (``extra_hbm_bytes``,
+    ``extra_launches``)."""
     blocks = cfg.blocks(shape)
     b = lookup_dtype(shape.dtype).bytes
     first = [sum(1 for v in shape.fresh if shape.uses(v)[:1] == (p,)) for p in range(shape.passes)]
-    in_flight = cfg.unroll * 16 * max(1, max(first))
+    # with column reductions the loads of ``prefetch`` row groups are in flight at once
+    in_flight = cfg.unroll * 16 * max(1, max(first)) * (cfg.prefetch if cfg.splits else 1)
     busy = (-(-shape.xsize // cfg.vec)) / (cfg.chunks_per_thread * cfg.threads_per_row)
     if cfg.splits:  # the last row iteration of some blocks has no rows
         busy *= shape.nrows / (cfg.splits * cfg.iterations(shape) * cfg.rows_per_block)
@@ -1193,8 +1253,9 @@ def lower_chain(shape: ChainShape, cfg: ChainConfig, schedule: Schedule, arch: s
         return Code(f"const float {ident(name(b), 'a_')} = {expr};")
 
     # with column reductions a block loops over row groups: the first pass's loads of the arrays laid
-    # out row after row (and the per-row scalars) for the next group are issued while this group is
-    # worked on (prefetched into registers), so a block keeps two groups' loads in flight
+    # out row after row (and the per-row scalars) for the group ``prefetch`` groups ahead are issued
+    # while this group is worked on (into registers), so a block keeps that many groups' loads in
+    # flight; the vectors of the row's axes only (gamma) are loaded once, before the loop
     pf = prefetched(shape, cfg)
     pf_ids = {id(v) for v in pf}
     row_scalars = [(ident(name(v), "r_"), ident(name(v), "in_"), ident(name(v), "off_"))
@@ -1202,6 +1263,9 @@ def lower_chain(shape: ChainShape, cfg: ChainConfig, schedule: Schedule, arch: s
     pf_scalars = [(ident(name(v), "r_"), ident(name(v), "pf_"), ident(name(v), "in_"))
                   for v in used_inputs if shape.access[id(v)] == "scalar" and id(v) in pf_ids]
     pf_vectors = [(ident(name(v), "pf_"), ident(name(v), "in_")) for v in pf if shape.access[id(v)] == "row"]
+    held = resident(shape, cfg)
+    held_ids = {id(v) for v in held}
+    held_vectors = [(ident(name(v), "hv_"), ident(name(v), "in_")) for v in held]
     link_ids = {id(v) for c in (*shape.chains, *shape.cols) for v in c.links}
     # column reductions: per-thread partials of the thread's columns (chunk c0 + u, element e)
     ws = ident(_ws_name(shape), "ws_")
@@ -1252,13 +1316,16 @@ def lower_chain(shape: ChainShape, cfg: ChainConfig, schedule: Schedule, arch: s
                 into.append(Code(f"const float {ident(nm, 'a_')} = ({where} < limit) ? napkin::to_float("
                                  f"{ident(nm, 'in_')}[{ident(nm, 'off_')} + {terms}]) : 0.f;"))
                 continue
+            if id(v) in held_ids:  # loaded once, before the loop over the row groups
+                elem.append(Code(f"const float {ident(nm, 'a_')} = napkin::to_float({ident(nm, 'hv_')}[u].x[e]);"))
+                continue
             buf = ident(nm, "kv_") if id(v) in kept_ids else ident(nm, "ld_")
             if id(v) not in kept_ids:
                 decl.append(Code(f"napkin::Vec16<T> {buf}[UNROLL];"))
             if any(v is w for w in vecs) and id(v) in pf_ids:
                 # this group's vectors came in with the last one; the next group's go out now
-                loads.append(Code(f"{buf}[u] = {ident(nm, 'pf_')}[u];"))
-                loads.append(Code(f"napkin::load_vec({ident(nm, 'pf_')}[u], {ident(nm, 'in_')} + next_row * "
+                loads.append(Code(f"{buf}[u] = {ident(nm, 'pf_')}[d][u];"))
+                loads.append(Code(f"napkin::load_vec({ident(nm, 'pf_')}[d][u], {ident(nm, 'in_')} + next_row * "
                                   f"{c_i64(shape.xsize)}, col0, next_limit, napkin::zero<T>());"))
             elif any(v is w for w in vecs):
                 loads.append(Code(f"napkin::load_vec({buf}[u], {ident(nm, 'in_')} + {ident(nm, 'off_')}, col0, "
@@ -1306,13 +1373,15 @@ def lower_chain(shape: ChainShape, cfg: ChainConfig, schedule: Schedule, arch: s
                    + ("block reductions" if cfg.block_mode else f"{cfg.threads_per_row}-lane shuffles")]
     if shape.cols:
         sched_lines.append(f"column reductions ({', '.join(name(c.result) for c in shape.cols)}): SPLITS = "
-                           f"{cfg.splits} blocks, {cfg.iterations(shape)} row group(s) each, fp32 partials of "
+                           f"{cfg.splits} blocks, {cfg.iterations(shape)} row group(s) each, PREFETCH = "
+                           f"{cfg.prefetch} group(s) loaded ahead, fp32 partials of "
                            "each thread's columns in shared memory, one partial row per block")
     sched_lines += [f"schedule: {r}" for k in schedule.kernels for r in k.relabels]
     ctx = dict(
         kernel=kernel_name, T=T, dtype=shape.dtype, kind="chain", arch=comment(arch), diagram=comment(d.name),
         cols=cols, ws=ws, SPLITS=cfg.splits or 0, ITERS=cfg.iterations(shape), NCOLS=len(cols),
-        pf_scalars=pf_scalars, pf_vectors=pf_vectors, XSTRIDE=c_i64(shape.xsize),
+        pf_scalars=pf_scalars, pf_vectors=pf_vectors, held_vectors=held_vectors, PREFETCH=cfg.prefetch,
+        XSTRIDE=c_i64(shape.xsize),
         legend_rows=comment(legend_rows), legend_x=comment(", ".join(red)),
         TPR=cfg.threads_per_row, RPB=cfg.rows_per_block, VEC=cfg.vec, CPT=cfg.chunks_per_thread,
         UNROLL=cfg.unroll, stream=cfg.stream, REGS=chain_regs_estimate(shape, cfg), THREADS=cfg.threads,
@@ -1329,7 +1398,7 @@ def lower_chain(shape: ChainShape, cfg: ChainConfig, schedule: Schedule, arch: s
                 ("STREAM", int(cfg.stream)), ("THREADS", cfg.threads))
     if shape.cols:
         args += (Arg("tensor", _ws_name(shape), dtype="fp32", axes=()),)
-        tunables += (("SPLITS", cfg.splits),)
+        tunables += (("SPLITS", cfg.splits), ("PREFETCH", cfg.prefetch))
     return KernelLaunch(
         name=str(kernel_name), source=src, grid=grid, block=(cfg.threads, 1, 1), shared_bytes=0, args=args,
         template=TEMPLATE, tunables=tunables,
@@ -1366,14 +1435,14 @@ def lower_combine(shape: ChainShape, cfg: ChainConfig, kernel_name: Code, arch: 
             identity=Code(ident0), out=ident(n, "out_"), scale=float(c.scale),
             what=comment(f"{n}: the {c.how} of {cfg.splits} partial rows"),
             offset=c_i64(k * cfg.splits * shape.xsize),
-            merge_a=Code(fmt.format(a="a", b=f"p[(long long)b * {c_int(shape.xsize)}]")),
+            merge_v=Code(fmt.format(a="a", b="v[j]")),
             merge_t=Code(fmt.format(a="t", b="part[s][cx]"))))
     params = [Code(f"const float* __restrict__ {ws}")]
     params += [Code(f"{T}* __restrict__ {ident(n, 'out_')}") for n, _ in shape.col_out]
     src = render(TEMPLATE, kind="chain_combine", kernel=kernel_name, T=T, dtype=shape.dtype, arch=comment(arch),
                  diagram=comment(shape.diagram.name), legend_x=comment(", ".join(shape.red)), cols=cols, ws=ws,
                  params=params, COLS=COMBINE_COLS, SLICES=COMBINE_SLICES, SPLITS=cfg.splits, XSIZE=shape.xsize,
-                 REGS=COMBINE_REGS)
+                 DEPTH=COMBINE_DEPTH, REGS=COMBINE_REGS)
     args = (Arg("tensor", part, dtype="fp32", axes=()),)
     args += tuple(Arg("tensor", n, dtype=shape.dtype, axes=v.axis_names) for n, v in shape.col_out)
     launch = KernelLaunch(
