@@ -348,10 +348,15 @@ class _Runner:
     when anything differs from what the launches expect: a tensor's dtype, shape, device or
     contiguity, a TMA input off a 16-byte boundary, another current device; the caller then
     takes the checked path, which says what is wrong or handles it.
+
+    Persistent workspaces (``Buffer.zeroed``: a split's self-resetting arrival counters) come
+    after the per-call buffers in the slots. They are zero-filled once per CUDA stream, on that
+    stream, and kept: launches on one stream run in order, so each finds them zero again, while
+    calls on two streams at once each have their own.
     """
 
-    __slots__ = ("device", "n_in", "in_specs", "out_specs", "buf_specs", "launches", "tma_inputs",
-                 "_torch", "_stream", "_current", "_tdevice")
+    __slots__ = ("device", "n_in", "in_specs", "out_specs", "buf_specs", "zero_specs", "launches", "tma_inputs",
+                 "_torch", "_stream", "_current", "_tdevice", "_zeroed")
 
     def __init__(self, cd: CompiledDiagram, device: int):
         import torch
@@ -363,14 +368,18 @@ class _Runner:
         kernels = cd._compiled()
         program = cd.program
         ins, outs = cd.input_names, cd.output_names
-        names = list(ins) + list(outs) + [b.name for b in program.buffers]
+        per_call = [b for b in program.buffers if not b.zeroed]
+        kept = [b for b in program.buffers if b.zeroed]
+        names = list(ins) + list(outs) + [b.name for b in per_call + kept]
         index = {n: i for i, n in enumerate(names)}
         shapes = {**cd._shapes, **cd._out_shapes, **{b.name: tuple(b.shape) for b in program.buffers}}
         dtypes = {**cd._dtypes, **cd._out_dtypes, **{b.name: b.dtype for b in program.buffers}}
         self.device, self.n_in = int(device), len(ins)
         self.in_specs = tuple((torch_dtype(dtypes[n]), torch.Size(shapes[n])) for n in ins)
         self.out_specs = tuple((tuple(shapes[n]), torch_dtype(dtypes[n])) for n in outs)
-        self.buf_specs = tuple((tuple(b.shape), torch_dtype(b.dtype)) for b in program.buffers)
+        self.buf_specs = tuple((tuple(b.shape), torch_dtype(b.dtype)) for b in per_call)
+        self.zero_specs = tuple((tuple(b.shape), torch_dtype(b.dtype)) for b in kept)
+        self._zeroed: dict = {}  # CUDA stream -> (the zeroed tensors, their pointers)
         launches = []
         tma = set()
         for k, launch in zip(kernels, program.launches):
@@ -420,6 +429,8 @@ class _Runner:
             bufs = [empty(shape, dtype=dt, device=tdev) for shape, dt in self.buf_specs]
             ptrs += [t.data_ptr() for t in bufs]
         stream = self._stream(dev)
+        if self.zero_specs:
+            ptrs += self._zeroed_ptrs(stream)
         for launch in self.launches:
             launch(ptrs, stream)
         return outs[0] if len(outs) == 1 else tuple(outs)
@@ -435,6 +446,18 @@ class _Runner:
             env.append(empty(shape, dtype=dt, device=dev))  # kept alive in env until every launch is queued
         ptrs = [t.data_ptr() for t in env]
         stream = self._stream(self.device)
+        if self.zero_specs:
+            ptrs += self._zeroed_ptrs(stream)
         for launch in self.launches:
             launch(ptrs, stream)
         return outs
+
+    def _zeroed_ptrs(self, stream) -> list[int]:
+        """The pointers of the persistent zeroed workspaces of ``stream``, made (zero-filled on
+        the current stream, the one the launches go to) at its first call."""
+        got = self._zeroed.get(stream)
+        if got is None:
+            zeros, dev = self._torch.zeros, self._tdevice
+            tensors = tuple(zeros(shape, dtype=dt, device=dev) for shape, dt in self.zero_specs)
+            got = self._zeroed[stream] = (tensors, [t.data_ptr() for t in tensors])
+        return got[1]

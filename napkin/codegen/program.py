@@ -68,12 +68,23 @@ class KernelLaunch:
 
 @dataclass(frozen=True)
 class Buffer:
-    """An intermediate array that lives in HBM between two kernels."""
+    """An intermediate array that lives in HBM between two kernels, or a family's workspace.
+
+    ``zeroed``: a persistent workspace, zero-filled once when it is made and then kept (per
+    device and CUDA stream) for every later call, not allocated per call. The kernels that use it
+    must leave it zero when they finish: a split reduction's self-resetting arrival counters (the
+    last block of a tile to arrive combines the partials and resets its counter), whose 32-bit
+    words are zero bits in any dtype, so it saves a zeroing launch per call.
+
+    >>> Buffer("arrivals", ("tile",), (8,), "fp32", zeroed=True).zeroed
+    True
+    """
 
     name: str
     axes: tuple[str, ...]
     shape: tuple[int, ...]
     dtype: str
+    zeroed: bool = False
 
 
 @dataclass(frozen=True)

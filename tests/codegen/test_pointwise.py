@@ -184,11 +184,17 @@ def test_the_split_of_a_small_kept_space_is_planned_and_costed():
     o = plan.kernels[0].kernel.options
     assert o.splits and o.splits > 1
     p = build(plan)
-    assert [l.name.rsplit("_", 1)[-1] for l in p.launches] == ["col", "combine"]
-    (buf,) = p.buffers
-    assert buf.dtype == "fp32" and buf.shape == (o.splits, 4096)
+    # one launch: the last block of each column tile to arrive combines the partials
+    (launch,) = p.launches
+    assert launch.name.endswith("_col") and launch.grid[1] == o.splits
+    buf, cnt = p.buffers
+    assert buf.dtype == "fp32" and buf.shape == (o.splits, 4096) and not buf.zeroed
+    # the arrival counters: one a column tile, zeroed once and kept (each last block resets its own)
+    assert cnt.zeroed and cnt.shape == (launch.grid[0],)
+    src = launch.source
+    assert f"atomicAdd(&{'cnt_' + cnt.name}[blockIdx.x], 1u)" in src and "= 0u;" in src
     est = FAMILY.launch_estimate(plan.diagram, plan.schedule, "h100")
-    assert est["extra_launches"] == 1 and est["extra_hbm_bytes"] == 2 * 4 * o.splits * 4096
+    assert not est.get("extra_launches") and est["extra_hbm_bytes"] == 2 * 4 * o.splits * 4096
     # many kept columns: no split
     wide = _plan(column_sum, dict(r=64, x=1 << 20))
     assert not wide.kernels[0].kernel.options.splits
@@ -402,7 +408,7 @@ def test_random_shapes_lower_and_cover_the_space(which, dtype, data):
             assert gx * cfg.tx * shape.vec >= shape.nk
         if shape.mode != "map":
             assert pw.chunk(shape, cfg) * cfg.splits >= pw._vectors_r(shape)
-        assert len(p.launches) == (2 if cfg.splits > 1 else 1)
+        assert len(p.launches) == 1 and len(p.buffers) == (2 if cfg.splits > 1 else 0)
         est = FAMILY.launch_estimate(d, s, "h100")
         assert 0.0 <= est["idle_lanes"] < 1.0 and est["blocks"] == gx * gy
 
@@ -461,7 +467,7 @@ def test_kernels_compile_for_sm80_and_sm90a_within_the_model():
                 problems.append(f"{where}: {r.registers} registers, far under the model's {model}")
             if abs(r.shared_bytes + k.shared_bytes - (k.model_smem_bytes or 0)) > SMEM_TOLERANCE:
                 problems.append(f"{where}: {r.shared_bytes} B shared memory, the model assumed {k.model_smem_bytes}")
-    assert modes == {"map", "row", "col", "combine"}
+    assert modes == {"map", "row", "col"}
     assert not problems, "\n".join(problems)
 
 

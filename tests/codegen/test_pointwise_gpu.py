@@ -147,15 +147,32 @@ def test_inputs_that_start_unaligned(build, sizes):
 @pytest.mark.parametrize("build, sizes", [(column_sum, dict(r=4096, x=4096)), (row_sum, dict(r=4, x=1 << 22))],
                          ids=["column_sum", "row_sum"])
 def test_a_split_sum_is_deterministic(build, sizes):
-    """Partials combined in a fixed order by a second launch (no atomics): the same bits every run."""
+    """Partials combined in a fixed order by the last block of a tile to arrive (the only atomic
+    counts arrivals): the same bits every run, with the counters reset by every launch (a stale
+    count would make a block that is not the last combine partials not yet written)."""
     import torch
 
     d = prepare(build(), sizes=sizes, dtype="fp32")
     split = [s for s in pw.FAMILY.candidates(d, "h100", "fp32") if (s.kernels[0].options.splits or 1) > 1]
     assert split
     cd = napkin_compile(d, schedule=split[len(split) // 2], family="pointwise")
-    assert len(cd.launches) == 2
+    assert len(cd.launches) == 1 and [b.zeroed for b in cd.program.buffers] == [False, True]
     X = torch.randn(sizes["r"], sizes["x"], device="cuda")
     first = cd(X)
-    for _ in range(3):
+    ref = X.double().sum(dim=0 if build is column_sum else 1)
+    assert float((first.double() - ref).norm() / ref.norm()) < 1e-5
+    for _ in range(20):
         assert torch.equal(cd(X), first)
+    # out= (the checked path) and another stream (its own counters) give the same bits
+    assert torch.equal(cd(X, out=torch.full_like(first, float("nan"))), first)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        got = [cd(X) for _ in range(3)]
+    torch.cuda.current_stream().wait_stream(side)
+    assert all(torch.equal(g, first) for g in got)
+    # after every launch each counter is zero again
+    runner = cd._runners[torch.cuda.current_device()]
+    torch.cuda.synchronize()
+    for tensors, _ in runner._zeroed.values():
+        assert all(int((t.view(torch.int32) != 0).sum()) == 0 for t in tensors)

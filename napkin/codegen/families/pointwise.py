@@ -31,8 +31,11 @@ every output written once. Three kernels, by where the vector axis is:
   shared memory in a fixed order.
 
 When the kept space does not give enough blocks, ``R`` is split over ``SPLITS`` blocks as well:
-fp32 partials go to an HBM workspace and a second, small launch combines them in a fixed order
-(the result does not depend on timing: no atomics). Sizes need not be multiples of anything;
+fp32 partials go to an HBM workspace, and the last of a kept tile's ``SPLITS`` blocks to arrive
+(a self-resetting arrival counter per tile, in a persistent workspace zeroed once:
+``Buffer.zeroed``) combines them in split order and writes the kept outputs, so a split costs
+no second launch (H100: its ~3 us was a tenth of a column sum over 128 MiB). The result does
+not depend on timing: the only atomic counts arrivals, the sums run in a fixed order. Sizes need not be multiples of anything;
 indices are 64-bit when the iteration space (and so any array) passes 2^30 elements.
 
 The tunables travel as the kernel's typed options (``warps``; ``stages`` = ``UNROLL``;
@@ -72,8 +75,6 @@ THREADS_PER_ROW = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 COL_TX = (8, 16, 32, 64, 128)
 #: The most blocks one reduction is split over (grid.y).
 MAX_SPLITS = 1024
-#: Threads per block of the combining launch of a split reduction.
-COMBINE_THREADS = 256
 #: Indices are 64-bit when any array, or the iteration space, passes this many elements.
 INT32_LIMIT = 2 ** 30
 #: Registers of the footprint formula beside the values in flight: indices, offsets, loop state.
@@ -398,7 +399,8 @@ class Config:
 
     ``threads``: threads per block; ``unroll``: vectors a thread has in flight; ``tpr``: threads
     sharing one kept element (row: ``THREADS_PER_ROW``, col: ``TY``; 1 in the map kernel);
-    ``splits``: blocks sharing one kept element (partials and a combining launch when > 1).
+    ``splits``: blocks sharing one kept element (partials, combined by the last block to arrive,
+    when > 1).
     """
 
     mode: str
@@ -778,20 +780,20 @@ def _map_stmt(shape: PointwiseShape, b: Value, var, idx: list[Code]) -> Code:
     return Code(f"const float {ident(shape.name(b), 'a_')} = {expr};")
 
 
-def _part_name(shape: PointwiseShape) -> str:
-    """A buffer name for the partials that no array of the diagram has."""
+def _part_name(shape: PointwiseShape, what: str = "partials") -> str:
+    """A buffer name for the partials (or the arrival counters) that no array of the diagram has."""
     d = shape.diagram
     taken = {d.name_of(v) for v in (*d.inputs, *d.nodes)}
-    want = f"{d.name}_partials"
+    want = f"{d.name}_{what}"
     if NAME_RE.match(want) and want not in taken:
         return want
     h = hashlib.sha1(d.name.encode()).hexdigest()[:10]
-    return f"partials_{h}"
+    return f"{what}_{h}"
 
 
 def lower_shape(shape: PointwiseShape, cfg: Config, schedule: Schedule, arch: str,
                 base: Code) -> tuple[list[KernelLaunch], list[Buffer]]:
-    """The launches (the pass, and the combining launch of a split reduction) and the buffers."""
+    """The launch and the buffers (a split reduction's partials and its arrival counters)."""
     _check_config(shape, cfg)
     g = _Gen(shape)
     d = shape.diagram
@@ -804,6 +806,7 @@ def lower_shape(shape: PointwiseShape, cfg: Config, schedule: Schedule, arch: st
     used_inputs = [v for v in d.inputs if any(v is u for u in (*loop_inputs, *post_inputs))]
     outputs = [(n, v) for n, v in (*shape.full_out, *shape.kept_out)]
     part = _part_name(shape) if split else None
+    arrivals = _part_name(shape, "arrivals") if split else None
 
     outer_group, outer_flat, loop_group, loop_flat = _groups(shape)
     outer_need, loop_need = _pass_needs(shape, g)
@@ -913,12 +916,14 @@ def lower_shape(shape: PointwiseShape, cfg: Config, schedule: Schedule, arch: st
     args = [Arg("tensor", name(v), dtype=shape.dtype, axes=v.axis_names) for v in used_inputs]
     full_names = {n for n, _ in shape.full_out}
     for n, v in outputs:
-        if n in full_names or not split:
-            params.append(Code(f"{T}* __restrict__ {ident(n, 'out_')}"))
-            args.append(Arg("tensor", n, dtype=shape.dtype, axes=v.axis_names))
+        params.append(Code(f"{T}* __restrict__ {ident(n, 'out_')}"))
+        args.append(Arg("tensor", n, dtype=shape.dtype, axes=v.axis_names))
     if split:
         params.append(Code(f"float* __restrict__ {ident(part, 'ws_')}"))
         args.append(Arg("tensor", part, dtype="fp32", axes=()))
+        # 32-bit arrival counters, one a kept tile (grid.x), in a zeroed fp32 buffer (zero bits)
+        params.append(Code(f"unsigned int* __restrict__ {ident(arrivals, 'cnt_')}"))
+        args.append(Arg("tensor", arrivals, dtype="fp32", axes=()))
 
     red_axes_text = ", ".join(shape.red) or "(none)"
     kept_axes_text = ", ".join(shape.kept) or "(none)"
@@ -960,8 +965,9 @@ def lower_shape(shape: PointwiseShape, cfg: Config, schedule: Schedule, arch: st
     legend.append(f"register budget: {regs_estimate(shape, cfg)} per thread (__maxnreg__), as the performance "
                   "model assumed")
     if split:
-        sched.append(f"split reduction: SPLITS = {cfg.splits} fp32 partials per kept element in {part}, "
-                     "combined by a second launch in a fixed order (deterministic)")
+        sched.append(f"split reduction: SPLITS = {cfg.splits} fp32 partials per kept element in {part}; the "
+                     f"last block of a kept tile to arrive (counters {arrivals}, self-resetting) combines "
+                     "them in a fixed order (deterministic) and writes the kept outputs")
     sched.append("HBM: every input read once, every output written once")
     sched += [f"schedule: {r}" for k in schedule.kernels for r in k.relabels]
 
@@ -981,11 +987,12 @@ def lower_shape(shape: PointwiseShape, cfg: Config, schedule: Schedule, arch: st
         full_stores_decl=full_stores_decl, full_stores=full_stores, elem_stores=elem_stores,
         post_index=post_index, post_loads=post_loads, post_stmts=post_stmts, post_stores=post_stores,
         red_out=ident(name(shape.reduce_out), "a_") if shape.chain else None,
-        ws=ident(part, "ws_") if split else None,
+        ws=ident(part, "ws_") if split else None, cnt=ident(arrivals, "cnt_") if split else None,
+        KPB=cfg.rows_per_block if mode == "row" else cfg.tx * shape.vec,
         aligned_rows=shape.aligned_rows, head_ptr=head_ptr, one_loads=one_loads,
     )
     kernel = Code(f"{base}_{mode}")
-    src = render(TEMPLATE, kernel=kernel, stage="pass", **ctx)
+    src = render(TEMPLATE, kernel=kernel, **ctx)
     g0 = grid(shape, cfg)
     launches = [KernelLaunch(
         name=str(kernel), source=src, grid=g0, block=(cfg.threads, 1, 1), shared_bytes=0, args=tuple(args),
@@ -995,35 +1002,9 @@ def lower_shape(shape: PointwiseShape, cfg: Config, schedule: Schedule, arch: st
         model_smem_bytes=smem_estimate(shape, cfg), model_regs_per_thread=regs_estimate(shape, cfg))]
     buffers = []
     if split:
-        ckernel = Code(f"{base}_combine")
-        cparams = [p for p, a in zip(params, args) if a.name in {name(v) for v in post_inputs}]
-        cargs = [a for a in args if a.name in {name(v) for v in post_inputs}]
-        for n, v in shape.kept_out:
-            cparams.append(Code(f"{T}* __restrict__ {ident(n, 'out_')}"))
-            cargs.append(Arg("tensor", n, dtype=shape.dtype, axes=v.axis_names))
-        cparams.append(Code(f"const float* __restrict__ {ident(part, 'ws_')}"))
-        cargs.append(Arg("tensor", part, dtype="fp32", axes=()))
-        cregs = combine_regs(shape)
-        csrc = render(TEMPLATE, kernel=ckernel, stage="combine", **{
-            **ctx, "params": cparams, "THREADS": COMBINE_THREADS, "REGS": cregs,
-            "legend": [comment(f"kept K = ({kept_axes_text}) -> kf = blockIdx.x * THREADS + threadIdx.x (grid.x)"),
-                       comment(f"combines the SPLITS = {cfg.splits} fp32 partials of each kept element of {part} "
-                               "in a fixed order, then the maps after the reduction"),
-                       comment(f"tunables: THREADS = {COMBINE_THREADS}; register budget {cregs} (__maxnreg__)")],
-            "schedule_lines": [comment("HBM: the partials read once, every output written once")]})
-        launches.append(KernelLaunch(
-            name=str(ckernel), source=csrc, grid=(max(1, -(-shape.nk // COMBINE_THREADS)), 1, 1),
-            block=(COMBINE_THREADS, 1, 1), shared_bytes=0, args=tuple(cargs), template=TEMPLATE,
-            tunables=(("MODE", "combine"), ("THREADS", COMBINE_THREADS), ("SPLITS", cfg.splits)),
-            model_smem_bytes=0, model_regs_per_thread=cregs))
         buffers.append(Buffer(part, ("split", "kept"), (cfg.splits, shape.nk), "fp32"))
+        buffers.append(Buffer(arrivals, ("tile",), (g0[0],), "fp32", zeroed=True))
     return launches, buffers
-
-
-def combine_regs(shape: PointwiseShape) -> int:
-    """The combining launch's register budget (indices, the running value, the post maps)."""
-    need = BASE_REGS + 4 * len(shape.kept) + 2 * len(shape.post) + (4 if shape.big else 0)
-    return -(-need // 8) * 8 + 8
 
 
 class PointwiseFamily:
@@ -1056,8 +1037,9 @@ class PointwiseFamily:
 
     def launch_estimate(self, diagram: Diagram, schedule: Schedule, gpu) -> dict:
         """Blocks, threads, registers and shared memory of the pass a schedule stands for, its
-        bytes in flight (Little's law), the reduction's latency facts, and the combining launch
-        and partials of a split reduction (``extra_launches``, ``extra_hbm_bytes``)."""
+        bytes in flight (Little's law), the reduction's latency facts, and the partials of a split
+        reduction, written and read back by the last block of each tile (``extra_hbm_bytes``; no
+        second launch)."""
         shape = self._shape(diagram)
         cfg = config_from_schedule(shape, schedule)
         gx, gy, _ = grid(shape, cfg)
@@ -1087,7 +1069,6 @@ class PointwiseFamily:
                    reductions=0 if shape.mode == "map" else 1,
                    threads_per_row=1 if shape.mode == "map" else cfg.tpr)
         if cfg.splits > 1:
-            est["extra_launches"] = 1
             est["extra_hbm_bytes"] = 2 * 4 * cfg.splits * shape.nk
         return est
 
