@@ -168,7 +168,7 @@ CASES = [
     # head dims whose rows are no whole number of 16-byte pieces a thread (flat K/V loads)
     Case("attention_fwd.cu.jinja", "attention_causal", {"h": 2, "q": 77, "x": 99, "d": 96}, family="attention"),
     # decode: GQA's query heads packed into one tile, x split over blocks, their partials combined
-    # by the second launch (d = 80: flat loads; three query rows wrap the tile's packed rows)
+    # by the last split to arrive (d = 80: flat loads; three query rows wrap the tile's packed rows)
     # the Hopper template: TMA ring, wgmma, causal block skipping, lengths that are not tile multiples
     Case("attention_wgmma.cu.jinja", "attention_causal", {"h": 2, "q": 1000, "x": 777, "d": 64},
          family="attention", archs=("sm_90a",)),
@@ -183,9 +183,10 @@ CASES = [
     # GQA packing on the Hopper kernel: g query heads a tile, d=96 padded to 128 by TMA's zero fill
     Case("attention_wgmma.cu.jinja", "gqa", {"h": 2, "j": 4, "q": 1500, "x": 1500, "d": 96},
          family="attention", archs=("sm_90a",)),
-    Case("attention_combine.cu.jinja", _gqa_decode, {"h": 2, "j": 4, "q": 3, "x": 9000, "d": 80},
+    # decode (split x, the last split of a tile to arrive combining the partials) as planned
+    Case("attention_fwd.cu.jinja", _gqa_decode, {"h": 2, "j": 4, "q": 3, "x": 9000, "d": 80},
          family="attention"),
-    Case("attention_combine.cu.jinja", "mha", {"h": 2, "q": 1, "x": 5000, "d": 128}, family="attention"),
+    Case("attention_fwd.cu.jinja", "mha", {"h": 2, "q": 1, "x": 5000, "d": 128}, family="attention"),
     # attention's backward: the D pre-pass, the kernel (dQ atomics, causal tiles skipped) and the dQ
     # conversion, with lengths that are not tile multiples
     Case("attention_bwd.cu.jinja", _attention_causal_grad, {"h": 2, "q": 77, "x": 99, "d": 64},

@@ -2,7 +2,7 @@
 on the CPU: the planner's choice (a split-KV schedule for q = 1 to 64 against long x, the query
 heads of a GQA key/value head packed into one tile, never the scalar fallback for any of the head
 dimensions 64, 80, 96, 128, 192 and 256), what the family states for the model (the blocks of
-the splits, the combining launch and its workspace), the launches and buffers a split lowers to,
+the splits and their workspace), the one launch and the buffers a split lowers to,
 configurations that come back from their schedules, and ``napkin derive`` at q = 1.
 """
 
@@ -13,8 +13,8 @@ import re
 
 import pytest
 
-from napkin.codegen.families.attention import (COMBINE_THREADS, FAMILY, MAX_SPLITS, AttentionConfig,
-                                               analyze, combine_shape)
+from napkin.codegen.families.attention import (COMBINE_BATCH, FAMILY, MAX_SPLITS, AttentionConfig, analyze,
+                                               combine_batch)
 from napkin.codegen.lower import build
 from napkin.codegen.planner import derive
 from napkin.codegen.select import rank
@@ -132,6 +132,7 @@ def test_the_estimate_states_the_splits_the_combine_and_its_workspace():
                                                                            packed=True)))
         assert est["blocks"] == 8 * splits
         assert est["stream_steps"] == math.ceil(32768 / 64 / splits)
+        # one launch: the last split of a tile combines, its tail priced as the launch it replaced
         assert est["extra_launches"] == 1
         # each split writes its rows' O (fp32, d values) and log-sum-exp, the combine reads them back
         assert est["extra_hbm_bytes"] == 2 * 4 * splits * (8 * 4 * 1) * (128 + 1)
@@ -161,26 +162,27 @@ def test_split_choices_fill_the_sms_and_keep_chunks():
 
 # ---------------------------------------------------------------------------- what a split lowers to
 
-def test_a_split_lowers_to_two_launches_and_two_fp32_workspaces():
+def test_a_split_lowers_to_one_launch_two_fp32_workspaces_and_arrival_counters():
     d = gqa_decode().bind(h=8, j=4, q=3, x=5000, d=96)
     cfg = AttentionConfig(16, 64, 16, 3, 96, 2, splits=9, packed=True)
     prog = FAMILY.lower(d, FAMILY.schedule(d, cfg), "sm_90a")
-    main, comb = prog.launches
-    assert main.template == "attention_fwd.cu.jinja" and comb.template == "attention_combine.cu.jinja"
+    (main,) = prog.launches
+    assert main.template == "attention_fwd.cu.jinja"
     assert main.grid == (1, 8, 9) and main.block == (32, 1, 1)  # 12 packed rows of a head in one tile
     rows = 8 * 4 * 3
-    # one block a row; the 9 splits shared by groups of 24 threads (four columns each), every
-    # split's loads of a row issued at once
-    sg, nb = combine_shape(96, 9)
-    assert comb.grid == (rows, 1, 1) and comb.block == (24 * sg, 1, 1) and comb.block[0] <= COMBINE_THREADS
-    assert sg * nb >= 9 and comb.shared_bytes == 4 * sg * (96 + 2)
-    shapes = {b.name: (b.shape, b.dtype) for b in prog.buffers}
-    assert shapes == {"gqa_decode_opart": ((9, rows, 96), "fp32"), "gqa_decode_lse": ((9, rows), "fp32")}
+    shapes = {b.name: (b.shape, b.dtype, b.zeroed) for b in prog.buffers}
+    # the partials per call; one arrival counter a tile (grid.x * grid.y), zeroed once and kept
+    assert shapes == {"gqa_decode_opart": ((9, rows, 96), "fp32", False), "gqa_decode_lse": ((9, rows), "fp32", False),
+                      "gqa_decode_arrivals": ((8,), "fp32", True)}
     ints = {a.name: a.value for a in main.args if a.kind == "int"}
     assert ints["Np"] == 12 and ints["Nq"] == 3
-    assert [a.name for a in comb.args if a.kind == "tensor"] == ["gqa_decode_opart", "gqa_decode_lse", "O"]
-    assert "SPLITS = 9" in comb.source and "constexpr int SPLITS = 9;" in comb.source
-    assert re.search(r"ws_lse\[row0 \+ pr\]", main.source)
+    assert [a.name for a in main.args if a.kind == "tensor"][-3:] == ["gqa_decode_opart", "gqa_decode_lse",
+                                                                       "gqa_decode_arrivals"]
+    src = main.source
+    assert "constexpr int SPLITS = 9;" in src and "constexpr int NB = 9;" in src  # every split's loads at once
+    assert re.search(r"ws_lse\[row0 \+ pr\]", src)
+    # the last to arrive resets its counter and combines; the others leave
+    assert "atomicAdd(cnt, 1u) == SPLITS - 1" in src and "*cnt = 0u;" in src and "__syncthreads_or(last)" in src
 
 
 def test_warps_along_x_are_merged_in_shared_memory():
@@ -206,8 +208,8 @@ def test_warps_along_x_are_merged_in_shared_memory():
 def test_the_planners_split_plan_builds():
     d = gqa_decode().bind(h=8, j=4, q=1, x=32768, d=128)
     prog = build(plan_of(d))
-    assert [k.template for k in prog.launches] == ["attention_fwd.cu.jinja", "attention_combine.cu.jinja"]
-    assert {b.dtype for b in prog.buffers} == {"fp32"}
+    assert [k.template for k in prog.launches] == ["attention_fwd.cu.jinja"]
+    assert {b.dtype for b in prog.buffers} == {"fp32"} and [b.zeroed for b in prog.buffers] == [False, False, True]
 
 
 def test_workspace_names_never_meet_the_diagrams_names():
@@ -216,7 +218,7 @@ def test_workspace_names_never_meet_the_diagrams_names():
     dg = Diagram("attn", attention_core(Q, K, V)).bind(q=1, x=9000, d=64)
     prog = FAMILY.lower(dg, FAMILY.schedule(dg, AttentionConfig(16, 64, 16, 3, 64, 4, splits=4)), "sm_80")
     names = {b.name for b in prog.buffers}
-    assert len(names) == 2 and not names & set(dg.input_names)
+    assert len(names) == 3 and not names & set(dg.input_names)
 
 
 def test_configurations_come_back_from_their_schedules():
@@ -256,7 +258,7 @@ def test_derive_takes_one_query_row(tmp_path):
     code, out, err = cli_invoke("generate", "mha", "-s", "h=32,q=1,x=8192,d=128", "--gpu", "h100", "-o", str(target))
     assert code == 0, err
     src = target.read_text()
-    assert "constexpr int BQ = 16;" in src and "attention_combine.cu.jinja" in src
+    assert "constexpr int BQ = 16;" in src and "atomicAdd(cnt, 1u) == SPLITS - 1" in src
 
 
 def test_derive_packs_the_query_heads_of_the_gqa_library_diagram_at_one_query_row():
@@ -269,43 +271,14 @@ def test_derive_packs_the_query_heads_of_the_gqa_library_diagram_at_one_query_ro
     assert 8 * splits >= 132  # the 8 key/value heads' tiles fill the SMs
 
 
-# ---------------------------------------------------------------------------- the combining launch
+# ---------------------------------------------------------------------------- the combine
 
-@pytest.mark.parametrize("D", [16, 64, 80, 96, 128, 192, 256])
-def test_the_combine_issues_a_rows_loads_at_once(D):
-    """One block a row, at most COMBINE_THREADS threads of four columns each; the groups of D / 4
-    threads share the splits, each group taking one at least, and a thread loads NB splits before it
-    uses any: the whole row in one batch up to SG x COMBINE_BATCH splits, in more batches beyond."""
-    from napkin.codegen.families.attention import COMBINE_BATCH
-
-    for splits in range(2, MAX_SPLITS + 1):
-        sg, nb = combine_shape(D, splits)
-        assert 1 <= sg <= splits and D // 4 * sg <= COMBINE_THREADS
-        assert 1 <= nb <= COMBINE_BATCH
-        assert sg * nb >= splits or nb == COMBINE_BATCH
-        if D // 4 * 2 <= COMBINE_THREADS and splits >= 2:
-            assert sg >= 2  # the splits spread over several groups where two fit
-
-
-def test_the_combine_source_states_its_groups():
+@pytest.mark.parametrize("splits", [2, 9, 16, 17, 33, MAX_SPLITS])
+def test_the_combine_issues_a_batch_of_loads_at_once(splits):
+    """A combining thread loads NB splits before it uses any: all of them up to COMBINE_BATCH."""
+    nb = combine_batch(splits)
+    assert 1 <= nb <= COMBINE_BATCH and (nb == splits or nb == COMBINE_BATCH)
     d = gqa_decode().bind(h=8, j=4, q=1, x=32768, d=256)
-    cfg = AttentionConfig(16, 64, 16, 2, 256, 1, splits=40, packed=True, wx=4)
-    comb = FAMILY.lower(d, FAMILY.schedule(d, cfg), "sm_90a").launches[1]
-    sg, nb = combine_shape(256, 40)
-    assert (sg, nb) == (2, 16)  # 20 splits a group: two batches of loads
-    assert f"constexpr int SG = {sg};" in comb.source and f"constexpr int NB = {nb};" in comb.source
-    assert comb.grid == (8 * 4, 1, 1) and comb.block == (64 * sg, 1, 1)
-    assert comb.shared_bytes == 4 * sg * (256 + 2)
-
-
-def test_splits_offered_include_one_full_wave():
-    d = gqa_decode().bind(h=8, j=4, q=1, x=32768, d=128)
-    p = analyze(d)
-    for nb in (1, 2, 3):
-        cfg = AttentionConfig(16, 64, 16, 2, 128, nb, packed=True, wx=4)
-        got = FAMILY.split_choices(p, d.sizes, cfg, 132)
-        assert 132 * nb // 8 in got  # every block of the wave resident at once
-        assert all(8 * k <= 4 * 132 + 8 or k == 132 * nb // 8 for k in got)
-    short = gqa_decode().bind(h=8, j=4, q=1, x=1024, d=128)  # 16 chunks: at most 8 splits of 2
-    assert max(FAMILY.split_choices(p, short.sizes, AttentionConfig(16, 64, 16, 2, 128, 3, packed=True, wx=4),
-                                    132)) == 8
+    cfg = AttentionConfig(16, 64, 16, 2, 256, 1, splits=splits, packed=True, wx=4)
+    src = FAMILY.lower(d, FAMILY.schedule(d, cfg), "sm_90a").launches[0].source
+    assert f"constexpr int NB = {nb};" in src and f"constexpr int SPLITS = {splits};" in src

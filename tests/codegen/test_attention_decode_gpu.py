@@ -105,7 +105,7 @@ def test_split_sums_are_deterministic():
 
     d = gqa_decode().with_dtype("bf16").bind(h=8, j=4, q=1, x=32768, d=128)
     k = napkin_compile(d, family="attention")
-    assert len(k.program.launches) == 2, "the planner's decode plan is split"
+    assert len(k.program.launches) == 1 and k.program.buffers, "the planner's decode plan is split"
     ins = random_inputs(d, device="cuda", seed=3)
     args = [ins[n] for n in d.input_names]
     a = k(*args).clone()

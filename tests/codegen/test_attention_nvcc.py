@@ -199,7 +199,7 @@ def builds():
 @pytest.mark.parametrize("i", range(len(CASES)), ids=[f"{c[0]}-{c[3]}" for c in CASES])
 def test_builds_without_spills(builds, i):
     name, d, cfg, arch = CASES[i]
-    assert len(builds[i]) == (2 if cfg.splits > 1 else 1)  # a split has its combining launch
+    assert len(builds[i]) == 1  # a split's combine runs in the last split block of a tile to arrive
     for launch, usage in builds[i]:
         k = usage[launch.name]
         print(f"{name} {arch} {launch.template}: {k.registers} registers (budget {launch.model_regs_per_thread}), "

@@ -25,8 +25,10 @@ model among the candidates:
   is read once for all its query heads; the schedule says it as a group of ``j`` at SMEM;
 - **split x** (``KernelOptions.splits``): ``splits`` blocks share one query tile, each streaming
   an equal share of its key chunks and writing its rows' ``O / l`` (fp32) and log2-sum-exp2 to an
-  HBM workspace; a second, small launch (``attention_combine.cu.jinja``) combines the splits in
-  a fixed order. ``launch_estimate`` states the extra launch and the workspace bytes;
+  HBM workspace; the last of a tile's splits to arrive (a self-resetting arrival counter per
+  tile, in a persistent workspace zeroed once: ``Buffer.zeroed``) combines them in a fixed order
+  and writes O, so a split costs no second launch. ``launch_estimate`` states the workspace
+  bytes;
 - **warps along x** (``KernelOptions.threads_per_row = 4 · WX``): a 16-row tile's block has WX
   warps, each walking its share of every chunk's keys; their maxima, sums and outputs merge
   through shared memory after the loop, in warp order.
@@ -64,7 +66,7 @@ from .epilogue import (Param, check_index_size, contiguous_strides, ctype, float
                        int_param, render, score_chain, short_hash, signature, stride_param, tensor_param)
 
 __all__ = ["AttentionFamily", "AttentionProblem", "AttentionConfig", "analyze", "FAMILY", "CONFIGS",
-           "PLAIN_CONFIGS", "DECODE_CONFIGS", "HEAD_DIMS", "MAX_SPLITS", "COMBINE_THREADS", "combine_shape"]
+           "PLAIN_CONFIGS", "DECODE_CONFIGS", "HEAD_DIMS", "MAX_SPLITS", "COMBINE_BATCH", "combine_batch"]
 
 LOG2E = 1.4426950408889634
 PAD = 8
@@ -119,25 +121,19 @@ DECODE_ROWS = 64
 MAX_SPLITS = 128
 MIN_SPLIT_CHUNKS = 2
 
-#: The most threads a block of the combining launch has: one row a block, four columns a thread,
-#: the splits shared by as many groups of D / 4 threads as fit (see :func:`combine_shape`).
-COMBINE_THREADS = 128
-
-#: The most splits one thread of the combining launch loads at once (registers: a float4 and a
-#: float each).
+#: The most splits one thread of a tile's combine (in the last split block to arrive) loads at
+#: once (registers: a float4 and a float each; the loop's registers are free by then).
 COMBINE_BATCH = 16
 
 
-def combine_shape(D: int, splits: int) -> tuple[int, int]:
-    """The combining launch's split groups SG (blocks of ``D / 4 · SG`` threads, one row each) and
-    the splits NB a thread loads before it uses any: every load of a row in flight at once where
-    ``splits <= SG · COMBINE_BATCH``, so the launch waits about one L2 round trip.
+def combine_batch(splits: int) -> int:
+    """The splits NB whose partials a thread of the combine loads before it uses any: all of them
+    up to COMBINE_BATCH, so the combine waits about one L2 round trip a COMBINE_BATCH splits.
 
-    >>> combine_shape(128, 33), combine_shape(256, 5), combine_shape(64, 3)
-    ((4, 9), (2, 3), (3, 1))
+    >>> combine_batch(9), combine_batch(33)
+    (9, 16)
     """
-    sg = max(1, min(splits, COMBINE_THREADS // (D // 4)))
-    return sg, min(COMBINE_BATCH, -(-splits // sg))
+    return max(1, min(COMBINE_BATCH, splits))
 
 
 def rank_first(diagram: Diagram, gpu: str = "h100"):
@@ -152,8 +148,8 @@ class AttentionConfig:
     """One tile configuration: ``BQ`` rows per block (g_q, or the packed rows), ``BX`` keys per
     chunk (s_x), ``WQ`` rows per warp (w_q), the K/V pipeline's ``stages``, the head dimension
     ``D``, the blocks per SM the register budget assumes, ``sx`` keys per register sub-chunk (0:
-    the default rule), ``splits`` blocks sharing one query tile's keys (a workspace and a
-    combining launch when > 1), ``packed``: the woven axes K and V lack share the tile's rows
+    the default rule), ``splits`` blocks sharing one query tile's keys (a workspace, combined by
+    the last of them to arrive, when > 1), ``packed``: the woven axes K and V lack share the tile's rows
     with q (GQA decode), and ``wx`` warps along x sharing each warp tile's rows (each walks
     every WX-th sub-chunk of a chunk; merged through shared memory after the loop)."""
 
@@ -587,8 +583,11 @@ class AttentionFamily:
     def launch_estimate(self, diagram: Diagram, schedule: Schedule, gpu=None) -> dict:
         """Blocks (tiles x woven combinations x splits), threads, register budget, shared memory
         and bytes in flight per thread (the K and V chunks loaded STAGES - 1 ahead); with splits,
-        the steps of one split's loop, the combining launch and the workspace it writes and reads
-        (``extra_launches``, ``extra_hbm_bytes``)."""
+        the steps of one split's loop, the workspace the splits write and the last of each tile's
+        splits reads back (``extra_hbm_bytes``), and that combine's tail, priced as one launch
+        (``extra_launches``): after the slowest split it fences, arrives and waits for batches of
+        L2 loads, which an H100 measured as long as the combining launch it replaced (GQA decode,
+        x = 4096: 16.6 us folded, 16.1 us with the second launch)."""
         if analyze(diagram).dtype == "fp8":
             from . import attention_fp8
 
@@ -609,7 +608,7 @@ class AttentionFamily:
         if cfg.splits > 1:
             rows = sz[p.q] * math.prod(sz[a] for a in p.woven)
             est["stream_steps"] = math.ceil(math.ceil(sz[p.x] / cfg.BX) / cfg.splits)
-            est["extra_launches"] = 1
+            est["extra_launches"] = 1  # the combine's tail in the last split block (measured, see above)
             est["extra_hbm_bytes"] = 2 * 4 * cfg.splits * rows * (cfg.D + 1)
         return est
 
@@ -733,15 +732,21 @@ class AttentionFamily:
 
     def _launches(self, d: Diagram, p: AttentionProblem, cfg: AttentionConfig,
                   arch: str) -> tuple[list[KernelLaunch], list[Buffer]]:
-        """The attention launch, and with splits the combining launch and the two workspaces."""
+        """The attention launch, and with splits its two fp32 workspaces (the partial outputs and
+        log-sum-exps) and the tiles' arrival counters (32-bit words in a zeroed fp32 buffer: zero
+        bits; kept from call to call, each launch leaving them zero)."""
         ws = _workspace_names(d) if cfg.splits > 1 else None
         main = self._launch(d, p, cfg, arch, ws)
         if ws is None:
             return [main], []
-        combine, rows = self._combine(d, p, cfg, ws, main)
+        sz = d.sizes
+        nrows = self._rows(p, sz, cfg)
+        rows = nrows * math.prod(sz[a] for a in p.woven if not (cfg.packed and a in self.packed_axes(p)))
+        check_index_size(rows, "the rows of the split workspace", 0, "attention")
         buffers = [Buffer(ws[0], ("split", "row", p.dv), (cfg.splits, rows, cfg.D), "fp32"),
-                   Buffer(ws[1], ("split", "row"), (cfg.splits, rows), "fp32")]
-        return [main, combine], buffers
+                   Buffer(ws[1], ("split", "row"), (cfg.splits, rows), "fp32"),
+                   Buffer(ws[2], ("tile",), (main.grid[0] * main.grid[1],), "fp32", zeroed=True)]
+        return [main], buffers
 
     def _axis_params(self, d: Diagram, p: AttentionProblem, cfg: AttentionConfig, fixed: set[str]):
         """The kept woven axes (grid.y) and the packed ones, each a dict of the C names of its
@@ -813,7 +818,8 @@ class AttentionFamily:
             raise CodegenError(f"attention family: {nz} woven combinations (heads x batch); at most 65535")
         if ws is not None:
             params += [Param(Arg("tensor", ws[0], dtype="fp32", axes=()), Code("float* __restrict__ ws_o")),
-                       Param(Arg("tensor", ws[1], dtype="fp32", axes=()), Code("float* __restrict__ ws_lse"))]
+                       Param(Arg("tensor", ws[1], dtype="fp32", axes=()), Code("float* __restrict__ ws_lse")),
+                       Param(Arg("tensor", ws[2], dtype="fp32", axes=()), Code("unsigned int* __restrict__ arrivals"))]
         index_vars = {ax: ident(ax, "i_") for ax in (p.q, p.x, *p.woven)}
         chain = score_chain(d, p.maps, index_vars=index_vars)
         # query and key indices reach the score modifiers as floats (exact below 2^24): one add
@@ -868,6 +874,7 @@ class AttentionFamily:
             NROWS=Code("Np" if cfg.packed else "Nq"), SPLIT=ws is not None, ws_o=Code("ws_o"), ws_lse=Code("ws_lse"),
             MASK_RANGE=causal is not None or window is not None, KV_COLUMNS=cfg.kv_columns,
             KV_UNROLL=cfg.kv_unroll, WX=cfg.wx, LSE=p.lse is not None,
+            SPLITS=cfg.splits, NB=combine_batch(cfg.splits),
         )
         source = render("attention_fwd.cu.jinja", **ctx)
         grid = (math.ceil(nrows / cfg.BQ), nz, cfg.splits)
@@ -880,47 +887,6 @@ class AttentionFamily:
             args=tuple(x.arg for x in params), template="attention_fwd.cu.jinja", tunables=tunables,
             model_smem_bytes=cfg.model_smem_bytes(2), model_regs_per_thread=cfg.model_regs(),
         )
-
-    def _combine(self, d: Diagram, p: AttentionProblem, cfg: AttentionConfig, ws: tuple[str, str],
-                 main: KernelLaunch) -> tuple[KernelLaunch, int]:
-        """The second launch of a split: each row's SPLITS partials weighted by their
-        log-sum-exps, in split order, written to the output as T; and the workspace rows."""
-        sz = d.sizes
-        nrows = self._rows(p, sz, cfg)
-        rows = nrows * math.prod(sz[a] for a in p.woven if not (cfg.packed and a in self.packed_axes(p)))
-        check_index_size(rows, "the rows of the split workspace", 0, "attention")
-        sO = contiguous_strides(p.O)
-        params: list[Param] = [
-            Param(Arg("tensor", ws[0], dtype="fp32", axes=()), Code("const float* __restrict__ ws_o")),
-            Param(Arg("tensor", ws[1], dtype="fp32", axes=()), Code("const float* __restrict__ ws_lse")),
-            tensor_param(p.O, "O", p.dtype, const=False, name=d.output_names[0]),
-            int_param("n_rows", rows, "rows of the split workspace"), int_param("Nq", sz[p.q]),
-            int_param("sO_q", sO[p.q], f"row stride of {d.output_names[0]}[{','.join(p.O.axis_names)}]"),
-        ]
-        if cfg.packed:
-            params.append(int_param("Np", nrows, "packed rows"))
-        fixed = {str(x.decl).split()[-1] for x in params}
-        woven, packed, _ = self._axis_params(d, p, cfg, fixed)
-        for ax in woven + packed:
-            params.append(int_param(ax["size"], sz[ax["axis"]]))
-            params.append(stride_param(ax["sO"], sO[ax["axis"]], "stride of the output"))
-        kname = Code(f"{main.name}_combine")
-        legend = [f"diagram {d.name}: the {cfg.splits} splits of {p.x} of {main.name}",
-                  f"  rows: {rows} = woven combinations x NROWS ({nrows}: {p.q}"
-                  + (f" packed with {', '.join(self.packed_axes(p))})" if cfg.packed else ")"),
-                  f"  {p.dv} -> D = {cfg.D}; SPLITS = {cfg.splits} in {combine_shape(cfg.D, cfg.splits)[0]} groups",
-                  f"  workspaces: {ws[0]} [SPLITS][rows][D], {ws[1]} [SPLITS][rows] (fp32)"]
-        sg, nb = combine_shape(cfg.D, cfg.splits)
-        source = render("attention_combine.cu.jinja", kname=kname, T=ctype(p.dtype), D=cfg.D, SPLITS=cfg.splits,
-                        SG=sg, NB=nb, params=signature(params), legend=comment_lines(legend),
-                        PACKED=cfg.packed, packed=packed, woven=woven, packed_desc=comment(", ".join(self.packed_axes(p))),
-                        NROWS=Code("Np" if cfg.packed else "Nq"), out=Code("O"))
-        launch = KernelLaunch(
-            name=str(kname), source=source, grid=(rows, 1, 1),
-            block=(cfg.D // 4 * sg, 1, 1), shared_bytes=4 * sg * (cfg.D + 2), args=tuple(x.arg for x in params),
-            template="attention_combine.cu.jinja", tunables=(("SPLITS", cfg.splits), ("D", cfg.D), ("SG", sg), ("NB", nb)),
-            model_smem_bytes=4 * sg * (cfg.D + 2), model_regs_per_thread=128)
-        return launch, rows
 
     @staticmethod
     def _legend(d: Diagram, p: AttentionProblem, cfg: AttentionConfig, chain, causal, window) -> list[str]:
@@ -942,7 +908,8 @@ class AttentionFamily:
         if cfg.wx > 1:
             lines.append(f"  {p.x} shared by WX = {cfg.wx} warps of each row block (t_{p.x} = {cfg.SX} keys each a chunk)")
         if cfg.splits > 1:
-            lines.append(f"  {p.x} split over grid.z = {cfg.splits} blocks a tile; partials combined by a second launch")
+            lines.append(f"  {p.x} split over grid.z = {cfg.splits} blocks a tile; partials combined by the last "
+                         "of them to arrive")
         lines.append(f"  score modifiers: {', '.join(chain.boxes) or 'none'}; softmax scale folded: "
                      f"{chain.factor:.6g}")
         if causal is not None:
@@ -952,15 +919,15 @@ class AttentionFamily:
         return lines
 
 
-def _workspace_names(d: Diagram) -> tuple[str, str]:
-    """Names for the split workspaces (partial outputs, log-sum-exps) that no array of the
-    diagram has."""
+def _workspace_names(d: Diagram) -> tuple[str, str, str]:
+    """Names for the split workspaces (partial outputs, log-sum-exps, arrival counters) that no
+    array of the diagram has."""
     taken = {d.name_of(v) for v in (*d.inputs, *d.nodes)}
     base = d.name if is_name(f"{d.name}_opart") else "attn"
-    names = (f"{base}_opart", f"{base}_lse")
+    names = (f"{base}_opart", f"{base}_lse", f"{base}_arrivals")
     if any(n in taken or not is_name(n) for n in names):
         h = hashlib.sha1(d.name.encode()).hexdigest()[:10]
-        names = (f"opart_{h}", f"lse_{h}")
+        names = (f"opart_{h}", f"lse_{h}", f"arrivals_{h}")
     return names
 
 
