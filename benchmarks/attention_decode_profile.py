@@ -5,8 +5,8 @@ For GQA decode (``gqa_decode`` of ``attention_decode.py``: 8 key/value heads a b
 each, q = 1, d = 128) at each x and batch it measures, on the GPU at hand:
 
 - the planner's pick: the call timed with CUDA events (L2 flushed, inputs rotated, as the suite
-  times it) and each of its kernels' own time from ``torch.profiler`` (the split kernel and the
-  combining launch apart);
+  times it) and each of its kernels' own time from ``torch.profiler`` (one kernel: the last
+  split of each tile combines the partials);
 - with ``--variants``: forced decode tiles (stages, chunk, splits) timed the same way, so the
   split count and pipeline depth the model derives can be checked against the measured best;
 - the floor of a timed call: an empty kernel's time, a device copy of the K and V bytes and a
