@@ -6,6 +6,11 @@ kernel), of the kernel alone (the pre-pass timed by itself and subtracted), the 
 prediction, and SDPA's (``--both-loops``: at d = 128 the tiles' other loop too). L2 flushed before every timed run (``napkin.bench.timing.time_fn``).
 
     PYTHONPATH=. python3 benchmarks/attention_fp8.py --seqs 4096 8192 16384 --json out.json
+
+``--sweep-at 8192`` times instead, at d = 128, the two-stage loop with each share of exp2 on the
+FMA pipe (``--polys``, of 16) and each ring depth (``--sweep-stages``), with and without
+ping-pong, causal and not, and prints each output's relative RMS error against the fp32
+reference on the dequantised inputs.
 """
 
 from __future__ import annotations
@@ -37,10 +42,15 @@ def main() -> None:
     ap.add_argument("--json", default=None)
     ap.add_argument("--all-configs-at", type=int, default=None, help="time every configuration at this seq")
     ap.add_argument("--both-loops", action="store_true", help="at d = 128 also time the other loop of the tiles")
+    ap.add_argument("--sweep-at", type=int, default=None,
+                    help="at this seq and d = 128, causal and not: time the two-stage loop with every share of "
+                         "exp2 on the FMA pipe in --polys, with and without ping-pong, and check each output")
+    ap.add_argument("--polys", type=int, nargs="+", default=[0, 2, 4, 6, 8])
+    ap.add_argument("--sweep-stages", type=int, nargs="+", default=[4])
     args = ap.parse_args()
     gpu = "h200" if "H200" in torch.cuda.get_device_name() else "h100"
     rows = []
-    for D in args.dims:
+    for D in () if args.sweep_at else args.dims:  # --sweep-at: the sweep alone
         for causal in (False, True):
             for N in args.seqs:
                 B = max(1, args.tokens // N)
@@ -77,7 +87,7 @@ def main() -> None:
                 cfg = attention_fp8.config_of(FAMILY.problem(d), d, plan.schedule)
                 row["overlap"] = cfg.overlap
                 if args.both_loops and D in attention_fp8.CONFIGS and D == 128:  # the other loop, same tiles
-                    other = dataclasses.replace(cfg, overlap=not cfg.overlap)
+                    other = dataclasses.replace(cfg, overlap=not cfg.overlap, pingpong=False)
                     alt = CompiledDiagram(attention_fp8.with_scales(
                         attention_fp8.lower_config(FAMILY, d, other), descale_q=scale, descale_k=scale,
                         descale_v=scale, scale_o=64.0), arch="sm_90a")
@@ -102,7 +112,8 @@ def main() -> None:
             q, k, v = (torch.randn(H, N, D, device="cuda").mul_(60).to(torch.float8_e4m3fn) for _ in range(3))
             flops = 4 * B * args.heads * N * N * D
             cfgs = sorted({c for c in attention_fp8.configs(D)}
-                          | ({dataclasses.replace(c, overlap=not c.overlap) for c in attention_fp8.configs(D)}
+                          | ({dataclasses.replace(c, overlap=not c.overlap, pingpong=False)
+                              for c in attention_fp8.configs(D)}
                              if D == 128 else set()), key=str)
             for cfg in cfgs:
                 cd = CompiledDiagram(attention_fp8.lower_config(FAMILY, d, cfg), arch="sm_90a")
@@ -110,9 +121,47 @@ def main() -> None:
                 rows.append(dict(gpu=torch.cuda.get_device_name(), d=D, causal=False, seq=N, batch=B,
                                  heads=args.heads, config=str(cfg), fp8_s=t, fp8_tflops=flops / t / 1e12))
                 print(f"d={D:3d} seq={N:5d} {cfg}: {flops / t / 1e12:7.1f} TFLOP/s", flush=True)
+    if args.sweep_at:
+        rows += sweep(args, torch, FAMILY, attention_fp8, library, time_fn, CompiledDiagram)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)
+
+
+def sweep(args, torch, FAMILY, attention_fp8, library, time_fn, CompiledDiagram) -> list[dict]:
+    """The two-stage loop at d = 128 and seq ``--sweep-at`` with each share of exp2 on the FMA pipe
+    (``--polys``, of 16) and each stage count, with and without ping-pong, causal and not: TFLOP/s
+    and the relative RMS error of O against the fp32 reference on the dequantised inputs."""
+    import torch.nn.functional as Fn
+
+    N, D = args.sweep_at, 128
+    B = max(1, args.tokens // N)
+    H = args.heads * B
+    q, k, v = (torch.randn(H, N, D, device="cuda").mul_(60).to(torch.float8_e4m3fn) for _ in range(3))
+    scale = 1.0 / 240
+    rows = []
+    for causal in (False, True):
+        d = library.get("attention_causal" if causal else "mha").with_dtype("fp8").bind(h=H, q=N, x=N, d=D)
+        ref = Fn.scaled_dot_product_attention(*(t.float().mul(scale)[None] for t in (q, k, v)), is_causal=causal)[0]
+        scale_o = 200.0 / float(ref.abs().max())
+        flops = 4 * B * args.heads * N * N * D * (0.5 if causal else 1.0)
+        for st in args.sweep_stages:
+            for pp in (False, True):
+                for poly in args.polys:
+                    cfg = attention_fp8.Fp8AttentionConfig(D, 2, st, True, poly, pp)
+                    prog = attention_fp8.with_scales(attention_fp8.lower_config(FAMILY, d, cfg), descale_q=scale,
+                                                     descale_k=scale, descale_v=scale, scale_o=scale_o)
+                    cd = CompiledDiagram(prog, arch="sm_90a")
+                    out = cd(q, k, v)
+                    rms = float((out.float() / scale_o - ref).norm() / ref.norm())
+                    t = time_fn(lambda: cd(q, k, v), reps=args.reps, warmup=3).median_s
+                    rows.append(dict(gpu=torch.cuda.get_device_name(), d=D, causal=causal, seq=N, batch=B,
+                                     heads=args.heads, config=str(cfg), fp8_s=t, fp8_tflops=flops / t / 1e12,
+                                     rel_rms=rms))
+                    print(f"sweep d={D} causal={int(causal)} seq={N} stages={st} poly={poly:2d}/16 pingpong={int(pp)}: "
+                          f"{flops / t / 1e12:7.1f} TFLOP/s (pre-pass included), relative RMS {rms:.4f}", flush=True)
+                    del cd, out
+    return rows
 
 
 if __name__ == "__main__":

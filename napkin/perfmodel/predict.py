@@ -160,6 +160,10 @@ class LaunchShape:
     row_iterations: how many times one block runs its load -> reduce -> store chain one after
         another (a block looping over batches of rows); 1: a block handles its rows at once, so
         more rows per block (fewer blocks) or more blocks per SM hide the chain.
+    exp_fma_share: the share of the kernel's SFU work (exponentials) it computes on the FMA pipe
+        instead (a polynomial, as the fp8 attention template's ``ex2_fma``); each such exp costs
+        ``fma_flops_per_exp`` CUDA-core FLOPs (an FMA-pipe instruction counted as 2, as the rate
+        counts an FMA) and no SFU operation (:meth:`work_on_pipes`).
     """
 
     blocks: int
@@ -178,6 +182,8 @@ class LaunchShape:
     reductions_per_step: int | None = None
     threads_per_row: int | None = None
     row_iterations: int = 1
+    exp_fma_share: float = 0.0
+    fma_flops_per_exp: float = 0.0
 
     def __post_init__(self) -> None:
         if int(self.blocks) < 1 or int(self.threads) < 1:
@@ -201,6 +207,25 @@ class LaunchShape:
             raise ScheduleError(f"threads_per_row must be at least 1, got {self.threads_per_row!r}")
         if int(self.row_iterations) < 1:
             raise ScheduleError(f"row_iterations must be at least 1, got {self.row_iterations!r}")
+        if not 0.0 <= float(self.exp_fma_share) <= 1.0 or not float(self.fma_flops_per_exp) >= 0.0:
+            raise ScheduleError(f"exp_fma_share must be a fraction in [0, 1] and fma_flops_per_exp non-negative, "
+                                f"got {self.exp_fma_share!r} and {self.fma_flops_per_exp!r}")
+
+    def work_on_pipes(self, work: Work) -> Work:
+        """``work`` with :attr:`exp_fma_share` of its SFU operations moved to the CUDA cores
+        (``fma_flops_per_exp`` each); the FLOPs it reports stay the same.
+
+        >>> w = Work(flops={"tensor": 100.0, "sfu": 8.0}, dtype="fp8")
+        >>> LaunchShape(1, 128, 32, 0, exp_fma_share=0.25, fma_flops_per_exp=14).work_on_pipes(w).flops
+        {'tensor': 100.0, 'sfu': 6.0, 'cuda': 28.0}
+        """
+        sfu = float(work.flops.get("sfu", 0.0))
+        if not self.exp_fma_share or not sfu:
+            return work
+        moved = sfu * float(self.exp_fma_share)
+        flops = {**work.flops, "sfu": sfu - moved,
+                 "cuda": float(work.flops.get("cuda", 0.0)) + moved * float(self.fma_flops_per_exp)}
+        return replace(work, flops=flops, reported_flops=work.flops_reported)
 
     @property
     def has_chain(self) -> bool:
@@ -465,6 +490,7 @@ def predict_kernel(gpu: GPU, work: Work, launch: LaunchShape | None = None, *, n
                             f"{launch.smem_bytes} B of SMEM) does not fit an SM of {gpu.name} (limited by {limit})")
     eff = launch.efficiency(efficiency)
     chain = block_latency(gpu, launch, memory_latency_s)
+    work = launch.work_on_pipes(work)  # exponentials the kernel computes on the FMA pipe
     loop, epi = _phases(work, float(launch.epilogue_hbm_bytes or 0.0))
     rp = predict(gpu, loop, blocks=int(launch.blocks), blocks_per_sm=bps, efficiency=eff,
                  launch_overhead_s=launch_overhead_s, tensor_path=launch.tensor_path,

@@ -129,8 +129,12 @@ def test_cli_generate(tmp_path):
 
 #: Every configuration of the tables, and the other loop (one chunk at a time, or two stages in a
 #: warpgroup) of each at d = 128 (at d = 256 two P buffers do not fit beside S and O).
+#: Besides: the two-stage loop with every exp2 on the FMA pipe, and with none there, each with and
+#: without ping-pong (the GPU tests run the same).
 VARIANTS = sorted({c for D in F8.HEAD_DIMS for c in F8.configs(D)}
-                  | {dataclasses.replace(c, overlap=not c.overlap) for c in F8.configs(128)}, key=str)
+                  | {dataclasses.replace(c, overlap=not c.overlap, pingpong=False) for c in F8.configs(128)}
+                  | {F8.Fp8AttentionConfig(128, 2, 4, True, poly, pp) for poly in (0, 16) for pp in (False, True)}
+                  | {F8.Fp8AttentionConfig(128, 2, 3, False, 16)}, key=str)
 CASES = [(name, c) for c in VARIANTS for name in ("mha", "attention_causal", "attention_window", "gqa")]
 
 
@@ -155,7 +159,7 @@ def builds():
 
 @pytest.mark.nvcc
 @pytest.mark.parametrize("i", range(len(CASES)), ids=[f"{n}-d{c.D}-s{c.stages}{'-2st' if c.overlap else ''}"
-                                                       for n, c in CASES])
+                                                       f"-e{c.poly}{'-pp' if c.pingpong else ''}" for n, c in CASES])
 def test_builds_without_spills(builds, i):
     name, cfg = CASES[i]
     prog, usage = builds[i]
@@ -186,3 +190,82 @@ def test_verify_judges_fp8_by_the_stated_tolerance():
 
     assert TOLERANCE["fp8"] == F8.RMS_TOLERANCE
     assert TOLERANCE["fp8"] > TOLERANCE["bf16"]
+
+
+def _ex2_fma_of(source: str):
+    """The template's ``ex2_fma`` emulated in float32 with numpy, its constants read from the
+    generated source (so the test follows what the kernel computes)."""
+    import re
+
+    import numpy as np
+
+    body = source[source.index("float ex2_fma(float x)"):]
+    body = body[:body.index("\n}\n")]
+    clamp = float(np.frombuffer(bytes.fromhex(re.search(r"0f([0-9A-F]{8})", body).group(1))[::-1], "<f4")[0])
+    magic = float(re.search(r"__fadd_rn\(x, ([0-9.]+)f\)", body).group(1))
+    c3, c2 = (float(v) for v in re.search(r"fmaf\(([-0-9.e]+)f, f, ([-0-9.e]+)f\)", body).groups())
+    c1, c0 = (float(v) for v in re.findall(r"fmaf\(p, f, ([-0-9.e]+)f\)", body))
+    shift, bias, bias_shift = (int(v) for v in re.search(r"<< (\d+)\) \+ \((\d+) << (\d+)\)", body).groups())
+    f32 = np.float32
+
+    def ex2(x):
+        x = np.where(np.isnan(x), x, np.maximum(x, clamp)).astype(f32)
+        t = (x + f32(magic)).astype(f32)
+        f = (x - (t - f32(magic)).astype(f32)).astype(f32)
+        p = f32(c3)
+        for c in (c2, c1, c0):  # an FMA rounds once: the product and sum in float64, then to float32
+            p = (p.astype(np.float64) * f + c).astype(f32)
+        bits = (t.view(np.uint32).astype(np.uint64) << np.uint64(shift)) + np.uint64(bias << bias_shift)
+        scale = (bits & np.uint64(0xFFFFFFFF)).astype(np.uint32).view(f32)
+        return (p * scale).astype(f32)
+
+    return ex2
+
+
+def test_the_polynomial_exp2_is_accurate_for_p():
+    """``ex2_fma`` (2^x on the FMA pipe) within 1e-4 relative of 2^x where P is not 0 in e4m3,
+    at most 2^-126 below and exactly 0 for -inf (a masked score: a row with no key keeps l = 0,
+    as ex2 gives) and far below; NaN kept as ex2 keeps it."""
+    import numpy as np
+
+    d = bound("mha")
+    src = F8.lower_config(FAMILY, d, F8.Fp8AttentionConfig(128, 2, 4, True, 4, True)).launches[1].source
+    assert "constexpr int POLY = 4;" in src and "named_barrier_arrive(2 + (1 - cw), 256)" in src
+    ex2 = _ex2_fma_of(src)
+    x = np.concatenate([np.linspace(-100, 0, 200001), -np.logspace(-8, 0, 1000), [0.0, -0.5, -1.5, -99.5]])
+    x = x.astype(np.float32)
+    rel = np.abs(ex2(x).astype(np.float64) / np.exp2(x.astype(np.float64)) - 1)
+    assert rel.max() < 1e-4, float(rel.max())
+    low = ex2(np.array([-125.0, -126.0, -126.4, -126.6, -127.0, -200.0, -np.inf], np.float32))
+    assert np.all(low >= 0) and np.all(low <= 2.0 ** -124)
+    assert np.all(low[3:] == 0) and low[0] > 0
+    assert np.isnan(ex2(np.array([np.nan], np.float32)))[0]
+    off = F8.lower_config(FAMILY, d, F8.Fp8AttentionConfig(128, 2, 4, True)).launches[1].source
+    assert "constexpr int POLY = 0;" in off and "named_barrier_arrive" not in off
+
+
+def test_the_model_prices_exp_on_the_fma_pipe():
+    """The launch estimate states the configuration's share of exp2 on the FMA pipe, and the model
+    moves that share of the SFU time to the CUDA cores at FMA_FLOPS_PER_EXP each."""
+    from dataclasses import replace
+
+    from napkin.codegen.select import launch_shape
+    from napkin.perfmodel.predict import predict_schedule
+
+    d = bound("mha", q=8192, x=8192, h=16)
+    s = F8.schedule(FAMILY, d, F8.configs(128)[0])
+    est = FAMILY.launch_estimate(d, s, "h100")
+    assert est["exp_fma_share"] == F8.configs(128)[0].poly / 16 and est["fma_flops_per_exp"] == F8.FMA_FLOPS_PER_EXP
+    shape = launch_shape(d, FAMILY, s, "h100")
+    assert shape.exp_fma_share == est["exp_fma_share"]
+    k = {share: predict_schedule(s, "h100", launch=replace(shape, exp_fma_share=share)).kernels[0].roofline
+         for share in (0.0, 0.25)}
+    assert k[0.25].compute_s["sfu"] == pytest.approx(0.75 * k[0.0].compute_s["sfu"])
+    from napkin.perfmodel.cost import cost
+
+    fl = cost(s, "h100").per_kernel[0].flops  # the rates the model used, as FLOPs over seconds
+    cuda_rate = float(fl["cuda"]) / k[0.0].compute_s["cuda"]
+    moved = 0.25 * float(fl["sfu"]) * F8.FMA_FLOPS_PER_EXP
+    assert k[0.25].compute_s["cuda"] - k[0.0].compute_s["cuda"] == pytest.approx(moved / cuda_rate)
+    assert k[0.25].flops == k[0.0].flops  # the FLOPs reported stay the attention's
+

@@ -68,11 +68,16 @@ def run_case(name, cfg, sizes, *, spread=(1.0, 1.0, 1.0), seed=0, program=None):
 
 
 #: The tables' configurations and, at d = 128, each with the other loop (see the nvcc tests).
+#: Besides: every exp2 on the FMA pipe (the polynomial alone decides P, masked and fully masked
+#: rows too), and the two-stage loop with and without ping-pong, with and without the polynomial.
 CFGS = sorted({c for D in F8.HEAD_DIMS for c in F8.configs(D)}
-              | {dataclasses.replace(c, overlap=not c.overlap) for c in F8.configs(128)}, key=str)
+              | {dataclasses.replace(c, overlap=not c.overlap, pingpong=False) for c in F8.configs(128)}
+              | {F8.Fp8AttentionConfig(128, 2, 4, True, poly, pp) for poly in (0, 16) for pp in (False, True)}
+              | {F8.Fp8AttentionConfig(128, 2, 3, False, 16)}, key=str)
 
 
-@pytest.mark.parametrize("cfg", CFGS, ids=lambda c: f"d{c.D}-q{c.BQ}-s{c.stages}{'-2st' if c.overlap else ''}")
+@pytest.mark.parametrize("cfg", CFGS, ids=lambda c: f"d{c.D}-q{c.BQ}-s{c.stages}{'-2st' if c.overlap else ''}"
+                                                   f"-e{c.poly}{'-pp' if c.pingpong else ''}")
 @pytest.mark.parametrize("name", ["mha", "attention_causal"])
 @pytest.mark.parametrize("qx", [(1000, 1000), (777, 777), (300, 1000), (1000, 129)], ids=str)
 def test_every_configuration(name, cfg, qx):

@@ -27,14 +27,28 @@ the unrounded P), and the 8-bit wgmma's accumulation.
 
 The consumers' loop takes a chunk at a time (S, softmax, P·V) or, at d = 128, two stages inside
 a warpgroup (chunk j's S issued with chunk j - 1's P·V, its softmax while that runs), whichever
-measured faster (:data:`CONFIGS`).
+measured faster (:data:`CONFIGS`). Two more tunables of a configuration: ``poly``, how many of
+every 16 probabilities take their exp2 on the FMA pipe (``ex2_fma``: Cody-Waite range reduction
+and a degree-3 minimax polynomial, relative error 7.5e-5) instead of the SFU's MUFU.EX2, which
+the model prices there (``launch_estimate``'s ``exp_fma_share``: that share of the SFU work moves
+to the CUDA cores at :data:`FMA_FLOPS_PER_EXP` each); and ``pingpong``, the two consumers taking
+turns issuing their products (named barriers), with the two-stage loop. Both are built and
+tested (GPU tests, memcheck and racecheck) and off in the table: neither measured faster (below).
 
-Measured (H100, 16 heads, 16k tokens a batch, seq 4k-16k, the planner's tiles, the pre-pass
-included, ``benchmarks/attention_fp8.py``): d = 256 1021-1151 TFLOP/s non-causal and 775-1098
-causal; d = 128 749-844 non-causal and 604-784 causal with the tiles then first in the table
-(two stages, one chunk at a time; 857 at seq 8k with the four-stage two-stage loop now first).
-SDPA in bf16 on the same shapes: cuDNN 674-748, flash 302-367. The pre-pass takes 29 µs (d = 128)
-to 54 µs (d = 256) for 16 x 16k keys.
+Measured (H100, 16 heads, 16k tokens a batch, seq 4k / 8k / 16k, the planner's tiles, the
+pre-pass included, ``benchmarks/attention_fp8.py``): d = 256 999 / 1108 / 1091 TFLOP/s
+non-causal and 816 / 957 / 1090 causal; d = 128 784 / 858 / 892 non-causal and 628 / 742 / 846
+causal. SDPA in bf16 on the same shapes: cuDNN 582-742, flash 306-366. The pre-pass takes 29 µs
+(d = 128) to 54 µs (d = 256) for 16 x 16k keys. At d = 128 (issue #13's 1 PFLOP/s missed) the
+exponentials do not bound it: ncu at seq 8k (non-causal, 1.44 GHz under ncu) shows the SFU (XU
+pipe) 48 % busy, the tensor pipe 47 %, issue 44 %, the FMA pipe 19 %, and the warps' stalls
+per issued instruction led by waiting on fixed latencies (1.25), barrier (0.68), long
+scoreboard (0.61) and MIO throttle (0.44). Moving 2, 4, 6 or 8 of 16 exps to
+the FMA pipe (the SFU falls to 36 % at 4, issue rises to 54 %) gave 839-879, 840-853, 793-806 and
+771-776 TFLOP/s against 838-862 with none, ping-pong 862-888 against 838-862 without (seq 8k,
+non-causal, two runs: before and after the row max and sum were split into four chains each);
+causal 723-763 with 0 to 4 of 16, 656-703 with 6 or 8. The per-chunk chain of a warpgroup (its
+S wgmma, the row max and its shuffles, the exps, the wait for P·V) sets the pace, not a pipe.
 
 Offered where the diagram is fp8, the GPU has wgmma, the head dimension is 128 or 256, each of
 Q, K, V is stored as rows of d (the tensor maps' rows), no log-sum-exp output is asked for, and
@@ -69,7 +83,7 @@ from .epilogue import (Param, check_index_size, contiguous_strides, float_param,
 
 __all__ = ["Fp8AttentionConfig", "CONFIGS", "HEAD_DIMS", "BX", "RMS_TOLERANCE", "configs", "reason",
            "structure_reason", "candidates", "schedule", "config_of", "lower_config", "launch_estimate", "lower", "with_scales", "TEMPLATE",
-           "VT_TEMPLATE", "SCALES"]
+           "VT_TEMPLATE", "SCALES", "FMA_FLOPS_PER_EXP"]
 
 TEMPLATE = "attention_wgmma_fp8.cu.jinja"
 VT_TEMPLATE = "attention_fp8_vt.cu.jinja"
@@ -77,7 +91,8 @@ VT_TEMPLATE = "attention_fp8_vt.cu.jinja"
 #: Keys per chunk: one 128-byte swizzled row of Vt (the k of P·V), the N of S = Q·Kᵀ.
 BX = 128
 
-#: (consumer warpgroups, stages, two stages inside a warpgroup) per head dimension, best first
+#: (consumer warpgroups, stages, two stages inside a warpgroup[, exps of 16 on the FMA pipe,
+#: ping-pong]) per head dimension, best first
 #: (the model ranks them alike: a tie keeps the first). A consumer thread holds S (BX / 2 = 64
 #: fp32), P (BX / 8 = 16 registers of four e4m3; twice with two stages) and O (D / 2): 144 (160)
 #: registers at d = 128, 208 at d = 256, of the 240 two consumers get. Shared memory: Q (128 x d
@@ -110,6 +125,11 @@ LOG2E = 1.4426950408889634
 #: Threads of the pre-pass's blocks (128 keys of one head each).
 VT_THREADS = 256
 
+#: CUDA-core FLOPs one exp2 on the FMA pipe costs (``ex2_fma`` in the template): FADD x 3, FFMA x 3
+#: and FMUL, seven FMA-pipe instructions counted at 2 FLOPs each as the CUDA-core rate counts an
+#: FMA (the clamp and the shift-add run on the ALU pipe, which the model does not price).
+FMA_FLOPS_PER_EXP = 14
+
 
 @dataclass(frozen=True)
 class Fp8AttentionConfig:
@@ -120,8 +140,15 @@ class Fp8AttentionConfig:
     consumers: int
     stages: int
     overlap: bool = False  # two stages inside a warpgroup: S of chunk j beside P V of chunk j - 1
+    poly: int = 0  # of every 16 probabilities, those whose exp2 runs on the FMA pipe (a polynomial)
+    pingpong: bool = False  # the two consumers take turns issuing their products (needs overlap)
 
     BX = BX
+
+    @property
+    def fma_exp_share(self) -> float:
+        """The share of the softmax's exponentials computed on the FMA pipe."""
+        return self.poly / 16
 
     @property
     def BQ(self) -> int:
@@ -150,7 +177,7 @@ class Fp8AttentionConfig:
 
 def configs(D: int) -> list[Fp8AttentionConfig]:
     """The configurations for head dimension ``D``, best first (none where it has no table)."""
-    return [Fp8AttentionConfig(D, c, st, two) for c, st, two in CONFIGS.get(D, ())]
+    return [Fp8AttentionConfig(D, *row) for row in CONFIGS.get(D, ())]
 
 
 def _chain(p: AttentionProblem, diagram: Diagram):
@@ -227,7 +254,7 @@ def config_of(p: AttentionProblem, diagram: Diagram, sched: Schedule) -> Fp8Atte
     consumers = opts.warpgroups or (BQ // 64 if BQ else table[0].consumers)
     stages = opts.stages or table[0].stages
     known = [c for c in table if (c.consumers, c.stages) == (consumers, stages)]
-    cfg = Fp8AttentionConfig(D, consumers, stages, known[0].overlap if known else False)
+    cfg = known[0] if known else Fp8AttentionConfig(D, consumers, stages)
     what = f"attention family (fp8): g_{p.q}={BQ}, w_{p.q}={WQ}, s_{p.x}={BXs}, warpgroups={consumers}"
     if BQ is not None and BQ != cfg.BQ:
         raise CodegenError(f"{what}: g_{p.q} must be 64 x the consumer warpgroups ({cfg.BQ})")
@@ -249,7 +276,8 @@ def _vt_shape(p: AttentionProblem, sz) -> tuple[int, int, int]:
 
 def launch_estimate(fam, diagram: Diagram, sched: Schedule, gpu=None) -> dict:
     """Blocks, threads, registers, shared memory, bytes in flight (the ring's K and Vt chunks over
-    the block's threads), and the pre-pass: one more launch reading V and writing Vt."""
+    the block's threads), the share of the exponentials computed on the FMA pipe and their cost
+    there, and the pre-pass: one more launch reading V and writing Vt."""
     p = fam.problem(diagram)
     cfg = config_of(p, diagram, sched)
     sz = diagram.sizes
@@ -258,6 +286,7 @@ def launch_estimate(fam, diagram: Diagram, sched: Schedule, gpu=None) -> dict:
     return dict(blocks=blocks, threads=cfg.threads, regs=min(255, 65536 // cfg.threads // 8 * 8),
                 smem=cfg.smem_bytes(), in_flight_bytes_per_thread=2 * BX * cfg.D * cfg.stages / cfg.threads,
                 threads_per_row=4, tensor_path="peak", overlap_operands=True, overlap_compute=False,
+                exp_fma_share=cfg.fma_exp_share, fma_flops_per_exp=FMA_FLOPS_PER_EXP,
                 extra_launches=1, extra_hbm_bytes=heads * sz[p.x] * D + heads * D * XP)
 
 
@@ -292,8 +321,11 @@ def lower_config(fam, diagram: Diagram, cfg: Fp8AttentionConfig, arch: str = "sm
     why = reason(p, diagram, arch=arch)
     if why:
         raise CodegenError(f"attention family: {why}")
-    if cfg.D not in CONFIGS or cfg.consumers != 2 or not 2 <= cfg.stages <= 8:
-        raise CodegenError(f"attention family (fp8): {cfg} is not a configuration the template builds")
+    if (cfg.D not in CONFIGS or cfg.consumers != 2 or not 2 <= cfg.stages <= 8 or not 0 <= cfg.poly <= 16
+            or (cfg.pingpong and not cfg.overlap)):
+        raise CodegenError(f"attention family (fp8): {cfg} is not a configuration the template builds "
+                           "(two consumers, 2 to 8 stages, 0 to 16 exps of 16 on the FMA pipe, ping-pong "
+                           "only with the two-stage loop)")
     sz = diagram.sizes
     vt = _names(diagram, p)
     heads, D, XP = _vt_shape(p, sz)
@@ -411,7 +443,8 @@ def _launch(d: Diagram, p: AttentionProblem, cfg: Fp8AttentionConfig, vt: str, a
         raise CodegenError(f"attention family (fp8): the tiles need {smem} bytes of shared memory; "
                            f"{arch} allows {limit} per block")
     tag = short_hash("fp8", [str(x) for x in chain.full.lines], p.woven, causal, window, always_mask, cfg, float_idx)
-    kname = Code(f"napkin_attn_wgmma_fp8_d{cfg.D}_q{cfg.BQ}_s{cfg.stages}{'_2st' if cfg.overlap else ''}_{tag}")
+    kname = Code(f"napkin_attn_wgmma_fp8_d{cfg.D}_q{cfg.BQ}_s{cfg.stages}{'_2st' if cfg.overlap else ''}"
+                 f"{f'_e{cfg.poly}' if cfg.poly else ''}{'_pp' if cfg.pingpong else ''}_{tag}")
     legend = [
         "(sequence lengths, woven sizes and the per-tensor scales are kernel arguments; D is compiled in)",
         f"diagram {d.name}: {p.Q.label()}, {p.K.label()}, {p.V.label()} -> {out}[{','.join(p.O.axis_names)}], fp8 e4m3",
@@ -421,6 +454,8 @@ def _launch(d: Diagram, p: AttentionProblem, cfg: Fp8AttentionConfig, vt: str, a
         *[f"  {ax} -> woven (grid.y)" + ("" if ax in p.K.axis_names else "; K, V broadcast along it")
           for ax in p.woven],
         f"  engine: wgmma e4m3 + TMA; registers {PRODUCER_REGS} (producer) / {cfg.consumer_regs()} (consumers)",
+        f"  exp2: POLY = {cfg.poly} of every 16 on the FMA pipe, the rest on the SFU; "
+        f"ping-pong between the consumers: {'yes' if cfg.pingpong else 'no'}",
         f"  score modifiers: {', '.join(chain.boxes) or 'none'}; softmax scale folded: {chain.factor:.6g}",
         "  per-tensor scales: " + ", ".join(SCALES) + " (float arguments, 1 unless set)",
     ]
@@ -430,12 +465,13 @@ def _launch(d: Diagram, p: AttentionProblem, cfg: Fp8AttentionConfig, vt: str, a
         CONSUMER_REGS=cfg.consumer_regs(),
         params=signature(params), legend=comment_lines(legend), woven=woven,
         **shared_context(p, chain, index_vars, float_idx, (causal, window, always_mask), BX // 2, cfg.D // 2),
-        chain_desc=comment(", ".join(chain.boxes) or "none"), OVERLAP=cfg.overlap,
+        chain_desc=comment(", ".join(chain.boxes) or "none"), OVERLAP=cfg.overlap, POLY=cfg.poly,
+        PINGPONG=cfg.pingpong,
     )
     source = render(TEMPLATE, **ctx)
     tunables = (("BQ", cfg.BQ), ("BX", BX), ("WQ", 64), ("stages", cfg.stages), ("D", cfg.D),
                 ("warpgroups", cfg.consumers), ("engine", "wgmma"), ("dtype", "fp8"), ("causal", causal),
-                ("window", window), ("overlap", cfg.overlap))
+                ("window", window), ("overlap", cfg.overlap), ("poly", cfg.poly), ("pingpong", cfg.pingpong))
     return KernelLaunch(
         name=str(kname), source=source, grid=(math.ceil(Nq / cfg.BQ), nz, 1), block=(cfg.threads, 1, 1),
         shared_bytes=smem, args=tuple(x.arg for x in params), template=TEMPLATE, tunables=tunables,
