@@ -95,6 +95,18 @@ def test_lower_reads_the_tiles_and_refuses_others():
     bad = F8.schedule(FAMILY, d, F8.Fp8AttentionConfig(128, 2, 7))
     with pytest.raises(CodegenError, match="stages"):
         FAMILY.lower(d, bad, "sm_90a")
+    with pytest.raises(CodegenError, match="ping-pong only with the two-stage loop"):
+        F8.lower_config(FAMILY, d, F8.Fp8AttentionConfig(128, 2, 3, False, 0, True))
+
+
+def test_a_table_row_with_ping_pong_needs_the_two_stage_loop(monkeypatch):
+    """A table row asking for ping-pong without the two-stage loop (whose turns the barriers
+    count) is refused when lowered, not built into a kernel that would hang."""
+    d = bound("mha")
+    monkeypatch.setitem(F8.CONFIGS, 128, ((2, 3, False, 0, True),))
+    s = F8.schedule(FAMILY, d, F8.configs(128)[0])
+    with pytest.raises(CodegenError, match="ping-pong needs two consumers and the two-stage loop"):
+        FAMILY.lower(d, s, "sm_90a")
 
 
 def test_with_scales():

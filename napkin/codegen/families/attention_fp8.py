@@ -437,6 +437,9 @@ def _launch(d: Diagram, p: AttentionProblem, cfg: Fp8AttentionConfig, vt: str, a
     params.append(float_param("scale_log2", chain.factor * LOG2E))
     params += [float_param(s, 1.0) for s in SCALES]
     causal, window, always_mask = _masks(p, chain)
+    if cfg.pingpong and (cfg.consumers != 2 or not cfg.overlap):
+        # the turns are taken in the two-stage loop only: elsewhere the barriers would never meet
+        raise CodegenError(f"attention family (fp8): {cfg}: ping-pong needs two consumers and the two-stage loop")
     smem = cfg.smem_bytes()
     limit = _smem_limit(None, arch)
     if smem > limit:
