@@ -3,8 +3,10 @@
 
 Cases: 4096³ and 8192³ matmul, the ``matmul``, ``matmul_t`` and ``batched_matmul`` library
 diagrams at their default sizes, and ``examples/my_diagram.py:swiglu`` at a=4096, b=4096,
-f=11008 (the dual gate·up kernel and the down projection), each with the planner's plan and, for
-the matmuls, with every wgmma configuration forced. Each output is checked against the baseline
+f=11008 (the dual gate·up kernel and the down projection) and a 1024 x 4096 x 1024 matmul, each
+with the planner's plan and with every wgmma configuration forced (cooperative and ping-pong;
+``--forced`` picks the shapes: 4096^3 matmul, matmul_t, batched, swiglu's down projection, its
+dual gate·up kernel, the small matmul). Each output is checked against the baseline
 (relative error, no NaN left in a NaN-poisoned output) before it is timed with
 :func:`napkin.bench.timing.time_fn` (CUDA events, L2 flushed before every run, median).
 
@@ -30,9 +32,10 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 SWIGLU = (str(ROOT / "examples" / "my_diagram.py") + ":swiglu", dict(a=4096, b=4096, f=11008))
 
 
-def cases(quick: bool):
-    """(label, diagram spec, sizes, forced wgmma configuration or None, FLOPs)."""
-    from napkin.codegen.families.contraction import WGMMA_CONFIGS
+def cases(quick: bool, forced: str = "matmul"):
+    """(label, diagram spec, sizes, forced wgmma configuration (a MatmulConfig) or None, FLOPs)."""
+    from napkin.codegen.families.contraction import (DUAL_CONFIGS, DUAL_PINGPONG_CONFIGS, WGMMA_CONFIGS,
+                                                     WGMMA_PINGPONG_CONFIGS, MatmulConfig)
 
     def mm(n, a, b, c):
         return 2.0 * n * a * b * c
@@ -43,10 +46,24 @@ def cases(quick: bool):
            ("batched 8x2048^3", "batched_matmul", dict(n=8, a=2048, b=2048, c=2048), None, mm(8, 2048, 2048, 2048)),
            ("swiglu 4096x4096x11008", SWIGLU[0], SWIGLU[1], None, 3 * mm(1, 4096, 4096, 11008)),
            ("swiglu gate.up (dual)", "gate_up", SWIGLU[1], None, 2 * mm(1, 4096, 4096, 11008)),
-           ("swiglu down (matmul_t)", "matmul_t", dict(a=4096, b=11008, c=4096), None, mm(1, 4096, 11008, 4096))]
-    for c in WGMMA_CONFIGS if not quick else WGMMA_CONFIGS[1:2]:
-        out.append((f"matmul 4096^3 {c[0]}x{c[1]} s{c[5]}", "matmul", dict(a=4096, b=4096, c=4096), c,
-                    mm(1, 4096, 4096, 4096)))
+           ("swiglu down (matmul_t)", "matmul_t", dict(a=4096, b=11008, c=4096), None, mm(1, 4096, 11008, 4096)),
+           ("matmul 1024x4096x1024", "matmul", dict(a=1024, b=4096, c=1024), None, mm(1, 1024, 4096, 1024))]
+    plain = [MatmulConfig(False, *c, wgmma=True) for c in WGMMA_CONFIGS] + \
+        [MatmulConfig(False, *c, wgmma=True, pingpong=True) for c in WGMMA_PINGPONG_CONFIGS]
+    dual = [MatmulConfig(False, *c, wgmma=True, dual=True) for c in DUAL_CONFIGS] + \
+        [MatmulConfig(False, *c, wgmma=True, dual=True, pingpong=True) for c in DUAL_PINGPONG_CONFIGS]
+    shapes = {"matmul": [("matmul 4096^3", "matmul", dict(a=4096, b=4096, c=4096), mm(1, 4096, 4096, 4096))],
+              "matmul_t": [("matmul_t 4096^3", "matmul_t", dict(a=4096, b=4096, c=4096), mm(1, 4096, 4096, 4096))],
+              "batched": [("batched 8x2048^3", "batched_matmul", dict(n=8, a=2048, b=2048, c=2048),
+                           mm(8, 2048, 2048, 2048))],
+              "down": [("swiglu down", "matmul_t", dict(a=4096, b=11008, c=4096), mm(1, 4096, 11008, 4096))],
+              "gate_up": [("swiglu gate.up", "gate_up", SWIGLU[1], 2 * mm(1, 4096, 4096, 11008))],
+              "small": [("matmul 1024x4096x1024", "matmul", dict(a=1024, b=4096, c=1024), mm(1, 1024, 4096, 1024))]}
+    for key in filter(None, forced.split(",")):
+        for label, spec, sizes, flops in shapes[key]:
+            for c in (dual if key == "gate_up" else plain)[:1 if quick else None]:
+                kind = "pp" if c.pingpong else "coop"
+                out.append((f"{label} {kind} {c.BM}x{c.BN} s{c.stages}", spec, sizes, c, flops))
     return out
 
 
@@ -88,12 +105,12 @@ def run(case, reps: int):
 
     from napkin.bench.timing import time_fn
     from napkin.codegen.api import compile as compile_diagram
-    from napkin.codegen.families.contraction import FAMILY, MatmulConfig
+    from napkin.codegen.families.contraction import FAMILY
 
     label, spec, sizes, cfg, flops = case
     base = load(spec)
     d = base.with_dtype("bf16").bind(**sizes)
-    sched = FAMILY.schedule(d, MatmulConfig(False, *cfg, wgmma=True)) if cfg is not None else None
+    sched = FAMILY.schedule(d, cfg) if cfg is not None else None
     cd = compile_diagram(d, schedule=sched, family="contraction" if cfg is not None else None, gpu="h100")
     row = dict(label=label, sizes=sizes,
                kernels=[dict(name=k.name, grid=k.grid, tunables=dict(k.tunables)) for k in cd.program.launches])
@@ -128,6 +145,8 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--only", default="")
     ap.add_argument("--reps", type=int, default=50)
+    ap.add_argument("--forced", default="matmul", help="shapes to run with every wgmma configuration forced: "
+                    "comma-separated of matmul, matmul_t, batched, down, gate_up, small (empty: none)")
     ap.add_argument("--variant", default="", help="module settings of the contraction family to try, "
                     "e.g. WGMMA_CLUSTER=2,GROUP_M=16")
     args = ap.parse_args(argv)
@@ -144,11 +163,11 @@ def main(argv=None) -> int:
 
     from dev_kernels import precompile
 
-    from napkin.codegen.families.contraction import FAMILY, MatmulConfig
+    from napkin.codegen.families.contraction import FAMILY
     from napkin.codegen.lower import lower
     from napkin.kernels.compile import detect_arch
 
-    chosen = [c for c in cases(args.quick) if not args.only or any(k in c[0] for k in args.only.split(","))]
+    chosen = [c for c in cases(args.quick, args.forced) if not args.only or any(k in c[0] for k in args.only.split(","))]
     arch = detect_arch()
     programs = []
     for label, spec, sizes, cfg, _ in chosen:  # every kernel compiled first, in parallel
@@ -157,7 +176,7 @@ def main(argv=None) -> int:
             if cfg is None:
                 programs.append(lower(d, gpu="h100", arch=arch))
             else:
-                programs.append(lower(d, FAMILY.schedule(d, MatmulConfig(False, *cfg, wgmma=True)), gpu="h100",
+                programs.append(lower(d, FAMILY.schedule(d, cfg), gpu="h100",
                                       family="contraction", arch=arch))
         except Exception as e:  # noqa: BLE001
             print(f"lowering {label} failed: {e}", flush=True)

@@ -12,8 +12,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from napkin.codegen.families.contraction import (FAMILY, MMA_CONFIGS, SIMT_CONFIGS, WGMMA_CONFIGS, MatmulConfig,
-                                                 analyze, padded_rows)
+from napkin.codegen.families.contraction import (FAMILY, MMA_CONFIGS, SIMT_CONFIGS, WGMMA_CONFIGS,
+                                                 WGMMA_PINGPONG_CONFIGS, MatmulConfig, analyze, padded_rows)
 from napkin.diagrams import Axis, Diagram, array, contract, library
 from napkin.diagrams.ops import map_fn
 from napkin.errors import CodegenError
@@ -91,6 +91,11 @@ CASES = (
                                        ("A[b,a]B[b,c]", mm_layout(False, True), "fp16"),
                                        ("A[b,a]B[c,b]", mm_layout(False, False), "bf16"),
                                        ("epilogue", mm_epilogue(), "fp16")])]
+    # the ping-pong kernels: every layout, an epilogue, a batch
+    + [(f"wgmma-pp-{n}-{c[0]}x{c[1]}", bound(d, dt), MatmulConfig(False, *c, wgmma=True, pingpong=True), "sm_90a")
+       for c in WGMMA_PINGPONG_CONFIGS
+       for n, d, dt in [("A[a,b]B[b,c]", mm_layout(True, True), "bf16"), ("A[b,a]B[c,b]", mm_layout(False, False), "fp16"),
+                        ("epilogue", mm_epilogue(), "bf16"), ("batched", bmm_t(), "bf16")]]
     + [case("wgmma-batched-bf16", bmm_t(), "bf16", WGMMA_CONFIGS[0], "sm_90a", True),
        case("wgmma-batched-kmajor-fp16", bmm_t(), "fp16", WGMMA_CONFIGS[3], "sm_90a", True)]
     + [case("sum-over-2-axes-bf16", mm_multi_sum(residual=True), "bf16", MMA_CONFIGS[0], "sm_90a"),
@@ -138,17 +143,28 @@ def test_lower_reads_tiles_from_the_schedule():
 def test_candidates_are_schedules_with_the_tiles():
     d = bound(library.get("matmul"), "bf16")
     cands = [s for s in FAMILY.candidates(d, "h100", "bf16") if not s.kernels[0].options.splits]
-    assert len(cands) == len(WGMMA_CONFIGS) + len(MMA_CONFIGS)
-    for s, cfg in zip(cands, WGMMA_CONFIGS):
+    wgmma = FAMILY.configs("bf16", "wgmma")
+    # every cooperative configuration, each ping-pong one with a cooperative twin (its tile) just before it
+    assert [c for c in wgmma if not c.pingpong] == [MatmulConfig(False, *c, wgmma=True) for c in WGMMA_CONFIGS]
+    pp = [MatmulConfig(False, *c, wgmma=True, pingpong=True) for c in WGMMA_PINGPONG_CONFIGS]
+    assert [c for c in wgmma if c.pingpong] == [c for c in pp if (c.BM, c.BN) in {(x[0], x[1]) for x in WGMMA_CONFIGS}]
+    assert all(wgmma[i + 1].BM == c.BM and wgmma[i + 1].BN == c.BN and not wgmma[i + 1].pingpong
+               for i, c in enumerate(wgmma) if c.pingpong)
+    assert len(cands) == len(wgmma) + len(MMA_CONFIGS)
+    for s, cfg in zip(cands, wgmma):
         o = s.kernels[0].options
         assert s.kernels[0].family == "contraction" and not s.notes
-        assert (o.engine, o.stages, o.warpgroups) == ("wgmma", cfg[5], cfg[0] // cfg[3])
+        consumers = 2 if cfg.pingpong else cfg.BM // cfg.WM
+        assert (o.engine, o.stages, o.warpgroups) == ("wgmma", cfg.stages, consumers)
+        assert FAMILY.config_of(analyze(d), s) == cfg  # the plan's value is what is built
         k = FAMILY.lower(d, s, "sm_90a").launches[0]
         assert k.template == "matmul_wgmma.cu.jinja" and (k.grid, k.block) == (
-            ((1000 + cfg[0] - 1) // cfg[0] * ((776 + cfg[1] - 1) // cfg[1]), 1, 1), (128 * (cfg[0] // cfg[3] + 1), 1, 1))
+            ((1000 + cfg.BM - 1) // cfg.BM * ((776 + cfg.BN - 1) // cfg.BN), 1, 1), (128 * (consumers + 1), 1, 1))
         assert [a.kind for a in k.args[:3]] == ["tmap", "tmap", "tensor"]
-        assert "wgmma.mma_async.sync.aligned.m64n%dk16" % cfg[1] in k.source
-    cands = cands[len(WGMMA_CONFIGS):]
+        assert "wgmma.mma_async.sync.aligned.m64n%dk16" % cfg.BN in k.source
+        assert (f"PINGPONG = {'true' if cfg.pingpong else 'false'};" in k.source)
+        assert dict(k.tunables).get("pingpong", False) == cfg.pingpong
+    cands = cands[len(wgmma):]
     for s, cfg in zip(cands, MMA_CONFIGS):
         o = s.kernels[0].options
         assert (o.engine, o.stages, o.warps) == ("mma.sync", cfg[5], (cfg[0] // cfg[3]) * (cfg[1] // cfg[4]))
@@ -367,7 +383,7 @@ def test_builds_without_spills(builds, i):
     assert k.shared_bytes == 0  # all shared memory is the dynamic amount the launch asks for
     assert launch.shared_bytes <= SMEM_LIMIT[arch]
     if cfg.wgmma:  # the ring plus 1 KB of alignment slack, 128 B of barriers and (persistent) the staging blocks
-        staging = cfg.BM // cfg.WM * 64 * 72 * 2 if dict(launch.tunables).get("persistent") else 0
+        staging = cfg.consumers * 64 * 72 * 2 if dict(launch.tunables).get("persistent") else 0
         assert launch.shared_bytes == launch.model_smem_bytes + 1024 + 128 + staging
         return
     assert launch.shared_bytes <= launch.model_smem_bytes * 1.25 or launch.shared_bytes <= \
@@ -437,12 +453,14 @@ def test_a_dual_contraction_shares_its_rows_operand():
 @pytest.mark.nvcc
 @pytest.mark.parametrize("b_kmajor", [True, False], ids=["W[f,b]", "W[b,f]"])
 def test_dual_contraction_builds_without_spills(b_kmajor):
-    from napkin.codegen.families.contraction import DUAL_CONFIGS
+    from napkin.codegen.families.contraction import DUAL_CONFIGS, DUAL_PINGPONG_CONFIGS
     from napkin.kernels.nvcc import nvcc_compile
 
     d = prepare_bound(gate_up(b_kmajor), dict(a=1000, b=512, f=776))
-    for c in DUAL_CONFIGS:
-        launch = FAMILY.lower(d, FAMILY.schedule(d, MatmulConfig(False, *c, wgmma=True, dual=True)), "sm_90a").launches[0]
+    cfgs = [MatmulConfig(False, *c, wgmma=True, dual=True) for c in DUAL_CONFIGS]
+    cfgs += [MatmulConfig(False, *c, wgmma=True, dual=True, pingpong=True) for c in DUAL_PINGPONG_CONFIGS]
+    for cfg in cfgs:
+        launch = FAMILY.lower(d, FAMILY.schedule(d, cfg), "sm_90a").launches[0]
         k = nvcc_compile(launch.source, "sm_90a")[launch.name]
         assert not k.spills and k.stack_bytes == 0 and k.registers <= launch.model_regs_per_thread
         staging = 2 * 64 * 72 * 2  # the two consumers' staging blocks beside the ring (persistent)

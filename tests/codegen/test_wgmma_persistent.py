@@ -11,12 +11,15 @@ are not tile multiples, a batch, a split sum, the dual kernel and an epilogue), 
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 
-from napkin.codegen.families.contraction import (DUAL_CONFIGS, FAMILY, WGMMA_CONFIGS, MatmulConfig, analyze,
-                                                 wgmma_persistent)
+from napkin.codegen.families.contraction import (DUAL_CONFIGS, DUAL_PINGPONG_CONFIGS, FAMILY, WGMMA_CONFIGS,
+                                                 WGMMA_PINGPONG_CONFIGS, MatmulConfig, analyze, wgmma_persistent)
 from napkin.diagrams import library
+from napkin.errors import CodegenError
+from napkin.perfmodel.schedule import KernelOptions
 
 try:
     from .test_contraction_nvcc import gate_up
@@ -98,6 +101,60 @@ def _sched(diagram, shape, cfg):
     return FAMILY.schedule(diagram.with_dtype("bf16").bind(**shape), cfg)
 
 
+PINGPONG = [MatmulConfig(False, *c, wgmma=True, pingpong=True) for c in WGMMA_PINGPONG_CONFIGS]
+DUAL_PINGPONG = [MatmulConfig(False, *c, wgmma=True, dual=True, pingpong=True) for c in DUAL_PINGPONG_CONFIGS]
+
+
+@pytest.mark.parametrize("cfg", PINGPONG + DUAL_PINGPONG, ids=lambda c: f"{'dual-' if c.dual else ''}{c.BM}x{c.BN}")
+def test_pingpong_schedule_source_and_launch(cfg):
+    """A ping-pong configuration: 2 consumer warpgroups over tiles of one consumer's rows (w_a = g_a),
+    in the schedule's options, read back by config_of, built with PINGPONG and 384 threads, one
+    block per SM at most, two staging blocks beside the ring and no cluster."""
+    d = (gate_up(True).with_dtype("bf16").bind(a=4096, b=512, f=4096) if cfg.dual
+         else library.get("matmul_t").with_dtype("bf16").bind(a=4096, b=512, c=4096))
+    p = analyze(d)
+    s = FAMILY.schedule(d, cfg)
+    assert s.kernels[0].options.warpgroups == 2 and cfg.WM == cfg.BM
+    assert FAMILY.config_of(p, s) == cfg
+    k = _launch(d, cfg)
+    assert "PINGPONG = true;" in k.source and "_pp_" in k.name and dict(k.tunables)["pingpong"] is True
+    assert k.block == (384, 1, 1) and k.grid == (132, 1, 1) and "__cluster_dims__" not in k.source
+    ring = cfg.stages * (cfg.BM + cfg.BN * (2 if cfg.dual else 1)) * 64 * 2
+    assert k.shared_bytes == cfg.smem_bytes(p, 2) == ring + 1024 + 128 + 2 * 64 * 72 * 2 <= 227 * 1024
+    # the launch estimate counts the tiles of one consumer (what the grid walks)
+    est = FAMILY.launch_estimate(d, s, "h100")
+    assert est["blocks"] == math.ceil(4096 / cfg.BM) * math.ceil(4096 / cfg.BN) and est["threads"] == 384
+
+
+def test_pingpong_is_a_candidate_of_plain_and_dual_sums_only():
+    """Ping-pong candidates: those with a cooperative twin (same tile), ahead of it; none for a row
+    reduction or a prologue (not persistent)."""
+    for d in (library.get("matmul").with_dtype("bf16").bind(a=4096, b=4096, c=4096),
+              gate_up(True).with_dtype("bf16").bind(a=4096, b=4096, f=11008)):
+        cfgs = [FAMILY.config_of(analyze(d), s) for s in FAMILY.candidates(d, "h100", "bf16")]
+        pp = [i for i, c in enumerate(cfgs) if c.pingpong]
+        assert pp, d.name
+        for i in pp:  # the next candidate is the cooperative kernel of the same tile
+            assert (cfgs[i + 1].BM, cfgs[i + 1].BN, cfgs[i + 1].pingpong) == (cfgs[i].BM, cfgs[i].BN, False)
+    for name, sizes in (("rmsnorm_linear", dict(r=4096, x=1024, c=4096)), ("gemm_softmax", dict(a=4096, b=1024, c=200))):
+        d = library.get(name).with_dtype("bf16").bind(**sizes)
+        assert not any(FAMILY.config_of(analyze(d), s).pingpong for s in FAMILY.candidates(d, "h100", "bf16")), name
+
+
+def test_pingpong_refusals():
+    """Ping-pong needs the persistent kernel (not a row reduction's), and the consumer count must
+    be the tile's: one clear error each."""
+    g = library.get("gemm_softmax").with_dtype("bf16").bind(a=1000, b=256, c=200)
+    s = FAMILY.schedule(g, MatmulConfig(False, 128, 256, 64, 128, 256, 4, wgmma=True, pingpong=True))
+    with pytest.raises(CodegenError, match="ping-pong consumers .* need the persistent kernel"):
+        FAMILY.lower(g, s, "sm_90a")
+    d = library.get("matmul").with_dtype("bf16").bind(a=1000, b=256, c=700)
+    s = FAMILY.schedule(d, MatmulConfig(False, *WGMMA_CONFIGS[0], wgmma=True))
+    s = s.replace(kernels=(s.kernels[0].replace(options=KernelOptions(engine="wgmma", stages=4, warpgroups=3)),))
+    with pytest.raises(CodegenError, match="3 consumer warpgroups; the tile takes 2"):
+        FAMILY.lower(d, s, "sm_90a")
+
+
 @pytest.fixture(params=[1, 2], ids=lambda v: f"cluster{v}")
 def variant(request, monkeypatch):
     """Blocks per cluster (2: the cluster's blocks share their B tiles through TMA multicast)."""
@@ -147,3 +204,52 @@ def test_batched_split_and_dual_items(variant):
     d = gate_up(True)
     shape = dict(a=1500, b=128, f=1480)  # 12 x 12 tiles of 128 x 128
     check(d, [shape], _sched(d, shape, MatmulConfig(False, *DUAL_CONFIGS[0], wgmma=True, dual=True)))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("cfg", PINGPONG, ids=lambda c: f"{c.BM}x{c.BN}")
+def test_pingpong_consumers_alternate_items(cfg):
+    """The ping-pong kernel: each block's items alternate between its two consumers (an odd count
+    of them in some blocks, edges that are not tile multiples, an epilogue reading each tile's row
+    and column indices; operands stored either way round; a batch; a split sum with empty shares)."""
+    _hopper()
+    mlp = library.get("mlp")
+    shape = dict(a=2900, b=200, c=2 * 132 * 8 + 40)
+    check(mlp, [shape], _sched(mlp, shape, cfg))
+    try:
+        from .test_contraction_nvcc import mm_layout
+    except ImportError:
+        from test_contraction_nvcc import mm_layout
+    kn = mm_layout(False, False)
+    shape = dict(a=1000, b=520, c=3000)
+    check(kn, [shape], _sched(kn, shape, cfg))
+    bmm = library.get("batched_matmul")
+    shape = dict(n=45, a=300, b=256, c=136)
+    check(bmm, [shape], _sched(bmm, shape, cfg))
+    shape = dict(a=700, b=2048, c=300)
+    check(mlp, [shape], _sched(mlp, shape, replace(cfg, splits=9)))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("cfg", DUAL_PINGPONG, ids=lambda c: f"{c.BM}x{c.BN}")
+def test_pingpong_dual(cfg):
+    _hopper()
+    for b_kmajor in (True, False):
+        d = gate_up(b_kmajor)
+        shape = dict(a=1500, b=200, f=1480)
+        check(d, [shape], _sched(d, shape, cfg))
+
+
+def test_the_stagger_setting_reaches_the_source(monkeypatch):
+    """WGMMA_STAGGER (off by default) starts consumer 1 of a cooperative persistent kernel STAGES - 2
+    chunks behind consumer 0; never in a ping-pong kernel, whose consumers own whole tiles."""
+    import napkin.codegen.families.contraction as contraction
+
+    d = library.get("matmul_t").with_dtype("bf16").bind(a=4096, b=512, c=4096)
+    coop = MatmulConfig(False, *WGMMA_CONFIGS[0], wgmma=True)
+    assert "LEAD = (false &&" in _launch(d, coop).source
+    monkeypatch.setattr(contraction, "WGMMA_STAGGER", True)
+    on = _launch(d, coop)
+    assert "LEAD = (true && PERSISTENT && !PINGPONG && CONSUMERS == 2)" in on.source
+    monkeypatch.setattr(contraction, "WGMMA_STAGGER", False)
+    assert _launch(d, coop).name != on.name  # the setting is part of the kernel's name (its cache key)

@@ -80,11 +80,25 @@ WGMMA_CONFIGS = (
     (128, 128, 64, 64, 128, 6, 1),
 )
 
+#: The wgmma template's ping-pong configurations (same columns as above, WM = BM): two consumer
+#: warpgroups each own whole BM x BN tiles and take a block's work items in turn, one running its
+#: main loop while the other stores (the cooperative kernels above stop their tensor cores for
+#: each tile's epilogue). BM x BN / 128 accumulators a thread, at most 128.
+WGMMA_PINGPONG_CONFIGS = (
+    (128, 128, 64, 128, 128, 6, 1),
+    (64, 256, 64, 64, 256, 5, 1),
+)
+
 #: The dual (gate and up) configurations of the wgmma template: BN output columns of each sum, so
 #: one wgmma spans 2 BN columns and each consumer thread keeps WM x 2 BN / 128 accumulators.
 DUAL_CONFIGS = (
     (128, 128, 64, 64, 128, 4, 1),
     (128, 64, 64, 64, 64, 6, 1),
+)
+#: The dual kernel's ping-pong configurations (WM = BM: a consumer owns whole tiles, see above).
+DUAL_PINGPONG_CONFIGS = (
+    (64, 128, 64, 64, 128, 5, 1),
+    (128, 64, 64, 128, 64, 6, 1),
 )
 
 #: The fp32 SIMT template's configurations (8 x 8 micro-tile per thread).
@@ -157,11 +171,23 @@ class MatmulConfig:
     wgmma: bool = False  # the Hopper template: WM rows per consumer warpgroup, WN = BN
     splits: int = 1  # blocks sharing one output tile's sum (fp32 partials and a combining launch)
     dual: bool = False  # two sums sharing the A tiles (wgmma): each ring slot holds BN rows of B and of B2
+    #: (wgmma, WM = BM) two consumer warpgroups owning whole tiles, alternating work items
+    pingpong: bool = False
+
+    @property
+    def consumers(self) -> int:
+        """Consumer warpgroups of a wgmma configuration: BM / WM sharing each tile, or the two of
+        a ping-pong kernel, each owning whole tiles.
+
+        >>> MatmulConfig(False, 128, 128, 64, 128, 128, 6, wgmma=True, pingpong=True).consumers
+        2
+        """
+        return 2 if self.pingpong else self.BM // self.WM
 
     @property
     def threads(self) -> int:
         if self.wgmma:
-            return 128 * (self.BM // self.WM + 1)  # a producer warpgroup and the consumers
+            return 128 * (self.consumers + 1)  # a producer warpgroup and the consumers
         return (self.BM // self.WM) * (self.BN // self.WN) * 32
 
     @property
@@ -171,7 +197,7 @@ class MatmulConfig:
     def options(self) -> KernelOptions:
         """The typed options a schedule of this configuration carries."""
         if self.wgmma:
-            return KernelOptions(engine="wgmma", stages=self.stages, warpgroups=self.BM // self.WM,
+            return KernelOptions(engine="wgmma", stages=self.stages, warpgroups=self.consumers,
                                  blocks_per_sm=self.blocks_per_sm, regs_per_thread=self.consumer_regs(),
                                  splits=self.splits if self.splits > 1 else None)
         return KernelOptions(engine=self.engine, stages=self.stages, warps=self.threads // 32,
@@ -183,7 +209,7 @@ class MatmulConfig:
         if self.wgmma:  # the ring, 1 KB to align it on a swizzle atom, 128 B of mbarriers, and the
             # consumers' 64 x (64 + 8) staging blocks of a persistent kernel
             ring = self.stages * (self.BM + self.BN * (2 if self.dual else 1)) * self.BK * elem + 1024 + 128
-            return ring + (self.BM // self.WM * 64 * 72 * elem if wgmma_persistent(p) else 0)
+            return ring + (self.consumers * 64 * 72 * elem if wgmma_persistent(p) else 0)
         if self.simt:
             return 2 * self.BK * ((self.BM + SIMT_PAD) + (self.BN + SIMT_PAD)) * 4
         a_rows, a_cols = (self.BM, self.BK) if p.a_kmajor else (self.BK, self.BM)
@@ -203,8 +229,7 @@ class MatmulConfig:
 
     def consumer_regs(self) -> int:
         """Registers per consumer thread after setmaxnreg (the producer keeps 40)."""
-        consumers = self.BM // self.WM
-        return min(240, (65536 - 128 * 40) // (128 * consumers) // 8 * 8)
+        return min(240, (65536 - 128 * 40) // (128 * self.consumers) // 8 * 8)
 
 
 def _inner_contracted_axis(A: Value, B: Value, over: tuple[str, ...]) -> str | None:
@@ -444,6 +469,16 @@ def _reason_or_problem(diagram: Diagram) -> MatmulProblem | str:
 WGMMA_CLUSTER = 1
 
 
+#: Whether a persistent wgmma kernel whose two consumer warpgroups share each tile starts consumer 1
+#: STAGES - 2 chunks behind consumer 0, so that their epilogues do not stop the tensor cores at
+#: the same time (each overlaps the other's wgmma). Off: on an H100 (bf16, the planner's 128 x 256
+#: kernels, two runs each) it gained nothing measurable at 4096^3 (183 / 182 us against 182 off)
+#: and ran matmul_t 4096^3 slower (218 / 214 us against 195), while 8192^3 (1438 / 1449 against
+#: 1504) and swiglu's down projection (482 / 474 against 489) ran faster by less than the spread
+#: between runs; the GPU tests and racecheck passed with it on.
+WGMMA_STAGGER = False
+
+
 def wgmma_cluster(p: MatmulProblem) -> int:
     """The cluster size the wgmma template runs ``p`` with (1: no cluster)."""
     return WGMMA_CLUSTER if wgmma_persistent(p) and not p.dual else 1
@@ -454,6 +489,27 @@ def wgmma_persistent(p: MatmulProblem) -> bool:
     next tile's chunks loading while this one's results leave): not with an rmsnorm prologue or a
     row reduction, whose epilogues stage the whole tile in the ring's memory."""
     return p.norm is None and p.rowred is None
+
+
+def _pingpong_first(coop: list[MatmulConfig], pingpong: list[MatmulConfig]) -> list[MatmulConfig]:
+    """The cooperative configurations in order, each preceded by the ping-pong one of its block tile
+    (the model prices the two alike, and the planner keeps the first of equal candidates). On an
+    H100 (bf16) the ping-pong kernel was the faster at the same tile every time: 128 x 128 at
+    4096^3 191 / 195 us against 196 / 215 (cooperative), matmul_t 192 / 195 against 223 / 204,
+    swiglu's down projection 529 / 534 against 677 / 645; dual 128 x 64 at swiglu's gate and up
+    1304 / 1317 against 1496 / 1500. Larger tiles (128 x 256) stay first. A ping-pong tile with no
+    cooperative twin (64 x 256, dual 64 x 128) is left to schedules that ask for it: it never beat
+    the planner's cooperative kernel (4096^3 196 / 200 us against 182 - 184 for 128 x 256).
+
+    >>> c = FAMILY.configs("bf16", "wgmma")
+    >>> [(x.BM, x.BN, x.pingpong) for x in c]
+    [(128, 256, False), (256, 128, False), (128, 192, False), (128, 128, True), (128, 128, False)]
+    """
+    out = []
+    for c in coop:
+        out += [q for q in pingpong if (q.BM, q.BN) == (c.BM, c.BN) and q not in out]
+        out.append(c)
+    return out
 
 
 def _narrowed(cfg: MatmulConfig, n) -> MatmulConfig:
@@ -658,7 +714,8 @@ class ContractionFamily:
     def configs(self, dtype: str, engine: str | None = None) -> list[MatmulConfig]:
         """The tile configurations of one engine (default: the dtype's mma.sync or SIMT template)."""
         if engine == "wgmma":
-            return [MatmulConfig(False, *c, wgmma=True) for c in WGMMA_CONFIGS]
+            return _pingpong_first([MatmulConfig(False, *c, wgmma=True) for c in WGMMA_CONFIGS],
+                                   [MatmulConfig(False, *c, wgmma=True, pingpong=True) for c in WGMMA_PINGPONG_CONFIGS])
         table = SIMT_CONFIGS if dtype == "fp32" else MMA_CONFIGS
         return [MatmulConfig(dtype == "fp32", *c) for c in table]
 
@@ -728,7 +785,8 @@ class ContractionFamily:
             # configuration has them where the accumulators fit (WM x BN / 128 <= 128 a thread)
             n = diagram.sizes.get(p.c)
             bn = max(64, -(-n // 64) * 64)
-            for cfg in dict.fromkeys(replace(c, BN=bn, WN=bn) for c in self.configs(dtype, "wgmma")):
+            # (whole tiles staged in the ring: not persistent, so never ping-pong)
+            for cfg in dict.fromkeys(replace(c, BN=bn, WN=bn) for c in self.configs(dtype, "wgmma") if not c.pingpong):
                 if cfg.WM * bn // 128 <= 128 and cfg.smem_bytes(p, _elem(dtype)) <= limit:
                     out.append(self.schedule(diagram, cfg, gpu=gpu, dtype=dtype))
             return out
@@ -736,7 +794,8 @@ class ContractionFamily:
             why = self.prologue_reason(diagram, p, gpu, dtype=dtype)
             if why:
                 raise CodegenError(f"contraction family: {why}")
-            for cfg in dict.fromkeys(_narrowed(c, diagram.sizes.get(p.c)) for c in self.configs(dtype, "wgmma")):
+            for cfg in dict.fromkeys(_narrowed(c, diagram.sizes.get(p.c)) for c in self.configs(dtype, "wgmma")
+                                     if not c.pingpong):  # not persistent (the tile staged in the ring)
                 if cfg.smem_bytes(p, _elem(dtype)) <= limit:
                     out.append(self.schedule(diagram, cfg, gpu=gpu, dtype=dtype))
             return out
@@ -744,8 +803,10 @@ class ContractionFamily:
             why = self.wgmma_reason(diagram, gpu, dtype=dtype)
             if why:
                 raise CodegenError(f"contraction family: a dual contraction runs on the wgmma template only: {why}")
-            for c in dict.fromkeys(_narrowed(MatmulConfig(False, *c, wgmma=True, dual=True), diagram.sizes.get(p.c))
-                                   for c in DUAL_CONFIGS):
+            dual = _pingpong_first([MatmulConfig(False, *c, wgmma=True, dual=True) for c in DUAL_CONFIGS],
+                                   [MatmulConfig(False, *c, wgmma=True, dual=True, pingpong=True)
+                                    for c in DUAL_PINGPONG_CONFIGS])
+            for c in dict.fromkeys(_narrowed(c, diagram.sizes.get(p.c)) for c in dual):
                 cfg = c
                 if cfg.smem_bytes(p, _elem(dtype)) <= limit:
                     out.append(self.schedule(diagram, cfg, gpu=gpu, dtype=dtype))
@@ -897,7 +958,7 @@ class ContractionFamily:
             if splits > 1 and (p.dual or p.norm is not None or p.rowred is not None):
                 raise CodegenError("contraction family: the wgmma template splits only a plain sum (not a dual "
                                    f"contraction, a prologue or a row reduction; splits={splits})")
-            return replace(self._wgmma_config(p, schedule, arch, sizes, stages), splits=splits)
+            return replace(self._wgmma_config(p, schedule, arch, sizes, stages, opts.warpgroups), splits=splits)
         if engine not in ("mma.sync", "simt"):
             raise CodegenError(f"contraction family: engine {engine!r} is not built here (wgmma, mma.sync "
                                "or simt)")
@@ -924,7 +985,7 @@ class ContractionFamily:
         return cfg
 
     def _wgmma_config(self, p: MatmulProblem, schedule: Schedule, arch: str | None, sizes: dict,
-                      stages: int | None) -> MatmulConfig:
+                      stages: int | None, warpgroups: int | None = None) -> MatmulConfig:
         why = self.wgmma_reason(schedule.diagram, arch=arch)
         if why:
             raise CodegenError(f"contraction family: the schedule asks for engine=wgmma, but {why}; "
@@ -940,12 +1001,23 @@ class ContractionFamily:
         if p.rowred is not None and sizes["BN"] is None and isinstance(n, int):
             BN = max(64, -(-n // 64) * 64)  # the whole row, in 64-column blocks
         BK, WM, WN = sizes["BK"] or 64, sizes["WM"] or min(d.WM, BM), sizes["WN"] or BN
-        known = [c for c in self.configs(p.dtype, "wgmma") if (c.BM, c.BN, c.WM) == (BM, BN, WM)]
-        if stages is None:
-            stages = known[0].stages if known else 4
-        cfg = MatmulConfig(False, BM, BN, BK, WM, WN, stages, 1, wgmma=True, dual=p.dual)
+        # two consumer warpgroups over a tile of one consumer's rows: the ping-pong kernel
+        pingpong = warpgroups == 2 and WM == BM
         what = f"contraction family (wgmma): tiles g_{p.a}={BM}, g_{p.c}={BN}, s_{p.b}={BK}, " \
                f"w_{p.a}={WM}, w_{p.c}={WN}"
+        if warpgroups is not None and not pingpong and WM and BM % WM == 0 and warpgroups != BM // WM:
+            raise CodegenError(f"{what}: {warpgroups} consumer warpgroups; the tile takes {BM // WM} "
+                               f"(g_{p.a} / w_{p.a}), or 2 with w_{p.a} = g_{p.a} (ping-pong)")
+        if pingpong and not wgmma_persistent(p):
+            raise CodegenError(f"{what}: ping-pong consumers (2 warpgroups, w_{p.a} = g_{p.a}) need the "
+                               "persistent kernel; an rmsnorm prologue or a row reduction stages its tile "
+                               "in the ring")
+        table = [*WGMMA_CONFIGS, *WGMMA_PINGPONG_CONFIGS] if not p.dual else [*DUAL_CONFIGS, *DUAL_PINGPONG_CONFIGS]
+        known = [c for c in table if (c[0], c[1], c[3]) == (BM, BN, WM)
+                 and (c in (WGMMA_PINGPONG_CONFIGS + DUAL_PINGPONG_CONFIGS)) == pingpong]
+        if stages is None:
+            stages = known[0][5] if known else 4
+        cfg = MatmulConfig(False, BM, BN, BK, WM, WN, stages, 1, wgmma=True, dual=p.dual, pingpong=pingpong)
         if BK != 64:
             raise CodegenError(f"{what}: s_{p.b} must be 64 (one 128-byte swizzled row)")
         if WN != BN or BN % 64 or not 64 <= BN <= 256:
@@ -1210,7 +1282,7 @@ class ContractionFamily:
                          "contraction")
         # TMA boxes (innermost first): a K-major operand moves as one [rows][64] box per chunk, an
         # MN-major one as [64 k][64 mn] boxes side by side
-        cluster = wgmma_cluster(p)
+        cluster = 1 if cfg.pingpong else wgmma_cluster(p)  # a ping-pong block's consumers own whole tiles
         box_a = (64, cfg.BM) if p.a_kmajor else (64, 64)
         box_b = (64, cfg.BN // cluster) if p.b_kmajor else (64, 64)  # a cluster's blocks copy B in parts
         padded = padded or {}
@@ -1270,18 +1342,20 @@ class ContractionFamily:
         layout = ("k" if p.a_kmajor else "m") + ("k" if p.b_kmajor else "n")
         eps = p.norm.op.eps if p.norm is not None else None
         tag = short_hash(T, layout, [str(x) for x in epi.lines], p.batch, p.k_outer, cfg,
-                         *(() if not wgmma_persistent(p) else ("persistent", cluster)),
+                         *(() if not wgmma_persistent(p) else ("persistent", cluster, WGMMA_STAGGER)),
                          *(() if eps is None else ("rmsnorm", eps, p.G is not None)),
                          *(() if red is None else (red, [str(x) for x in post.lines])))
         dual = "_dual" if p.dual else "_rmsnorm" if p.norm is not None else f"_{red}" if red else ""
         split = f"_x{cfg.splits}" if cfg.splits > 1 else ""
         split += f"_c{cluster}" if cluster > 1 else ""
+        split += "_pp" if cfg.pingpong else ""
         kname = Code(f"napkin_mm_wgmma{dual}{split}_{T}_{cfg.BM}x{cfg.BN}x{cfg.BK}_w{cfg.WM}_s{cfg.stages}_{layout}_{tag}")
         wn = cfg.BN * (2 if p.dual else 1)  # the wgmma's N
         nacc = wn // 2
         ctx = dict(
             kname=kname, T=ctype(T), AB=Code("bf16" if T == "bf16" else "f16"), BM=cfg.BM, BN=wn, DUAL=p.dual,
-            SPLITS=cfg.splits, PERSISTENT=wgmma_persistent(p), CLUSTER=cluster,
+            SPLITS=cfg.splits, PERSISTENT=wgmma_persistent(p), CLUSTER=cluster, PINGPONG=cfg.pingpong,
+            STAGGER=bool(WGMMA_STAGGER),
             WM=cfg.WM, STAGES=cfg.stages, GROUP_M=GROUP_M, A_KMAJOR=p.a_kmajor, B_KMAJOR=p.b_kmajor,
             CONSUMER_REGS=cfg.consumer_regs(), NACC=nacc,
             PROLOGUE=p.norm is not None, PROLOGUE_GAMMA=p.G is not None,
@@ -1313,6 +1387,8 @@ class ContractionFamily:
             extra += (("persistent", True),)
         if cluster > 1:
             extra += (("cluster", cluster),)
+        if cfg.pingpong:
+            extra += (("pingpong", True),)
         return KernelLaunch(
             name=str(kname), source=source, grid=(blocks, 1, 1), block=(cfg.threads, 1, 1),
             shared_bytes=cfg.smem_bytes(p, 2), args=tuple(x.arg for x in params),
@@ -1336,7 +1412,9 @@ class ContractionFamily:
             f"  {p.c} -> N (columns, any size): g_{p.c} = BN = {cfg.BN}, w_{p.c} = WN = {cfg.WN}",
             f"  {p.b} -> K (summed, any size):  s_{p.b} = BK = {cfg.BK}, stages = {cfg.stages}",
             *([f"  engine: wgmma + TMA, {cfg.BM // cfg.WM} consumer warpgroup(s) of {cfg.WM} rows, "
-               f"one producer warpgroup"] if cfg.wgmma else []),
+               f"one producer warpgroup"] if cfg.wgmma and not cfg.pingpong else []),
+            *([f"  engine: wgmma + TMA, ping-pong: 2 consumer warpgroups owning whole tiles in turn, "
+               f"one producer warpgroup"] if cfg.pingpong else []),
             f"  A stored {'[a][b]' if p.a_kmajor else '[b][a]'}, B stored "
             f"{'[c][b]' if p.b_kmajor else '[b][c]'}",
         ]
