@@ -312,6 +312,8 @@ def _shape_of(est: dict | None, fam, schedule: Schedule):
     if est.get("epilogue_hbm_bytes"):  # a phase after the loop that the roofline must not overlap
         facts["epilogue_hbm_bytes"] = float(est["epilogue_hbm_bytes"])
         facts["epilogue_waits"] = int(est.get("epilogue_waits") or 0)
+    if est.get("tf32x3_flops"):  # an fp32 sum run as 3xTF32 on the tensor cores
+        facts["tf32x3_flops"] = float(est["tf32x3_flops"])
     return LaunchShape(blocks=int(est["blocks"]), threads=int(est["threads"]), regs_per_thread=int(est["regs"]),
                        smem_bytes=int(est.get("smem") or 0),
                        in_flight_bytes_per_thread=est.get("in_flight_bytes_per_thread") or None,

@@ -157,6 +157,9 @@ class LaunchShape:
         softmax's running max: 1).
     threads_per_row: threads that cooperate on one row's reduction: ``log2`` shuffle stages
         within a warp, one cross-warp stage beyond 32 (None: a warp, 32; 1: thread-local).
+    tf32x3_flops: CUDA-core FLOPs of the cost (an fp32 contraction's sum) that the kernel runs on
+        the tensor cores as 3xTF32: three tf32 products each, priced at the tf32 tensor rate on
+        ``tensor_path`` (0: none).
     row_iterations: how many times one block runs its load -> reduce -> store chain one after
         another (a block looping over batches of rows); 1: a block handles its rows at once, so
         more rows per block (fewer blocks) or more blocks per SM hide the chain.
@@ -184,6 +187,7 @@ class LaunchShape:
     row_iterations: int = 1
     exp_fma_share: float = 0.0
     fma_flops_per_exp: float = 0.0
+    tf32x3_flops: float = 0.0
 
     def __post_init__(self) -> None:
         if int(self.blocks) < 1 or int(self.threads) < 1:
@@ -205,6 +209,8 @@ class LaunchShape:
                 raise ScheduleError(f"{k} must be non-negative, got {v!r}")
         if self.threads_per_row is not None and int(self.threads_per_row) < 1:
             raise ScheduleError(f"threads_per_row must be at least 1, got {self.threads_per_row!r}")
+        if not float(self.tf32x3_flops) >= 0:
+            raise ScheduleError(f"tf32x3_flops must be non-negative, got {self.tf32x3_flops!r}")
         if int(self.row_iterations) < 1:
             raise ScheduleError(f"row_iterations must be at least 1, got {self.row_iterations!r}")
         if not 0.0 <= float(self.exp_fma_share) <= 1.0 or not float(self.fma_flops_per_exp) >= 0.0:
@@ -491,7 +497,7 @@ def predict_kernel(gpu: GPU, work: Work, launch: LaunchShape | None = None, *, n
     eff = launch.efficiency(efficiency)
     chain = block_latency(gpu, launch, memory_latency_s)
     work = launch.work_on_pipes(work)  # exponentials the kernel computes on the FMA pipe
-    loop, epi = _phases(work, float(launch.epilogue_hbm_bytes or 0.0))
+    loop, epi = _phases(_tf32x3(work, float(launch.tf32x3_flops or 0.0)), float(launch.epilogue_hbm_bytes or 0.0))
     rp = predict(gpu, loop, blocks=int(launch.blocks), blocks_per_sm=bps, efficiency=eff,
                  launch_overhead_s=launch_overhead_s, tensor_path=launch.tensor_path,
                  block_latency_s=(chain.fill_s + chain.reduce_s) if chain is not None else 0.0,
@@ -511,6 +517,22 @@ def predict_kernel(gpu: GPU, work: Work, launch: LaunchShape | None = None, *, n
     floor = latency_floor(gpu, float(work.bytes.get("HBM", 0.0)), launch, bps, memory_latency_s)
     return KernelPrediction(name, int(launch.blocks), bps or 1, regs, int(launch.smem_bytes), limit, rp,
                             floor, launch, chain, launch_assumed, ep, wait)
+
+
+def _tf32x3(work: Work, flops: float) -> Work:
+    """``work`` with ``flops`` of its CUDA-core FLOPs (at most all of them) run as 3xTF32: three
+    tf32 tensor-core products each; the FLOPs it reports stay the fp32 ones.
+
+    >>> _tf32x3(Work(flops={"cuda": 10.0}, dtype="fp16"), 8.0).flops
+    {'cuda': 2.0, 'tensor:tf32': 24.0}
+    """
+    moved = min(flops, float(work.flops.get("cuda", 0.0)))
+    if moved <= 0:
+        return work
+    f = dict(work.flops)
+    f["cuda"] = f["cuda"] - moved
+    f["tensor:tf32"] = f.get("tensor:tf32", 0.0) + 3.0 * moved
+    return replace(work, flops=f, reported_flops=work.flops_reported)
 
 
 def _phases(work: Work, epilogue_bytes: float) -> tuple[Work, Work | None]:

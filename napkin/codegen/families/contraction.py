@@ -19,7 +19,9 @@ Templates: ``matmul_wgmma.cu.jinja`` (Hopper, sm_90a: TMA copies into swizzled s
 warpgroup mma from shared memory, a producer warpgroup and consumer warpgroups; bf16/fp16 without
 batch axes and with 16-byte aligned rows), ``matmul_mma.cu.jinja`` (bf16/fp16 on mma.sync
 m16n8k16, fp32 accumulation, ldmatrix, cp.async multi-stage pipeline, padded shared tiles; any
-GPU from sm_80) and ``matmul_simt.cu.jinja`` (fp32 FMA).
+GPU from sm_80) and ``matmul_simt.cu.jinja`` (fp32: FMA on the CUDA cores, engine ``simt``, or
+3xTF32 on mma.sync m16n8k8, engine ``mma.sync``: each operand split into two tf32 values, three
+products summed in fp32, fp32-class accuracy at tensor-core speed).
 Tile sizes come from the schedule: groups of ``a`` and ``c`` at SMEM (the block tile), the
 stream of ``b`` at SMEM (the chunk), groups of ``a`` and ``c`` at RF (the warp or warpgroup
 tile); the pipeline depth, the engine (``wgmma``, ``mma.sync`` or ``simt``) and the residency
@@ -108,6 +110,20 @@ SIMT_CONFIGS = (
     (64, 64, 8, 32, 64, 2, 2),
 )
 
+#: The fp32 template's 3xTF32 configurations (engine mma.sync): warp tiles of m16n8 pieces, three
+#: tf32 mma per piece and 8 of k; double-buffered through registers like the FMA ones.
+TF32X3_CONFIGS = (
+    (128, 128, 16, 64, 32, 2, 1),
+    (128, 64, 16, 64, 32, 2, 2),
+    (64, 64, 16, 32, 32, 2, 3),
+    (128, 128, 8, 64, 32, 2, 1),
+)
+#: The k's whose products the 3xTF32 engine sums on the tensor cores before one fp32 addition
+#: (rounded to nearest) into its accumulators: the tensor cores' additions truncate, and summing
+#: all of K there measured 2.9e-5 relative error at 4096^3 (cuBLAS fp32: 1.1e-6; 16: 3.2e-7, and
+#: 0.96x cuBLAS against 0.88x with 8 on an H100).
+TF32X3_KSUM = 16
+
 GROUP_M = 8
 #: Split sums: at most this many blocks share one output tile, each walking at least this many
 #: chunks (fewer would spend more on the partials than the split gains).
@@ -171,6 +187,8 @@ class MatmulConfig:
     wgmma: bool = False  # the Hopper template: WM rows per consumer warpgroup, WN = BN
     splits: int = 1  # blocks sharing one output tile's sum (fp32 partials and a combining launch)
     dual: bool = False  # two sums sharing the A tiles (wgmma): each ring slot holds BN rows of B and of B2
+    #: (fp32 template, simt=True) the tensor-core engine: 3xTF32 on mma.sync instead of fp32 FMA
+    tf32x3: bool = False
     #: (wgmma, WM = BM) two consumer warpgroups owning whole tiles, alternating work items
     pingpong: bool = False
 
@@ -192,7 +210,9 @@ class MatmulConfig:
 
     @property
     def engine(self) -> str:
-        return "simt" if self.simt else "wgmma" if self.wgmma else "mma.sync"
+        if self.simt:
+            return "mma.sync" if self.tf32x3 else "simt"
+        return "wgmma" if self.wgmma else "mma.sync"
 
     def options(self) -> KernelOptions:
         """The typed options a schedule of this configuration carries."""
@@ -210,6 +230,10 @@ class MatmulConfig:
             # consumers' 64 x (64 + 8) staging blocks of a persistent kernel
             ring = self.stages * (self.BM + self.BN * (2 if self.dual else 1)) * self.BK * elem + 1024 + 128
             return ring + (self.consumers * 64 * 72 * elem if wgmma_persistent(p) else 0)
+        if self.simt and self.tf32x3:  # tiles as stored: [rows][BK + 4] K-major, [BK][cols + 8] else
+            a = self.BM * (self.BK + 4) if p.a_kmajor else self.BK * (self.BM + 8)
+            b = self.BN * (self.BK + 4) if p.b_kmajor else self.BK * (self.BN + 8)
+            return 2 * (a + b) * 4
         if self.simt:
             return 2 * self.BK * ((self.BM + SIMT_PAD) + (self.BN + SIMT_PAD)) * 4
         a_rows, a_cols = (self.BM, self.BK) if p.a_kmajor else (self.BK, self.BM)
@@ -696,7 +720,7 @@ class ContractionFamily:
         if p.dtype not in ("bf16", "fp16", "fp32"):
             return f"dtype {p.dtype} is not supported (bf16, fp16, fp32)"
         # every configuration's tile past the last element must index in 32 bits (the largest tile)
-        big = max(max(c[0], c[1], c[2]) for c in (*MMA_CONFIGS, *WGMMA_CONFIGS, *SIMT_CONFIGS))
+        big = max(max(c[0], c[1], c[2]) for c in (*MMA_CONFIGS, *WGMMA_CONFIGS, *SIMT_CONFIGS, *TF32X3_CONFIGS))
         sz = diagram.sizes
         return index_size_problem(sz, [(sz.get(p.a), f"axis {p.a!r} of {p.A.label()}", big),
                                        (sz.get(p.c), f"axis {p.c!r} of {p.B.label()}", big),
@@ -716,6 +740,8 @@ class ContractionFamily:
         if engine == "wgmma":
             return _pingpong_first([MatmulConfig(False, *c, wgmma=True) for c in WGMMA_CONFIGS],
                                    [MatmulConfig(False, *c, wgmma=True, pingpong=True) for c in WGMMA_PINGPONG_CONFIGS])
+        if dtype == "fp32" and engine == "mma.sync":  # fp32 on mma.sync: the 3xTF32 configurations
+            return [MatmulConfig(True, *c, tf32x3=True) for c in TF32X3_CONFIGS]
         table = SIMT_CONFIGS if dtype == "fp32" else MMA_CONFIGS
         return [MatmulConfig(dtype == "fp32", *c) for c in table]
 
@@ -812,6 +838,8 @@ class ContractionFamily:
                     out.append(self.schedule(diagram, cfg, gpu=gpu, dtype=dtype))
             return out
         cfgs = self.configs(dtype)
+        if dtype == "fp32":  # both fp32 engines: 3xTF32 on the tensor cores and FMA on the CUDA cores
+            cfgs = self.configs(dtype, "mma.sync") + cfgs
         if self.wgmma_reason(diagram, gpu, dtype=dtype) is None:
             cfgs = [_narrowed(c, diagram.sizes.get(p.c)) for c in self.configs(dtype, "wgmma")] + cfgs
             cfgs = list(dict.fromkeys(cfgs))
@@ -896,6 +924,12 @@ class ContractionFamily:
                          if v is not p.A and v is not p.B)
             est.update(epilogue_hbm_bytes=(sz[p.a] * sz[p.c] * nbatch + extras) * elem,
                        epilogue_waits=1 if epilogue_tiles(diagram, p, cfg, elem) else 0)
+        if cfg.tf32x3:
+            # 3xTF32: the sum's 2 M N K FLOPs (the cost model's CUDA-core work for fp32) run as three
+            # tf32 mma.sync products each; the fragments are loaded and split between the mma
+            est.update(tensor_path="mma.sync", overlap_operands=False,
+                       tf32x3_flops=2.0 * sz[p.a] * sz[p.c] * sz[p.b] * nbatch
+                       * math.prod(sz[n] for n in p.k_outer))
         if cfg.wgmma:
             # the tensor cores read both operands from SMEM themselves while the next wgmma is
             # issued: the datasheet tensor path, operand traffic overlapped. An rmsnorm prologue
@@ -962,10 +996,16 @@ class ContractionFamily:
         if engine not in ("mma.sync", "simt"):
             raise CodegenError(f"contraction family: engine {engine!r} is not built here (wgmma, mma.sync "
                                "or simt)")
-        if (engine == "simt") != simt:
-            raise CodegenError(f"contraction family: engine {engine} does not run {p.dtype} (fp32 runs simt, "
-                               "bf16/fp16 mma.sync or wgmma)")
-        known = [c for c in self.configs(p.dtype) if (c.BM, c.BN, c.BK, c.WM, c.WN) == (BM, BN, BK, WM, WN)]
+        if (engine == "simt") != simt and not (simt and engine == "mma.sync"):
+            raise CodegenError(f"contraction family: engine {engine} does not run {p.dtype} (fp32 runs simt or "
+                               "mma.sync as 3xTF32, bf16/fp16 mma.sync or wgmma)")
+        tf32x3 = simt and engine == "mma.sync"  # fp32 on mma.sync: the 3xTF32 configurations
+        if tf32x3:
+            default = self.configs(p.dtype, engine)[0]
+            BM, BN, BK = sizes["BM"] or default.BM, sizes["BN"] or default.BN, sizes["BK"] or default.BK
+            WM, WN = sizes["WM"] or min(default.WM, BM), sizes["WN"] or min(default.WN, BN)
+        known = [c for c in self.configs(p.dtype, engine if tf32x3 else None)
+                 if (c.BM, c.BN, c.BK, c.WM, c.WN) == (BM, BN, BK, WM, WN)]
         if blocks is None:
             blocks = known[0].blocks_per_sm if known else 1
         if stages is None:
@@ -980,7 +1020,7 @@ class ContractionFamily:
                     if MatmulConfig(simt, BM, BN, BK, WM, WN, st).smem_bytes(p, 2) <= min(limit, 128 * 1024):
                         stages = st
                         break
-        cfg = MatmulConfig(simt, BM, BN, BK, WM, WN, stages, blocks, splits=splits)
+        cfg = MatmulConfig(simt, BM, BN, BK, WM, WN, stages, blocks, splits=splits, tf32x3=tf32x3)
         self._check_config(cfg, p)
         return cfg
 
@@ -1048,7 +1088,19 @@ class ContractionFamily:
             raise CodegenError(f"{what}: warp tiles must divide the block tile")
         if not 32 <= cfg.threads <= 1024:
             raise CodegenError(f"{what}: gives {cfg.threads} threads per block (32 to 1024)")
-        if cfg.simt:
+        if cfg.simt and cfg.tf32x3:
+            if cfg.WM % 16 or cfg.WN % 8 or cfg.WM * cfg.WN > 64 * 32:
+                raise CodegenError(f"{what}: the 3xTF32 warp tiles are m16n8 pieces (w_{p.a} a multiple of 16, "
+                                   f"w_{p.c} of 8), at most 64x32 (64 accumulators a thread)")
+            if cfg.BK not in (8, 16, 32):
+                raise CodegenError(f"{what}: the 3xTF32 template streams b in chunks of 8, 16 or 32")
+            for rows, cols in ((cfg.BM, cfg.BK), (cfg.BN, cfg.BK)):
+                if (rows * cols // 4) % cfg.threads:
+                    raise CodegenError(f"{what}: a {rows}x{cols} chunk does not split evenly over "
+                                       f"{cfg.threads} threads")
+            if cfg.stages != 2:
+                raise CodegenError(f"{what}: the fp32 template is double-buffered (stages=2)")
+        elif cfg.simt:
             if (cfg.WM, cfg.WN) not in ((32, 64), (64, 32)):
                 raise CodegenError(f"{what}: the fp32 template's warp tiles are 32x64 or 64x32")
             if cfg.BK not in (4, 8, 16, 32):
@@ -1239,8 +1291,9 @@ class ContractionFamily:
             raise CodegenError(f"contraction family: the tiles need {smem} bytes of shared memory; "
                                f"{arch} allows {limit} per block")
         layout = ("k" if p.a_kmajor else "m") + ("k" if p.b_kmajor else "n")
-        tag = short_hash(T, layout, [str(x) for x in epi.lines], p.batch, p.k_outer, cfg)
-        kind = "simt" if cfg.simt else "mma"
+        tag = short_hash(T, layout, [str(x) for x in epi.lines], p.batch, p.k_outer, cfg,
+                         *((TF32X3_KSUM,) if cfg.tf32x3 else ()))
+        kind = ("tf32x3" if cfg.tf32x3 else "simt") if cfg.simt else "mma"
         split = f"_x{cfg.splits}" if cfg.splits > 1 else ""
         kname = Code(f"napkin_mm_{kind}_{T}_{cfg.BM}x{cfg.BN}x{cfg.BK}_w{cfg.WM}x{cfg.WN}"
                      f"_s{cfg.stages}{split}_{layout}_{tag}")
@@ -1248,7 +1301,7 @@ class ContractionFamily:
         ctx = dict(
             kname=kname, T=ctype(T), BM=cfg.BM, BN=cfg.BN, BK=cfg.BK, WM=cfg.WM, WN=cfg.WN,
             STAGES=cfg.stages, SPLITS=cfg.splits, GROUP_M=GROUP_M, MIN_BLOCKS=cfg.blocks_per_sm,
-            A_KMAJOR=p.a_kmajor, B_KMAJOR=p.b_kmajor,
+            A_KMAJOR=p.a_kmajor, B_KMAJOR=p.b_kmajor, TF32X3=cfg.tf32x3, KSUM=TF32X3_KSUM,
             params=signature(params), batch=batch, kouter=kouter, legend=legend,
             idx_a=index_vars[p.a], idx_c=index_vars[p.c],
             epi_body=epi.body("    "), epi_result=epi.result, epi_identity=epi.is_identity, tiles=tiles,
