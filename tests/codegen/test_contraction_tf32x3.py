@@ -223,3 +223,27 @@ def test_tf32x3_keeps_infinities():
     assert torch.equal(torch.isneginf(y), torch.isneginf(ref))
     fin = torch.isfinite(ref)
     assert torch.allclose(y[fin], ref[fin], rtol=1e-5, atol=0)
+
+
+@pytest.mark.gpu
+def test_tf32x3_exact_near_the_largest_float():
+    """A finite operand whose tf32 rounding would overflow (|x| >= 0x7f7ff000) takes the exact path:
+    the product is finite where fp32's is, not inf or NaN."""
+    import torch
+
+    from napkin.codegen.api import compile as compile_diagram
+
+    d = bound(library.get("matmul"), a=64, b=40, c=48)
+    cd = compile_diagram(d, schedule=FAMILY.schedule(d, tf32x3(TF32X3_CONFIGS[2])), family="contraction",
+                         gpu="h100")
+    A = torch.rand(64, 40, device="cuda") + 0.5
+    B = (torch.rand(40, 48, device="cuda") + 0.5) * 1e-3
+    A[3, 7] = 3.4028e38     # rounds up to inf in tf32
+    A[9, 1] = -3.4020e38    # just above the limit
+    A[20, 5] = 3.4019e38    # just below it: split, hi finite
+    out = cd.empty_outputs(fill=float("nan"))
+    cd(A, B, out=out)
+    y = out[cd.output_names[0]]
+    ref = A.double() @ B.double()
+    assert bool(torch.isfinite(y).all()), "a finite product came out inf or NaN"
+    assert torch.allclose(y.double(), ref, rtol=1e-5, atol=0)
