@@ -94,6 +94,14 @@ def _attention_causal_grad():
     return library.get("attention_causal").grad(save={"O", "P_lse"})
 
 
+def _layernorm_grad():
+    from napkin.diagrams import library
+
+    # the backward with its statistics saved (what napkin.torch saves): one row-wise chain kernel
+    # whose column reductions (dgamma, dbeta) are added up by the blocks of the same launch
+    return library.get("layernorm").grad(save={"N_rstd", "N_mean"})
+
+
 def _gemm_row_sum():
     from napkin.diagrams import Diagram, array, axes, contract, sum_over
 
@@ -132,6 +140,9 @@ CASES = [
     # too long for registers, streamed in three passes
     Case("rowwise.cu.jinja", "group_norm", {"n": 2, "g": 3, "c": 5, "s": 99}, family="rowwise"),
     Case("rowwise.cu.jinja", "log_softmax", {"r": 3, "x": 70001}, family="rowwise"),
+    # column reductions: more row groups than blocks (several a block, the last ragged), a row of no
+    # 16-byte multiple; the partials' sum in the kernel (arrival counters, tickets, the reset)
+    Case("rowwise.cu.jinja", _layernorm_grad, {"r": 4000, "x": 999}, family="rowwise"),
     # large enough that Hopper's planner takes wgmma + TMA; 333 and 264 are not tile multiples
     Case("matmul_wgmma.cu.jinja", "matmul", {"a": 333, "b": 520, "c": 264}, family="contraction",
          archs=("sm_90a",)),

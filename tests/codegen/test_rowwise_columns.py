@@ -1,11 +1,12 @@
 """Column reductions in the row-wise chain kernel, without a GPU: a chain kernel whose diagram also
 sums (or takes the max or min of) a value it computes over every row (``dgamma = Σ_r dY·N``,
 ``dbeta = Σ_r dY`` of a norm's backward) keeps per-thread fp32 partials of its columns while its
-blocks loop over the rows, writes one partial row per block and adds them in a second, small
-launch. What the analysis takes and refuses, what the planner chooses for the norm backwards
-(one kernel; the partials' size), what the model prices (HBM bytes of X, dY, dX and the vectors;
-the partials and the combining launch), and that the generated source builds with nvcc for sm_80
-and sm_90a within the model's registers and shared memory."""
+blocks loop over the rows, writes one partial row per block, and the blocks still there when the
+last one arrives add them up in the same kernel (arrival counters in a zeroed workspace; no second
+launch). What the analysis takes and refuses, what the planner chooses for the norm backwards
+(one kernel, one launch; the partials' size), what the model prices (HBM bytes of X, dY, dX and
+the vectors; the partials, no second launch), and that the generated source builds with nvcc for
+sm_80 and sm_90a within the model's registers and shared memory."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import re
 import pytest
 
 from napkin.codegen import families
-from napkin.codegen.families.rowwise import FAMILY, ChainShape, analyse
+from napkin.codegen.families.rowwise import COMBINE_SLICES, COUNTERS, FAMILY, ChainShape, analyse
 from napkin.codegen.lower import SMEM_TOLERANCE, lower
 from napkin.codegen.partition import kernel_problem, plan_units
 from napkin.codegen.planner import _Planner, derive
@@ -77,11 +78,13 @@ def test_a_user_written_chain_plans_as_one_kernel(sizes):
     p = lower(d, gpu="h100")
     assert p.buffers[0].shape == (2, pk.kernel.options.splits, sizes["x"])
     # the column max starts at -inf and merges by fmaxf: per element, over the block's rows, in the combine
-    src = p.launches[0].source
+    (launch,) = p.launches
+    src = launch.source
     assert re.search(r"colpart\[1\]\[slot\]\[\(c \* VEC \+ e\) \* THREADS_PER_ROW \+ lane\] = \(-INFINITY\)", src)
     assert re.search(r"colpart\[1\]\[slot\]\[\(\(c0 \+ u\) \* VEC \+ e\) \* THREADS_PER_ROW \+ lane\] = fmaxf\(", src)
     assert "a = fmaxf(a, colpart[1][s][w])" in src
-    assert "a = fmaxf(a, v[j]);" in p.launches[1].source and "(-INFINITY);" in p.launches[1].source
+    assert "a = fmaxf(a, v[j]);" in src and "t = fmaxf(t, cmb[s][cx]);" in src
+    assert "v[j] = b < SPLITS ? __ldcg(p + (long long)b * XSIZE) : (-INFINITY);" in src
 
 
 def _read_column_sum() -> Diagram:
@@ -121,10 +124,12 @@ def test_the_planner_fuses_the_column_reductions_into_the_row_kernel(name, sizes
     sms = resolve_gpu(gpu).sms
     assert 1 <= splits <= min(sizes["r"], 8 * sms), splits
     prog = lower(d, gpu=gpu)
-    main, comb = prog.launches
-    assert main.grid[0] == splits and "rowwise_chain" in main.name and "rowwise_combine" in comb.name
-    (ws,) = prog.buffers
-    assert ws.dtype == "fp32" and ws.shape == (len(COLS[name]), splits, sizes["x"])
+    (main,) = prog.launches  # the partials are added up in the same kernel: no second launch
+    assert main.grid[0] == splits and "rowwise_chain" in main.name
+    ws, cnt = prog.buffers
+    assert ws.dtype == "fp32" and ws.shape == (len(COLS[name]), splits, sizes["x"]) and not ws.zeroed
+    # the counters: a persistent workspace zeroed once, which every launch leaves zero
+    assert cnt.zeroed and cnt.shape == (len(COUNTERS),) and cnt.name != ws.name
     # the fused kernel beats the row kernel and the column reductions apart, in the model
     pl = _Planner(d, resolve_gpu(gpu), "sm_90a" if gpu == "h100" else "sm_80", "bf16", families.available(), None,
                   None)
@@ -151,7 +156,7 @@ def test_the_model_prices_the_minimal_bytes_and_the_partials(name):
     est = FAMILY.launch_estimate(sub, pick, "h100")
     splits = pk.kernel.options.splits
     assert est["blocks"] == splits and est["row_iterations"] == -(-r // splits) and est["stream_steps"] == 0
-    assert est["extra_launches"] == 1 and est["extra_hbm_bytes"] == 2 * 4 * len(COLS[name]) * splits * x
+    assert not est.get("extra_launches") and est["extra_hbm_bytes"] == 2 * 4 * len(COLS[name]) * splits * x
     # the prediction: the minimal bytes at the HBM rate, plus the partials, within the family's overheads
     t = predict_schedule(sub, FAMILY, pick, "h100").seconds
     hbm = resolve_gpu("h100").level("HBM").bandwidth
@@ -187,6 +192,10 @@ def test_every_configuration_lowers_back_to_itself():
         t = dict(p.launches[0].tunables)
         assert (t["THREADS_PER_ROW"], t["SPLITS"]) == (o.threads_per_row, o.splits)
         assert p.launches[0].grid[0] == o.splits and p.buffers[0].shape == (2, o.splits, 1000)
+        assert len(p.launches) == 1 and [b.zeroed for b in p.buffers] == [False, True]
+        # a tile of the in-kernel sum is the block's threads over COMBINE_SLICES slices
+        assert f"constexpr int CSLICES = {COMBINE_SLICES};" in p.launches[0].source
+        assert p.launches[0].block[0] % COMBINE_SLICES == 0
         assert p.launches[0].block[0] == 32 * o.warps
 
 
@@ -198,7 +207,8 @@ def test_column_reductions_need_the_row_in_registers():
 
 def test_the_generated_source_says_how_it_runs():
     p = lower(norm_grad("layernorm", r=4096, x=4096), gpu="h100")
-    main, comb = p.launches
+    (main,) = p.launches
+    comb = main
     splits = dict(main.tunables)["SPLITS"]
     iters = -(-4096 // (splits * dict(main.tunables)["ROWS_PER_BLOCK"]))
     assert f"constexpr int SPLITS = {splits};" in main.source and f"constexpr int ITERS = {iters};" in main.source
@@ -217,9 +227,20 @@ def test_the_generated_source_says_how_it_runs():
     assert 0 < main.source.index("napkin::load_vec(hv_gamma[u], in_gamma,") < loop
     assert "a_gamma = napkin::to_float(hv_gamma[u].x[e]);" in main.source and "ld_gamma" not in main.source
     assert "out_dgamma[col]" in comb.source and "out_dbeta[col]" in comb.source
-    assert f"constexpr int SPLITS = {splits};" in comb.source
-    # the combining launch keeps DEPTH partials in flight per thread, added in the order of b
-    assert "v[j] = b < SPLITS ? p[(long long)b * XSIZE] : 0.f;" in comb.source and "a = (a + v[j]);" in comb.source
+    # the sum of the partial rows keeps CDEPTH partials in flight per thread, added in the order of b,
+    # read from L2 (other blocks of this launch wrote them)
+    assert "v[j] = b < SPLITS ? __ldcg(p + (long long)b * XSIZE) : 0.f;" in comb.source
+    assert "a = (a + v[j]);" in comb.source and "t = (t + cmb[s][cx]);" in comb.source
+    # the arrival protocol: a block only waits when every block has started; the last to arrive
+    # zeroes the counters once the other helpers are done
+    src = main.source
+    wait = src.index("while (*(volatile unsigned int*)arrived < SPLITS)")
+    assert src.index("atomicAdd(started, 1u);") < src.index("for (int it0 = 0;") < wait
+    assert src.index("int r = *(volatile unsigned int*)started == SPLITS;") < src.index("if (r) atomicAdd(helpers, 1u);") \
+        < src.index("if (atomicAdd(arrived, 1u) == SPLITS - 1)") < wait
+    reset = src.index("*started = 0u;")
+    assert src.index("while (*(volatile unsigned int*)done < others)") < reset
+    assert all(f"*{c} = 0u;" in src[reset:] for c in COUNTERS)
 
 
 @pytest.mark.parametrize("depth", [1, 2, 3])

@@ -1,10 +1,14 @@
 """Column reductions in the row-wise chain kernel on a GPU: the rmsnorm and layernorm backwards as ONE
-row-wise kernel (dX, and dgamma/dbeta from per-block fp32 partials and a combining launch) against
+row-wise kernel and ONE launch (dX, and dgamma/dbeta from per-block fp32 partials that the blocks
+still there when the last one arrives add up, in a fixed order, in the same launch) against
 torch.autograd of F.rms_norm / F.layer_norm in float64, on fresh random inputs, rows and row
 lengths that are no multiple of the block or the 16-byte vector, NaN-poisoned outputs and
 partials; every configuration the family proposes for two cases (warp and block mode, each at
 its full-wave block count); a user-written chain over two row axes with a column sum and a column max; the same
-inputs giving the same bits twice (the partials are added in a fixed order)."""
+inputs giving the same bits on every call, through both call paths and on a second stream (the
+partials are added in a fixed order, whoever adds them), with the arrival counters back at zero
+after every call; block counts that do not divide the row groups, and a grid larger than the GPU
+holds at once (its late blocks start after the early ones have left: those must not wait)."""
 
 from __future__ import annotations
 
@@ -165,3 +169,81 @@ def test_every_prefetch_depth_gives_the_same_bits(name, sizes, splits):
     for o in outs[1:]:
         for n in o:
             assert torch.equal(o[n], outs[0][n]), n
+
+
+def _counters_zero(cd) -> bool:
+    """Whether every persistent zeroed workspace of ``cd`` (the arrival counters, on every stream
+    that ran it) is zero again."""
+    import torch
+
+    torch.cuda.synchronize()
+    runner = cd._runners[torch.cuda.current_device()]
+    assert runner._zeroed, "no zeroed workspace was made"
+    return all(int((t.view(torch.int32) != 0).sum()) == 0 for tensors, _ in runner._zeroed.values() for t in tensors)
+
+
+def _schedule(name, sizes, tpr, rows, splits, depth=1):
+    from napkin.codegen.families.rowwise import analyse, chain_schedule_for, make_chain_config
+
+    d = prepare(library.get(name).grad(save=SAVES[name]), sizes=sizes, dtype="bf16")
+    s = analyse(d)
+    return chain_schedule_for(s, make_chain_config(s, tpr, rows, splits=splits, prefetch=depth), "h100")
+
+
+@pytest.mark.parametrize("name, sizes, schedule", [
+    ("layernorm", dict(r=4096, x=4096), None),                       # the planner's pick (one wave)
+    ("rmsnorm", dict(r=3001, x=1000), (128, 1, 100, 2)),             # 3001 groups over 100 blocks: ragged
+    ("layernorm", dict(r=1037, x=1000), (32, 4, 77, 1)),             # warp mode, 260 groups over 77 blocks
+], ids=["layernorm_4096_planned", "rmsnorm_3001x1000_splits100", "layernorm_1037x1000_splits77"])
+def test_one_launch_same_bits_every_call_and_the_counters_back_at_zero(name, sizes, schedule):
+    """The partials are added in the kernel (one launch; the counters a zeroed workspace) by whoever
+    is there, in a fixed order: 20 calls, the checked path (out=) and a second stream give the same
+    bits, right against autograd, and every call leaves the counters zero (a stale count would let a
+    block that is not the last add partials not yet written, or none add them)."""
+    import torch
+
+    sched = _schedule(name, sizes, *schedule) if schedule else None
+    cd, args, outs = run_norm_grad(name, sizes, "bf16", schedule=sched, seed=5)
+    assert len(cd.launches) == 1 and [b.zeroed for b in cd.program.buffers] == [False, True]
+    if schedule:
+        assert cd.plan.kernels[0].kernel.options.splits == schedule[2]
+    assert _counters_zero(cd)
+    inputs = [args[n] for n in cd.input_names]
+    for _ in range(20):
+        got = cd(*inputs)  # the fast path
+        got = got if isinstance(got, tuple) else (got,)
+        for n, g in zip(cd.output_names, got):
+            assert torch.equal(g, outs[n]), n
+    assert _counters_zero(cd)
+    again = cd.empty_outputs(device="cuda", fill=float("nan"))
+    cd(**args, out=again)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        other = [cd(*inputs) for _ in range(3)]
+    torch.cuda.current_stream().wait_stream(side)
+    for got in [tuple(again[n] for n in cd.output_names), *other]:
+        got = got if isinstance(got, tuple) else (got,)
+        for n, g in zip(cd.output_names, got):
+            assert torch.equal(g, outs[n]), n
+    assert _counters_zero(cd)
+
+
+def test_a_grid_larger_than_the_gpu_holds():
+    """5000 blocks of 1024 threads (row groups of one row, 3 a block, the last ragged): far more than
+    the GPU holds at once, so the first blocks finish before the last start; they must not wait for
+    those (a deadlock) but leave the sum to the blocks there at the end: right, the same bits every
+    call, the counters zero."""
+    import torch
+
+    sizes = dict(r=14999, x=4096)
+    cd, args, outs = run_norm_grad("rmsnorm", sizes, "bf16", schedule=_schedule("rmsnorm", sizes, 1024, 1, 5000),
+                                   seed=6)
+    assert cd.launches[0].grid[0] == 5000 and cd.launches[0].block[0] == 1024
+    inputs = [args[n] for n in cd.input_names]
+    for _ in range(5):
+        got = cd(*inputs)
+        got = got if isinstance(got, tuple) else (got,)
+        for n, g in zip(cd.output_names, got):
+            assert torch.equal(g, outs[n]), n
+    assert _counters_zero(cd)

@@ -564,12 +564,28 @@ def lower_shape(shape: RowwiseShape, cfg: Config, schedule: Schedule, arch: str,
 # the loop: a thread's columns are the same in every row). Each
 # thread adds its columns' values into fp32 partials in shared memory (its own words only, laid out
 # so a warp's lanes touch consecutive words); at the end the block adds its row slots in order and
-# writes one partial row per column reduction; a second launch adds the ``splits`` rows per column
-# in a fixed order (the same inputs give the same bits, whatever the prefetch depth), each thread
-# with ``COMBINE_DEPTH`` partials in flight. HBM then moves X, dY and dX once, the
-# vectors once, and ``2 × 4 × splits × row`` bytes of partials per column reduction, which the
-# launch estimate states with the combining launch. Register mode only (the partials' words follow
-# the register chunks).
+# writes one partial row per column reduction. The ``splits`` rows per column are then added in the
+# same kernel (no second launch: its launch and the gap before it were ~5.5 us of 47 at 4096x4096
+# on an H100), by the blocks still there when the last one arrives (arrival counters in a
+# persistent workspace zeroed once, ``Buffer.zeroed``, and left zero by every launch):
+#
+# - a block that finds every block of the launch started (a counter each block bumps first) may
+#   wait for the others without keeping any from an SM: it registers as a *helper*, arrives, and
+#   waits until every block has arrived; any other block arrives and exits (the last to arrive
+#   always helps);
+# - the helpers then take tiles of ``THREADS / COMBINE_SLICES`` columns of one column reduction by
+#   a ticket counter until none is left; a tile's ``splits`` partials are added in one fixed order
+#   (``COMBINE_SLICES`` interleaved slices of the blocks, ``COMBINE_DEPTH`` loads in flight each,
+#   then the slices in order), whoever takes it: the same inputs give the same bits, whatever the
+#   timing, the helpers or the prefetch depth;
+# - the last block to arrive waits for the other helpers to finish, then zeroes every counter.
+#
+# So the tail after the last row is the partials read back from L2 by the whole wave (what the
+# combining launch did) without the launch. A block only waits when every block has started, so
+# a grid larger than the GPU holds (or one sharing it) cannot deadlock; it then has fewer helpers.
+# HBM moves X, dY and dX once, the vectors once, and ``2 × 4 × splits × row`` bytes of partials per
+# column reduction (written, read back), which the launch estimate states. Register mode only
+# (the partials' words follow the register chunks).
 
 #: Registers a thread may give to the values of the row it keeps across passes (64 fp32 values:
 #: 8 chunks of bf16, 16 of fp32), and the most chunks one thread holds in register mode.
@@ -584,8 +600,8 @@ STREAM_UNROLLS = (2, 4)
 #: Column reductions: the blocks are one full wave (``splits`` = SMs × the blocks one SM holds at
 #: once, at most one block per row group: every slot busy, no second wave, the fewest partials
 #: that keep every slot busy); the SMs and blocks per SM assumed where no GPU is named; the most
-#: static shared memory a block may keep its column partials in (48 KiB less the block reduction's
-#: scratch).
+#: static shared memory a block may keep its column partials and their combine's tile in (48 KiB
+#: less the block reduction's scratch).
 DEFAULT_SMS = 132
 DEFAULT_BLOCKS_PER_SM = 2
 MAX_COL_SMEM = 48 * 1024 - 256
@@ -595,11 +611,15 @@ DEFAULT_PREFETCH = 1
 MAX_PREFETCH = 3
 #: The depths the family proposes (the model weighs the bytes in flight against the registers).
 PREFETCHES = (1, 2)
-#: Threads of the combining launch of column partials: 32 columns × 8 slices of the blocks.
-COMBINE_COLS = 32
+#: Combining column partials in the chain kernel: a tile is ``THREADS / COMBINE_SLICES`` columns,
+#: each added by ``COMBINE_SLICES`` threads over interleaved blocks (then the slices in order), with
+#: ``COMBINE_DEPTH`` partials a thread loads before it adds them (bytes in flight). The slices fix
+#: the order of the sum (and so its bits); the depth does not change it.
 COMBINE_SLICES = 8
-#: Partials one thread of the combining launch loads before it adds them (bytes in flight).
-COMBINE_DEPTH = 8
+COMBINE_DEPTH = 16
+#: Column reductions' arrival counters (32-bit words of a zeroed workspace): blocks started,
+#: helpers registered, blocks arrived, tiles handed out, helpers done.
+COUNTERS = ("started", "helpers", "arrived", "tickets", "done")
 #: C operator of each reduction kind, its identity, and the block/warp reduction operator.
 _CHAIN_OPS = {"sum": ("({a} + {b})", "0.f", "napkin::SumOp"),
               "max": ("fmaxf({a}, {b})", "(-INFINITY)", "napkin::MaxOp"),
@@ -1047,7 +1067,7 @@ def chain_configs(shape: ChainShape, sms: int = DEFAULT_SMS, per_sm=None) -> lis
                 splits = []
                 for depth in PREFETCHES:
                     probe = make_chain_config(shape, tpr, rpb, splits=1, prefetch=depth)
-                    if col_smem_bytes(shape, probe) > MAX_COL_SMEM:
+                    if col_smem_bytes(shape, probe) + combine_smem_bytes(shape, probe) > MAX_COL_SMEM:
                         break
                     resident = DEFAULT_BLOCKS_PER_SM if per_sm is None else \
                         per_sm(probe.threads, chain_regs_estimate(shape, probe), chain_smem_bytes(shape, probe))
@@ -1119,8 +1139,8 @@ def chain_launch_estimate(shape: ChainShape, cfg: ChainConfig) -> dict:
     after an input's first reads it again; counted at the HBM rate, ``extra_hbm_bytes``). With
     column reductions: ``splits`` blocks, each running its row groups one after another
     (``row_iterations``; no streamed loop of the model's) with ``prefetch`` groups' loads in flight,
-    the fp32 partials written and read back by the combining launch (``extra_hbm_bytes``,
-    ``extra_launches``)."""
+    the fp32 partials written and read back by the blocks still there when the last arrives
+    (``extra_hbm_bytes``, the tail; no second launch)."""
     blocks = cfg.blocks(shape)
     b = lookup_dtype(shape.dtype).bytes
     first = [sum(1 for v in shape.fresh if shape.uses(v)[:1] == (p,)) for p in range(shape.passes)]
@@ -1135,7 +1155,7 @@ def chain_launch_estimate(shape: ChainShape, cfg: ChainConfig) -> dict:
                idle_lanes=min(0.95, max(0.0, 1.0 - busy)), bytes_per_value=b, threads_per_row=cfg.threads_per_row,
                reductions=red_passes)
     if cfg.splits:
-        est.update(row_iterations=cfg.iterations(shape), stream_steps=0, extra_launches=1,
+        est.update(row_iterations=cfg.iterations(shape), stream_steps=0,
                    extra_hbm_bytes=2 * partial_bytes(shape, cfg))
     if cfg.stream:
         again = sum(len(shape.uses(v)) - 1 for v in shape.fresh)
@@ -1172,10 +1192,18 @@ def col_smem_bytes(shape: ChainShape, cfg: ChainConfig) -> int:
     return 4 * len(shape.cols) * cfg.rows_per_block * cfg.chunks_per_thread * cfg.threads_per_row * cfg.vec
 
 
+def combine_smem_bytes(shape: ChainShape, cfg: ChainConfig) -> int:
+    """Shared memory of the in-kernel combine of column partials: the slices' sums of a tile
+    (``COMBINE_SLICES`` x (columns + 1) floats) and two words (the block's role, its ticket)."""
+    if not shape.cols:
+        return 0
+    return 4 * COMBINE_SLICES * (cfg.threads // COMBINE_SLICES + 1) + 8
+
+
 def chain_smem_bytes(shape: ChainShape, cfg: ChainConfig) -> int:
     """Shared memory of the chain kernel: the block reduction's 32 floats (one row per block), the
-    column partials' row (several rows per block)."""
-    return (32 * 4 if cfg.block_mode else 0) + col_smem_bytes(shape, cfg)
+    column partials' row (several rows per block) and their combine's tile."""
+    return (32 * 4 if cfg.block_mode else 0) + col_smem_bytes(shape, cfg) + combine_smem_bytes(shape, cfg)
 
 
 def _strides_of(v: Value, sizes: dict) -> dict[str, int]:
@@ -1269,6 +1297,7 @@ def lower_chain(shape: ChainShape, cfg: ChainConfig, schedule: Schedule, arch: s
     link_ids = {id(v) for c in (*shape.chains, *shape.cols) for v in c.links}
     # column reductions: per-thread partials of the thread's columns (chunk c0 + u, element e)
     ws = ident(_ws_name(shape), "ws_")
+    cnt = ident(_ws_name(shape, "colcount"), "cnt_")
     cols = []
     for k, c in enumerate(shape.cols):
         fmt, ident0, _ = _CHAIN_OPS[c.how]
@@ -1279,7 +1308,9 @@ def lower_chain(shape: ChainShape, cfg: ChainConfig, schedule: Schedule, arch: s
             step=Code(fmt.format(a=acc, b=ident(name(c.source), "a_"))),
             init=Code(f"colpart[{k}][slot][(c * VEC + e) * THREADS_PER_ROW + lane]"),
             merge=Code(fmt.format(a="a", b=f"colpart[{k}][s][w]")),
-            offset=c_i64(k * (cfg.splits or 0) * shape.xsize)))
+            offset=c_i64(k * (cfg.splits or 0) * shape.xsize),
+            out=ident(shape.col_out[k][0], "out_"), scale=float(c.scale),
+            merge_v=Code(fmt.format(a="a", b="v[j]")), merge_t=Code(fmt.format(a="t", b="cmb[s][cx]"))))
     scalar_maps: dict[int, list[Code]] = {}
     for b in d.nodes:
         if id(b) in link_ids or shape.is_full(b):
@@ -1356,7 +1387,9 @@ def lower_chain(shape: ChainShape, cfg: ChainConfig, schedule: Schedule, arch: s
     params = [Code(f"const {T}* __restrict__ {ident(name(v), 'in_')}") for v in used_inputs]
     params += [Code(f"{T}* __restrict__ {ident(n, 'out_')}") for n, _ in outputs]
     if shape.cols:
+        params += [Code(f"{T}* __restrict__ {ident(n, 'out_')}") for n, _ in shape.col_out]
         params.append(Code(f"float* __restrict__ {ws}"))
+        params.append(Code(f"unsigned int* __restrict__ {cnt}"))
     nrows = shape.nrows
     grid = (cfg.blocks(shape), 1, 1)
     legend_rows = ", ".join(K) or "(none)"
@@ -1376,10 +1409,15 @@ def lower_chain(shape: ChainShape, cfg: ChainConfig, schedule: Schedule, arch: s
                            f"{cfg.splits} blocks, {cfg.iterations(shape)} row group(s) each, PREFETCH = "
                            f"{cfg.prefetch} group(s) loaded ahead, fp32 partials of "
                            "each thread's columns in shared memory, one partial row per block")
+        sched_lines.append(f"the partial rows added in this kernel: the blocks still there when the last one "
+                           f"arrives take tiles of {cfg.threads // COMBINE_SLICES} columns (counters "
+                           f"{_ws_name(shape, 'colcount')}, zeroed once, left zero), each added in a fixed order "
+                           "(deterministic); no second launch")
     sched_lines += [f"schedule: {r}" for k in schedule.kernels for r in k.relabels]
     ctx = dict(
         kernel=kernel_name, T=T, dtype=shape.dtype, kind="chain", arch=comment(arch), diagram=comment(d.name),
-        cols=cols, ws=ws, SPLITS=cfg.splits or 0, ITERS=cfg.iterations(shape), NCOLS=len(cols),
+        cols=cols, ws=ws, cnt=cnt, CSLICES=COMBINE_SLICES, CDEPTH=COMBINE_DEPTH, SPLITS=cfg.splits or 0,
+        ITERS=cfg.iterations(shape), NCOLS=len(cols),
         pf_scalars=pf_scalars, pf_vectors=pf_vectors, held_vectors=held_vectors, PREFETCH=cfg.prefetch,
         XSTRIDE=c_i64(shape.xsize),
         legend_rows=comment(legend_rows), legend_x=comment(", ".join(red)),
@@ -1397,8 +1435,12 @@ def lower_chain(shape: ChainShape, cfg: ChainConfig, schedule: Schedule, arch: s
                 ("VEC", cfg.vec), ("CHUNKS_PER_THREAD", cfg.chunks_per_thread), ("UNROLL", cfg.unroll),
                 ("STREAM", int(cfg.stream)), ("THREADS", cfg.threads))
     if shape.cols:
+        args += tuple(Arg("tensor", n, dtype=shape.dtype, axes=v.axis_names) for n, v in shape.col_out)
         args += (Arg("tensor", _ws_name(shape), dtype="fp32", axes=()),)
-        tunables += (("SPLITS", cfg.splits), ("PREFETCH", cfg.prefetch))
+        # 32-bit counters (COUNTERS) in a zeroed fp32 buffer (zero bits): the runner zero-fills it once
+        args += (Arg("tensor", _ws_name(shape, "colcount"), dtype="fp32", axes=()),)
+        tunables += (("SPLITS", cfg.splits), ("PREFETCH", cfg.prefetch), ("COMBINE_SLICES", COMBINE_SLICES),
+                     ("COMBINE_DEPTH", COMBINE_DEPTH))
     return KernelLaunch(
         name=str(kernel_name), source=src, grid=grid, block=(cfg.threads, 1, 1), shared_bytes=0, args=args,
         template=TEMPLATE, tunables=tunables,
@@ -1407,51 +1449,24 @@ def lower_chain(shape: ChainShape, cfg: ChainConfig, schedule: Schedule, arch: s
     )
 
 
-def _ws_name(shape: ChainShape) -> str:
-    """A buffer name for the column partials that no array of the diagram has."""
+def _ws_name(shape: ChainShape, what: str = "colparts") -> str:
+    """A buffer name for the column partials (or their counters) that no array of the diagram has."""
     d = shape.diagram
     taken = {d.name_of(v) for v in (*d.inputs, *d.nodes)}
-    want = f"{d.name}_colparts"
+    want = f"{d.name}_{what}"
     if is_name(want) and want not in taken:
         return want
-    return f"colparts_{hashlib.sha1(d.name.encode()).hexdigest()[:10]}"
+    return f"{what}_{hashlib.sha1(d.name.encode()).hexdigest()[:10]}"
 
 
-#: The combining launch's register budget: its indices, the running value and the loop.
-COMBINE_REGS = 32
-
-
-def lower_combine(shape: ChainShape, cfg: ChainConfig, kernel_name: Code, arch: str) -> tuple[KernelLaunch, Buffer]:
-    """The second launch of a chain kernel with column reductions: each column output is its
-    ``splits`` fp32 partials added in a fixed order (times the mean's scale), and the partials'
-    buffer (column reduction, block, column)."""
-    T = cuda_type(shape.dtype)
-    part = _ws_name(shape)
-    ws = ident(part, "ws_")
-    cols = []
-    for k, (c, (n, _)) in enumerate(zip(shape.cols, shape.col_out)):
-        fmt, ident0, _ = _CHAIN_OPS[c.how]
-        cols.append(dict(
-            identity=Code(ident0), out=ident(n, "out_"), scale=float(c.scale),
-            what=comment(f"{n}: the {c.how} of {cfg.splits} partial rows"),
-            offset=c_i64(k * cfg.splits * shape.xsize),
-            merge_v=Code(fmt.format(a="a", b="v[j]")),
-            merge_t=Code(fmt.format(a="t", b="part[s][cx]"))))
-    params = [Code(f"const float* __restrict__ {ws}")]
-    params += [Code(f"{T}* __restrict__ {ident(n, 'out_')}") for n, _ in shape.col_out]
-    src = render(TEMPLATE, kind="chain_combine", kernel=kernel_name, T=T, dtype=shape.dtype, arch=comment(arch),
-                 diagram=comment(shape.diagram.name), legend_x=comment(", ".join(shape.red)), cols=cols, ws=ws,
-                 params=params, COLS=COMBINE_COLS, SLICES=COMBINE_SLICES, SPLITS=cfg.splits, XSIZE=shape.xsize,
-                 DEPTH=COMBINE_DEPTH, REGS=COMBINE_REGS)
-    args = (Arg("tensor", part, dtype="fp32", axes=()),)
-    args += tuple(Arg("tensor", n, dtype=shape.dtype, axes=v.axis_names) for n, v in shape.col_out)
-    launch = KernelLaunch(
-        name=str(kernel_name), source=src, grid=(-(-shape.xsize // COMBINE_COLS), 1, 1),
-        block=(COMBINE_COLS * COMBINE_SLICES, 1, 1), shared_bytes=0, args=args, template=TEMPLATE,
-        tunables=(("MODE", "combine"), ("COLS", COMBINE_COLS), ("SLICES", COMBINE_SLICES), ("SPLITS", cfg.splits)),
-        model_smem_bytes=4 * COMBINE_SLICES * (COMBINE_COLS + 1), model_regs_per_thread=COMBINE_REGS)
-    buf = Buffer(part, ("reduction", "split", "column"), (len(shape.cols), cfg.splits, shape.xsize), "fp32")
-    return launch, buf
+def column_buffers(shape: ChainShape, cfg: ChainConfig) -> tuple[Buffer, Buffer]:
+    """The buffers of a chain kernel with column reductions: the fp32 partials (column reduction,
+    block, column), written and read back in every launch, and the arrival counters
+    (:data:`COUNTERS`), a persistent workspace zeroed once that every launch leaves zero."""
+    part = Buffer(_ws_name(shape), ("reduction", "split", "column"), (len(shape.cols), cfg.splits, shape.xsize),
+                  "fp32")
+    counters = Buffer(_ws_name(shape, "colcount"), ("counter",), (len(COUNTERS),), "fp32", zeroed=True)
+    return part, counters
 
 
 def _pass_text(shape: ChainShape, p: int) -> str:
@@ -1543,9 +1558,8 @@ class RowwiseFamily:
             if not shape.cols:
                 return Program(diagram=diagram, schedule=schedule, family=NAME, launches=(launch,), buffers=(),
                                sizes=dict(shape.sizes))
-            combine, buf = lower_combine(shape, cfg, Code(f"{ident(diagram.name)}_rowwise_combine"), arch)
-            return Program(diagram=diagram, schedule=schedule, family=NAME, launches=(launch, combine),
-                           buffers=(buf,), sizes=dict(shape.sizes))
+            return Program(diagram=diagram, schedule=schedule, family=NAME, launches=(launch,),
+                           buffers=column_buffers(shape, cfg), sizes=dict(shape.sizes))
         cfg = config_from_schedule(shape, schedule)
         kname = Code(f"{ident(diagram.name)}_rowwise_{shape.kind}")
         launch = lower_shape(shape, cfg, schedule, arch, kname)
