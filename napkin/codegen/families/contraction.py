@@ -1094,17 +1094,12 @@ class ContractionFamily:
                                    f"w_{p.c} of 8), at most 64x32 (64 accumulators a thread)")
             if cfg.BK not in (8, 16, 32):
                 raise CodegenError(f"{what}: the 3xTF32 template streams b in chunks of 8, 16 or 32")
-            for rows, cols in ((cfg.BM, cfg.BK), (cfg.BN, cfg.BK)):
-                if (rows * cols // 4) % cfg.threads:
-                    raise CodegenError(f"{what}: a {rows}x{cols} chunk does not split evenly over "
-                                       f"{cfg.threads} threads")
-            if cfg.stages != 2:
-                raise CodegenError(f"{what}: the fp32 template is double-buffered (stages=2)")
         elif cfg.simt:
             if (cfg.WM, cfg.WN) not in ((32, 64), (64, 32)):
                 raise CodegenError(f"{what}: the fp32 template's warp tiles are 32x64 or 64x32")
             if cfg.BK not in (4, 8, 16, 32):
                 raise CodegenError(f"{what}: the fp32 template streams b in chunks of 4, 8, 16 or 32")
+        if cfg.simt:  # both fp32 engines: float4 chunk loads shared by every thread, two buffers
             for rows, cols in ((cfg.BM, cfg.BK), (cfg.BN, cfg.BK)):
                 if (rows * cols // 4) % cfg.threads:
                     raise CodegenError(f"{what}: a {rows}x{cols} chunk does not split evenly over "
