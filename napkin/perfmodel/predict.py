@@ -159,7 +159,7 @@ class LaunchShape:
         within a warp, one cross-warp stage beyond 32 (None: a warp, 32; 1: thread-local).
     tf32x3_flops: CUDA-core FLOPs of the cost (an fp32 contraction's sum) that the kernel runs on
         the tensor cores as 3xTF32: three tf32 products each, priced at the tf32 tensor rate on
-        ``tensor_path`` (0: none).
+        ``tensor_path`` (0: none; :meth:`work_on_pipes`).
     row_iterations: how many times one block runs its load -> reduce -> store chain one after
         another (a block looping over batches of rows); 1: a block handles its rows at once, so
         more rows per block (fewer blocks) or more blocks per SM hide the chain.
@@ -218,19 +218,29 @@ class LaunchShape:
                                 f"got {self.exp_fma_share!r} and {self.fma_flops_per_exp!r}")
 
     def work_on_pipes(self, work: Work) -> Work:
-        """``work`` with :attr:`exp_fma_share` of its SFU operations moved to the CUDA cores
-        (``fma_flops_per_exp`` each); the FLOPs it reports stay the same.
+        """``work`` on the pipes this kernel runs it on; the FLOPs it reports stay the same:
+        :attr:`exp_fma_share` of its SFU operations moved to the CUDA cores
+        (``fma_flops_per_exp`` each), then :attr:`tf32x3_flops` of its CUDA-core FLOPs (at most
+        all of them) run as 3xTF32, three tf32 tensor-core products each.
 
         >>> w = Work(flops={"tensor": 100.0, "sfu": 8.0}, dtype="fp8")
         >>> LaunchShape(1, 128, 32, 0, exp_fma_share=0.25, fma_flops_per_exp=14).work_on_pipes(w).flops
         {'tensor': 100.0, 'sfu': 6.0, 'cuda': 28.0}
+        >>> LaunchShape(1, 128, 32, 0, tf32x3_flops=8.0).work_on_pipes(Work(flops={"cuda": 10.0}, dtype="fp16")).flops
+        {'cuda': 2.0, 'tensor:tf32': 24.0}
         """
-        sfu = float(work.flops.get("sfu", 0.0))
-        if not self.exp_fma_share or not sfu:
+        flops = dict(work.flops)
+        sfu = float(flops.get("sfu", 0.0))
+        if self.exp_fma_share and sfu:
+            moved = sfu * float(self.exp_fma_share)
+            flops["sfu"] = sfu - moved
+            flops["cuda"] = float(flops.get("cuda", 0.0)) + moved * float(self.fma_flops_per_exp)
+        moved = min(float(self.tf32x3_flops or 0.0), float(flops.get("cuda", 0.0)))
+        if moved > 0:
+            flops["cuda"] = flops["cuda"] - moved
+            flops["tensor:tf32"] = flops.get("tensor:tf32", 0.0) + 3.0 * moved
+        if flops == work.flops:
             return work
-        moved = sfu * float(self.exp_fma_share)
-        flops = {**work.flops, "sfu": sfu - moved,
-                 "cuda": float(work.flops.get("cuda", 0.0)) + moved * float(self.fma_flops_per_exp)}
         return replace(work, flops=flops, reported_flops=work.flops_reported)
 
     @property
@@ -496,8 +506,8 @@ def predict_kernel(gpu: GPU, work: Work, launch: LaunchShape | None = None, *, n
                             f"{launch.smem_bytes} B of SMEM) does not fit an SM of {gpu.name} (limited by {limit})")
     eff = launch.efficiency(efficiency)
     chain = block_latency(gpu, launch, memory_latency_s)
-    work = launch.work_on_pipes(work)  # exponentials the kernel computes on the FMA pipe
-    loop, epi = _phases(_tf32x3(work, float(launch.tf32x3_flops or 0.0)), float(launch.epilogue_hbm_bytes or 0.0))
+    work = launch.work_on_pipes(work)  # exponentials on the FMA pipe, fp32 sums on the tensor cores
+    loop, epi = _phases(work, float(launch.epilogue_hbm_bytes or 0.0))
     rp = predict(gpu, loop, blocks=int(launch.blocks), blocks_per_sm=bps, efficiency=eff,
                  launch_overhead_s=launch_overhead_s, tensor_path=launch.tensor_path,
                  block_latency_s=(chain.fill_s + chain.reduce_s) if chain is not None else 0.0,
@@ -517,22 +527,6 @@ def predict_kernel(gpu: GPU, work: Work, launch: LaunchShape | None = None, *, n
     floor = latency_floor(gpu, float(work.bytes.get("HBM", 0.0)), launch, bps, memory_latency_s)
     return KernelPrediction(name, int(launch.blocks), bps or 1, regs, int(launch.smem_bytes), limit, rp,
                             floor, launch, chain, launch_assumed, ep, wait)
-
-
-def _tf32x3(work: Work, flops: float) -> Work:
-    """``work`` with ``flops`` of its CUDA-core FLOPs (at most all of them) run as 3xTF32: three
-    tf32 tensor-core products each; the FLOPs it reports stay the fp32 ones.
-
-    >>> _tf32x3(Work(flops={"cuda": 10.0}, dtype="fp16"), 8.0).flops
-    {'cuda': 2.0, 'tensor:tf32': 24.0}
-    """
-    moved = min(flops, float(work.flops.get("cuda", 0.0)))
-    if moved <= 0:
-        return work
-    f = dict(work.flops)
-    f["cuda"] = f["cuda"] - moved
-    f["tensor:tf32"] = f.get("tensor:tf32", 0.0) + 3.0 * moved
-    return replace(work, flops=f, reported_flops=work.flops_reported)
 
 
 def _phases(work: Work, epilogue_bytes: float) -> tuple[Work, Work | None]:
