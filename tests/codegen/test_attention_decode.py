@@ -182,7 +182,8 @@ def test_a_split_lowers_to_one_launch_two_fp32_workspaces_and_arrival_counters()
     assert "constexpr int SPLITS = 9;" in src and "constexpr int NB = 9;" in src  # every split's loads at once
     assert re.search(r"ws_lse\[row0 \+ pr\]", src)
     # the last to arrive resets its counter and combines; the others leave
-    assert "atomicAdd(cnt, 1u) == SPLITS - 1" in src and "*cnt = 0u;" in src and "__syncthreads_or(last)" in src
+    # the last split to arrive at the tile's counter (which it zeroes for the next launch) combines
+    assert re.search(r"napkin::last_to_arrive\(arrivals \+ \(.*blockIdx\.y\) \* gridDim\.x \+ blockIdx\.x\), SPLITS\)", src)
 
 
 def test_warps_along_x_are_merged_in_shared_memory():
@@ -258,7 +259,7 @@ def test_derive_takes_one_query_row(tmp_path):
     code, out, err = cli_invoke("generate", "mha", "-s", "h=32,q=1,x=8192,d=128", "--gpu", "h100", "-o", str(target))
     assert code == 0, err
     src = target.read_text()
-    assert "constexpr int BQ = 16;" in src and "atomicAdd(cnt, 1u) == SPLITS - 1" in src
+    assert "constexpr int BQ = 16;" in src and "napkin::last_to_arrive(arrivals" in src
 
 
 def test_derive_packs_the_query_heads_of_the_gqa_library_diagram_at_one_query_row():

@@ -192,7 +192,7 @@ def test_the_split_of_a_small_kept_space_is_planned_and_costed():
     # the arrival counters: one a column tile, zeroed once and kept (each last block resets its own)
     assert cnt.zeroed and cnt.shape == (launch.grid[0],)
     src = launch.source
-    assert f"atomicAdd(&{'cnt_' + cnt.name}[blockIdx.x], 1u)" in src and "= 0u;" in src
+    assert f"napkin::last_to_arrive(&{'cnt_' + cnt.name}[blockIdx.x], SPLITS)" in src
     est = FAMILY.launch_estimate(plan.diagram, plan.schedule, "h100")
     assert not est.get("extra_launches") and est["extra_hbm_bytes"] == 2 * 4 * o.splits * 4096
     # many kept columns: no split

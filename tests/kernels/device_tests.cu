@@ -162,6 +162,29 @@ extern "C" __global__ void block_reduce_rows(const float* X, float* sums, float*
   }
 }
 
+// A row sum split over the blocks of one launch: block (r, s) of a 2-D block of threads adds its
+// slice of row r (split s of gridDim.y), writes the partial, and the last split of row r to arrive
+// (last_to_arrive on counters[r]) adds the partials in split order into sums[r].
+extern "C" __global__ void split_row_sums(const float* X, float* partials, unsigned int* counters,
+                                          float* sums, int cols) {
+  __shared__ float scratch[32];
+  const int tid = threadIdx.x + blockDim.x * threadIdx.y;
+  const int threads = blockDim.x * blockDim.y;
+  const int splits = gridDim.y, r = blockIdx.x, s = blockIdx.y;
+  const int per = (cols + splits - 1) / splits;
+  const float* x = X + static_cast<i64>(r) * cols;
+  float v = 0.f;
+  for (int c = s * per + tid; c < min(cols, (s + 1) * per); c += threads) v += x[c];
+  v = block_sum(v, scratch);
+  if (tid == 0) partials[static_cast<i64>(s) * gridDim.x + r] = v;
+  if (!last_to_arrive(&counters[r], splits)) return;
+  if (tid == 0) {
+    float a = __ldcg(&partials[r]);
+    for (int k = 1; k < splits; ++k) a += __ldcg(&partials[static_cast<i64>(k) * gridDim.x + r]);
+    sums[r] = a;
+  }
+}
+
 // One warp per 16 x 32 accumulator tile of X (rows x cols): load_c, row_sum / row_max (quad
 // shuffles), for_each (adds row * 1000 + col), store_c back to Y; out-of-range elements read as 0
 // for the sum and -inf for the max.

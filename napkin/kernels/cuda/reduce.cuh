@@ -9,6 +9,8 @@
 //                                         the whole block, through 32 floats of shared scratch;
 //                                         every thread gets the result; the block's thread count
 //                                         must be a multiple of 32 and every thread must call it
+//   last_to_arrive                        the handshake of a reduction split over the blocks of a
+//                                         launch: true in the last of `count` blocks to arrive
 #ifndef NAPKIN_REDUCE_CUH
 #define NAPKIN_REDUCE_CUH
 
@@ -71,6 +73,29 @@ NAPKIN_DEVICE float block_reduce(float v, float* scratch) {
 
 NAPKIN_DEVICE float block_sum(float v, float* scratch) { return block_reduce<SumOp>(v, scratch); }
 NAPKIN_DEVICE float block_max(float v, float* scratch) { return block_reduce<MaxOp>(v, scratch); }
+
+// A reduction split over `count` blocks of one launch, each of which has written its partials to
+// global memory: every block arrives at `*counter` once, and the call returns true in every thread
+// of the last block to arrive, which may then read all the partials (each block's writes were
+// fenced before it arrived, and the last one fences again before it reads). The counter must be
+// zero when the launch starts; the last block resets it, ready for the next launch, so a counter
+// in a workspace zero-filled once serves every later launch on the same stream. Every thread of
+// the block must call it; a block that gets false should return without touching the partials.
+//
+//   if (!napkin::last_to_arrive(&counters[tile], SPLITS)) return;
+//   ... add up the SPLITS partials of this tile in split order ...
+NAPKIN_DEVICE bool last_to_arrive(unsigned int* counter, unsigned int count) {
+  __threadfence();  // this block's partials are visible device-wide before it arrives
+  __syncthreads();  // every thread's partials are written and fenced before thread 0 arrives
+  int last = 0;
+  if (threadIdx.x == 0 && threadIdx.y == 0 && threadIdx.z == 0) {
+    last = atomicAdd(counter, 1u) == count - 1;
+    if (last) *counter = 0u;  // every block has arrived: none adds to it again in this launch
+  }
+  if (!__syncthreads_or(last)) return false;
+  __threadfence();  // the other blocks' partials are read after their arrivals
+  return true;
+}
 
 }  // namespace napkin
 
