@@ -349,8 +349,8 @@ def _assumptions(plan) -> list[dict]:
 @handle_errors
 def derive(name: NameArg, size: SizesOpt = None, gpu: GpuOpt = DEFAULT_GPU, dtype: DtypeOpt = DEFAULT_DTYPE,
            group: GroupOpt = None, stream: StreamOpt = None,
-           top: Annotated[int, typer.Option("--top", help="How many configurations of the costliest kernel "
-                                            "to show.")] = 5,
+           top: Annotated[int, typer.Option("--top", min=1, help="How many configurations of the costliest "
+                                            "kernel to show (at least 1).")] = 5,
            json_out: JsonOpt = False,
            svg: Annotated[Optional[Path], typer.Option("--svg", metavar="FILE",
                           help="Also draw the plan (wires coloured by level).")] = None,

@@ -66,6 +66,10 @@ class Diagram:
             missing = [v.label() for v in found if v not in ins]
             if missing:
                 raise DiagramError(f"diagram {name!r}: outputs depend on inputs not listed: {missing}")
+            # A listed input equal to one the outputs read (array("X", a) written twice) stands for
+            # that very value: the boxes are walked by identity (names, _replay).
+            ids = {id(f) for f in found}
+            ins = tuple(v if id(v) in ids else next((f for f in found if f == v), v) for v in ins)
         for v in ins:
             if not v.is_input:
                 raise DiagramError(f"diagram {name!r}: {v.label()} is computed, not an input array")

@@ -301,6 +301,9 @@ class _Backward:
         cotangents = []
         used = set(d.input_names)
         for out_name, v in zip(d.output_names, d.outputs):
+            if v.is_input:  # its cotangent would be called like the input's gradient (dX for both)
+                raise DiagramError(f"grad of {d.name!r}: output {out_name!r} is an input passed through; the "
+                                   "backward takes outputs computed by boxes (drop it or apply a box)")
             cname = _grad_name(out_name, f"the cotangent of output {out_name!r}")
             if cname in used:
                 raise DiagramError(f"grad of {d.name!r}: the cotangent of output {out_name!r} is called {cname!r}, "

@@ -173,6 +173,9 @@ class Map(Op):
         dt = _common_dtype(args, where)
         axes = _union_axes(args, where)
         names = {a.name for a in axes}
+        if len(set(self.index_axes)) != len(self.index_axes):
+            raise DiagramError(f"{where}: reads the positions of {', '.join(self.index_axes)}: an axis appears "
+                               "twice; give distinct axes (the query axis, then the key axis)")
         for name in self.index_axes:
             if name not in names:
                 raise DiagramError(f"{where}: index axis {name!r} is not carried by its input "

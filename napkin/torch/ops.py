@@ -275,6 +275,12 @@ class NapkinOp:
     def __call__(self, *tensors):
         """The outputs (a tensor, or a tuple in ``output_names`` order) of the diagram on the
         input tensors (in ``input_names`` order)."""
+        if len(tensors) != len(self.input_names):  # else torch's schema error, a RuntimeError
+            raise LaunchError(f"{self.qualname} takes {len(self.input_names)} tensor(s) "
+                              f"({', '.join(self.input_names)}), got {len(tensors)}")
+        for n, t in zip(self.input_names, tensors):
+            if not isinstance(t, torch.Tensor):
+                raise LaunchError(f"{n}: expected a torch tensor, got {type(t).__name__}")
         if (not _compiling() and not _function_modes() and _plain_cuda(tensors)
                 and not (_grad_enabled() and _any_requires_grad(*tensors))):
             return self._cuda(*tensors)

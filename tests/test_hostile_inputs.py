@@ -1,0 +1,376 @@
+"""Hostile inputs, case by case: every one ends in exit 2 with one ``error:`` line naming the problem
+(the CLI) or a :class:`napkin.errors.NapkinError` naming it (the Python API), or in a correct result.
+
+The random fuzz of the command line is tests/test_cli_fuzz.py and the random diagrams are
+tests/test_heldout_diagrams.py; this file holds the cases a person would try first, each with the
+words its message must contain:
+
+- diagram specs: a missing file, a syntax error, a name that is not a diagram, a function that
+  needs arguments or returns nothing, an unknown built-in;
+- sizes ``-s``: zero, negative, 2^49, not an integer, an unknown axis, the same axis twice;
+  2^40 plans (with a warning that the arrays do not fit) or is refused where no launch can hold it;
+- unknown GPUs and dtypes, and fp8/fp64 where no family runs them;
+- diagrams: unused inputs (also listed as an equal copy of the array), an output that is an input,
+  two boxes with one name, a contraction over an axis one operand lacks, contradictory sizes,
+  repeated axes, reductions over every axis (0-d outputs), 1-sized axes, a chain past the
+  planner's limit, unicode and C-keyword names, a mask reading one axis twice;
+- ``napkin.torch`` ops called with the wrong number or kind of arguments;
+- a plan on the scalar fallback says so (``warning:`` on stderr) from derive and generate.
+"""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+import torch
+from napkin_test_support import cli_invoke
+
+from napkin.diagrams import (Axis, Diagram, array, causal, contract, exp, library, map_fn, max_over, mean_over,
+                             softmax, sum_over)
+from napkin.errors import DiagramError, LaunchError, NapkinError
+
+GPU_COMMANDS = {"verify", "bench"}
+
+
+def _has_gpu() -> bool:
+    return bool(torch.cuda.is_available())
+
+
+def exit_2(args: list[str], *fragments: str) -> str:
+    """Run ``napkin ARGS``: exit 2, one ``error:`` line (the last), no traceback, the fragments in it."""
+    code, out, err = cli_invoke(*args)
+    shown = f"napkin {' '.join(args)}\nexit {code}\nstdout {out[-1500:]!r}\nstderr {err[-1500:]!r}"
+    assert code == 2, shown
+    assert "Traceback" not in out + err, shown
+    lines = [ln for ln in err.splitlines() if ln.strip() and not ln.startswith("…")]
+    errors = [ln for ln in lines if ln.startswith("error: ")]
+    assert len(errors) == 1 and lines[-1] == errors[0], shown
+    for f in fragments:
+        assert f in errors[0], (f, shown)
+    return errors[0]
+
+
+def exit_0(args: list[str]) -> tuple[str, str]:
+    code, out, err = cli_invoke(*args)
+    assert code == 0 and "Traceback" not in out + err and "error:" not in err, (args, code, err[-2000:])
+    return out, err
+
+
+# ----------------------------------------------------------------------------- user files
+
+USER = textwrap.dedent('''\
+    from napkin.diagrams import (Axis, Diagram, array, contract, exp, layernorm, map_fn, max_over, mean_over,
+                                 softmax, sum_over)
+    a, b, c = Axis("a", 8), Axis("b", 16), Axis("c", 4)
+    X = array("X", a, b)
+    mm = Diagram("mm", contract(X, array("B", b, c), over=b, name="C"))
+    notdiag = 3
+    def needs(n):
+        return mm
+    def nothing():
+        return None
+    def unused():
+        return Diagram("unused", exp(X, name="Y"), inputs=[array("X", a, b), array("U", c)])
+    def out_is_input():
+        return Diagram("oi", (exp(X, name="Y"), X))
+    def dup_names():
+        return Diagram("dup", (exp(X, name="Y"), map_fn("tanh", X, name="Y")))
+    def sum_all():
+        return Diagram("sum_all", sum_over(X, over=(a, b), name="Y"))
+    def max_all():
+        return Diagram("max_all", max_over(X, over=(a, b), name="Y"))
+    def mean_all():
+        return Diagram("mean_all", mean_over(array("T", a, b, c), over=(a, b, c), name="Y"))
+    def dot():
+        return Diagram("dot", contract(array("u", b), array("v", b), over=b, name="Y"))
+    def ones():
+        return Diagram("ones", softmax(array("X", Axis("a", 1), Axis("b", 1)), over="b", name="P"))
+    def norm_1d():
+        return Diagram("norm_1d", layernorm(array("X", a), over=a, name="P"))
+    def keywords():
+        i, f = Axis("int", 8), Axis("float", 64)
+        return Diagram("int", exp(array("void", i, f), name="return"))
+    def chain():
+        cur = X
+        for n in range(300):
+            cur = map_fn("tanh", cur, name=f"t{n}")
+        return Diagram("chain", cur)
+    def unicode_axis():
+        return Diagram("u", exp(array("X", Axis("\\u00e4", 3)), name="Y"))
+    def dash_name():
+        return Diagram("a-b", exp(X, name="Y"))
+    def cuda_name():
+        return Diagram("d", exp(array("__global__", a), name="Y"))
+    def contradict():
+        return Diagram("c", contract(array("P", Axis("a", 4), b), array("Q", Axis("a", 5), b), over=b, name="Z"))
+    def absent():
+        return Diagram("ab", contract(X, array("Q", c), over=b, name="Z"))
+    def repeated():
+        return Diagram("rep", exp(array("R", a, a), name="Y"))
+''')
+
+
+@pytest.fixture(scope="module")
+def user(tmp_path_factory):
+    d = tmp_path_factory.mktemp("hostile")
+    (d / "user.py").write_text(USER, encoding="utf-8")
+    (d / "syntax.py").write_text("def (:\n", encoding="utf-8")
+    return d
+
+
+SPEC_COMMANDS = [["show"], ["render", "-o", "-"], ["cost"], ["derive"], ["generate", "-o", "-"],
+                 ["verify"], ["bench"]]
+
+
+def _cmd(command: list[str], spec: str, *more: str) -> list[str]:
+    return [command[0], spec, *command[1:], *more]
+
+
+@pytest.mark.parametrize("command", SPEC_COMMANDS, ids=lambda c: c[0])
+@pytest.mark.parametrize("spec, fragments", [
+    ("missing.py:d", ["missing.py", "does not exist"]),
+    ("syntax.py:d", ["failed to import", "SyntaxError"]),
+    ("user.py:notdiag", ["notdiag", "not a napkin Diagram"]),
+    ("user.py:needs", ["needs", "takes arguments"]),
+    ("user.py:nothing", ["nothing", "returned a NoneType"]),
+    ("user.py:nope", ["has no 'nope'"]),
+    ("user.py:unicode_axis", ["axis name", "is not allowed"]),
+    ("user.py:dash_name", ["diagram name 'a-b' is not allowed"]),
+    ("user.py:cuda_name", ["array name '__global__' is not allowed"]),
+    ("user.py:contradict", ["axis 'a' has size 4", "but 5"]),
+    ("user.py:absent", ["lacks axis 'b'"]),
+    ("user.py:repeated", ["axis 'a' appears twice"]),
+])
+def test_bad_diagram_specs_exit_2_naming_the_problem(user, command, spec, fragments):
+    if command[0] in GPU_COMMANDS and _has_gpu():
+        pytest.skip("verify and bench would run on this GPU")
+    exit_2(_cmd(command, str(user / spec)), *fragments)
+
+
+@pytest.mark.parametrize("command", ["cost", "derive", "generate"])
+@pytest.mark.parametrize("args, fragments", [
+    (["-s", "q=0"], ["axis 'q'", "positive", "0"]),
+    (["-s", "q=-4"], ["axis 'q'", "positive", "-4"]),
+    (["-s", f"q={2 ** 49}"], ["axis 'q'", "largest axis size"]),
+    (["-s", "q=1.5"], ["'1.5'", "not an integer"]),
+    (["-s", "q=1e3"], ["'1e3'", "not an integer"]),
+    (["-s", "q=abc"], ["'abc'", "not an integer"]),
+    (["-s", "q"], ["expected NAME=VALUE"]),
+    (["-s", "zz=4"], ["no axis 'zz'"]),
+    (["-s", "q=4", "-s", "q=8"], ["axis 'q' is given twice"]),
+    (["--gpu", "h900"], ["unknown GPU 'h900'"]),
+    (["--dtype", "int8"], ["unknown dtype 'int8'"]),
+    (["--group", "q=0"], ["--group", "positive"]),
+    (["--group", "zz=16"], ["no axis 'zz'"]),
+    (["--group", "q=16", "--group", "q=32"], ["axis 'q' is relabelled twice"]),
+    (["--stream", "x=16@XX"], ["unknown level 'XX'"]),
+])
+def test_bad_sizes_gpus_dtypes_and_tiles_exit_2(command, args, fragments):
+    exit_2([command, "attention", *args, *(["-o", "-"] if command == "generate" else [])], *fragments)
+
+
+@pytest.mark.parametrize("value", ["0", "-1"])
+def test_derive_top_must_be_positive(value):
+    """--top 0 used to print one alternative anyway (the planner keeps at least one)."""
+    exit_2(["derive", "attention", "--top", value], "--top")
+
+
+@pytest.mark.parametrize("name, dtype, gpu, fragments", [
+    ("softmax", "fp8", "h100", ["no kernel", "'P'", "fp8"]),
+    ("layernorm", "fp8", "h100", ["no kernel", "fp8"]),
+    ("matmul", "fp64", "h100", ["no kernel", "fp64"]),
+    ("attention", "fp8", "a100", ["no kernel", "wgmma", "sm_80"]),
+])
+def test_a_dtype_no_family_runs_is_refused_naming_it(name, dtype, gpu, fragments):
+    for command in (["cost"], ["derive"], ["generate", "-o", "-"]):
+        exit_2(_cmd(command, name, "--dtype", dtype, "--gpu", gpu), *fragments)
+
+
+def test_huge_sizes_plan_with_a_warning_or_are_refused_by_the_launch_limits():
+    """2^40 rows: cost and derive warn that the arrays do not fit in HBM and plan anyway (a
+    prediction); generate refuses the grid no launch can have, naming it."""
+    big = ["-s", f"r={2 ** 40}", "-s", "x=64"]
+    _, err = exit_0(["cost", "softmax", *big])
+    assert "warning:" in err and "GiB" in err
+    exit_2(["generate", "softmax", *big, "-o", "-"], "grid", "beyond CUDA's limits")
+
+
+@pytest.mark.parametrize("spec", ["sum_all", "max_all", "mean_all", "dot", "ones", "norm_1d", "keywords"])
+def test_legal_corner_diagrams_run_through_every_cpu_command(user, spec):
+    """0-d outputs (reductions over every axis, a dot product), 1-sized axes, a 1-d norm, and
+    names that are C keywords: planned and generated like any other."""
+    path = f"{user / 'user.py'}:{spec}"
+    for command in (["show"], ["render", "-o", "-"], ["cost"], ["derive"], ["derive", "--grad"]):
+        exit_0(_cmd(command, path))
+    out, _ = exit_0(_cmd(["generate", "-o", "-"], path))
+    assert "__global__" in out
+
+
+def test_unused_input_listed_as_an_equal_copy_plans_and_its_gradient_is_zero(user):
+    """``inputs=[array("X", a, b), ...]`` is an equal copy of the X the boxes read, not the same
+    object: this used to end in a KeyError traceback from every command."""
+    path = f"{user / 'user.py'}:unused"
+    for command in (["show"], ["cost"], ["derive"], ["generate", "-o", "-"], ["derive", "--grad"]):
+        exit_0(_cmd(command, path))
+    a, b, c = Axis("a", 8), Axis("b", 16), Axis("c", 4)
+    X = array("X", a, b)
+    d = Diagram("unused", exp(X, name="Y"), inputs=[array("X", a, b), array("U", c)])
+    assert d.input_names == ("X", "U")
+    assert d.inputs[0] is X  # the copy stands for the array the boxes read
+    g = d.grad().reference(dtype=torch.float64, seed=0)
+    assert torch.count_nonzero(g["dU"]) == 0 and torch.count_nonzero(g["dX"]) > 0
+
+
+def test_an_output_that_is_an_input(user):
+    """Planned, an input passed through is refused (generated code computes every output); its
+    gradient is refused with that reason too (it used to blame a name clash, dX)."""
+    path = f"{user / 'user.py'}:out_is_input"
+    exit_0(["show", path])
+    for command in (["cost"], ["derive"], ["generate", "-o", "-"]):
+        exit_2(_cmd(command, path), "inputs passed through")
+    exit_2(["derive", path, "--grad"], "output 'X' is an input passed through")
+
+
+def test_two_boxes_with_one_name_keep_distinct_names(user):
+    """The second box called Y is shown under another name, never merged with the first."""
+    out, _ = exit_0(["show", f"{user / 'user.py'}:dup_names", "--json"])
+    import json
+
+    outs = [o["name"] for o in json.loads(out)["outputs"]]
+    assert outs[0] == "Y" and len(set(outs)) == 2
+
+
+def test_a_chain_past_the_planner_limit_is_refused_naming_the_limit(user):
+    path = f"{user / 'user.py'}:chain"
+    exit_0(["show", path])
+    exit_2(["derive", path, "--grad"], "1000")
+
+
+def test_a_plan_on_the_scalar_fallback_says_so():
+    """A softmax over the outer axis of a small array runs on the scalar fallback: derive and
+    generate print a warning naming the kernel."""
+    for command in (["derive"], ["generate", "-o", "-"]):
+        code, out, err = cli_invoke(*_cmd(command, "softmax", "-s", "r=7", "-s", "x=5"))
+        assert code == 0
+        assert not any("fallback" in ln for ln in err.splitlines() if ln.startswith("warning:"))
+    import tempfile
+    from pathlib import Path
+
+    with tempfile.TemporaryDirectory() as t:
+        f = Path(t) / "outer.py"
+        f.write_text("from napkin.diagrams import Axis, Diagram, array, rmsnorm\n"
+                     "d = Diagram('outer', rmsnorm(array('X', Axis('i', 13), Axis('j', 40)), over='i', name='Y'))\n")
+        for command in (["derive"], ["generate", "-o", "-"]):
+            code, out, err = cli_invoke(*_cmd(command, f"{f}:d"))
+            assert code == 0, err
+            warned = [ln for ln in err.splitlines() if ln.startswith("warning:") and "fallback" in ln]
+            assert warned and "Y" in warned[0] and "slow" in warned[0], err
+
+
+# ----------------------------------------------------------------------------- the Python API
+
+@pytest.mark.parametrize("build, fragments", [
+    (lambda: Axis("a", 0), ["axis 'a'", "positive"]),
+    (lambda: Axis("a", -3), ["axis 'a'", "positive"]),
+    (lambda: Axis("a", 2 ** 60), ["largest axis size"]),
+    (lambda: Axis("a", 2.5), ["not an integer"]),
+    (lambda: Axis("a", True), ["not an integer"]),
+    (lambda: Axis("a-b", 4), ["'a-b' is not allowed"]),
+    (lambda: Axis("ä", 4), ["is not allowed"]),
+    (lambda: array("__global__", Axis("a", 4)), ["'__global__' is not allowed"]),
+    (lambda: library.get("nope"), ["unknown diagram 'nope'"]),
+    (lambda: library.get("softmax").bind(zz=3), ["no axis 'zz'"]),
+    (lambda: library.get("softmax").bind(r=0, x=3), ["axis 'r'", "positive"]),
+    (lambda: library.get("softmax").bind(r=2.0, x=3), ["not an integer"]),
+    (lambda: contract(array("X", Axis("a", 2), Axis("b", 3)), array("Y", Axis("c", 4)), over="b"),
+     ["lacks axis 'b'"]),
+    (lambda: sum_over(array("X", Axis("a", 2)), over=()), ["no axes"]),
+    (lambda: sum_over(array("X", Axis("a", 2), Axis("b", 2)), over=("a", "a")), ["appears twice"]),
+    (lambda: softmax(array("X", Axis("a", 2)), over="b"), ["no axis 'b'"]),
+    (lambda: causal(array("S", Axis("q", 4), Axis("x", 4)), "q", "q"), ["appears twice"]),
+    (lambda: Diagram("oi", array("X", Axis("a", 4))).grad(), ["is an input passed through"]),
+    (lambda: library.get("softmax").grad(wrt=["nope"]), ["'nope' is not an input"]),
+    (lambda: library.get("softmax").grad(save="P"), ["save must be a set of names"]),
+    (lambda: library.get("softmax").bind(r=4, x=8).reference({"X": torch.ones(4, 9)}), ["axis 'x'", "9"]),
+    (lambda: library.get("softmax").bind(r=4, x=8).reference({"X": torch.ones(4, 8, dtype=torch.int64)}),
+     ["int64"]),
+])
+def test_api_mistakes_raise_a_napkin_error_naming_them(build, fragments):
+    with pytest.raises(NapkinError) as info:
+        build()
+    for f in fragments:
+        assert f in str(info.value), (f, str(info.value))
+
+
+def test_a_diagram_with_a_keyword_name_and_axes_generates():
+    from napkin.codegen.generate import generate_source
+
+    d = Diagram("int", exp(array("float", Axis("void", 4), Axis("return", 64)), name="struct"))
+    src = generate_source(d, gpu="h100")
+    assert "__global__" in src
+
+
+def test_map_with_the_same_index_axis_twice_is_refused():
+    """causal(S, q, q) compared a position with itself: every element kept, whatever the user
+    meant. Refused, naming the axes; two distinct axes still build."""
+    S = array("S", Axis("q", 4), Axis("x", 4))
+    with pytest.raises(DiagramError, match="appears twice"):
+        map_fn("sliding_window", S, params=(2,), index_axes=("x", "x"))
+    assert causal(S, "q", "x").op.index_axes == ("q", "x")
+
+
+@pytest.fixture(scope="module")
+def softmax_op():
+    import napkin.torch as nt
+
+    return nt.op("softmax", sizes={"r": 4, "x": 8}, dtype="fp32", gpu="h100")
+
+
+@pytest.mark.parametrize("args, fragments", [
+    (lambda: (torch.ones(4, 8), torch.ones(4, 8)), ["takes 1 tensor", "got 2"]),
+    (lambda: (), ["takes 1 tensor", "got 0"]),
+    (lambda: ([[1.0] * 8] * 4,), ["X", "expected a torch tensor", "list"]),
+    (lambda: (2.0,), ["X", "expected a torch tensor", "float"]),
+    (lambda: (torch.ones(4, 9),), ["X", "(4, 9)"]),
+    (lambda: (torch.ones(4, 8, dtype=torch.float16),), ["X", "float16"]),
+])
+def test_torch_op_called_wrongly_raises_a_launch_error(softmax_op, args, fragments):
+    """The wrong number of arguments used to reach torch's schema check (a RuntimeError)."""
+    with pytest.raises(LaunchError) as info:
+        softmax_op(*args())
+    for f in fragments:
+        assert f in str(info.value), (f, str(info.value))
+
+
+def test_torch_op_called_rightly_matches_the_reference(softmax_op):
+    x = torch.randn(4, 8)
+    torch.testing.assert_close(softmax_op(x), torch.softmax(x, dim=-1))
+
+
+@pytest.mark.parametrize("kwargs, fragments", [
+    (dict(sizes={"r": 0, "x": 8}), ["axis 'r'", "positive"]),
+    (dict(sizes={"r": 4, "x": 8}, dtype="fp5"), ["unknown dtype 'fp5'"]),
+    (dict(sizes={"r": 4, "x": 8}, dtype="fp8"), ["no kernel", "fp8"]),
+    (dict(sizes={"x": 8}, dynamic={"r": (10, 1)}), ["dynamic axis 'r'"]),
+    (dict(sizes={"x": 8}, dynamic={"zz": (1, 10)}), ["dynamic axis 'zz'"]),
+    (dict(), ["no size"]),
+])
+def test_torch_op_bad_construction_raises_a_napkin_error(kwargs, fragments):
+    import napkin.torch as nt
+
+    with pytest.raises(NapkinError) as info:
+        nt.op("softmax", gpu="h100", **kwargs)
+    for f in fragments:
+        assert f in str(info.value), (f, str(info.value))
+
+
+def test_reductions_over_every_axis_match_torch():
+    """0-d outputs are values, not errors: sum, max and mean over every axis equal torch's."""
+    a, b, c = Axis("a", 3), Axis("b", 5), Axis("c", 2)
+    X = array("X", a, b, c)
+    x = torch.randn(3, 5, 2, dtype=torch.float64)
+    for build, want in ((sum_over, x.sum()), (max_over, x.max()), (mean_over, x.mean())):
+        d = Diagram("r", build(X, over=(a, b, c), name="Y"))
+        got = d.reference({"X": x}, dtype=torch.float64)["Y"]
+        assert got.shape == () and torch.allclose(got, want), (build.__name__, got, want)
