@@ -6,12 +6,15 @@
    kernels. A kernel is a run of consecutive boxes of a topological order, which makes it convex
    (no path leaves it and comes back), so every partition of the order into runs is a valid
    launch sequence. Dynamic programming over the runs gives the cheapest partition of one order
-   in O(boxes × :data:`MAX_FUSED_BOXES`) kernel evaluations; two orders are searched (the
-   diagram's depth-first order, and the one that visits a box's last argument first, which keeps
+   in O(boxes × :data:`MAX_FUSED_BOXES`) kernel evaluations; up to three orders are searched (the
+   diagram's depth-first order; the one that visits a box's last argument first, which keeps
    a consumer's producers together: attention's ``S … P`` stays next to ``O`` even when ``V`` is
-   computed in between), and the cheaper plan wins. Each boundary is therefore fused or not as
-   the model says: a fusion is picked only where its kernel is predicted faster than the kernels
-   it replaces.
+   computed in between; and, where a family finds **regions** in the diagram, the second order
+   with each region's boxes made consecutive, so that a family taking a large connected
+   sub-diagram sees it whole: attention's backward inside a block's backward, whose boxes the
+   other orders interleave with the cotangent dO's producers), and the cheaper plan wins. Each
+   boundary is therefore fused or not as the model says: a fusion is picked only where its kernel
+   is predicted faster than the kernels it replaces.
 2. **Kernels.** For one run of boxes, every family is asked whether it builds that sub-diagram
    (``explain``: a cheap structural check, before anything is costed). A family that does
    declares the configurations its template builds (``candidates``: a schedule with tiles per
@@ -19,7 +22,7 @@
    for the target arch (``builds_for``), and each is timed by the one prediction function
    (:func:`napkin.codegen.select.predict_schedule`). The fastest configuration of any family is
    the kernel's. The scalar ``fallback`` takes one box at a time, only as the last resort.
-3. **Memo.** Every run is analysed once (keyed by its boxes) across both orders.
+3. **Memo.** Every run is analysed once (keyed by its boxes) across the orders.
 
 >>> from napkin.diagrams import library
 >>> der = derive(library.get("softmax"), "h100", "bf16", sizes={"r": 4096, "x": 4096})
@@ -32,6 +35,7 @@ True
 from __future__ import annotations
 
 import dataclasses
+import heapq
 import math
 from dataclasses import dataclass, field
 from typing import Callable, Mapping, Sequence
@@ -58,7 +62,8 @@ MAX_FUSED_BOXES = 12
 MAX_HEAVY_BOXES = 3
 #: The most boxes (renames left out) one derive call plans: the search evaluates at most
 #: 2 orders × MAX_PLANNED_BOXES × MAX_FUSED_BOXES = 24,000 runs of boxes (about 15 s for a chain of
-#: 1000 matmuls on one core). Larger diagrams are refused before anything is costed.
+#: 1000 matmuls on one core; a third order, where a family finds regions, re-uses most of the
+#: runs analysed). Larger diagrams are refused before anything is costed.
 MAX_PLANNED_BOXES = 1000
 #: Diagrams with at least this many boxes say on stderr how the search goes.
 PROGRESS_BOXES = 24
@@ -167,9 +172,11 @@ class Derivation:
 # ----------------------------------------------------------------------------- the search
 
 
-def _orders(diagram: Diagram) -> list[tuple[str, ...]]:
+def _orders(diagram: Diagram, families: Sequence = ()) -> list[tuple[str, ...]]:
     """Topological orders of the units searched: the diagram's own (depth-first, first argument
-    first) and the one that visits a box's last argument first."""
+    first), the one that visits a box's last argument first, and that one with the regions of
+    ``families`` (:func:`_regions`) each made consecutive; an order equal to an earlier one is
+    searched once."""
     units = set(plan_units(diagram))
     first = tuple(n for n in plan_units(diagram))
     order: list[str] = []
@@ -190,7 +197,124 @@ def _orders(diagram: Diagram) -> list[tuple[str, ...]]:
             if id(a) not in seen:
                 stack.append((a, False))
     second = tuple(order)
-    return [first] if second == first else [first, second]
+    out = [first] if second == first else [first, second]
+    # a region already consecutive in a searched order needs no third one (the search costs as
+    # much again)
+    apart = [r for r in _regions(diagram, families) if not any(_consecutive(o, r) for o in out)]
+    third = _grouped(diagram, second, apart)
+    if third is not None and third not in out:
+        out.append(third)
+    return out
+
+
+def _consecutive(order: tuple[str, ...], boxes: tuple[str, ...]) -> bool:
+    at = sorted(order.index(b) for b in boxes)
+    return at[-1] - at[0] == len(at) - 1
+
+
+def _unit_args(diagram: Diagram, units: set[str]) -> dict[str, set[str]]:
+    """For each unit, the units it reads (through views; inputs left out)."""
+    out: dict[str, set[str]] = {}
+    for v in diagram.nodes:
+        n = diagram.name_of(v)
+        if n not in units:
+            continue
+        got: set[str] = set()
+        stack = list(v.args)
+        while stack:
+            a = stack.pop()
+            if a.is_input:
+                continue
+            m = diagram.name_of(a)
+            if m in units:
+                got.add(m)
+            else:  # a view: the unit it shows
+                stack.extend(a.args)
+        out[n] = got
+    return out
+
+
+def _regions(diagram: Diagram, families: Sequence) -> list[tuple[str, ...]]:
+    """The regions the families find in ``diagram`` (a family's optional ``regions(diagram)``: box
+    sets it could take as one kernel, found by its recogniser on the whole diagram), as units,
+    those of two boxes or more that are convex (no path leaves one and comes back, so they can be
+    consecutive in a topological order) and do not overlap an earlier one. A region is a hint to
+    the search order only: the run is analysed, and refused or priced, like any other."""
+    units = set(plan_units(diagram))
+    args = _unit_args(diagram, units)
+    users: dict[str, set[str]] = {}
+    for n, got in args.items():
+        for a in got:
+            users.setdefault(a, set()).add(n)
+    out: list[tuple[str, ...]] = []
+    taken: set[str] = set()
+    for fam in families:
+        find = getattr(fam, "regions", None)
+        if not callable(find):
+            continue
+        try:
+            found = find(diagram)
+        except NapkinError:
+            continue
+        for r in found:
+            boxes = tuple(dict.fromkeys(b for b in r if b in units))
+            if len(boxes) < 2 or taken.intersection(boxes) or not _convex(set(boxes), users):
+                continue
+            out.append(boxes)
+            taken.update(boxes)
+    return out
+
+
+def _convex(region: set[str], users: dict[str, set[str]]) -> bool:
+    """Whether no path from ``region`` through boxes outside it comes back into it."""
+    stack = [u for b in region for u in users.get(b, ()) if u not in region]
+    outside: set[str] = set()
+    while stack:
+        n = stack.pop()
+        if n in outside:
+            continue
+        outside.add(n)
+        for u in users.get(n, ()):
+            if u in region:
+                return False
+            stack.append(u)
+    return True
+
+
+def _grouped(diagram: Diagram, base: tuple[str, ...], regions: list[tuple[str, ...]]) -> tuple[str, ...] | None:
+    """``base`` (a topological order of the units) with each region's boxes consecutive: regions
+    contracted to one node each, then a topological order that always takes the ready node
+    earliest in ``base`` (a region at its earliest box), each region's boxes in ``base``'s order.
+    None without regions."""
+    if not regions:
+        return None
+    pos = {n: i for i, n in enumerate(base)}
+    node = {n: ("box", n) for n in base}
+    for i, r in enumerate(regions):
+        for b in r:
+            node[b] = ("region", i)
+    members: dict[tuple, list[str]] = {}
+    for n in base:
+        members.setdefault(node[n], []).append(n)
+    preds: dict[tuple, set[tuple]] = {k: set() for k in members}
+    for n, got in _unit_args(diagram, set(base)).items():
+        preds[node[n]].update(node[a] for a in got if node[a] != node[n])
+    succs: dict[tuple, set[tuple]] = {k: set() for k in members}
+    for k, ps in preds.items():
+        for p in ps:
+            succs[p].add(k)
+    waiting = {k: len(ps) for k, ps in preds.items()}
+    ready = [(pos[members[k][0]], k) for k, c in waiting.items() if c == 0]
+    heapq.heapify(ready)
+    out: list[str] = []
+    while ready:
+        _, k = heapq.heappop(ready)
+        out.extend(members[k])
+        for s in succs[k]:
+            waiting[s] -= 1
+            if waiting[s] == 0:
+                heapq.heappush(ready, (pos[members[s][0]], s))
+    return tuple(out) if len(out) == len(base) else None
 
 
 class _Planner:
@@ -366,7 +490,7 @@ class _Planner:
         return best[n], runs[::-1]
 
     def plan(self) -> tuple[Plan, list[KernelChoice]]:
-        orders = _orders(self.d)
+        orders = _orders(self.d, self.families)
         results = []
         for i, order in enumerate(orders):
             if len(order) >= PROGRESS_BOXES:  # a search long enough to be worth a line

@@ -329,6 +329,50 @@ def _reason_or_problem(diagram: Diagram) -> AttentionProblem | str:
     return AttentionProblem(Q, K, V, S, tuple(chain), P, O, q, x, d, dv, woven, Q.dtype, lse)
 
 
+def regions(diagram: Diagram) -> tuple[tuple[str, ...], ...]:
+    """The boxes of each attention inside a larger diagram, for the planner's search order
+    (:func:`napkin.codegen.planner._regions`): the scores ``Q·K``, their unary maps, the softmax,
+    ``P·V``, and the rows' log-sum-exp where the diagram also computes it (the forward of a
+    training step that saves it), so that one run of the order holds what this family fuses.
+    Whether it really takes the run is :func:`_reason_or_problem`'s to say, as for any run.
+
+    >>> from napkin.diagrams import library
+    >>> regions(library.get("transformer_block"))
+    (('S', 'S_scaled', 'S_masked', 'P', 'O'),)
+    """
+    out = []
+    consumers = diagram.consumers
+    for P in diagram.nodes:
+        if not isinstance(P.op, Softmax):
+            continue
+        Os = [u for u in consumers.get(id(P), ()) if isinstance(u.op, Contract) and len(u.args) == 2
+              and tuple(u.op.over) == (P.op.over,)]
+        S = P.args[0]
+        chain = []
+        while isinstance(S.op, Map) and len(S.args) == 1:
+            chain.append(S)
+            S = S.args[0]
+        if len(Os) != 1 or not (isinstance(S.op, Contract) and len(S.args) == 2):
+            continue
+        boxes = [S, *reversed(chain), P, Os[0]]
+        for L in consumers.get(id(P.args[0]), ()):  # the lse's max reads the scores: walk up to its add
+            for top in _users_closure(consumers, L):
+                found = _lse_nodes(top, P.args[0])
+                if found:
+                    boxes += found[::-1]
+        out.append(tuple(dict.fromkeys(diagram.name_of(v) for v in boxes)))
+    return tuple(out)
+
+
+def _users_closure(consumers, v: Value, depth: int = 4) -> list[Value]:
+    """``v`` and the boxes reading it, up to ``depth`` steps on (the lse's boxes from its max)."""
+    out, frontier = [v], [v]
+    for _ in range(depth):
+        frontier = [u for w in frontier for u in consumers.get(id(w), ())]
+        out += frontier
+    return out
+
+
 def analyze(diagram: Diagram) -> AttentionProblem:
     p = _reason_or_problem(diagram)
     if isinstance(p, str):
@@ -406,6 +450,7 @@ class AttentionFamily:
         return self.why_not(diagram) is None
 
     explain = why_not  # the family protocol's name: None if it takes the diagram, else why not
+    regions = staticmethod(regions)  # where it may sit in a larger diagram (the planner's search order)
 
     def configs(self, D: int, plain: bool = False, decode: bool = False) -> list[AttentionConfig]:
         """The tile configurations for head dimension D, best first (``plain``: the diagram has

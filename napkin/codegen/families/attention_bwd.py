@@ -267,6 +267,55 @@ def _reason_or_problem(diagram: Diagram) -> BackwardProblem | str:
     return BackwardProblem(Q, K, V, dO, lse, O, tuple(maps), ds_scale, dQ, dK, dV, q, x, d, woven, Q.dtype)
 
 
+def regions(diagram: Diagram) -> tuple[tuple[str, ...], ...]:
+    """The boxes of each attention backward inside a larger diagram (a block's backward), for the
+    planner's search order (:func:`napkin.codegen.planner._regions`): from each
+    ``P = exp(S' − lse)``, the scores and their maps, ``dV`` (the contraction reading P),
+    ``dS = scales(P·(dP − D))`` with the contractions ``dP`` and ``D``, and ``dQ``, ``dK`` (the
+    contractions reading dS). Whether this family takes the run is :func:`_reason_or_problem`'s
+    to say, as for any run.
+
+    >>> from napkin.diagrams import library
+    >>> b = library.get("attention_causal").grad(save={"O", "P_lse"})
+    >>> sorted(regions(b)[0]) == sorted(b.name_of(v) for v in b.nodes)  # all of it
+    True
+    """
+    out = []
+    consumers = diagram.consumers
+
+    def users(v):
+        return consumers.get(id(v), ())
+
+    for P in diagram.nodes:
+        if not (isinstance(P.op, Map) and P.op.fn == "exp" and len(P.args) == 1):
+            continue
+        sub = P.args[0]
+        if not (isinstance(sub.op, Map) and sub.op.fn == "sub" and len(sub.args) == 2):
+            continue
+        S = sub.args[0]
+        chain = []
+        while isinstance(S.op, Map) and len(S.args) == 1:
+            chain.append(S)
+            S = S.args[0]
+        if not (isinstance(S.op, Contract) and len(S.args) == 2):
+            continue
+        dV = [u for u in users(P) if isinstance(u.op, Contract) and len(u.args) == 2]
+        mul = [u for u in users(P) if isinstance(u.op, Map) and u.op.fn == "mul" and len(u.args) == 2]
+        if len(dV) != 1 or len(mul) != 1:
+            continue
+        ds = [mul[0]]
+        while len(users(ds[-1])) == 1 and isinstance(users(ds[-1])[0].op, Map) and users(ds[-1])[0].op.fn == "scale":
+            ds.append(users(ds[-1])[0])
+        grads = [u for u in users(ds[-1]) if isinstance(u.op, Contract)]
+        sub2 = _other(mul[0], P)
+        if len(grads) != 2 or sub2 is None or not (isinstance(sub2.op, Map) and sub2.op.fn == "sub"):
+            continue
+        terms = [a for a in sub2.args if isinstance(a.op, Contract)]
+        boxes = [S, *reversed(chain), sub, P, *terms, sub2, *ds, dV[0], *grads]
+        out.append(tuple(dict.fromkeys(diagram.name_of(v) for v in boxes)))
+    return tuple(out)
+
+
 @per_diagram
 def _analysed(diagram: Diagram) -> BackwardProblem | str:
     return _reason_or_problem(diagram)
@@ -341,6 +390,7 @@ class AttentionBackwardFamily:
         return None
 
     explain = why_not
+    regions = staticmethod(regions)  # where it may sit in a larger diagram (the planner's search order)
 
     def matches(self, diagram: Diagram) -> bool:
         return self.why_not(diagram) is None
