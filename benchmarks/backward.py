@@ -21,7 +21,10 @@ Points (bf16):
   ``‖g − g_ref‖₂ / ‖g_ref‖₂`` against float64 autograd of the diagram's reference (bound 1e-2),
   reported for napkin and for eager bf16 (where the float64 reference fits in the GPU's free
   memory: about ten float64 arrays of h·q·q scores), and napkin's against eager bf16's
-  (``rel_err_vs_eager_bf16``: both errors together, not the bound's measure).
+  (``rel_err_vs_eager_bf16``: both errors together, not the bound's measure); the forward's and the
+  backward's plans (``forward_plan``, ``backward_plan``: family and boxes of each kernel, so the
+  attention forward writing ``P_lse`` and the fused attention backward show) and each kernel's
+  time (``kernel_us``, torch.profiler, no L2 flush).
 
 CUDA events, warm-up, medians, L2 flushed before every run and inputs rotated
 (:mod:`napkin.bench.timing`). Writes ``backward.json`` (device, GPU name, commit, copy rate,
@@ -222,8 +225,11 @@ def time_block(sizes: dict, reps: int, label: str) -> dict:
         rec["error"] = pieces
         return rec
     b = o.backward_op()
-    rec.update(saved=list(pieces.save), forward_kernels=len(pieces.forward.compiled.plan.kernels),
-               backward_kernels=len(b.compiled.plan.kernels),
+    fplan, bplan = pieces.forward.compiled.plan, b.compiled.plan
+    rec.update(saved=list(pieces.save), forward_kernels=len(fplan.kernels), backward_kernels=len(bplan.kernels),
+               # which kernels run (the attention forward writing P_lse, the fused attention backward)
+               forward_plan=[f"{pk.kernel.family}:{'+'.join(pk.kernel.boxes)}" for pk in fplan.kernels],
+               backward_plan=[f"{pk.kernel.family}:{'+'.join(pk.kernel.boxes)}" for pk in bplan.kernels],
                predicted_forward_us=pieces.ranked[0][1] * 1e6, predicted_backward_us=pieces.ranked[0][2] * 1e6,
                save_sets=[{"save": sorted(c), "forward_us": f * 1e6, "backward_us": bw * 1e6}
                           for c, f, bw in pieces.ranked])
@@ -285,6 +291,7 @@ def time_block(sizes: dict, reps: int, label: str) -> dict:
     rec["napkin_us"] = time_fn(napkin_step, warmup=3, reps=reps, rotate=sets, max_time_s=3.0).median_s * 1e6
     rec["eager_us"] = time_fn(eager_step, warmup=3, reps=reps, rotate=sets, max_time_s=3.0).median_s * 1e6
     rec["vs_eager"] = rec["eager_us"] / rec["napkin_us"]
+    rec["kernel_us"] = kernel_times(napkin_step, sets)
     with torch.no_grad():
         rec["napkin_forward_us"] = time_fn(lambda X, c: m(X), warmup=3, reps=reps, rotate=sets,
                                            max_time_s=2.0).median_s * 1e6

@@ -17,6 +17,12 @@ comparing two times on one GPU profile:
   argument for saving the log-sum-exp); with it, P = exp(S − lse) is one elementwise pass. A norm's
   statistics (1/√(var + eps), the mean) are the reductions over the row they summarise.
 
+One more rule is about accuracy, not time (:func:`save_set`, which napkin.torch applies to every
+save set it tries): where a norm statistic is saved and a saved array was computed from the
+norm's output, the arrays the backward would recompute from the statistic are saved too
+(:func:`napkin.diagrams.grad.recomputed_from_statistics`), so the backward reads the forward's
+operands, not a second version of them.
+
 The assumption behind "recomputing reads nothing the backward does not read anyway": the kernels of
 the backward fuse a recomputation into the kernel that consumes it (FlashAttention's backward
 recomputes S and P inside the kernel that reads Q and K for dQ and dK). Where the planner does not
@@ -37,19 +43,20 @@ save or recompute for the backward of attention on NVIDIA H100 SXM5 80GB (bf16)
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
 from ..diagrams.diagram import Diagram
 from ..diagrams.functions import get_function
-from ..diagrams.grad import Saved, grad, inputs_read, saveable
+from ..diagrams.grad import Saved, grad, inputs_read, recomputed_from_statistics, saveable
 from ..diagrams.ops import Softmax, Value
 from ..dtypes import dtype as lookup_dtype
 from ..errors import DiagramError
 from .hardware import GPU, get_gpu
 from .legality import tensor_core_box
 
-__all__ = ["SaveChoice", "SavePlan", "backward", "box_seconds", "choose_saved"]
+__all__ = ["SaveChoice", "SavePlan", "backward", "box_seconds", "choose_saved", "save_set"]
 
 
 @dataclass(frozen=True)
@@ -244,7 +251,26 @@ def choose_saved(diagram: Diagram, gpu: GPU | str = "h100", dtype: str | None = 
             choices.append(_choose_stat(ch, v, s))
     order = {s.name: i for i, s in enumerate(cands)}
     choices.sort(key=lambda c: order[c.name])
+    picked = frozenset(c.name for c in choices if c.saved)
+    beside = save_set(d, picked, wrt) - picked
+    choices = [dataclasses.replace(c, saved=True, reason="computed from a saved norm statistic and read beside "
+                                   "arrays saved from it: recomputing it would give the backward a second "
+                                   "version") if c.name in beside else c for c in choices]
     return SavePlan(d.name, g.name, next(iter(d.dtypes)), tuple(choices))
+
+
+def save_set(diagram: Diagram, save, wrt=None) -> frozenset[str]:
+    """``save`` with what saving it also takes: the arrays the backward would otherwise recompute
+    from a saved norm statistic while an array saved beside them was computed from the forward's
+    (:func:`napkin.diagrams.grad.recomputed_from_statistics`). :func:`choose_saved` applies it to
+    its picks, and napkin.torch to every save set it ranks, so the set priced is the set run.
+
+    >>> from napkin.diagrams import library
+    >>> sorted(save_set(library.get("transformer_block"), {"N1_rstd", "Qp", "O"}))
+    ['N1', 'N1_rstd', 'O', 'Qp', 'Xn']
+    """
+    save = frozenset(save)
+    return save | frozenset(recomputed_from_statistics(diagram, save, wrt))
 
 
 def _choose_value(ch: _Chooser, v: Value, s: Saved) -> SaveChoice:

@@ -436,14 +436,15 @@ class NapkinOp:
         backward seconds), best first.
 
         Every set that saves a norm's statistic also saves what the backward would recompute
-        from it (:func:`napkin.diagrams.grad.recomputed_from_statistics`: the statistic is
-        rounded to the diagram's dtype, so the recomputed array is not the one the forward's
-        saved arrays were computed from). That is a matter of accuracy, not of time, so no
-        set without them is ranked."""
+        from it (:func:`napkin.perfmodel.saving.save_set`, the rule ``choose_saved`` applies to
+        its own picks: the statistic is rounded to the diagram's dtype, so the recomputed array
+        is not the one the forward's saved arrays were computed from). That is a matter of
+        accuracy, not of time, so no set without them is ranked."""
         from ..codegen.api import local_arch
         from ..codegen.plancache import derive_cached
-        from ..diagrams.grad import forward_with_saves, grad, recomputed_from_statistics
+        from ..diagrams.grad import forward_with_saves, grad
         from ..diagrams.ops import Rename
+        from ..perfmodel.saving import save_set
 
         gpu = self.compiled.gpu
         arch = local_arch() or gpu.arch
@@ -455,7 +456,7 @@ class NapkinOp:
                  frozenset(n for n in picks if n.endswith(("_rstd", "_mean"))), frozenset()]
         out, seen, last = [], set(), None
         for c in cands:
-            c = c | frozenset(recomputed_from_statistics(bound, c))
+            c = save_set(bound, c)
             if c in seen:
                 continue
             seen.add(c)

@@ -69,6 +69,24 @@ def test_a_transformer_block_keeps_what_frameworks_keep(h100):
     assert plan.to_dict()["save"] == sorted(plan.save)
 
 
+def test_the_picks_keep_what_the_backward_would_recompute_from_a_saved_statistic(h100):
+    """One save decision: choose_saved applies save_set (the rule napkin.torch applies to every set
+    it ranks), so the arrays rebuilt from the bf16 rstd are saved beside the arrays computed from
+    the forward's own, and each says why."""
+    from napkin.diagrams.grad import recomputed_from_statistics
+    from napkin.perfmodel.saving import save_set
+
+    d = _bound("transformer_block")
+    plan = choose_saved(d, h100)
+    assert recomputed_from_statistics(d, plan.save) == ()
+    assert save_set(d, plan.save) == plan.save
+    beside = {c.name for c in plan.choices if c.saved and "norm statistic" in c.reason}
+    assert beside == {"N1", "Xn", "Xn2"}
+    # the time alone would recompute them: elementwise passes over the row are cheaper than a write and a read
+    assert all(c.recompute_s < c.save_s for c in plan.choices if c.name in beside)
+    assert save_set(d, {"N1_rstd", "N2_rstd"}) == {"N1_rstd", "N2_rstd"}  # nothing saved was computed from them
+
+
 def test_box_seconds_counts_tensor_and_cuda_cores(h100):
     mm = _bound("matmul", a=1024, b=1024, c=1024)
     t = box_seconds(mm.outputs[0], h100)
