@@ -27,7 +27,7 @@ import torch
 from napkin_test_support import cli_invoke
 
 from napkin.diagrams import (Axis, Diagram, array, causal, contract, exp, library, map_fn, max_over, mean_over,
-                             softmax, sum_over)
+                             rmsnorm, softmax, sum_over)
 from napkin.errors import DiagramError, LaunchError, NapkinError
 
 GPU_COMMANDS = {"verify", "bench"}
@@ -374,3 +374,30 @@ def test_reductions_over_every_axis_match_torch():
         d = Diagram("r", build(X, over=(a, b, c), name="Y"))
         got = d.reference({"X": x}, dtype=torch.float64)["Y"]
         assert got.shape == () and torch.allclose(got, want), (build.__name__, got, want)
+
+
+def test_the_python_api_says_the_fallback_aloud(caplog, tmp_path, monkeypatch):
+    """napkin.codegen.compile (and so napkin.torch ops, verify, bench) logs a warning naming a
+    kernel on the scalar fallback; a plan without one logs nothing of the kind. The verify report
+    prints the note as a slow path."""
+    import logging
+
+    from napkin.codegen import compile as compile_diagram
+    from napkin.codegen.verify import VerifyReport
+
+    monkeypatch.setenv("NAPKIN_CACHE_DIR", str(tmp_path))  # the plan cache must keep the note too
+    slow = Diagram("outer", rmsnorm(array("X", Axis("i", 13), Axis("j", 40)), over="i", name="Y"))
+    fast = library.get("softmax").bind(r=13, x=40)
+    for _ in range(2):  # derived, then read back from the plan cache
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="napkin"):
+            cd = compile_diagram(slow, gpu="h100", dtype="bf16")
+        assert cd.plan.uses_fallback
+        said = [r.getMessage() for r in caplog.records if "fallback" in r.getMessage()]
+        assert said and "outer" in said[0] and "Y" in said[0], caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="napkin"):
+        compile_diagram(fast, gpu="h100", dtype="bf16")
+    assert not [r for r in caplog.records if "fallback" in r.getMessage()], caplog.text
+    report = VerifyReport("outer", "bf16", notes=list(cd.plan.notes))
+    assert "slow path: kernel(s) Y run on the scalar fallback" in str(report)

@@ -320,6 +320,8 @@ def compile(diagram, *, gpu=None, sizes: Mapping[str, int] | None = None, dtype:
             plan = plan_schedule(d, schedule, gpu_p, family=family, arch=arch or gpu_p.arch)
         else:
             plan = derive_cached(d, gpu_p, dtype, arch=arch or gpu_p.arch, family=family)
+    for note in plan.notes:  # a slow path is said aloud (the scalar fallback), as derive and generate do
+        _log.warning("%s: %s", plan.diagram.name, note)
     program = build(plan, arch=check_arch(arch or plan.arch))
     cd = CompiledDiagram(program, arch=arch, gpu=gpu_p)
     if arch is not None:

@@ -60,6 +60,8 @@ class VerifyReport:
     diagram: str
     dtype: str
     rows: list = field(default_factory=list)
+    #: what the plans said aloud (a kernel on the scalar fallback), once each
+    notes: list = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -90,7 +92,7 @@ class VerifyReport:
                 err += f" (exact {r.exact_error:.1e})"
             table.append((shape, r.output, err, f"{r.tolerance:.0e}", res, r.family, r.schedule))
         widths = [max(len(str(row[i])) for row in table) for i in range(len(table[0]))]
-        lines = [head]
+        lines = [head] + [f"  slow path: {n}" for n in self.notes]
         for row in table:
             lines.append("  " + "  ".join(str(c).ljust(w) for c, w in zip(row, widths)).rstrip())
         for r in self.rows:
@@ -257,6 +259,7 @@ def verify(diagram, *, sizes: Mapping[str, int] | None = None, dtype: str = "bf1
         try:
             sched = schedule.bind(shp) if schedule is not None else None
             cd = compile_diagram(d, gpu=gpu, schedule=sched, family=family)
+            report.notes.extend(n for n in getattr(cd.plan, "notes", ()) if n not in report.notes)
             rows = verify_compiled(cd, seed=None if seed is None else seed + i)
         except Exception as e:  # noqa: BLE001 - a failing kernel is reported, never raised
             rows = [VerifyRow(shp, n, math.nan, TOLERANCE.get(dtype, 1e-2), False, family or "", "",
