@@ -23,7 +23,18 @@ For each diagram:
   float64 PyTorch reference on the same inputs (the plan's diagram may be the expanded one: a
   softmax written out as reductions and maps).
 
-No GPU; about 20 s on two cores (``NAPKIN_PROPERTY_SCALE`` multiplies the example count).
+The same checks run on attention and GEMM-epilogue shapes with every operand in a random layout
+(:func:`attention_like`), on the backward diagrams (``Diagram.grad``) of small held-out diagrams,
+and on one fixed diagram of each kind.
+
+What falls to the scalar fallback (said aloud, correct, slow), found with these strategies on
+2026-11-24: a softmax or norm over an axis that is not the innermost of its array, at sizes where
+the model prefers the fallback to writing it out as reductions; a batched contraction whose batch
+axis is not the outermost of an operand or of the result (``Q[d,q,h]·K[d,x,h]``), most often in
+fp32 and on the A100; and, in backward diagrams, elementwise products written as contractions over
+no axis (``⊙``) woven over three or four axes. No diagram was refused, none crashed.
+
+No GPU; about 25 s on two cores (``NAPKIN_PROPERTY_SCALE`` multiplies the example counts).
 """
 
 from __future__ import annotations
@@ -60,10 +71,10 @@ MAX_ELEMENTS = 4_000
 
 
 @st.composite
-def heldout(draw, max_steps: int = 5):
+def heldout(draw, max_steps: int = 5, sizes_from=(1, 2, 3, 5, 7, 8, 13, 16, 33, 40), max_elements: int = MAX_ELEMENTS):
     """A random bound diagram of 1..max_steps boxes (see the module docstring); the box names are
     ``B0``, ``B1``, ... so that a failure is easy to read."""
-    sizes = {a: draw(st.sampled_from([1, 2, 3, 5, 7, 8, 13, 16, 33, 40])) for a in AXIS_NAMES}
+    sizes = {a: draw(st.sampled_from(sizes_from)) for a in AXIS_NAMES}
     ax = {a: Axis(a, n) for a, n in sizes.items()}
     dtype = draw(st.sampled_from(["bf16", "fp16", "fp32"]))
     count = [0]
@@ -129,7 +140,7 @@ def heldout(draw, max_steps: int = 5):
         outs.append(draw(st.sampled_from(middle)))
     d = Diagram("heldout", tuple(outs))
     assume(d.nodes)
-    assume(max(math.prod(a.bound_size for a in v.axes) for v in (*d.inputs, *d.nodes)) <= MAX_ELEMENTS)
+    assume(max(math.prod(a.bound_size for a in v.axes) for v in (*d.inputs, *d.nodes)) <= max_elements)
     return d, dtype, draw(st.sampled_from(["h100", "a100"]))
 
 
@@ -182,11 +193,70 @@ def check(d: Diagram, dtype: str, gpu: str, seed: int):
     return plan
 
 
-@settings(max_examples=max(1, int(45 * SCALE)), **SETTINGS)
+@settings(max_examples=max(1, int(100 * SCALE)), **SETTINGS)
 @given(case=heldout(), seed=st.integers(0, 2 ** 16))
 def test_heldout_diagrams_derive_generate_and_run_as_the_reference(case, seed):
     d, dtype, gpu = case
     check(d, dtype, gpu, seed)
+
+
+@st.composite
+def attention_like(draw):
+    """Attention and GEMM-epilogue shapes with every operand in a random layout: ``S = Q·K`` over
+    ``d`` (an optional head axis ``h`` on every operand), a scale, a causal mask or a soft cap now
+    and then, a softmax over the keys ``x``, then ``O = P·V`` over ``x`` or a row reduction; or a
+    GEMM followed by a bias, an activation and a norm."""
+    n = {a: draw(st.sampled_from(sizes)) for a, sizes in (("h", (1, 2, 3)), ("q", (16, 33, 64)), ("x", (16, 40, 64)),
+                                                          ("d", (16, 32, 64)))}
+    ax = {a: Axis(a, v) for a, v in n.items()}
+    dtype = draw(st.sampled_from(["bf16", "fp16", "fp32"]))
+    heads = draw(st.booleans())
+
+    def arr(name, *names):
+        names = (("h",) if heads else ()) + names
+        return array(name, *[ax[a] for a in draw(st.permutations(names))], dtype=dtype)
+
+    if draw(st.integers(0, 3)) == 0:  # a GEMM and its epilogue
+        Y = contract(arr("A", "q", "d"), arr("W", "x", "d"), over="d", name="Y")
+        Y = map_fn("add", Y, array("bias", ax["x"], dtype=dtype), name="Yb")
+        Y = map_fn(draw(st.sampled_from(["gelu", "silu", "relu", "tanh"])), Y, name="Ya")
+        if draw(st.booleans()):
+            Y = draw(st.sampled_from([layernorm, rmsnorm]))(Y, over="x", name="Yn")
+        return Diagram("gemm_epilogue", Y), dtype
+    S = contract(arr("Q", "q", "d"), arr("K", "x", "d"), over="d", name="S")
+    S = map_fn("scale", S, params=(round(1 / math.sqrt(n["d"]), 6),), name="Ss")
+    extra = draw(st.sampled_from(["none", "causal", "softcap"]))
+    if extra == "causal":
+        S = causal(S, "q", "x", name="Sm")
+    elif extra == "softcap":
+        S = map_fn("softcap", S, params=(5.0,), name="Sc")
+    P = softmax(S, over="x", name="P")
+    if draw(st.integers(0, 3)) == 0:
+        return Diagram("attn_rowsum", reduce(P, ("x",), draw(st.sampled_from(["max", "sum"])), name="R")), dtype
+    out = None
+    if draw(st.booleans()):
+        out = tuple(draw(st.permutations((("h",) if heads else ()) + ("q", "d"))))
+    return Diagram("attn", contract(P, arr("V", "x", "d"), over="x", out=out, name="O")), dtype
+
+
+@settings(max_examples=max(1, int(30 * SCALE)), **SETTINGS)
+@given(case=attention_like(), gpu=st.sampled_from(["h100", "a100"]), seed=st.integers(0, 2 ** 16))
+def test_heldout_attention_and_gemm_layouts(case, gpu, seed):
+    d, dtype = case
+    check(d, dtype, gpu, seed)
+
+
+@settings(max_examples=max(1, int(15 * SCALE)), **SETTINGS)
+@given(case=heldout(max_steps=2), seed=st.integers(0, 2 ** 16))
+def test_heldout_backward_diagrams(case, seed):
+    """The backward of a held-out diagram (``Diagram.grad``) is a held-out diagram too."""
+    d, dtype, gpu = case
+    try:
+        g = d.grad()
+    except NapkinError as e:
+        clear(e)
+        return
+    check(g, dtype, gpu, seed)
 
 
 # ----------------------------------------------------------------------------- fixed kinds
