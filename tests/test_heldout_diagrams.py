@@ -106,7 +106,7 @@ def heldout(draw, max_steps: int = 5, sizes_from=(1, 2, 3, 5, 7, 8, 13, 16, 33, 
             pair = (cur, other) if draw(st.booleans()) else (other, cur)
             cur = map_fn(draw(st.sampled_from(BINARY)), *pair, name=name)
         elif kind == "contract":
-            over = some(now, 1, 2)
+            over = some(now, 0 if draw(st.integers(0, 5)) == 0 else 1, 2)  # now and then over no axis
             batch = some(now, 0, 2)  # axes both operands keep: batch axes of the product
             fresh = some(set(AXIS_NAMES) - set(now), 0, 1)
             other = new_input(set(over) | set(batch) | set(fresh))
@@ -285,6 +285,8 @@ def _fixed_cases():
                                                ("i",), "sum", name="Y"),
         "causal_softmax": softmax(causal(array("S", i, Axis("x", 13)), "i", "x", name="M"), over="x", name="Y"),
         "dot_product_0d": contract(array("u", j), array("v", j), over="j", name="Y"),
+        # a contraction over no axis: derive crashed in the contraction family (IndexError)
+        "outer_product": contract(A, array("u", k), over=(), name="Y"),
         "ones_axes": softmax(array("X", Axis("i", 1), Axis("j", 1)), over="j", name="Y"),
     }
     return {n: Diagram(n, v) for n, v in cases.items()}

@@ -453,6 +453,8 @@ def _reason_or_problem(diagram: Diagram) -> MatmulProblem | str:
         return "the output is a scalar (a sum over every axis: no rows or columns to tile)"
     c = out.axis_names[-1]
     x, y = C.args
+    if not op.over:
+        return "a product over no axis (an outer or elementwise product) has no sum to tile"
     for n in op.over:
         if not (n in x.axis_names and n in y.axis_names):
             return f"the contracted axis {n!r} must belong to both operands"
