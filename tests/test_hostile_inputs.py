@@ -401,3 +401,14 @@ def test_the_python_api_says_the_fallback_aloud(caplog, tmp_path, monkeypatch):
     assert not [r for r in caplog.records if "fallback" in r.getMessage()], caplog.text
     report = VerifyReport("outer", "bf16", notes=list(cd.plan.notes))
     assert "slow path: kernel(s) Y run on the scalar fallback" in str(report)
+
+
+@pytest.mark.parametrize("n", [0, 2])
+def test_module_called_with_the_wrong_number_of_activations(n):
+    """A napkin error like the operator's (it was a TypeError), naming the activations."""
+    import napkin.torch as nt
+
+    m = nt.Module(library.get("mlp").bind(a=4, b=8, c=8), weights=["W", "bias"], gpu="h100", dtype="fp32")
+    with pytest.raises(LaunchError, match=r"forward takes 1 input\(s\) \(X\), got " + str(n)):
+        m(*[torch.ones(4, 8)] * n)
+    assert m(torch.ones(4, 8)).shape == (4, 8)

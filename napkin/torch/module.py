@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 
 import torch
 
-from ..errors import CodegenError
+from ..errors import CodegenError, LaunchError
 from .ops import NapkinOp, op
 
 __all__ = ["Module"]
@@ -75,7 +75,7 @@ class Module(torch.nn.Module):
 
     def forward(self, *activations):
         if len(activations) != len(self.activation_names):
-            raise TypeError(f"{self.op.diagram.name}: forward takes {len(self.activation_names)} input(s) "
-                            f"({', '.join(self.activation_names)}), got {len(activations)}")
+            raise LaunchError(f"{self.op.diagram.name}: forward takes {len(self.activation_names)} input(s) "
+                              f"({', '.join(self.activation_names)}), got {len(activations)}")
         given = dict(zip(self.activation_names, activations))
         return self.op(*[given[n] if n in given else getattr(self, n) for n in self.op.input_names])
