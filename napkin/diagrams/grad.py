@@ -734,8 +734,9 @@ def recomputed_from_statistics(diagram, save, wrt=None) -> tuple[str, ...]:
     backward then reads two versions of one array: keys and values recomputed from the new ``Xn``
     beside the forward's O, so ``D = rowsum(dO·O)`` no longer equals ``rowsum(P·dP)`` and the
     cancellation in ``dS = P·(dP − D)`` is lost (the transformer block's dWq, dWk and dg1 went
-    from about 0.7 % to 1 % relative error this way). Saving these arrays as well gives the
-    backward the forward's operands. Where nothing saved depends on them (a norm alone, or
+    from about 0.7 % to 1 % relative error this way). A saved log-sum-exp counts as such an
+    array: ``P = exp(S − lse)`` sums to 1 only with the forward's scores. Saving these arrays as
+    well gives the backward the forward's operands. Where nothing saved depends on them (a norm alone, or
     followed by a projection that is recomputed), the recomputation is consistent with itself
     and nothing is listed.
 
@@ -745,6 +746,8 @@ def recomputed_from_statistics(diagram, save, wrt=None) -> tuple[str, ...]:
     ('N1', 'Xn')
     >>> recomputed_from_statistics(block, {"N1_rstd", "Qp", "O", "N1"}), recomputed_from_statistics(block, {"N1_rstd"})
     (('Xn',), ())
+    >>> recomputed_from_statistics(block, {"N1_rstd", "P_lse"})
+    ('N1', 'Xn')
     """
     _check_diagram(diagram, "recomputed_from_statistics")
     save = _check_save(diagram, save)
@@ -760,8 +763,9 @@ def recomputed_from_statistics(diagram, save, wrt=None) -> tuple[str, ...]:
             continue
         if any(id(a) in reached for a in v.args) and all(id(a) in reached or a.is_input for a in v.args):
             reached.add(id(v))
-    feeds_saved: set[int] = set()  # every array a saved array was computed from
+    feeds_saved: set[int] = set()  # every array a saved array (or a saved log-sum-exp) was computed from
     stack = [diagram.value(n) for n in save if n in values]
+    stack += [diagram.value(known[n].of) for n in save if n in known and known[n].kind == "lse"]
     while stack:
         for a in stack.pop().args:
             if id(a) not in feeds_saved:

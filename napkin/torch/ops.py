@@ -190,6 +190,7 @@ def op(diagram, *, sizes: Mapping[str, int] | None = None, dtype: str | None = N
         diagram = library.get(diagram)
     if not isinstance(diagram, Diagram):
         raise CodegenError(f"op: expected a Diagram or a library name, got {type(diagram).__name__}")
+    sizes = _checked_sizes(sizes)
     ident = {
         "diagram": diagram.summary(description=False), "sizes": {k: int(v) for k, v in (sizes or {}).items()},
         "dtype": dtype, "dynamic": _jsonable(dynamic), "gpu": repr(gpu) if gpu is not None else None,
@@ -218,6 +219,24 @@ def op(diagram, *, sizes: Mapping[str, int] | None = None, dtype: str | None = N
     if grad and torch.cuda.is_available():
         made._grad_pieces()
     return made
+
+
+def _checked_sizes(sizes):
+    """``sizes`` as axis name → int, checked before the operator's digest is taken: a size that
+    is not an integer (2.7, "4") is refused here, where ``int()`` would make it another operator's
+    (2.7 the one built for 2)."""
+    if sizes is None:
+        return None
+    if not isinstance(sizes, Mapping):
+        raise CodegenError(f"op: sizes must be a mapping of axis names to sizes, got {type(sizes).__name__}")
+    from ..diagrams.axes import check_size
+
+    out = {}
+    for k, v in sizes.items():
+        if isinstance(v, bool) or not hasattr(v, "__index__"):
+            raise CodegenError(f"op: the size of axis {k!r} must be an integer, got {v!r}")
+        out[k] = check_size(str(k), int(v.__index__()))
+    return out
 
 
 def _jsonable(dynamic):
@@ -414,14 +433,25 @@ class NapkinOp:
         bound = d.bind(**{a: hi for a, (_, hi) in self.dynamic.items()}) if self.dynamic else d
         choice = choose_saved(bound, self.compiled.gpu)
         ranked = self._rank_saves(bound, choice.save)
-        save = tuple(sorted(ranked[0][0], key=lambda n: _position(d, n)))
-        forward = self._sub_op(forward_with_saves(d, set(save)), f"{_short(d.name)}_saves") if save else self
-        pieces = _GradPieces(forward, save, choice)
-        pieces.ranked = ranked
+        lse = {c.name for c in choice.choices if c.kind == "lse"}
         full = tuple(True for _ in self.input_names)
-        pieces.backward[full] = self._build_backward(pieces, full)
-        if isinstance(pieces.backward[full], str):
-            raise CodegenError(pieces.backward[full])
+        for entry in ranked:
+            save = tuple(sorted(entry[0], key=lambda n: _position(d, n)))
+            forward = self._sub_op(forward_with_saves(d, set(save)), f"{_short(d.name)}_saves") if save else self
+            pieces = _GradPieces(forward, save, choice)
+            pieces.ranked = [entry] + [r for r in ranked if r is not entry]
+            pieces.backward[full] = self._build_backward(pieces, full)
+            if isinstance(pieces.backward[full], str):
+                raise CodegenError(pieces.backward[full])
+            low = _rounded_lse(pieces, pieces.backward[full], lse)
+            if not low:
+                break
+            # a log-sum-exp near ln(x) keeps 8 bits in bf16: P = exp(S - lse) would be off by up to
+            # 3 % (the fused attention kernels store it in fp32; kernels of maps store the dtype's)
+            _log.info("%s: not saving %s: its kernels store it as %s", self.qualname, ", ".join(sorted(low)),
+                      ", ".join(sorted({str(t) for t in low.values()})))
+        else:
+            raise CodegenError("every save set napkin can plan keeps a log-sum-exp below fp32")
         _log.info("%s: gradients on napkin's kernels (saved: %s)", self.qualname, ", ".join(save) or "nothing")
         return pieces
 
@@ -589,6 +619,22 @@ def _within(size, lo: int, hi: int, message) -> None:
     else:
         torch._check(size >= lo, message)
         torch._check(size <= hi, message)
+
+
+def _rounded_lse(pieces: _GradPieces, backward, lse: set[str]) -> dict:
+    """The saved log-sum-exps (names in ``lse``) that the forward writes or the backward reads in a
+    dtype below fp32, with that dtype."""
+    if isinstance(backward, str):
+        return {}
+    out_dt = dict(zip(pieces.forward.output_names, pieces.forward._out_dtypes))
+    in_dt = dict(zip(backward.input_names, backward._in_dtypes))
+    low = {}
+    for n in pieces.save:
+        if n in lse:
+            for dt in (out_dt.get(n), in_dt.get(n)):
+                if dt is not None and dt != torch.float32 and dt != torch.float64:
+                    low[n] = dt
+    return low
 
 
 def _position(diagram: Diagram, saved: str):

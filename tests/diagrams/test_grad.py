@@ -294,6 +294,8 @@ def test_what_the_backward_would_recompute_from_a_saved_statistic_is_listed():
     assert recomputed_from_statistics(block, {"N2_rstd", "add"}) == ("N2", "Xn2")
     assert recomputed_from_statistics(block, {"N1_rstd", "N2_rstd"}) == ()
     assert recomputed_from_statistics(block, {"Qp", "O"}) == ()  # no statistic saved
+    # the log-sum-exp was computed from the forward's scores, so from its N1 and Xn
+    assert recomputed_from_statistics(block, {"N1_rstd", "N2_rstd", "P_lse"}) == ("N1", "Xn")
     # a norm alone: its output is recomputed, but no saved array was computed from it
     assert recomputed_from_statistics(library.get("layernorm"), {"N_mean", "N_rstd"}) == ()
     with pytest.raises(DiagramError, match="save must be a set"):
