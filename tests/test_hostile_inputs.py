@@ -412,3 +412,44 @@ def test_module_called_with_the_wrong_number_of_activations(n):
     with pytest.raises(LaunchError, match=r"forward takes 1 input\(s\) \(X\), got " + str(n)):
         m(*[torch.ones(4, 8)] * n)
     assert m(torch.ones(4, 8)).shape == (4, 8)
+
+
+@pytest.mark.parametrize("sizes, fragments", [
+    ({"r": 2.7, "x": 8}, ["axis 'r'", "integer", "2.7"]),
+    ({"r": "4", "x": 8}, ["axis 'r'", "integer", "'4'"]),
+    ({"r": None, "x": 8}, ["axis 'r'", "integer"]),
+    ({"r": 0, "x": 8}, ["axis 'r'", "positive"]),
+    ([4, 8], ["sizes must be a mapping"]),
+])
+def test_torch_op_sizes_that_are_not_integers_are_refused(sizes, fragments):
+    """A fractional size used to be truncated for the operator's digest, so op(sizes r=2.7) gave
+    back the operator built for r=2 when one existed."""
+    import napkin.torch as nt
+
+    nt.op("softmax", sizes={"r": 2, "x": 8}, gpu="h100", dtype="fp32")
+    with pytest.raises(NapkinError) as info:
+        nt.op("softmax", sizes=sizes, gpu="h100", dtype="fp32")
+    for f in fragments:
+        assert f in str(info.value), (f, str(info.value))
+    assert nt.op("softmax", sizes={"r": np_int(4), "x": 8}, gpu="h100", dtype="fp32").compiled.diagram.sizes == \
+        {"r": 4, "x": 8}
+
+
+def np_int(n: int):
+    import numpy as np
+
+    return np.int64(n)
+
+
+@pytest.mark.parametrize("kwargs, fragments", [
+    (dict(plan=object()), ["plan= must be a napkin Plan", "object"]),
+    (dict(schedule=3), ["schedule= must be a napkin Schedule", "int"]),
+])
+def test_compile_with_a_plan_or_schedule_that_is_not_one(kwargs, fragments):
+    """Both used to end in an AttributeError inside the planner or the lowering."""
+    from napkin.codegen import compile as compile_diagram
+
+    with pytest.raises(LaunchError) as info:
+        compile_diagram("softmax", sizes={"r": 4, "x": 8}, gpu="h100", **kwargs)
+    for f in fragments:
+        assert f in str(info.value), (f, str(info.value))

@@ -298,6 +298,13 @@ def compile(diagram, *, gpu=None, sizes: Mapping[str, int] | None = None, dtype:
     ``sizes``. The result is a :class:`~napkin.codegen.dynamic.DynamicDiagram`, which serves
     every size in the ranges with one plan (see there).
     """
+    from ..perfmodel.plan import Plan
+    from ..perfmodel.schedule import Schedule
+
+    if plan is not None and not isinstance(plan, Plan):
+        raise LaunchError(f"compile: plan= must be a napkin Plan (derive(...).plan), got {type(plan).__name__}")
+    if schedule is not None and not isinstance(schedule, Schedule):
+        raise LaunchError(f"compile: schedule= must be a napkin Schedule, got {type(schedule).__name__}")
     if dynamic is not None:
         from .dynamic import compile_dynamic
 
