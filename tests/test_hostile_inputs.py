@@ -453,3 +453,19 @@ def test_compile_with_a_plan_or_schedule_that_is_not_one(kwargs, fragments):
         compile_diagram("softmax", sizes={"r": 4, "x": 8}, gpu="h100", **kwargs)
     for f in fragments:
         assert f in str(info.value), (f, str(info.value))
+
+
+def test_a_contraction_over_no_axis_is_planned_and_the_pointwise_family_says_why_not():
+    """contract(X, t, over=()) is an elementwise (or outer) product: it plans (on the fallback,
+    said aloud) and the pointwise family's reason names it, not a matrix product it is not."""
+    from napkin.codegen.families import pointwise
+    from napkin.codegen.planner import derive
+
+    i, j = Axis("i", 8), Axis("j", 16)
+    for other in (array("t", j, i), array("t"), array("t", Axis("k", 3))):
+        d = Diagram("p", contract(array("X", i, j), other, over=(), name="Y"))
+        why = pointwise.FAMILY.explain(d)
+        assert "over no axis" in why and "matrix product" not in why, why
+        plan = derive(d, "h100", "bf16", explain=False).plan
+        assert all(f in ("fallback", "pointwise") for f in plan.families)
+        assert not plan.uses_fallback or any("fallback" in n for n in plan.notes)

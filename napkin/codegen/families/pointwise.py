@@ -228,6 +228,9 @@ def analyse(diagram: Diagram) -> PointwiseShape | str:
     if not nodes:
         return "has no boxes"
     for v in nodes:
+        if isinstance(v.op, Contract) and not v.op.over:
+            return (f"box {d.name_of(v)} is a contraction over no axis (an elementwise or outer product); "
+                    "this family runs it written as a map, x * y")
         if isinstance(v.op, Contract) and not _is_product_sum(v):
             return (f"box {d.name_of(v)} is a contraction of two factors that each carry an axis the other "
                     "lacks (a matrix product: the contraction family runs it)")
