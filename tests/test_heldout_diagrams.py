@@ -101,8 +101,11 @@ def heldout(draw, max_steps: int = 5, sizes_from=(1, 2, 3, 5, 7, 8, 13, 16, 33, 
         if kind == "unary":
             cur = map_fn(draw(st.sampled_from(UNARY)), cur, name=name)
         elif kind == "binary":
-            names = set(some(now, 0, len(now))) | set(some(AXIS_NAMES, 0, 1))
-            other = new_input(names or {now[0]})
+            if len(values) > 1 and draw(st.booleans()):  # an earlier array again: a residual, a diamond
+                other = draw(st.sampled_from(values[:-1]))
+            else:
+                names = set(some(now, 0, len(now))) | set(some(AXIS_NAMES, 0, 1))
+                other = new_input(names or {now[0]})
             pair = (cur, other) if draw(st.booleans()) else (other, cur)
             cur = map_fn(draw(st.sampled_from(BINARY)), *pair, name=name)
         elif kind == "contract":
