@@ -212,6 +212,9 @@ class Diagram:
         seen: dict[str, Value] = {}
         for v in self.inputs:
             if v.name in seen:
+                if seen[v.name] == v:  # array("S", i, j) written twice: two values the boxes tell apart
+                    raise DiagramError(f"diagram {self.name!r}: input {v.label()} is built twice (two array("
+                                       f"{v.name!r}, ...) calls); build it once and pass that value to every box")
                 raise DiagramError(f"diagram {self.name!r}: two different inputs are both called {v.name!r}")
             seen[v.name] = v
 
