@@ -110,6 +110,22 @@ def _gemm_row_sum():
     return Diagram("gemm_row_sum", sum_over(L, c, name="Y"))
 
 
+def _gemm_row_logsumexp():
+    from napkin.diagrams import Diagram, array, axes, contract, logsumexp
+
+    a, b, c = axes("a b c")
+    L = contract(array("A", a, b), array("B", c, b), over=b, out=(a, c), name="L")
+    return Diagram("gemm_row_logsumexp", logsumexp(L, c, name="Y"))
+
+
+def _gemm_row_softmax():
+    from napkin.diagrams import Diagram, array, axes, contract, softmax
+
+    a, b, c = axes("a b c")
+    L = contract(array("A", a, b), array("B", c, b), over=b, out=(a, c), name="L")
+    return Diagram("gemm_row_softmax", softmax(L, c, name="P"))
+
+
 @dataclass(frozen=True)
 class Case:
     """One sanitizer run: a diagram (a library name or a builder), sizes, dtype and the planner's
@@ -156,6 +172,15 @@ CASES = [
     # value a row written from the epilogue
     Case("matmul_wgmma.cu.jinja", _gemm_row_sum, {"a": 333, "b": 520, "c": 200}, family="contraction",
          archs=("sm_90a",)),
+    # GEMM -> a row wider than a tile (1000 columns: 4 tiles, the last partly masked): each block's
+    # (max, sum of exp) pairs to the partials, the second launch combines them (a softmax also
+    # stores its logits less the tile's max, normalised there in place; 1000 = whole 16-byte pieces, 1001 not)
+    Case("matmul_wgmma_rowcombine.cu.jinja", _gemm_row_logsumexp, {"a": 333, "b": 520, "c": 1000},
+         family="contraction", archs=("sm_90a",)),
+    Case("matmul_wgmma_rowcombine.cu.jinja", _gemm_row_softmax, {"a": 333, "b": 520, "c": 1000},
+         family="contraction", archs=("sm_90a",)),
+    Case("matmul_wgmma_rowcombine.cu.jinja", _gemm_row_softmax, {"a": 77, "b": 72, "c": 1001},
+         family="contraction", archs=("sm_90a",)),
     # batched with a sum of 72 (not whole 64-deep chunks of B[n,b,c]): mma.sync on Hopper too
     Case("matmul_mma.cu.jinja", "batched_matmul", {"n": 2, "a": 77, "b": 72, "c": 40}, family="contraction"),
     Case("matmul_mma.cu.jinja", "batched_matmul", {"n": 2, "a": 77, "b": 72, "c": 42},

@@ -254,13 +254,8 @@ def test_gemm_then_row_reduction_is_one_kernel_when_the_tile_spans_the_row(kind,
 
 
 def test_row_reduction_refusals():
-    # the row spans 16 column tiles: the reduction stays its own kernel (gemm_softmax's defaults)
-    d = bound(library.get("gemm_softmax"), a=4096, b=1024, c=4096)
-    with pytest.raises(CodegenError, match="spans several column tiles"):
-        FAMILY.candidates(d, "h100", "bf16")
     from napkin.codegen.planner import derive
 
-    assert len(derive(d, gpu="h100", explain=False).plan.kernels) == 2
     # no wgmma: the epilogue's quad layout is the wgmma template's
     small = bound(library.get("gemm_softmax"), a=1000, b=520, c=200)
     with pytest.raises(CodegenError, match="wgmma template only"):

@@ -6,8 +6,9 @@ whitelisted map after it (bias, GELU, SiLU, scale, a residual add): the library'
 ``batched_matmul``, ``matmul_t`` and ``mlp``. On the wgmma template also: two sums of one operand
 combined by maps (SwiGLU's gate and up), an rmsnorm of A over the summed axis times G[b] before
 the sum (``rmsnorm_linear``: a prologue on the A tiles, the row scale applied in the epilogue), and
-a softmax, sum, max, min or mean along the output's rows when one tile spans them (``gemm_softmax``
-with ``c <= 256``).
+a softmax, logsumexp, sum, max, min or mean along the output's rows: finished in the epilogue when
+one tile spans the row (``gemm_softmax`` with ``c <= 256``), else a split reduction (each block's
+tile rows reduced to fp32 partials, a small second launch combining them).
 
 Roles are read off the diagram: ``c`` is the output's last (contiguous) axis, the operand that
 carries it is ``B`` and the other ``A``; ``a`` is A's own axis (the last of them in the output
@@ -165,7 +166,11 @@ class MatmulProblem:
     G: Value | None = None
     #: a reduction along the output's rows (softmax, or a sum, max, min or mean over ``c``) of
     #: the contraction after elementwise maps; the output follows it through further maps
+    #: (a logsumexp, several boxes: its last one, the addition of the shift)
     rowred: Value | None = None
+    #: which reduction ``rowred`` is (one of :data:`ROW_REDUCTIONS`) and the value it reduces
+    rowred_kind: str | None = None
+    rowred_x: Value | None = None
 
     @property
     def dual(self) -> bool:
@@ -356,22 +361,75 @@ def _prologue_problem(diagram: Diagram, norm: Value, contracts: list[Value]) -> 
     return replace(core, contraction=C, out=diagram.outputs[0], norm=norm, prologue=tuple(chain), G=G)
 
 
-#: The reductions along a row the wgmma epilogue finishes in registers (the tile spans the row).
-ROW_REDUCTIONS = ("softmax", "sum", "max", "min", "mean")
+#: The reductions along a row the wgmma epilogue runs: in registers when the tile spans the row,
+#: else as fp32 partials per column tile that a second launch combines.
+ROW_REDUCTIONS = ("softmax", "logsumexp", "sum", "max", "min", "mean")
+
+#: Threads per block of a split row reduction's second launch.
+ROWCOMBINE_THREADS = 256
+#: Column tiles of a split softmax row at most (the second launch keeps a float per tile in
+#: shared memory: 32 KiB).
+MAX_ROW_TILES = 8192
+
+
+def _logsumexp_boxes(diagram: Diagram, reds: list[Value]) -> tuple[Value, Value, list[Value]] | str:
+    """A logsumexp as :func:`napkin.diagrams.ops.logsumexp` writes it, ``m = zero_inf(max_c x)``,
+    ``add(log(sum_c(exp(x - m))), m)``: (x, the final addition, every box of it), or why not.
+
+    >>> from napkin.diagrams import Axis, array, logsumexp
+    >>> d = Diagram("l", logsumexp(array("X", Axis("r"), Axis("c")), "c", name="Y"))
+    >>> x, out, boxes = _logsumexp_boxes(d, [v for v in d.nodes if v.op.kind == "reduce"])
+    >>> x.name, d.name_of(out), len(boxes)
+    ('X', 'Y', 7)
+    """
+    hows = sorted(getattr(r.op, "how", r.op.kind) for r in reds)
+    if hows != ["max", "sum"] or reds[0].op.over != reds[1].op.over:
+        return f"reductions {hows} after the contraction (one row reduction, or a logsumexp's max and sum)"
+    mx, sm = sorted(reds, key=lambda r: r.op.how)
+    x = mx.args[0]
+
+    def only(v: Value, fn: str, n: int = 1) -> list[Value] | None:
+        users = list(diagram.consumers.get(id(v), ()))
+        ok = len(users) == n and all(isinstance(u.op, Map) and u.op.fn in fn.split("|") for u in users)
+        return users if ok else None
+
+    z = only(mx, "zero_inf")
+    users = only(z[0], "sub|add", 2) if z else None
+    sub = next((u for u in users or () if u.op.fn == "sub" and u.args[0] is x and u.args[1] is z[0]), None)
+    add = next((u for u in users or () if u.op.fn == "add"), None)
+    e = only(sub, "exp") if sub is not None else None
+    if not e or sm.args[0] is not e[0] or add is None:
+        return "a max and a sum over the row that are not a logsumexp (zero_inf(max), exp(x - m), log(sum) + m)"
+    lg = only(sm, "log")
+    if not lg or add.args[0] is not lg[0] or add.args[1] is not z[0]:
+        return "a max and a sum over the row that are not a logsumexp (zero_inf(max), exp(x - m), log(sum) + m)"
+    return x, add, [mx, z[0], sub, e[0], sm, lg[0], add]
 
 
 def _rowred_problem(diagram: Diagram, R: Value, contracts: list[Value]) -> MatmulProblem | str:
-    """GEMM -> row reduction: ``out = post(R_c(pre(Σ_b A·B)))`` with R a softmax, or a sum, max,
-    min or mean, over the output's last axis ``c``, ``pre`` and ``post`` elementwise maps. When one
-    block tile spans the row (N <= g_c), each row of the accumulators lives in one quad of lanes:
-    the epilogue reduces it with two shuffles and the logits never reach HBM."""
-    C = next(v for v in contracts if v is not R)
+    """GEMM -> row reduction: ``out = post(R_c(pre(Σ_b A·B)))`` with R a softmax, logsumexp, or a
+    sum, max, min or mean, over the output's last axis ``c``, ``pre`` and ``post`` elementwise maps.
+    Each row of the accumulators lives in one quad of lanes: the epilogue reduces a tile's row with
+    two shuffles. When one block tile spans the row (N <= g_c) that is the result and the logits
+    never reach HBM; otherwise each block writes its rows' partials and a second launch combines
+    them (a softmax's logits are stored and normalised there)."""
+    reds = [v for v in contracts if v.op.kind in ("softmax", "reduce")]
+    lse = _logsumexp_boxes(diagram, reds) if len(reds) == 2 else None
+    if isinstance(lse, str):
+        return lse
+    C = next(v for v in contracts if not any(v is r for r in reds))
     if not isinstance(C.op, Contract) or len(C.args) != 2:
         return "the reduction does not follow a two-operand contraction"
-    kind = R.op.kind if R.op.kind == "softmax" else R.op.how
+    if lse:
+        X, R, inner = lse
+        kind, over = "logsumexp", reds[0].op.over
+    else:
+        X, inner = R.args[0], [R]
+        kind = R.op.kind if R.op.kind == "softmax" else R.op.how
+        over = R.op.over
     if kind not in ROW_REDUCTIONS:
-        return f"a {kind} reduction after the contraction (softmax, sum, max, min or mean run in its epilogue)"
-    over = R.op.over
+        return (f"a {kind} reduction after the contraction (softmax, logsumexp, sum, max, min or mean run in "
+                "its epilogue)")
     if not C.axis_names or C.axis_names[-1] != over:
         return (f"the reduction runs over {over!r}, not the contraction's last (column) axis: a row "
                 "reduction of the output tile reduces along its columns")
@@ -388,7 +446,7 @@ def _rowred_problem(diagram: Diagram, R: Value, contracts: list[Value]) -> Matmu
     if len(outs) != 1 or not outs[0].depends_on(R) or set(outs[0].axis_names) != post_axes:
         return "the diagram's one output must follow the row reduction through elementwise maps on its axes"
     for v in diagram.nodes:
-        if v is C or v is R:
+        if v is C or any(v is u for u in inner):
             continue
         after = v.depends_on(R)
         axes = post_axes if after else pre_axes
@@ -403,9 +461,9 @@ def _rowred_problem(diagram: Diagram, R: Value, contracts: list[Value]) -> Matmu
         for a in v.args:
             if a.is_input and not set(a.axis_names) <= axes:
                 return f"input {a.label()} of box {diagram.name_of(v)} carries axes beyond {sorted(axes)}"
-    if not R.args[0].depends_on(C) and R.args[0] is not C:
+    if not X.depends_on(C) and X is not C:
         return "the row reduction does not read the contraction"
-    return replace(core, out=outs[0], rowred=R)
+    return replace(core, out=outs[0], rowred=R, rowred_kind=kind, rowred_x=X)
 
 
 def wgmma_target_reason(dtype: str, gpu=None, arch: str | None = None) -> str | None:
@@ -435,6 +493,8 @@ def _reason_or_problem(diagram: Diagram) -> MatmulProblem | str:
         return _prologue_problem(diagram, norms[0], contracts)
     reds = [v for v in contracts if v.op.kind in ("softmax", "reduce")]
     if len(contracts) == 2 and len(reds) == 1:
+        return _rowred_problem(diagram, reds[0], contracts)
+    if len(contracts) == 3 and len(reds) == 2:  # a logsumexp (its max and its sum) after the contraction
         return _rowred_problem(diagram, reds[0], contracts)
     if len(contracts) == 2:
         return _dual_problem(diagram, contracts)
@@ -536,6 +596,22 @@ def _pingpong_first(coop: list[MatmulConfig], pingpong: list[MatmulConfig]) -> l
         out += [q for q in pingpong if (q.BM, q.BN) == (c.BM, c.BN) and q not in out]
         out.append(c)
     return out
+
+
+def _rowsplit_bn(n: int, splits: int) -> int:
+    """The block tile's columns of a row reduction over ``n`` columns in ``splits`` column tiles:
+    the fewest 64-column blocks covering a share (one tile spanning the row when ``splits`` is 1).
+
+    >>> _rowsplit_bn(200, 1), _rowsplit_bn(11008, 43), _rowsplit_bn(1000, 6)
+    (256, 256, 192)
+    """
+    return max(64, -(-(-(-n // splits)) // 64) * 64)
+
+
+def _row_stats(p: MatmulProblem) -> int:
+    """fp32 values a split row reduction keeps per row and column tile: the (max, sum of
+    exponentials) pair of a softmax or logsumexp, else the reduction's partial."""
+    return 2 if p.rowred_kind in ("softmax", "logsumexp") else 1
 
 
 def _narrowed(cfg: MatmulConfig, n) -> MatmulConfig:
@@ -781,15 +857,14 @@ class ContractionFamily:
     def rowred_reason(self, diagram: Diagram, p: MatmulProblem, gpu=None, arch: str | None = None,
                       dtype: str | None = None) -> str | None:
         """Why a row reduction after the contraction cannot run in its epilogue, or None if it can:
-        the wgmma template's accumulator layout keeps a row in one quad of lanes, and one block
-        tile must span the row (a split reduction over several column tiles is not built)."""
+        the wgmma template's accumulator layout keeps a row in one quad of lanes (a row wider than
+        a tile is split: partials per column tile and a second launch). The mma.sync template
+        (Ampere) keeps the GEMM and the row-wise kernel apart: its warp tiles spread a row over
+        warps, and no epilogue reduction is built for it."""
         why = self.wgmma_reason(diagram, gpu, arch=arch, dtype=dtype)
         if why:
-            return f"a row reduction after the contraction runs on the wgmma template only: {why}"
-        n = diagram.sizes.get(p.c)
-        if isinstance(n, int) and n > 256:
-            return (f"the row of {n} columns ({p.c!r}) spans several column tiles (at most 256 a tile); the "
-                    "reduction across tiles is left to its own kernel")
+            return (f"a row reduction after the contraction runs on the wgmma template only (elsewhere the "
+                    f"GEMM and a row-wise kernel run apart): {why}")
         return None
 
     def builds_for(self, schedule: Schedule, arch: str) -> bool:
@@ -810,12 +885,21 @@ class ContractionFamily:
             if why:
                 raise CodegenError(f"contraction family: {why}")
             # the tile spans the row: the fewest 64-column blocks covering it, rows as each
-            # configuration has them where the accumulators fit (WM x BN / 128 <= 128 a thread)
+            # configuration has them where the accumulators fit (WM x BN / 128 <= 128 a thread);
+            # a wider row is split over the configuration's column tiles (``splits`` of them, each
+            # block reducing its part of the rows, a second launch combining the partials)
             n = diagram.sizes.get(p.c)
-            bn = max(64, -(-n // 64) * 64)
+            if n <= 256:
+                bn = max(64, -(-n // 64) * 64)
+                cfgs = (replace(c, BN=bn, WN=bn) for c in self.configs(dtype, "wgmma") if not c.pingpong)
+            else:
+                cfgs = (replace(c, BN=_rowsplit_bn(n, -(-n // c.BN)), WN=_rowsplit_bn(n, -(-n // c.BN)),
+                                splits=-(-n // c.BN)) for c in self.configs(dtype, "wgmma") if not c.pingpong)
             # (whole tiles staged in the ring: not persistent, so never ping-pong)
-            for cfg in dict.fromkeys(replace(c, BN=bn, WN=bn) for c in self.configs(dtype, "wgmma") if not c.pingpong):
-                if cfg.WM * bn // 128 <= 128 and cfg.smem_bytes(p, _elem(dtype)) <= limit:
+            for cfg in dict.fromkeys(cfgs):
+                if p.rowred_kind == "softmax" and cfg.splits > MAX_ROW_TILES:
+                    continue  # (the second launch keeps a shift per tile in shared memory)
+                if cfg.WM * cfg.BN // 128 <= 128 and cfg.smem_bytes(p, _elem(dtype)) <= limit:
                     out.append(self.schedule(diagram, cfg, gpu=gpu, dtype=dtype))
             return out
         if p.norm is not None:
@@ -898,14 +982,25 @@ class ContractionFamily:
         cfg = self.config_of(p, schedule)
         sz = diagram.sizes
         nbatch = math.prod(sz[a] for a in p.batch) if p.batch else 1
-        blocks = math.ceil(sz[p.a] / cfg.BM) * math.ceil(sz[p.c] / cfg.BN) * nbatch * cfg.splits
+        # (a row reduction's splits are its column tiles, counted once)
+        ksplits = 1 if p.rowred is not None else cfg.splits
+        blocks = math.ceil(sz[p.a] / cfg.BM) * math.ceil(sz[p.c] / cfg.BN) * nbatch * ksplits
         elem = _elem(p.dtype)
         chunk = (cfg.BM + cfg.BN * (2 if cfg.dual else 1)) * cfg.BK * elem
         est = dict(blocks=blocks, threads=cfg.threads, regs=cfg.model_regs(),
                    smem=cfg.smem_bytes(p, elem),
                    in_flight_bytes_per_thread=chunk * max(1, cfg.stages - 1) / cfg.threads)
         launches, moved = 0, 0
-        if cfg.splits > 1:
+        if cfg.splits > 1 and p.rowred is not None:
+            # a split row reduction: each block's rows leave as fp32 partials (a (max, sum of exp)
+            # pair for softmax and logsumexp), written and read back by the second launch; a
+            # softmax's logits are stored too (the output the model sees the kernel write), then
+            # read and written again normalised there
+            launches = 1
+            moved = 2 * 4 * sz[p.a] * cfg.splits * _row_stats(p)
+            if p.rowred_kind == "softmax":
+                moved += 2 * sz[p.a] * sz[p.c] * elem
+        elif cfg.splits > 1:
             # each block walks its share of the chunks; the partials go to HBM and come back once
             est.update(stream_steps=math.ceil(_chunk_count(sz, p, cfg.BK) / cfg.splits))
             launches, moved = 1, 2 * 4 * cfg.splits * sz[p.a] * sz[p.c] * nbatch
@@ -928,7 +1023,8 @@ class ContractionFamily:
                        epilogue_waits=1 if epilogue_tiles(diagram, p, cfg, elem) else 0)
         if cfg.tf32x3:
             # 3xTF32: the sum's 2 M N K FLOPs (the cost model's CUDA-core work for fp32) run as three
-            # tf32 mma.sync products each; the fragments are loaded and split between the mma
+            # tf32 mma.sync products each; the fragments are loaded and split between the mma (a
+            # tile whose sum comes out inf or NaN sums again as FMAs: data the model does not see)
             est.update(tensor_path="mma.sync", overlap_operands=False,
                        tf32x3_flops=2.0 * sz[p.a] * sz[p.c] * sz[p.b] * nbatch
                        * math.prod(sz[n] for n in p.k_outer))
@@ -991,10 +1087,10 @@ class ContractionFamily:
             raise CodegenError(f"contraction family: a dual contraction runs on the wgmma template only "
                                f"(the schedule asks for {engine})")
         if engine == "wgmma":
-            if splits > 1 and (p.dual or p.norm is not None or p.rowred is not None):
-                raise CodegenError("contraction family: the wgmma template splits only a plain sum (not a dual "
-                                   f"contraction, a prologue or a row reduction; splits={splits})")
-            return replace(self._wgmma_config(p, schedule, arch, sizes, stages, opts.warpgroups), splits=splits)
+            if splits > 1 and (p.dual or p.norm is not None):
+                raise CodegenError("contraction family: the wgmma template splits only a plain sum or a row "
+                                   f"reduction's row (not a dual contraction or a prologue; splits={splits})")
+            return replace(self._wgmma_config(p, schedule, arch, sizes, stages, opts.warpgroups, splits), splits=splits)
         if engine not in ("mma.sync", "simt"):
             raise CodegenError(f"contraction family: engine {engine!r} is not built here (wgmma, mma.sync "
                                "or simt)")
@@ -1027,7 +1123,7 @@ class ContractionFamily:
         return cfg
 
     def _wgmma_config(self, p: MatmulProblem, schedule: Schedule, arch: str | None, sizes: dict,
-                      stages: int | None, warpgroups: int | None = None) -> MatmulConfig:
+                      stages: int | None, warpgroups: int | None = None, splits: int = 1) -> MatmulConfig:
         why = self.wgmma_reason(schedule.diagram, arch=arch)
         if why:
             raise CodegenError(f"contraction family: the schedule asks for engine=wgmma, but {why}; "
@@ -1041,7 +1137,12 @@ class ContractionFamily:
         BM, BN = sizes["BM"] or d.BM, sizes["BN"] or d.BN
         n = schedule.diagram.sizes.get(p.c)
         if p.rowred is not None and sizes["BN"] is None and isinstance(n, int):
-            BN = max(64, -(-n // 64) * 64)  # the whole row, in 64-column blocks
+            # the whole row, in 64-column blocks, or its share of a split row
+            BN = _rowsplit_bn(n, splits)
+            if BN > 256:
+                raise CodegenError(f"contraction family (wgmma): the row reduction's {n} columns ({p.c!r}) in "
+                                   f"{splits} tile(s) need {BN} columns a tile; at most 256 (splits >= "
+                                   f"{-(-n // 256)})")
         BK, WM, WN = sizes["BK"] or 64, sizes["WM"] or min(d.WM, BM), sizes["WN"] or BN
         # two consumer warpgroups over a tile of one consumer's rows: the ping-pong kernel
         pingpong = warpgroups == 2 and WM == BM
@@ -1074,8 +1175,9 @@ class ContractionFamily:
         if not 2 <= stages <= 8:
             raise CodegenError(f"{what}: stages must be 2 to 8, got {stages}")
         n = schedule.diagram.sizes.get(p.c)
-        if p.rowred is not None and isinstance(n, int) and BN < n:
-            raise CodegenError(f"{what}: the row reduction over {p.c!r} needs one tile to span its {n} columns")
+        if p.rowred is not None and isinstance(n, int) and -(-n // BN) != splits:
+            raise CodegenError(f"{what}: the row reduction over {p.c!r} splits its {n} columns into {splits} "
+                               f"tile(s) (splits); g_{p.c} = {BN} makes {-(-n // BN)}")
         smem, limit = cfg.smem_bytes(p, 2), _smem_limit(None, arch)
         if smem > limit:
             raise CodegenError(f"{what}: {stages} stages need {smem} bytes of shared memory; {limit} fit")
@@ -1144,7 +1246,13 @@ class ContractionFamily:
             launch = functools.partial(self._launch_wgmma, sms=sms)
         else:
             launch = self._launch
-        if cfg.splits == 1:
+        if cfg.splits > 1 and p.rowred is not None:
+            # a split row reduction: [rows][column tiles] of fp32 partials (pairs for a softmax or
+            # logsumexp), every entry written by the first launch and read by the second
+            ws = _buffer_name(diagram, f"{diagram.name}_row_partials", taken)
+            buffers.append(Buffer(ws, (p.a, "tile", "stat"), (sz[p.a], cfg.splits, _row_stats(p)), "fp32"))
+            main = (launch(diagram, p, cfg, arch, ws=ws, padded=padded), self._rowcombine_launch(diagram, p, cfg, ws))
+        elif cfg.splits == 1:
             main = (launch(diagram, p, cfg, arch, padded=padded),)
         else:
             ws = _buffer_name(diagram, f"{diagram.name}_partials", taken)
@@ -1213,6 +1321,52 @@ class ContractionFamily:
         return KernelLaunch(name=str(kname), source=source, grid=(blocks, 1, 1), block=(COMBINE_THREADS, 1, 1),
                             shared_bytes=0, args=tuple(x.arg for x in params), template="matmul_combine.cu.jinja",
                             tunables=(("SPLITS", cfg.splits), ("THREADS", COMBINE_THREADS)),
+                            model_smem_bytes=0, model_regs_per_thread=None)
+
+    def _rowcombine_launch(self, d: Diagram, p: MatmulProblem, cfg: MatmulConfig, ws: str) -> KernelLaunch:
+        """The second launch of a split row reduction: each row's partials combined in a fixed
+        order (max and sum rescaled for a softmax or logsumexp), then the maps after the reduction;
+        a softmax normalises its stored logits (less each tile's max) in place."""
+        T = p.dtype
+        sz = d.sizes
+        M, N = sz[p.a], sz[p.c]
+        red = p.rowred_kind
+        sY = contiguous_strides(p.out)
+        out_name = d.output_names[0]
+        params: list[Param] = [
+            Param(Arg("tensor", ws, dtype="fp32", axes=()), Code("const float* __restrict__ WS")),
+            tensor_param(p.out, "Y", T, const=False, name=out_name),
+            int_param("M", M), int_param("N", N),
+            int_param("ldy", sY[p.a], f"row stride of {out_name}[{','.join(p.out.axis_names)}]"),
+        ]
+        index_vars = {ax: ident(ax, "i_") for ax in (p.a, p.c)}
+        R = p.rowred
+        post = epilogue_code(d, R, p.out, index_vars={ax: index_vars[ax] for ax in R.axis_names}, ctype_name=T,
+                             prefix="q")
+        params += post.params
+        softmax = red == "softmax"
+        # 16-byte pieces of a softmax row when every row starts on one (8 elements of 16 bits)
+        vec = 8 if softmax and N % 8 == 0 and sY[p.a] % 8 == 0 else 1
+        if softmax and cfg.splits > MAX_ROW_TILES:
+            raise CodegenError(f"contraction family: a softmax row split into {cfg.splits} tiles; the second launch "
+                               f"keeps each tile's shift in shared memory, at most {MAX_ROW_TILES} tiles")
+        tag = short_hash(T, red, [str(x) for x in post.lines], cfg.splits, cfg.BN, vec, "rowcombine")
+        kname = Code(f"napkin_mm_rowcombine_{red}_{T}_x{cfg.splits}_{tag}")
+        legend = comment_lines([f"diagram {d.name}: {d.name_of(R)} = {red} along {p.c!r} of the contraction's "
+                                f"rows, from the {cfg.splits} column tiles' fp32 partials of the first launch",
+                                f"  {p.a} -> M (rows), {p.c} -> N (columns), tiles of the row -> TILES",
+                                "  after the reduction: " + (", ".join(post.boxes) if post.boxes else "none"),
+                                f"  tunables: TILES = {cfg.splits}, BNT = {cfg.BN}, THREADS = {ROWCOMBINE_THREADS}, "
+                                f"VEC = {vec}"])
+        source = render("matmul_wgmma_rowcombine.cu.jinja", kname=kname, T=ctype(T), RED=red, TILES=cfg.splits,
+                        THREADS=ROWCOMBINE_THREADS, VEC=vec, BNT=cfg.BN, params=signature(params), legend=legend,
+                        idx_a=index_vars[p.a], idx_c=index_vars[p.c], post_body=post.body("    "),
+                        post_result=post.result)
+        rows_per_block = 1 if softmax else ROWCOMBINE_THREADS // 32  # a block a softmax row, else a warp a row
+        blocks = max(1, min(-(-M // rows_per_block), 2 ** 31 - 1))
+        return KernelLaunch(name=str(kname), source=source, grid=(blocks, 1, 1), block=(ROWCOMBINE_THREADS, 1, 1),
+                            shared_bytes=0, args=tuple(x.arg for x in params), template="matmul_wgmma_rowcombine.cu.jinja",
+                            tunables=(("TILES", cfg.splits), ("THREADS", ROWCOMBINE_THREADS), ("VEC", vec)),
                             model_smem_bytes=0, model_regs_per_thread=None)
 
     def _launch(self, d: Diagram, p: MatmulProblem, cfg: MatmulConfig, arch: str,
@@ -1376,16 +1530,19 @@ class ContractionFamily:
             kouter.append(names)
         index_vars = {ax: ident(ax, "i_") for ax in (p.a, p.c, *p.batch)}
         red, post = None, None
+        rowsplit = p.rowred is not None and cfg.splits > 1
         if p.rowred is not None:
-            # maps before the reduction (on the accumulators), the reduction, maps after it
+            # maps before the reduction (on the accumulators), the reduction, maps after it (in the
+            # second launch of a split row)
             R = p.rowred
-            red = R.op.kind if R.op.kind == "softmax" else R.op.how
-            epi = epilogue_code(d, p.contraction, R.args[0], index_vars=index_vars, ctype_name=T)
+            red = p.rowred_kind
+            epi = epilogue_code(d, p.contraction, p.rowred_x, index_vars=index_vars, ctype_name=T)
             post = epilogue_code(d, R, p.out, index_vars={ax: index_vars[ax] for ax in R.axis_names},
                                  ctype_name=T, prefix="q")
             params += epi.params
             seen = {str(x.decl) for x in params}
-            params += [x for x in post.params if str(x.decl) not in seen]
+            if not rowsplit:
+                params += [x for x in post.params if str(x.decl) not in seen]
         else:
             epi = epilogue_code(d, p.contraction, p.out, index_vars=index_vars, ctype_name=T, start2=p.contraction2)
             params += epi.params
@@ -1404,7 +1561,8 @@ class ContractionFamily:
         nacc = wn // 2
         ctx = dict(
             kname=kname, T=ctype(T), AB=Code("bf16" if T == "bf16" else "f16"), BM=cfg.BM, BN=wn, DUAL=p.dual,
-            SPLITS=cfg.splits, PERSISTENT=wgmma_persistent(p), CLUSTER=cluster, PINGPONG=cfg.pingpong,
+            SPLITS=1 if p.rowred is not None else cfg.splits, ROWSPLIT=rowsplit,
+            PERSISTENT=wgmma_persistent(p), CLUSTER=cluster, PINGPONG=cfg.pingpong,
             STAGGER=bool(WGMMA_STAGGER),
             WM=cfg.WM, STAGES=cfg.stages, GROUP_M=GROUP_M, A_KMAJOR=p.a_kmajor, B_KMAJOR=p.b_kmajor,
             CONSUMER_REGS=cfg.consumer_regs(), NACC=nacc,
@@ -1421,7 +1579,8 @@ class ContractionFamily:
         )
         source = render("matmul_wgmma.cu.jinja", **ctx)
         tiles = math.ceil(M / cfg.BM) * math.ceil(N / cfg.BN)
-        work = tiles * cfg.splits * nbatch  # the work items; a persistent grid walks them
+        # the work items (a split row's column tiles are among the tiles); a persistent grid walks them
+        work = tiles * (1 if p.rowred is not None else cfg.splits) * nbatch
         if wgmma_persistent(p):  # whole clusters, each walking items of `cluster` tiles
             items = math.ceil(math.ceil(M / cfg.BM) / cluster) * math.ceil(N / cfg.BN) * cfg.splits * nbatch
             blocks = min(items, sms // cluster) * cluster
@@ -1455,8 +1614,9 @@ class ContractionFamily:
             + (f" and {p.A.label()} x {p.B2.label()} (dual: acc, acc2)" if p.dual else "")
             + (f", prologue: {p.A.label()} -> rmsnorm over {p.b} (eps {p.norm.op.eps})"
                + (f" x {p.G.label()}" if p.G is not None else "") if p.norm is not None else "")
-            + (f", then {d.name_of(p.rowred)} = {p.rowred.op.label()} along each row (the tile spans it)"
-               if p.rowred is not None else "")
+            + (f", then {d.name_of(p.rowred)} = {p.rowred_kind} along each row "
+               + (f"(split over {cfg.splits} column tiles: fp32 partials, combined by a second launch)"
+                  if cfg.splits > 1 else "(the tile spans it)") if p.rowred is not None else "")
             + f" -> {d.output_names[0]}[{','.join(p.out.axis_names)}], {p.dtype}",
             f"  {p.a} -> M (rows, any size):    g_{p.a} = BM = {cfg.BM}, w_{p.a} = WM = {cfg.WM}",
             f"  {p.c} -> N (columns, any size): g_{p.c} = BN = {cfg.BN}, w_{p.c} = WN = {cfg.WN}",
