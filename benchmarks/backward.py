@@ -43,7 +43,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-NORM_SIZES = ({"r": 4096, "x": 4096}, {"r": 16384, "x": 4096})
+# rows of 4096 and of 5000 values (625 16-byte chunks: no power-of-two block holds them evenly)
+NORM_SIZES = ({"r": 4096, "x": 4096}, {"r": 16384, "x": 4096}, {"r": 4096, "x": 5000}, {"r": 16384, "x": 5000})
 SOFTMAX_SIZES = ({"r": 4096, "x": 4096},)
 MLP_SIZES = ({"a": 4096, "b": 4096, "c": 16384},)
 BLOCK_DEFAULT = {"q": 2048, "e": 1024, "h": 8, "d": 128, "f": 4096}

@@ -16,7 +16,7 @@ import re
 import pytest
 
 from napkin.codegen import families
-from napkin.codegen.families.rowwise import COMBINE_SLICES, COUNTERS, FAMILY, ChainShape, analyse
+from napkin.codegen.families.rowwise import COMBINE_COLS, COUNTERS, FAMILY, THREADS_PER_ROW, ChainShape, analyse
 from napkin.codegen.lower import SMEM_TOLERANCE, lower
 from napkin.codegen.partition import kernel_problem, plan_units
 from napkin.codegen.planner import _Planner, derive
@@ -80,8 +80,8 @@ def test_a_user_written_chain_plans_as_one_kernel(sizes):
     # the column max starts at -inf and merges by fmaxf: per element, over the block's rows, in the combine
     (launch,) = p.launches
     src = launch.source
-    assert re.search(r"colpart\[1\]\[slot\]\[\(c \* VEC \+ e\) \* THREADS_PER_ROW \+ lane\] = \(-INFINITY\)", src)
-    assert re.search(r"colpart\[1\]\[slot\]\[\(\(c0 \+ u\) \* VEC \+ e\) \* THREADS_PER_ROW \+ lane\] = fmaxf\(", src)
+    assert "colpart[1][slot][col_word(c, e)] = (-INFINITY)" in src
+    assert "colpart[1][slot][col_word(c0 + u, e)] = fmaxf(" in src
     assert "a = fmaxf(a, colpart[1][s][w])" in src
     assert "a = fmaxf(a, v[j]);" in src and "t = fmaxf(t, cmb[s][cx]);" in src
     assert "v[j] = b < SPLITS ? __ldcg(p + (long long)b * XSIZE) : (-INFINITY);" in src
@@ -114,7 +114,8 @@ def test_what_is_no_column_reduction_is_refused_with_the_reason(build, sizes, wo
 @pytest.mark.parametrize("gpu", ["h100", "a100"])
 @pytest.mark.parametrize("name, sizes", [("rmsnorm", dict(r=16384, x=4096)), ("rmsnorm", dict(r=4096, x=4096)),
                                          ("layernorm", dict(r=16384, x=4096)), ("layernorm", dict(r=4096, x=4096)),
-                                         ("rmsnorm", dict(r=777, x=1000)), ("layernorm", dict(r=37, x=4095))])
+                                         ("rmsnorm", dict(r=777, x=1000)), ("layernorm", dict(r=37, x=4095)),
+                                         ("rmsnorm", dict(r=3000, x=5000)), ("layernorm", dict(r=4096, x=5000))])
 def test_the_planner_fuses_the_column_reductions_into_the_row_kernel(name, sizes, gpu):
     d = norm_grad(name, **sizes)
     der = derive(d, gpu, "bf16")
@@ -183,7 +184,7 @@ def test_the_blocks_are_one_full_wave_and_price_their_partials():
 
 
 def test_every_configuration_lowers_back_to_itself():
-    sub = whole(norm_grad("layernorm", r=300, x=1000))
+    sub = whole(norm_grad("layernorm", r=300, x=256))
     cands = FAMILY.candidates(sub, "h100", "bf16")
     assert {s.kernels[0].options.threads_per_row <= 32 for s in cands} == {True, False}  # warp and block mode
     for s in cands:
@@ -191,11 +192,12 @@ def test_every_configuration_lowers_back_to_itself():
         p = FAMILY.lower(sub, s, "sm_90a")
         t = dict(p.launches[0].tunables)
         assert (t["THREADS_PER_ROW"], t["SPLITS"]) == (o.threads_per_row, o.splits)
-        assert p.launches[0].grid[0] == o.splits and p.buffers[0].shape == (2, o.splits, 1000)
+        assert p.launches[0].grid[0] == o.splits and p.buffers[0].shape == (2, o.splits, 256)
         assert len(p.launches) == 1 and [b.zeroed for b in p.buffers] == [False, True]
-        # a tile of the in-kernel sum is the block's threads over COMBINE_SLICES slices
-        assert f"constexpr int CSLICES = {COMBINE_SLICES};" in p.launches[0].source
-        assert p.launches[0].block[0] % COMBINE_SLICES == 0
+        # a tile of the in-kernel sum is COMBINE_COLS columns, the block's threads in slices of them
+        slices = p.launches[0].block[0] // COMBINE_COLS
+        assert f"constexpr int CSLICES = {slices};" in p.launches[0].source
+        assert dict(p.launches[0].tunables)["COMBINE_SLICES"] == slices
         assert p.launches[0].block[0] == 32 * o.warps
 
 
@@ -212,7 +214,7 @@ def test_the_generated_source_says_how_it_runs():
     splits = dict(main.tunables)["SPLITS"]
     iters = -(-4096 // (splits * dict(main.tunables)["ROWS_PER_BLOCK"]))
     assert f"constexpr int SPLITS = {splits};" in main.source and f"constexpr int ITERS = {iters};" in main.source
-    acc = "colpart[{}][slot][((c0 + u) * VEC + e) * THREADS_PER_ROW + lane]"
+    acc = "colpart[{}][slot][col_word(c0 + u, e)]"
     assert f"{acc.format(0)} = ({acc.format(0)} + a_" in main.source        # dgamma += dY·N
     assert f"{acc.format(1)} = ({acc.format(1)} + a_dY)" in main.source     # dbeta += dY
     # the row group PREFETCH groups ahead (X, dY and the saved statistics) is loaded while this one
@@ -231,16 +233,24 @@ def test_the_generated_source_says_how_it_runs():
     # read from L2 (other blocks of this launch wrote them)
     assert "v[j] = b < SPLITS ? __ldcg(p + (long long)b * XSIZE) : 0.f;" in comb.source
     assert "a = (a + v[j]);" in comb.source and "t = (t + cmb[s][cx]);" in comb.source
-    # the arrival protocol: a block only waits when every block has started; the last to arrive
-    # zeroes the counters once the other helpers are done
+    # the arrival protocol: a block only waits when every block has started, arriving and
+    # registering as a helper in one atomic; it waits for the last block's seal, reads the helpers,
+    # counts itself done with the counters, then adds every H-th tile; the last to arrive zeroes the
+    # counters once the other helpers are done with them
     src = main.source
-    wait = src.index("while (*(volatile unsigned int*)arrived < SPLITS)")
+    wait = src.index("while ((unsigned int)(v = *(volatile unsigned long long*)arrival) < SPLITS + 1)")
     assert src.index("atomicAdd(started, 1u);") < src.index("for (int it0 = 0;") < wait
-    assert src.index("int r = *(volatile unsigned int*)started == SPLITS;") < src.index("if (r) atomicAdd(helpers, 1u);") \
-        < src.index("if (atomicAdd(arrived, 1u) == SPLITS - 1)") < wait
-    reset = src.index("*started = 0u;")
+    assert src.index("int r = *(volatile unsigned int*)started == SPLITS;") \
+        < src.index("atomicAdd(arrival, 1ull + (r ? HELPER : 0ull));") \
+        < src.index("if ((unsigned int)seen == SPLITS - 1)") \
+        < src.index("atomicAdd(arrival, 1ull + (r ? 0ull : HELPER));") < wait \
+        < src.index("n = (unsigned int)(v >> 32);") < src.index("atomicAdd(done, 1u);") \
+        < src.index("for (unsigned int tk = share[0]; tk < NTICKETS; tk += share[1])")
+    assert "ticket" not in src.split("// ---- the SPLITS partial rows")[1].split("for (unsigned int tk")[0].replace("NTICKETS", "")
+    reset = src.index("*arrival = 0ull;")
     assert src.index("while (*(volatile unsigned int*)done < others)") < reset
-    assert all(f"*{c} = 0u;" in src[reset:] for c in COUNTERS)
+    assert COUNTERS == ("arrived", "helpers", "started", "done")
+    assert "*started = 0u;" in src[reset:] and "*done = 0u;" in src[reset:]
 
 
 @pytest.mark.parametrize("depth", [1, 2, 3])
@@ -289,6 +299,85 @@ def test_prefetch_needs_column_reductions():
         make_chain_config(s, 128, 1, prefetch=2)
 
 
+def test_a_cut_register_budget_is_an_option_the_family_does_not_propose():
+    """A schedule may cut the register budget so that one more block shares an SM (blocks_per_sm):
+    a 512-thread row of 4096 bf16 values (footprint 79/86 registers, 1 block of 16 warps an SM) on
+    64 registers, 2 blocks an SM. It lowers back, the kernel asks ptxas for 64 and the model prices
+    two blocks an SM; the family does not propose it (it measured slower than 256 threads on an
+    H100), and a cut far under the footprint (it would spill) is refused, naming it."""
+    from napkin.codegen.families.rowwise import (MAX_SQUEEZE, chain_config_from_schedule, chain_regs_need,
+                                                 chain_schedule_for, make_chain_config)
+    from napkin.errors import CodegenError
+
+    for name in ("rmsnorm", "layernorm"):
+        sub = whole(norm_grad(name, r=16384, x=4096))
+        s = analyse(sub)
+        assert not any(c.kernels[0].options.blocks_per_sm for c in FAMILY.candidates(sub, "h100", "bf16"))
+        cfg = make_chain_config(s, 512, 1, splits=264, prefetch=1, blocks_per_sm=2)
+        sched = chain_schedule_for(s, cfg, "h100")
+        o = sched.kernels[0].options
+        assert (o.blocks_per_sm, o.regs_per_thread) == (2, 64)
+        assert chain_config_from_schedule(s, sched) == cfg and chain_regs_need(s, cfg) - 64 <= MAX_SQUEEZE
+        k = FAMILY.lower(sub, sched, "sm_90a").launches[0]
+        assert "NAPKIN_MAXNREG(64)" in k.source and k.model_regs_per_thread == 64
+        assert "2 per SM" in predict_schedule(sub, FAMILY, sched, "h100").detail
+    s = analyse(whole(norm_grad("rmsnorm", r=16384, x=4096)))
+    with pytest.raises(CodegenError, match="would spill"):
+        make_chain_config(s, 128, 1, splits=100, blocks_per_sm=4)
+    with pytest.raises(CodegenError, match="only with column reductions"):
+        make_chain_config(analyse(prepare(library.get("log_softmax"), sizes=dict(r=8, x=1000), dtype="bf16")),
+                          128, 1, blocks_per_sm=2)
+
+
+def test_more_than_16_values_a_thread_only_where_fewer_run_fewer_blocks():
+    """With column reductions a configuration of more than COL_VALUES values a thread is proposed
+    only where none of at most COL_VALUES runs as many blocks: the backwards with their statistics
+    saved take 256 threads at rows of 4096 (128 threads, 32 values, measured slower at the same
+    264 blocks); the rmsnorm backward that recomputes its statistic keeps 128 threads at 3 blocks
+    an SM (396 blocks), which no 16-value configuration reaches."""
+    from napkin.codegen.families.rowwise import COL_VALUES
+
+    for name in ("rmsnorm", "layernorm"):
+        sub = whole(norm_grad(name, r=4096, x=4096))
+        cands = FAMILY.candidates(sub, "h100", "bf16")
+        assert {c.kernels[0].options.threads_per_row for c in cands} == {256, 512}, name
+        assert all(FAMILY.config(sub, c).values_per_thread <= COL_VALUES for c in cands)
+        (pk,) = derive(norm_grad(name, r=4096, x=4096), "h100", "bf16").plan.kernels
+        assert (pk.kernel.options.threads_per_row, pk.kernel.options.splits) == (256, 264)
+    d = prepare(library.get("rmsnorm").grad(save=set()), sizes=dict(r=4096, x=4096), dtype="bf16")
+    sub = whole(d)
+    many = [FAMILY.config(sub, c) for c in FAMILY.candidates(sub, "h100", "bf16")
+            if FAMILY.config(sub, c).values_per_thread > COL_VALUES]
+    assert [(c.threads_per_row, c.splits) for c in many] == [(128, 396)]
+    (pk,) = derive(d, "h100", "bf16").plan.kernels
+    assert (pk.kernel.options.threads_per_row, pk.kernel.options.splits) == (128, 396)
+
+
+def test_blocks_fitted_to_a_row_of_no_power_of_two_chunks():
+    """A row of 5000 bf16 values is 625 chunks: blocks of 320 and 640 threads hold it with 2 and 1
+    chunks a thread (one row a block); not for fp32 rows (nvcc spilled them). The
+    column partials take the row's own length in shared memory (the threads' last chunk packed), so
+    the layernorm backward's two partial rows fit the block and it runs fused."""
+    from napkin.codegen.families.rowwise import col_smem_bytes, fitted_threads
+
+    s = analyse(whole(norm_grad("layernorm", r=4096, x=5000)))
+    assert fitted_threads(s) == (320, 640)
+    assert fitted_threads(analyse(whole(norm_grad("layernorm", "fp32", r=4096, x=5000)))) == ()
+    assert fitted_threads(analyse(whole(norm_grad("layernorm", r=4096, x=4096)))) == ()
+    cands = FAMILY.candidates(whole(norm_grad("layernorm", r=4096, x=5000)), "h100", "bf16")
+    tprs = {c.kernels[0].options.threads_per_row for c in cands}
+    assert {320, 640} <= tprs
+    for c in cands:
+        cfg = FAMILY.config(whole(norm_grad("layernorm", r=4096, x=5000)), c)
+        assert col_smem_bytes(s, cfg) == 4 * 2 * 5000  # 625 chunks of 8, whatever the threads
+        if cfg.threads_per_row in fitted_threads(s):
+            assert cfg.prefetch == 1 and cfg.blocks_per_sm is None
+            assert cfg.chunks_per_thread == -(-625 // cfg.threads_per_row)
+    src = FAMILY.lower(whole(norm_grad("layernorm", r=4096, x=5000)), cands[0], "sm_90a").launches[0].source
+    assert "constexpr int LAST_LANES = CHUNKS - (CHUNKS_PER_THREAD - 1) * THREADS_PER_ROW;" in src
+    assert "if (c < CHUNKS_PER_THREAD - 1 || lane < LAST_LANES)" in src
+
+
 def test_the_candidates_offer_one_and_two_row_groups_in_flight():
     sub = whole(norm_grad("layernorm", r=16384, x=4096))
     depths = {s.kernels[0].options.stages for s in FAMILY.candidates(sub, "h100", "bf16")}
@@ -304,9 +393,15 @@ def _launches() -> list:
     cases += [(whole(norm_grad("layernorm", dt, **sz)), f"ln_{dt}_{sz['x']}") for dt in ("bf16", "fp16")
               for sz in (dict(r=4096, x=4096), dict(r=100, x=1000))]
     cases += [(prepare(batch_rows(), sizes=dict(b=3, s=5, x=999), dtype="bf16"), "batch")]
+    # rows of 5000: the planner's pick and the blocks fitted to the row; a row of 256 (warp mode)
+    cases += [(whole(norm_grad(n, "bf16", r=4096, x=5000)), f"{n}_bf16_5000") for n in ("rmsnorm", "layernorm")]
+    cases += [(whole(norm_grad("rmsnorm", "bf16", r=300, x=256)), "rms_bf16_256")]
     for sub, tag in cases:
         cands = FAMILY.candidates(sub, "h100", sub.nodes[0].dtype)
-        for i in sorted({0, len(cands) // 2, len(cands) - 1}):
+        # the first, middle and last, and every block fitted to the row
+        special = {i for i, c in enumerate(cands) if c.kernels[0].options.threads_per_row not in THREADS_PER_ROW}
+        some = {0} if tag.endswith("_5000") else {0, len(cands) // 2, len(cands) - 1}
+        for i in sorted(some | special):
             p = FAMILY.lower(sub, cands[i], "sm_90a")
             for k in p.launches:
                 new = f"{k.name}_{tag}_{i}"

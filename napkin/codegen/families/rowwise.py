@@ -570,15 +570,19 @@ def lower_shape(shape: RowwiseShape, cfg: Config, schedule: Schedule, arch: str,
 # persistent workspace zeroed once, ``Buffer.zeroed``, and left zero by every launch):
 #
 # - a block that finds every block of the launch started (a counter each block bumps first) may
-#   wait for the others without keeping any from an SM: it registers as a *helper*, arrives, and
-#   waits until every block has arrived; any other block arrives and exits (the last to arrive
-#   always helps);
-# - the helpers then take tiles of ``THREADS / COMBINE_SLICES`` columns of one column reduction by
-#   a ticket counter until none is left; a tile's ``splits`` partials are added in one fixed order
-#   (``COMBINE_SLICES`` interleaved slices of the blocks, ``COMBINE_DEPTH`` loads in flight each,
-#   then the slices in order), whoever takes it: the same inputs give the same bits, whatever the
-#   timing, the helpers or the prefetch depth;
-# - the last block to arrive waits for the other helpers to finish, then zeroes every counter.
+#   wait for the others without keeping any from an SM: it arrives and registers as a *helper* in
+#   one 64-bit atomic (blocks arrived, helpers: its index), and waits until the last block has
+#   sealed the word; any other block arrives and exits. The last to arrive always helps (as the
+#   next index if it had not registered) and seals the word, so every helper reads the final count
+#   H from it;
+# - helper h then adds tiles h, h + H, ... of ``COMBINE_COLS`` columns of one column reduction (no
+#   ticket counter: a shorter chain of atomics after the last row); a tile's ``splits`` partials
+#   are added in one fixed order (``THREADS / COMBINE_COLS`` interleaved slices of the blocks, all
+#   of a thread's loads in flight at once up to ``COMBINE_DEPTH``, then the slices in order),
+#   whoever adds it: the same inputs give the same bits, whatever the timing, the helpers or the
+#   prefetch depth;
+# - a helper counts itself done with the counters once it has read H (before its tiles); the last
+#   block, after its own tiles, waits for the others' count and zeroes every counter.
 #
 # So the tail after the last row is the partials read back from L2 by the whole wave (what the
 # combining launch did) without the launch. A block only waits when every block has started, so
@@ -611,15 +615,37 @@ DEFAULT_PREFETCH = 1
 MAX_PREFETCH = 3
 #: The depths the family proposes (the model weighs the bytes in flight against the registers).
 PREFETCHES = (1, 2)
-#: Combining column partials in the chain kernel: a tile is ``THREADS / COMBINE_SLICES`` columns,
-#: each added by ``COMBINE_SLICES`` threads over interleaved blocks (then the slices in order), with
-#: ``COMBINE_DEPTH`` partials a thread loads before it adds them (bytes in flight). The slices fix
-#: the order of the sum (and so its bits); the depth does not change it.
-COMBINE_SLICES = 8
+#: Column reductions: a schedule may cut a configuration's register budget so that
+#: ``blocks_per_sm`` blocks share an SM, at most MAX_SQUEEZE registers under the footprint formula
+#: (which counts the row group worked on and the one loaded ahead as whole vectors; ptxas overlaps
+#: them: a 512-thread row of 4096 bf16 values, footprint 79 (rmsnorm) / 86 (layernorm), builds in 64
+#: without spills). The family does not propose it: on an H100 the 512-thread row on 64 registers
+#: (2 blocks an SM) took 44.1 / 155.1 us (rmsnorm backward, 4096 / 16384 rows of 4096) against
+#: 41.2 / 140.1 for 256 threads, 2 blocks an SM.
+MAX_SQUEEZE = 24
+#: Column reductions: a configuration holding more values a thread than this is proposed only where
+#: none holding at most this many runs as many blocks. Measured on an H100 (bf16 backwards with
+#: their statistics saved, the same splits): 16 values a thread (256 threads) against 32 (128
+#: threads) at rows of 4096: rmsnorm 41.2 vs 44.1 us (4096 rows), 140.1 vs 144.8 (16384), layernorm
+#: 46.3 vs 49.2, 148.9 vs 154.3; rows of 5000 (132 blocks): 16 (320 threads) 67.3 / 70.9 us against
+#: 24 (256 threads) 73.7 / 82.6. The rmsnorm backward that recomputes its statistic (3 passes) keeps
+#: 128 threads at 3 blocks an SM (396 blocks; 47.7 / 148.0 us), where 256 threads, 264 blocks, took
+#: 48.7 / 160.8.
+COL_VALUES = 16
+#: Column reductions: the most chunks a thread of a block fitted to the row holds (fitted_threads;
+#: two 16-byte chunks of 16-bit values are COL_VALUES).
+FIT_CHUNKS = 2
+#: Combining column partials in the chain kernel: a tile is ``COMBINE_COLS`` columns, each added by
+#: ``THREADS / COMBINE_COLS`` threads (slices, :func:`combine_slices`) over interleaved blocks (then
+#: the slices in order), with up to ``COMBINE_DEPTH`` partials a thread loads before it adds them
+#: (bytes in flight; :func:`combine_depth`). The slices fix the order of the sum (and so its bits);
+#: the depth does not change it. 16 columns keep every thread of a block loading (a 512-thread
+#: block's 32 slices load 8-9 of 264 partials each, a 128-thread block's 8 slices 33 in 3 rounds).
+COMBINE_COLS = 16
 COMBINE_DEPTH = 16
-#: Column reductions' arrival counters (32-bit words of a zeroed workspace): blocks started,
-#: helpers registered, blocks arrived, tiles handed out, helpers done.
-COUNTERS = ("started", "helpers", "arrived", "tickets", "done")
+#: Column reductions' arrival counters (32-bit words of a zeroed workspace): blocks arrived and
+#: helpers registered (the low and high half of one 64-bit word), blocks started, helpers done.
+COUNTERS = ("arrived", "helpers", "started", "done")
 #: C operator of each reduction kind, its identity, and the block/warp reduction operator.
 _CHAIN_OPS = {"sum": ("({a} + {b})", "0.f", "napkin::SumOp"),
               "max": ("fmaxf({a}, {b})", "(-INFINITY)", "napkin::MaxOp"),
@@ -894,6 +920,7 @@ class ChainConfig:
     stream: bool
     splits: int | None = None   # with column reductions: the blocks, each looping over row groups
     prefetch: int = 1           # with column reductions: row groups loaded ahead of the one worked on
+    blocks_per_sm: int | None = None   # with column reductions: the register budget cut to keep this many
 
     @property
     def threads(self) -> int:
@@ -912,7 +939,8 @@ class ChainConfig:
         kernel with column reductions how many row groups it loads ahead (``stages``)."""
         stages = self.unroll if self.stream else (self.prefetch if self.splits else None)
         return KernelOptions(threads_per_row=self.threads_per_row, warps=self.threads // 32, stages=stages,
-                             regs_per_thread=chain_regs_estimate(shape, self), splits=self.splits)
+                             regs_per_thread=chain_regs_estimate(shape, self), splits=self.splits,
+                             blocks_per_sm=self.blocks_per_sm)
 
     def groups(self, shape: ChainShape) -> int:
         """Groups of ``rows_per_block`` rows (the blocks of a kernel without column reductions)."""
@@ -929,11 +957,20 @@ class ChainConfig:
 
 def make_chain_config(shape: ChainShape, threads_per_row: int, rows_per_block: int,
                       stream_unroll: int | None = None, splits: int | None = None,
-                      prefetch: int | None = None) -> ChainConfig:
+                      prefetch: int | None = None, blocks_per_sm: int | None = None) -> ChainConfig:
     """A chain configuration, checked: ``stream_unroll`` chunks in flight of a streamed row; with
     column reductions ``splits`` blocks looping over the row groups, each loading ``prefetch`` of
-    them ahead (1..:data:`MAX_PREFETCH`; default :data:`DEFAULT_PREFETCH`)."""
-    base = make_config(shape, threads_per_row, rows_per_block)   # checks the thread counts
+    them ahead (1..:data:`MAX_PREFETCH`; default :data:`DEFAULT_PREFETCH`), and optionally a
+    register budget cut so that ``blocks_per_sm`` blocks share an SM (at most
+    :data:`MAX_SQUEEZE` registers under the footprint, else ptxas would spill)."""
+    if shape.cols and threads_per_row in fitted_threads(shape):
+        # a block of whole warps sized to the row (one row per block; see fitted_threads)
+        if rows_per_block != 1:
+            raise CodegenError(f"rowwise: with {threads_per_row} threads per row a block holds one row "
+                               f"(ROWS_PER_BLOCK=1), got {rows_per_block}")
+        base = Config(threads_per_row, 1, shape.vec, -(-(-(-shape.xsize // shape.vec)) // threads_per_row))
+    else:
+        base = make_config(shape, threads_per_row, rows_per_block)   # checks the thread counts
     if shape.cols:
         # column reductions: per-thread partials of fixed columns, in registers (register mode)
         groups = max(1, -(-shape.nrows // rows_per_block))
@@ -947,8 +984,19 @@ def make_chain_config(shape: ChainShape, threads_per_row: int, rows_per_block: i
         if not 1 <= depth <= MAX_PREFETCH:
             raise CodegenError(f"rowwise: column reductions load 1..{MAX_PREFETCH} row groups ahead (stages), "
                                f"got {prefetch}")
-        return ChainConfig(threads_per_row, rows_per_block, base.vec, base.chunks_per_thread,
-                           base.chunks_per_thread, False, splits, depth)
+        cfg = ChainConfig(threads_per_row, rows_per_block, base.vec, base.chunks_per_thread,
+                          base.chunks_per_thread, False, splits, depth)
+        if blocks_per_sm is None:
+            return cfg
+        cap = _squeezed(cfg, blocks_per_sm)
+        need = chain_regs_need(shape, cfg)
+        if blocks_per_sm < 1 or cap < need - MAX_SQUEEZE:
+            raise CodegenError(f"rowwise: {blocks_per_sm} blocks of {cfg.threads} threads an SM leave "
+                               f"{max(cap, 0)} registers a thread, more than {MAX_SQUEEZE} under the "
+                               f"footprint of {need} (it would spill)")
+        return dataclasses.replace(cfg, blocks_per_sm=blocks_per_sm)
+    if blocks_per_sm is not None:
+        raise CodegenError("rowwise: blocks_per_sm (a register budget cut) only with column reductions")
     if prefetch is not None:
         raise CodegenError("rowwise: prefetch (row groups loaded ahead) only with column reductions")
     if splits is not None:
@@ -1041,11 +1089,46 @@ def _slack(cfg: ChainConfig) -> int:
     return 0 if cfg.splits and cfg.prefetch == 1 else 8
 
 
+def _squeezed(cfg: ChainConfig, blocks_per_sm: int) -> int:
+    """The most registers a thread may have for ``blocks_per_sm`` blocks of ``cfg`` to share an
+    SM's 64 Ki registers (in allocation units of 8)."""
+    return (65536 // (cfg.threads * max(1, blocks_per_sm))) // 8 * 8
+
+
 def chain_regs_estimate(shape: ChainShape, cfg: ChainConfig) -> int:
     """The register budget the model assumes and the kernel asks for (``__maxnreg__``): the
-    footprint rounded up to the allocation unit (8), plus the slack (:func:`_slack`)."""
+    footprint rounded up to the allocation unit (8), plus the slack (:func:`_slack`); cut to
+    what keeps ``blocks_per_sm`` blocks on an SM where the configuration names it."""
     budget = -(-chain_regs_need(shape, cfg) // 8) * 8 + _slack(cfg)
+    if cfg.blocks_per_sm:
+        budget = min(budget, _squeezed(cfg, cfg.blocks_per_sm))
     return min(MAX_REGS, budget, (65536 // cfg.threads) // 8 * 8)
+
+
+def fitted_threads(shape: ChainShape) -> tuple[int, ...]:
+    """Column reductions: block sizes beside :data:`THREADS_PER_ROW` fitted to a row whose chunks
+    no power of two divides: for 1..:data:`FIT_CHUNKS` chunks a thread, the fewest whole warps that
+    hold the row (a row of 5000 bf16 values, 625 chunks: 2 a thread on 320 threads or 1 on 640, 98 %
+    of the lanes busy, where 256 threads need 3 a thread, 81 % busy, and 512 threads 2, 61 %; H100,
+    rmsnorm backward of 4096 rows: 67.3 us on 320, 62.2 on 640, 73.7 on 256). 16-bit rows only, and
+    the family proposes them with one row group loaded ahead: nvcc (sm_80, sm_90a) spilled fp32
+    rows, two groups ahead or a cut register budget on them.
+
+    >>> from napkin.diagrams import library
+    >>> from napkin.codegen.prepare import prepare
+    >>> d = prepare(library.get("rmsnorm").grad(save={"N_rstd"}), sizes=dict(r=64, x=5000), dtype="bf16")
+    >>> fitted_threads(analyse(d))
+    (320, 640)
+    """
+    chunks = -(-shape.xsize // shape.vec)
+    if not shape.cols or lookup_dtype(shape.dtype).bytes != 2 or chunks % 32 == 0:
+        return ()  # whole warps of power-of-two blocks already hold a row of 32k chunks evenly
+    out = []
+    for cpt in range(1, FIT_CHUNKS + 1):
+        t = -(-chunks // (cpt * 32)) * 32
+        if 32 < t <= 1024 and t not in THREADS_PER_ROW and t not in out:
+            out.append(t)
+    return tuple(sorted(out))
 
 
 def chain_configs(shape: ChainShape, sms: int = DEFAULT_SMS, per_sm=None) -> list[ChainConfig]:
@@ -1057,7 +1140,8 @@ def chain_configs(shape: ChainShape, sms: int = DEFAULT_SMS, per_sm=None) -> lis
     partials fit the block's static shared memory (:data:`MAX_COL_SMEM`)."""
     out = []
     chunks = -(-shape.xsize // shape.vec)
-    for tpr in THREADS_PER_ROW:
+    fitted = fitted_threads(shape)
+    for tpr in sorted((*THREADS_PER_ROW, *fitted)):
         if tpr > THREADS_PER_ROW[0] and chunks * 2 < tpr:
             continue  # at least half of the row's threads must have a chunk
         for rpb in ((1,) if tpr > 32 else tuple(sorted({t // tpr for t in BLOCK_THREADS}))):
@@ -1066,6 +1150,8 @@ def chain_configs(shape: ChainShape, sms: int = DEFAULT_SMS, per_sm=None) -> lis
             if shape.cols:
                 splits = []
                 for depth in PREFETCHES:
+                    if tpr in fitted and depth > 1:
+                        break
                     probe = make_chain_config(shape, tpr, rpb, splits=1, prefetch=depth)
                     if col_smem_bytes(shape, probe) + combine_smem_bytes(shape, probe) > MAX_COL_SMEM:
                         break
@@ -1080,6 +1166,10 @@ def chain_configs(shape: ChainShape, sms: int = DEFAULT_SMS, per_sm=None) -> lis
                 if chain_regs_need(shape, cfg) + _slack(cfg) > min(MAX_REGS, 65536 // cfg.threads):
                     continue
                 out.append(cfg)
+    if shape.cols:
+        # more than COL_VALUES values a thread only where no configuration of fewer runs as many blocks
+        few = [c.splits or 0 for c in out if c.values_per_thread <= COL_VALUES]
+        out = [c for c in out if c.values_per_thread <= COL_VALUES or not any(f >= (c.splits or 0) for f in few)]
     if out or shape.cols:
         return sorted(out, key=lambda c: (not 8 <= c.values_per_thread <= 32, -c.values_per_thread, c.threads,
                                           c.splits or 0, c.prefetch))
@@ -1103,7 +1193,7 @@ def chain_config_from_schedule(shape: ChainShape, schedule: Schedule) -> ChainCo
         if shape.cols:  # stages: the row groups loaded ahead
             if splits is None:  # a schedule that names no block count: one wave's worth
                 splits = min(max(1, -(-shape.nrows // rows)), DEFAULT_SMS * DEFAULT_BLOCKS_PER_SM)
-            return make_chain_config(shape, tpr, rows, None, splits, opts.stages)
+            return make_chain_config(shape, tpr, rows, None, splits, opts.stages, opts.blocks_per_sm)
         return make_chain_config(shape, tpr, rows, opts.stages, splits)
     options = chain_configs(shape)
     if not options:
@@ -1187,17 +1277,30 @@ def partial_bytes(shape: ChainShape, cfg: ChainConfig) -> int:
 
 
 def col_smem_bytes(shape: ChainShape, cfg: ChainConfig) -> int:
-    """Shared memory of the column partials: one fp32 row (its thread slots, padded to whole
-    chunks) per column reduction and row of the block; each thread adds into its own words only."""
-    return 4 * len(shape.cols) * cfg.rows_per_block * cfg.chunks_per_thread * cfg.threads_per_row * cfg.vec
+    """Shared memory of the column partials: one fp32 row (the row's chunks, the last chunk of
+    each thread packed: only the lanes that have one get words) per column reduction and row of
+    the block; each thread adds into its own words only."""
+    return 4 * len(shape.cols) * cfg.rows_per_block * (-(-shape.xsize // cfg.vec)) * cfg.vec
+
+
+def combine_slices(cfg: ChainConfig) -> int:
+    """Threads adding one column of a tile of the in-kernel combine (they fix its order)."""
+    return max(1, cfg.threads // COMBINE_COLS)
+
+
+def combine_depth(cfg: ChainConfig) -> int:
+    """Partials one thread of the combine loads before adding them: all of its share of the
+    ``splits`` blocks at once, up to :data:`COMBINE_DEPTH`."""
+    return max(1, min(COMBINE_DEPTH, -(-(cfg.splits or 1) // combine_slices(cfg))))
 
 
 def combine_smem_bytes(shape: ChainShape, cfg: ChainConfig) -> int:
     """Shared memory of the in-kernel combine of column partials: the slices' sums of a tile
-    (``COMBINE_SLICES`` x (columns + 1) floats) and two words (the block's role, its ticket)."""
+    (slices x (``COMBINE_COLS`` + 1) floats) and four words (the block's role, its share of the
+    tiles, the helpers)."""
     if not shape.cols:
         return 0
-    return 4 * COMBINE_SLICES * (cfg.threads // COMBINE_SLICES + 1) + 8
+    return 4 * combine_slices(cfg) * (COMBINE_COLS + 1) + 16
 
 
 def chain_smem_bytes(shape: ChainShape, cfg: ChainConfig) -> int:
@@ -1301,12 +1404,12 @@ def lower_chain(shape: ChainShape, cfg: ChainConfig, schedule: Schedule, arch: s
     cols = []
     for k, c in enumerate(shape.cols):
         fmt, ident0, _ = _CHAIN_OPS[c.how]
-        acc = Code(f"colpart[{k}][slot][((c0 + u) * VEC + e) * THREADS_PER_ROW + lane]")
+        acc = Code(f"colpart[{k}][slot][col_word(c0 + u, e)]")
         cols.append(dict(
             index=k, acc=acc, identity=Code(ident0), what=comment(f"{c.how} of {name(c.source)} over the rows: "
                                                                   f"{name(c.result)}"),
             step=Code(fmt.format(a=acc, b=ident(name(c.source), "a_"))),
-            init=Code(f"colpart[{k}][slot][(c * VEC + e) * THREADS_PER_ROW + lane]"),
+            init=Code(f"colpart[{k}][slot][col_word(c, e)]"),
             merge=Code(fmt.format(a="a", b=f"colpart[{k}][s][w]")),
             offset=c_i64(k * (cfg.splits or 0) * shape.xsize),
             out=ident(shape.col_out[k][0], "out_"), scale=float(c.scale),
@@ -1410,13 +1513,13 @@ def lower_chain(shape: ChainShape, cfg: ChainConfig, schedule: Schedule, arch: s
                            f"{cfg.prefetch} group(s) loaded ahead, fp32 partials of "
                            "each thread's columns in shared memory, one partial row per block")
         sched_lines.append(f"the partial rows added in this kernel: the blocks still there when the last one "
-                           f"arrives take tiles of {cfg.threads // COMBINE_SLICES} columns (counters "
+                           f"arrives take every H-th tile of {COMBINE_COLS} columns (H helpers; counters "
                            f"{_ws_name(shape, 'colcount')}, zeroed once, left zero), each added in a fixed order "
                            "(deterministic); no second launch")
     sched_lines += [f"schedule: {r}" for k in schedule.kernels for r in k.relabels]
     ctx = dict(
         kernel=kernel_name, T=T, dtype=shape.dtype, kind="chain", arch=comment(arch), diagram=comment(d.name),
-        cols=cols, ws=ws, cnt=cnt, CSLICES=COMBINE_SLICES, CDEPTH=COMBINE_DEPTH, SPLITS=cfg.splits or 0,
+        cols=cols, ws=ws, cnt=cnt, CSLICES=combine_slices(cfg), CDEPTH=combine_depth(cfg), SPLITS=cfg.splits or 0,
         ITERS=cfg.iterations(shape), NCOLS=len(cols),
         pf_scalars=pf_scalars, pf_vectors=pf_vectors, held_vectors=held_vectors, PREFETCH=cfg.prefetch,
         XSTRIDE=c_i64(shape.xsize),
@@ -1439,8 +1542,8 @@ def lower_chain(shape: ChainShape, cfg: ChainConfig, schedule: Schedule, arch: s
         args += (Arg("tensor", _ws_name(shape), dtype="fp32", axes=()),)
         # 32-bit counters (COUNTERS) in a zeroed fp32 buffer (zero bits): the runner zero-fills it once
         args += (Arg("tensor", _ws_name(shape, "colcount"), dtype="fp32", axes=()),)
-        tunables += (("SPLITS", cfg.splits), ("PREFETCH", cfg.prefetch), ("COMBINE_SLICES", COMBINE_SLICES),
-                     ("COMBINE_DEPTH", COMBINE_DEPTH))
+        tunables += (("SPLITS", cfg.splits), ("PREFETCH", cfg.prefetch), ("COMBINE_SLICES", combine_slices(cfg)),
+                     ("COMBINE_DEPTH", combine_depth(cfg)))
     return KernelLaunch(
         name=str(kernel_name), source=src, grid=grid, block=(cfg.threads, 1, 1), shared_bytes=0, args=args,
         template=TEMPLATE, tunables=tunables,
