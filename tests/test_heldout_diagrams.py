@@ -5,7 +5,8 @@ space than ``test_reliability_properties.chains``: inputs with their axes in any
 (transposed operands), contractions over one or two axes with batch axes and a permuted result
 (``out=``), reductions (sum, max, min, mean) over any non-empty set of axes (all of them: a 0-d
 array), softmax, logsumexp, layernorm and rmsnorm over any axis, elementwise maps with a fresh
-operand broadcast by name, a causal mask, and now and then an intermediate as a second output.
+operand broadcast by name (or an earlier array again), a causal mask, renames (an axis under a new
+name, two axes of one size swapped: views), and now and then an intermediate as a second output.
 Sizes are small (1..40, at most a few thousand elements an array), dtypes bf16/fp16/fp32, GPUs
 H100 and A100.
 
@@ -53,8 +54,8 @@ from hypothesis import strategies as st
 from napkin.codegen import families as family_registry
 from napkin.codegen.generate import generate_program
 from napkin.codegen.planner import derive
-from napkin.diagrams import (Axis, Diagram, array, causal, contract, layernorm, logsumexp, map_fn, reduce, rmsnorm,
-                             softmax)
+from napkin.diagrams import (Axis, Diagram, array, causal, contract, layernorm, logsumexp, map_fn, reduce, rename,
+                             rmsnorm, softmax)
 from napkin.errors import NapkinError
 from napkin.perfmodel import interpret
 
@@ -97,7 +98,7 @@ def heldout(draw, max_steps: int = 5, sizes_from=(1, 2, 3, 5, 7, 8, 13, 16, 33, 
         if not now:  # a 0-d array ends the chain
             break
         kind = draw(st.sampled_from(["unary", "binary", "contract", "contract", "reduce", "reduce", "softmax",
-                                     "logsumexp", "norm", "mask"]))
+                                     "logsumexp", "norm", "mask", "rename"]))
         if kind == "unary":
             cur = map_fn(draw(st.sampled_from(UNARY)), cur, name=name)
         elif kind == "binary":
@@ -132,6 +133,17 @@ def heldout(draw, max_steps: int = 5, sizes_from=(1, 2, 3, 5, 7, 8, 13, 16, 33, 
             if how is layernorm:
                 zero_mean.add(over)
             cur = how(cur, over=over, name=name)
+        elif kind == "rename":  # a view: one axis under a new name, or two axes of one size swapped
+            same = [(p, q) for p in now for q in now if p < q and sizes[p] == sizes[q]]
+            if same and draw(st.booleans()):
+                p, q = draw(st.sampled_from(same))
+                cur = rename(cur, {p: q, q: p}, name=name)
+            else:
+                old = draw(st.sampled_from(now))
+                new = f"n{step}"
+                sizes[new] = sizes[old]
+                ax[new] = Axis(new, sizes[old])
+                cur = rename(cur, {old: new}, name=name)
         else:
             assume(len(now) >= 2)
             q, x = draw(st.lists(st.sampled_from(now), min_size=2, max_size=2, unique=True))
@@ -271,6 +283,7 @@ def _fixed_cases():
     A = array("A", i, j)
     At = array("At", j, i)  # a transposed operand
     B = array("B", k, j)
+    Sq = array("Sq", i, Axis("j2", 13))
     cases = {
         "matmul_transposed": contract(At, array("W", j, k), over=j, name="Y"),
         "matmul_batch_out_permuted": contract(array("P", m, i, j), array("Q", m, j, k), over=j, out=("k", "m", "i"),
@@ -291,6 +304,11 @@ def _fixed_cases():
         # a contraction over no axis: derive crashed in the contraction family (IndexError)
         "outer_product": contract(A, array("u", k), over=(), name="Y"),
         "ones_axes": softmax(array("X", Axis("i", 1), Axis("j", 1)), over="j", name="Y"),
+        # a kernel reading an input through a transposed view: the cost model missed the view's
+        # array (placement refused, derive --pseudocode/--svg crashed with a KeyError)
+        "softmax_of_a_swapped_view": softmax(rename(Sq, i="j2", j2="i"), over="j2", name="Y"),
+        # an input read as it is and through a view in one kernel: derive crashed (IndexError)
+        "array_plus_its_transpose": map_fn("add", rename(Sq, i="j2", j2="i"), Sq, name="Y"),
     }
     return {n: Diagram(n, v) for n, v in cases.items()}
 

@@ -61,7 +61,7 @@ def exit_0(args: list[str]) -> tuple[str, str]:
 
 USER = textwrap.dedent('''\
     from napkin.diagrams import (Axis, Diagram, array, contract, exp, layernorm, map_fn, max_over, mean_over,
-                                 softmax, sum_over)
+                                 rename, softmax, sum_over)
     a, b, c = Axis("a", 8), Axis("b", 16), Axis("c", 4)
     X = array("X", a, b)
     mm = Diagram("mm", contract(X, array("B", b, c), over=b, name="C"))
@@ -108,6 +108,12 @@ USER = textwrap.dedent('''\
         return Diagram("ab", contract(X, array("Q", c), over=b, name="Z"))
     def repeated():
         return Diagram("rep", exp(array("R", a, a), name="Y"))
+    def swapped():
+        S = array("S", a, Axis("d", 8))
+        return Diagram("swapped", softmax(rename(S, a="d", d="a"), over="d", name="Y"))
+    def plus_transpose():
+        S = array("S", a, Axis("d", 8))
+        return Diagram("plus_t", map_fn("add", rename(S, a="d", d="a"), S, name="Y"))
 ''')
 
 
@@ -205,6 +211,17 @@ def test_legal_corner_diagrams_run_through_every_cpu_command(user, spec):
         exit_0(_cmd(command, path))
     out, _ = exit_0(_cmd(["generate", "-o", "-"], path))
     assert "__global__" in out
+
+
+@pytest.mark.parametrize("spec", ["swapped", "plus_transpose"])
+def test_inputs_read_through_a_transposed_view_plan_cost_and_draw(user, spec, tmp_path):
+    """softmax(rename(S, a↔d)) made cost refuse the plan (its placement named S, which the model
+    did not count as read) and derive --pseudocode/--svg crash with a KeyError; S + its transpose
+    made derive crash with an IndexError."""
+    path = f"{user / 'user.py'}:{spec}"
+    for command in (["cost"], ["derive", "--pseudocode"], ["derive", "--svg", str(tmp_path / "p.svg")], ["generate", "-o", "-"],
+                    ["derive", "--grad"]):
+        exit_0(_cmd(command, path))
 
 
 def test_unused_input_listed_as_an_equal_copy_plans_and_its_gradient_is_zero(user):

@@ -156,6 +156,12 @@ def kernel_problem(diagram: Diagram, boxes: Sequence[str], name: str) -> tuple[D
         if inside:
             return memo[id(src)]
         hbm = diagram.name_of(src)
+        if a is not src and hbm in direct:
+            # the kernel also reads this HBM array as it is (S beside a transposed view of S): the
+            # array is the input under its own axes and the view a box over it, whichever comes first
+            memo[id(a)] = apply(a.op, [resolve(a.args[0])], diagram.name_of(a))
+            kept.append(diagram.name_of(a))
+            return memo[id(a)]
         key = f"{hbm}\0{','.join(a.axis_names)}"
         if key not in inputs:
             if any(k.split("\0")[0] == hbm for k in inputs):
@@ -168,6 +174,8 @@ def kernel_problem(diagram: Diagram, boxes: Sequence[str], name: str) -> tuple[D
         return inputs[key]
 
     names = {n for n in names if not _is_view(diagram, diagram.value(n))}
+    direct = {diagram.name_of(a) for v in diagram.nodes if diagram.name_of(v) in names for a in v.args
+              if _source(diagram, a) is a and (a.is_input or diagram.name_of(a) not in names)}
     for v in diagram.nodes:
         n = diagram.name_of(v)
         if n not in names:

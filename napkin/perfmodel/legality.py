@@ -463,7 +463,15 @@ def _plan_kernel(schedule: Schedule, index: int, boxes: tuple[Value, ...], names
             stores.append(r)
 
     # ---- placement
-    touched_names = {names[id(v)] for v in (*boxes, *inputs)}
+    def viewed(a: Value) -> str:
+        """The name of the array an input view reads (a kernel that renames X reads X from HBM: a
+        family places X)."""
+        while a.op.kind == "rename":
+            a = a.args[0]
+        return names[id(a)]
+
+    touched_names = ({names[id(v)] for v in (*boxes, *inputs)} | {viewed(a) for a in inputs}
+                     | {viewed(b) for b in boxes if b.op.kind == "rename"})
     for arr, lvl in k.placement:
         if arr not in touched_names:
             raise ScheduleError(f"kernel {kname!r}: placement names array {arr!r}, which the kernel does not "
@@ -471,7 +479,7 @@ def _plan_kernel(schedule: Schedule, index: int, boxes: tuple[Value, ...], names
     place = dict(k.placement)
     level: dict[int, str] = {}
     for a in inputs:
-        level[id(a)] = place.get(names[id(a)], "SMEM")
+        level[id(a)] = place.get(names[id(a)], place.get(viewed(a), "SMEM"))
     for b in boxes:
         if id(b) in computed:
             level[id(b)] = place.get(names[id(b)], "SMEM" if id(b) in stored else "RF")
@@ -496,6 +504,8 @@ def _plan_kernel(schedule: Schedule, index: int, boxes: tuple[Value, ...], names
                     raise ScheduleError(
                         f"kernel {kname!r}: box {bname} renames the streamed softmax {names[id(root[id(b)])]}; "
                         f"{_lone_softmax_reason(s)}, read directly")
+            else:  # a view of an array in HBM (read by a later kernel only): there from the start
+                phase.setdefault(id(b), "pre")
             continue
         if s is None:
             phase[id(b)] = "pre"
