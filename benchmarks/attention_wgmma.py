@@ -61,10 +61,15 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--all-configs", action="store_true", help="time every wgmma configuration")
     ap.add_argument("--variants", action="store_true",
-                    help="time the model's best wgmma configuration one chunk at a time, in two stages, "
-                         "and in two stages with ping-pong")
+                    help="time the model's best wgmma configuration one chunk at a time and in two stages, "
+                         "each one tile a block and persistent (and in two stages with ping-pong: --pingpong)")
+    ap.add_argument("--pingpong", action="store_true", help="with --variants: the ping-pong variant too")
+    ap.add_argument("--sections", type=float, nargs="*", default=[],
+                    help="with --variants: the persistent variant again with each of these L2 budgets (MiB) "
+                         "for its tile order's sections of heads (attention_wgmma.L2_SECTION_BYTES)")
     ap.add_argument("--extra", nargs="*", default=[],
-                    help="more configurations to time, each D,consumers,s_x,stages,two_stages (1 or 0)")
+                    help="more configurations to time, each D,consumers,s_x,stages,two_stages[,persistent] "
+                         "(1 or 0; persistent defaults to the table, attention_wgmma.PERSISTENT)")
     ap.add_argument("--gqa", type=int, default=0, help="query heads per K/V head (16 query heads in all)")
     ap.add_argument("--json")
     a = ap.parse_args()
@@ -113,20 +118,32 @@ def main() -> None:
                 compiled = {key: compile_diagram(d, schedule=s) for key, s in picks.items()}
                 if a.variants and wg:
                     best = attention_wgmma.config_of(FAMILY.problem(d), d, wg[0].schedule)
-                    for ov, pp in ((False, False), (True, False), (True, True)):
-                        if pp and best.consumers != 2:
+                    for ov, pp, pers in ((False, False, False), (False, False, True), (True, False, False),
+                                         (True, False, True), (True, True, False)):
+                        if pp and (best.consumers != 2 or not a.pingpong):
                             continue
-                        cfg = dataclasses.replace(best, overlap=ov, pingpong=pp)
-                        key = f"v_q{cfg.BQ}x{cfg.BX}s{cfg.stages}{'_2st' if ov else '_1st'}{'_pp' if pp else ''}"
+                        cfg = dataclasses.replace(best, overlap=ov, pingpong=pp, persistent=pers)
+                        key = (f"v_q{cfg.BQ}x{cfg.BX}s{cfg.stages}{'_2st' if ov else '_1st'}{'_pp' if pp else ''}"
+                               f"{'_pers' if pers else ''}")
                         prog = attention_wgmma.lower_config(FAMILY, d, cfg)
                         picks[key] = prog.schedule
                         compiled[key] = CompiledDiagram(prog, arch="sm_90a")
+                    default_l2 = attention_wgmma.L2_SECTION_BYTES
+                    for mb in a.sections:
+                        attention_wgmma.L2_SECTION_BYTES = int(mb * 2 ** 20)
+                        cfg = dataclasses.replace(best, persistent=True)
+                        prog = attention_wgmma.lower_config(FAMILY, d, cfg)
+                        attention_wgmma.L2_SECTION_BYTES = default_l2
+                        key = f"v_q{cfg.BQ}x{cfg.BX}s{cfg.stages}{'_2st' if cfg.overlap else '_1st'}_pers_l2_{mb:g}"
+                        picks[key] = prog.schedule
+                        compiled[key] = CompiledDiagram(prog, arch="sm_90a")
                 for spec in a.extra:
-                    dd, cons, bx, st, two = (int(v) for v in spec.split(","))
+                    dd, cons, bx, st, two, *pers = (int(v) for v in spec.split(","))
                     if dd != D:
                         continue
-                    cfg = attention_wgmma.WgmmaAttentionConfig(dd, bx, cons, st, overlap=bool(two))
-                    key = f"x_q{cfg.BQ}x{bx}s{st}{'_2st' if two else '_1st'}"
+                    pers = bool(pers[0]) if pers else bx in attention_wgmma.PERSISTENT.get(dd, ())
+                    cfg = attention_wgmma.WgmmaAttentionConfig(dd, bx, cons, st, overlap=bool(two), persistent=pers)
+                    key = f"x_q{cfg.BQ}x{bx}s{st}{'_2st' if two else '_1st'}{'_pers' if pers else ''}"
                     prog = attention_wgmma.lower_config(FAMILY, d, cfg)
                     picks[key] = prog.schedule
                     compiled[key] = CompiledDiagram(prog, arch="sm_90a")

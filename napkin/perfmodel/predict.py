@@ -167,6 +167,9 @@ class LaunchShape:
         instead (a polynomial, as the fp8 attention template's ``ex2_fma``); each such exp costs
         ``fma_flops_per_exp`` CUDA-core FLOPs (an FMA-pipe instruction counted as 2, as the rate
         counts an FMA) and no SFU operation (:meth:`work_on_pipes`).
+    tail_factor: the busiest SM's work over the even share where the kernel's own order of
+        unequal tiles sets it (a persistent kernel walking tiles, a causal grid), in place of the
+        roofline's ``ceil(blocks / SMs) / (blocks / SMs)`` (None: that).
     """
 
     blocks: int
@@ -188,6 +191,7 @@ class LaunchShape:
     exp_fma_share: float = 0.0
     fma_flops_per_exp: float = 0.0
     tf32x3_flops: float = 0.0
+    tail_factor: float | None = None
 
     def __post_init__(self) -> None:
         if int(self.blocks) < 1 or int(self.threads) < 1:
@@ -511,14 +515,15 @@ def predict_kernel(gpu: GPU, work: Work, launch: LaunchShape | None = None, *, n
     rp = predict(gpu, loop, blocks=int(launch.blocks), blocks_per_sm=bps, efficiency=eff,
                  launch_overhead_s=launch_overhead_s, tensor_path=launch.tensor_path,
                  block_latency_s=(chain.fill_s + chain.reduce_s) if chain is not None else 0.0,
-                 block_issue_s=chain.steps_s if chain is not None else 0.0)
+                 block_issue_s=chain.steps_s if chain is not None else 0.0, tail_factor=launch.tail_factor)
     ep = None
     if epi is not None:
         # the epilogue's roofline, its compute stretched by the tail like the loop's; its maps run
         # before the block's barrier and its stores after it, so they add (as do those of its
         # co-resident blocks, in step with it)
         ep = predict(gpu, epi, blocks=int(launch.blocks), blocks_per_sm=bps,
-                     efficiency=replace(eff, overlap_memory=False), launch_overhead_s=0.0)
+                     efficiency=replace(eff, overlap_memory=False), launch_overhead_s=0.0,
+                     tail_factor=launch.tail_factor)
     wait = 0.0
     if ep is not None and launch.epilogue_waits:
         latency = memory_latency_s if memory_latency_s is not None else getattr(gpu, "memory_latency_s",

@@ -307,6 +307,7 @@ def predict(
     tensor_path: str = "peak",
     block_latency_s: float = 0.0,
     block_issue_s: float = 0.0,
+    tail_factor: float | None = None,
 ) -> Prediction:
     """Predicted runtime of ``work`` on ``gpu`` (see the module docstring for the assumptions).
 
@@ -315,7 +316,9 @@ def predict(
     rounds of the latency chain. ``tensor_path`` (:data:`TENSOR_PATHS`) says how the tensor-core
     work is issued. ``block_latency_s``: the latency one block cannot overlap with its own work
     (added once per round of the busiest SM; once without ``blocks``). ``launch_overhead_s``:
-    None takes the profile's ``launch_overhead_s``.
+    None takes the profile's ``launch_overhead_s``. ``tail_factor`` (with ``blocks``): the
+    busiest SM's work over the even share where the launch's own order of unequal tiles sets it
+    (a persistent kernel's, or a causal grid's), instead of ``ceil(blocks / sms) / (blocks / sms)``.
     """
     if launch_overhead_s is None:
         launch_overhead_s = launch_overhead_of(gpu)
@@ -359,6 +362,10 @@ def predict(
         ideal = blocks / slots
         busiest = math.ceil(blocks / gpu.sms)
         factor = busiest / (blocks / gpu.sms)
+        if tail_factor is not None:
+            if tail_factor < 1.0:
+                raise HardwareError(f"tail_factor must be at least 1, got {tail_factor}")
+            factor = float(tail_factor)
         rounds = math.ceil(busiest / bps)
     elif blocks_per_sm is not None and blocks_per_sm <= 0:
         raise HardwareError(f"blocks_per_sm must be positive, got {blocks_per_sm}")

@@ -135,7 +135,9 @@ class KernelOptions:
     - ``blocks_per_sm``: residency the register budget is sized for;
     - ``regs_per_thread``: the register budget the kernel is compiled with;
     - ``splits``: blocks that share one reduced element (a split reduction: fp32 partials in HBM
-      and a second, combining launch).
+      and a second, combining launch);
+    - ``persistent``: True where the kernel's blocks stay on their SMs and walk its tiles (one
+      block an SM) instead of one tile a block.
 
     >>> KernelOptions(engine="wgmma", stages=4).to_dict()
     {'engine': 'wgmma', 'stages': 4}
@@ -149,12 +151,15 @@ class KernelOptions:
     blocks_per_sm: int | None = None
     regs_per_thread: int | None = None
     splits: int | None = None
+    persistent: bool | None = None
 
     def __post_init__(self):
         if self.engine is not None and self.engine not in ENGINES:
             raise ScheduleError(f"unknown engine {self.engine!r}; engines are {', '.join(ENGINES)}")
+        if self.persistent is not None and not isinstance(self.persistent, bool):
+            raise ScheduleError(f"kernel option persistent must be True or False, got {self.persistent!r}")
         for f in dataclasses.fields(self):
-            if f.name == "engine":
+            if f.name in ("engine", "persistent"):
                 continue
             v = getattr(self, f.name)
             if v is None:

@@ -71,7 +71,9 @@ def test_lower_reads_the_tiles_and_options():
     assert (opts.engine, opts.warpgroups, opts.stages) == ("wgmma", cfg.consumers, cfg.stages)
     (k,) = FAMILY.lower(d, s, "sm_90a").launches
     assert f"constexpr int BX = {cfg.BX};" in k.source and f"constexpr int CONSUMERS = {cfg.consumers};" in k.source
-    assert k.block == (128 * (cfg.consumers + 1), 1, 1) and k.grid == (-(-1000 // cfg.BQ), 2, 1)
+    tiles = -(-1000 // cfg.BQ) * 2
+    assert k.block == (128 * (cfg.consumers + 1), 1, 1)
+    assert k.grid == ((min(tiles, 132), 1, 1) if cfg.persistent else (-(-1000 // cfg.BQ), 2, 1))
     assert k.shared_bytes == cfg.smem_bytes() and k.model_smem_bytes == (cfg.BQ * 128 + 2 * cfg.stages * cfg.BX * 128) * 2
     assert dict(k.tunables)["causal"] == 0 and dict(k.tunables)["engine"] == "wgmma"
     assert {a.kind for a in k.args} >= {"tmap", "tensor", "int", "float"}
@@ -95,6 +97,41 @@ def test_refusals():
     d64 = bound("mha", d=64)
     with pytest.raises(CodegenError, match="ping-pong"):
         W.lower_config(FAMILY, d64, dataclasses.replace(W.configs(64)[2], pingpong=True))  # three consumers
+    with pytest.raises(CodegenError, match="persistent"):
+        W.lower_config(FAMILY, d64, dataclasses.replace(W.configs(64)[0], pingpong=True, persistent=True))
+    g = bound("gqa", d=128)
+    with pytest.raises(CodegenError, match="persistent"):
+        W.lower_config(FAMILY, g, dataclasses.replace(W.configs(128)[0], pack=3, persistent=True))
+
+
+@pytest.mark.parametrize("gpu, sms", [("h100", 132), ("a100-80gb", 108)])
+def test_persistent_blocks_take_one_sm_each_and_walk_every_tile(gpu, sms):
+    """A persistent launch has min(tiles, SMs) blocks in one row and a zeroed one-word workspace
+    (the tile counter); a grid of one tile a block has the tiles as its grid and no workspace;
+    packed tiles stay one tile a block, and the table's configurations are persistent as
+    PERSISTENT says, with a twin of one tile a block behind each persistent one."""
+    d = bound("attention_causal", d=64, q=4096, x=4096, h=16)
+    cfg = dataclasses.replace(W.configs(64)[0], persistent=True)
+    program = W.lower_config(FAMILY, d, cfg, gpu=gpu)
+    (k,) = program.launches
+    assert k.grid == (sms, 1, 1) and dict(k.tunables)["persistent"] is True
+    assert "atomicAdd(tile_counter" in k.source and "qempty" in k.source
+    (buf,) = program.buffers
+    assert buf.zeroed and buf.shape == (1,) and any(a.name == buf.name for a in k.args)
+    (one,) = W.lower_config(FAMILY, bound("mha", d=64, q=300, h=1), cfg).launches
+    assert one.grid == (-(-300 // cfg.BQ), 1, 1)  # fewer tiles than SMs: one block a tile
+    single = W.lower_config(FAMILY, d, dataclasses.replace(cfg, persistent=False))
+    (k,) = single.launches
+    assert k.grid == (4096 // cfg.BQ, 16, 1) and dict(k.tunables)["persistent"] is False and not single.buffers
+    g = bound("gqa", d=128, q=4096, x=4096, h=4, j=4)
+    packed = [s for s in W.candidates(FAMILY, g, "h100", "bf16") if W.config_of(FAMILY.problem(g), g, s).pack > 1]
+    assert packed and not W.config_of(FAMILY.problem(g), g, packed[0]).persistent
+    unpacked = W.candidates(FAMILY, d, "h100", "bf16")[0]
+    assert W.config_of(FAMILY.problem(d), d, unpacked).persistent is (W.configs(64)[0].BX in W.PERSISTENT[64])
+    got = [W.config_of(FAMILY.problem(d), d, s) for s in W.candidates(FAMILY, d, "h100", "bf16")]
+    for c in W.configs(64):
+        assert got.count(c) == 1 and got.count(dataclasses.replace(c, persistent=False)) == 1
+        assert c.persistent is (c.BX in W.PERSISTENT[64])
 
 
 # ---------------------------------------------------------------------------- nvcc builds
@@ -105,9 +142,9 @@ def _cases():
         for c in W.configs(D):
             # the configuration's own loop, and ping-pong where it has two stages and two consumers
             # (the two-stage loop at d = 128, not offered, spills with masks)
-            variants = {c}
+            variants = {c, dataclasses.replace(c, persistent=not c.persistent)}
             if c.consumers == 2 and c.overlap:
-                variants.add(dataclasses.replace(c, pingpong=True))
+                variants.add(dataclasses.replace(c, pingpong=True, persistent=False))
             for v in sorted(variants, key=str):
                 for name in ("mha", "attention_causal", "attention_alibi", "attention_window"):
                     out.append((name, "bf16", v))
@@ -119,6 +156,11 @@ CASES = _cases()
 
 #: Configurations allowed a few bytes of spills: ALiBi's bias per score beside 88 registers of S.
 SPILL_OK = {("attention_alibi", 128, 176)}
+
+#: Bytes of spill loads a persistent kernel may have (none where it is one tile a block): the tile
+#: loop's state beside S, P and O at the 168-register cap (ptxas reports 4 bytes for most, 44 for
+#: a sliding window at d = 128, whose tiles start at a key chunk of their own).
+PERSISTENT_SPILL_LOADS = 48
 
 
 @pytest.fixture(scope="module")
@@ -138,6 +180,7 @@ def builds():
 @pytest.mark.nvcc
 @pytest.mark.parametrize("i", range(len(CASES)), ids=[f"{n}-{t}-d{c.D}-q{c.BQ}x{c.BX}s{c.stages}"
                                                        f"{'-2st' if c.overlap else ''}{'-pp' if c.pingpong else ''}"
+                                                       f"{'-pers' if c.persistent else ''}"
                                                        for n, t, c in CASES])
 def test_builds_without_spills_or_serialised_wgmma(builds, i):
     name, _, cfg = CASES[i]
@@ -145,7 +188,9 @@ def test_builds_without_spills_or_serialised_wgmma(builds, i):
     k = usage[launch.name]
     print(f"{launch.name}: {k.registers} registers at entry, {launch.shared_bytes} B shared")
     assert "C7513" not in usage.log, "ptxas serialised the wgmma"
-    if (name, cfg.D, cfg.BX) not in SPILL_OK:
+    if cfg.persistent:
+        assert k.spill_loads <= PERSISTENT_SPILL_LOADS and k.stack_bytes <= 32, k
+    elif (name, cfg.D, cfg.BX) not in SPILL_OK:
         assert not k.spills and k.stack_bytes == 0
     assert k.registers <= 65536 // launch.threads
     assert launch.shared_bytes <= 227 * 1024 and k.shared_bytes == 0
@@ -158,6 +203,47 @@ def test_the_forward_with_its_log_sum_exp_plans_on_wgmma():
     cands = W.candidates(FAMILY, f, "h100", "bf16")
     assert cands and all(not s.kernels[0].streams for s in cands)  # x whole in the model
     (k,) = FAMILY.lower(f, derive(f, "h100", "bf16", explain=False).plan.schedule, "sm_90a").launches
-    assert k.template == "attention_wgmma.cu.jinja" and "Lse[" in k.source
+    assert k.template == "attention_wgmma.cu.jinja" and "Lt[" in k.source
     lse = [a for a in k.args if a.kind == "tensor" and a.name == "P_lse"]
     assert lse and lse[0].dtype == "fp32"
+
+
+def test_the_model_prices_persistence_by_its_fill_and_its_tiles_order():
+    """A persistent launch is priced as its grid (a fill once a block, the steps of all its tiles)
+    with the tail its longest-first order leaves; one tile a block pays a fill a round and, causal,
+    the tail of the grid's order (head after head): the persistent twin is predicted faster, and
+    more so causal. Fewer tiles than SMs: no tail of the model's own (the roofline's)."""
+    from napkin.codegen.select import launch_shape, predict_schedule
+
+    def both(name, **sz):
+        d = bound(name, d=64, **sz)
+        cfg = W.configs(64)[0]
+        out = []
+        for pers in (True, False):
+            s = W.schedule(FAMILY, d, dataclasses.replace(cfg, persistent=pers))
+            out.append((launch_shape(d, FAMILY, s, "h100"), predict_schedule(d, FAMILY, s, "h100").seconds))
+        return out
+
+    (pl, pt), (ol, ot) = both("attention_causal", q=4096, x=4096, h=64)
+    assert pl.blocks == 132 and ol.blocks == 32 * 64 and pl.tail_factor < ol.tail_factor and pt < ot
+    (_, fpt), (_, fot) = both("mha", q=4096, x=4096, h=64)
+    assert fpt < fot and ot / pt > fot / fpt  # the causal tail is the larger gain
+    (sl, _), _ = both("attention_causal", q=1000, x=1000, h=2)
+    assert sl.tail_factor is None and sl.blocks == 16
+    assert W.tile_tail([8] * 16, 33, 132, True, 8) == W.tile_tail([8] * 16, 33, 132, False, 8)  # equal tiles
+
+
+def test_a_launch_tail_factor_replaces_the_rounded_waves():
+    """``tail_factor`` stretches the per-SM terms in place of ceil(blocks / SMs) / (blocks / SMs);
+    below 1 it is refused."""
+    from napkin.errors import HardwareError
+    from napkin.perfmodel.hardware import get_gpu
+    from napkin.perfmodel.roofline import Work, predict
+
+    h = get_gpu("h100")
+    w = Work(flops={"tensor": 1e12}, bytes={"HBM": 1e6}, dtype="bf16")
+    even, tailed = (predict(h, w, blocks=132, launch_overhead_s=0, tail_factor=f) for f in (None, 1.25))
+    assert even.wave_factor == 1.0 and tailed.wave_factor == 1.25
+    assert tailed.seconds == pytest.approx(even.seconds * 1.25)
+    with pytest.raises(HardwareError, match="tail_factor"):
+        predict(h, w, blocks=132, tail_factor=0.5)

@@ -80,24 +80,26 @@ def test_the_planner_picks_it_where_the_model_predicts_it_faster():
     assert [k.template for k in c.program.launches] == ["attention_wgmma.cu.jinja"]
 
 
-@pytest.mark.parametrize("variant", [(False, False), (True, False), (True, True)],
-                         ids=["one-stage", "two-stage", "two-stage-pingpong"])
+@pytest.mark.parametrize("variant", [(False, False, False), (False, False, True), (True, False, False),
+                                     (True, False, True), (True, True, False)],
+                         ids=["one-stage", "one-stage-persistent", "two-stage", "two-stage-persistent",
+                              "two-stage-pingpong"])
 @pytest.mark.parametrize("name", ["mha", "attention_causal", "attention_window"])
 @pytest.mark.parametrize("D", attention_wgmma.HEAD_DIMS)
 def test_every_variant_of_the_loop(name, D, variant):
     """Each way the consumers walk the chunks (one at a time; two stages; two stages with ping-pong
-    between two warpgroups), whichever the defaults are, on every configuration it applies to;
-    chunk counts odd and even (the two-stage loop walks them in pairs)."""
+    between two warpgroups), one tile a block or persistent, whichever the defaults are, on every
+    configuration it applies to; chunk counts odd and even (the two-stage loop walks them in pairs)."""
     import dataclasses
 
     from napkin.codegen.api import CompiledDiagram
     from napkin.codegen.verify import verify_compiled
 
-    overlap, pingpong = variant
+    overlap, pingpong, persistent = variant
     for cfg in attention_wgmma.configs(D):
         if pingpong and cfg.consumers != 2:
             continue
-        cfg = dataclasses.replace(cfg, overlap=overlap, pingpong=pingpong)
+        cfg = dataclasses.replace(cfg, overlap=overlap, pingpong=pingpong, persistent=persistent)
         for q, x in ((1000, 1000), (129, 777), (3 * cfg.BX - 5, 3 * cfg.BX)):  # q <= x: rows with keys
             d = library.get(name).bind(**sizes(name, q=q, x=x, d=D))
             program = attention_wgmma.lower_config(FAMILY, d, cfg)
@@ -153,3 +155,79 @@ def test_more_configurations(name, cfg):
         d = library.get(name).bind(**sizes(name, q=q, x=x, d=cfg.D))
         rows = verify_compiled(CompiledDiagram(attention_wgmma.lower_config(FAMILY, d, cfg), arch="sm_90a"))
         assert all(r.ok for r in rows), (cfg, q, x, rows)
+
+
+@pytest.mark.parametrize("overlap", [False, True], ids=["one-stage", "two-stage"])
+@pytest.mark.parametrize("name", ["mha", "attention_causal", "attention_window", "attention_alibi"])
+@pytest.mark.parametrize("D", attention_wgmma.HEAD_DIMS)
+def test_persistent_blocks_walk_several_tiles(name, D, overlap):
+    """Persistent blocks each walking several tiles (40 heads x 1000 queries: 160 to 320 tiles on
+    132 SMs at most; and 5 blocks for 3 heads): the K/V ring's slots and phases run on from tile to
+    tile, the next tile's Q waits for the last one's S, a head's index (ALiBi's slope) changes
+    between tiles; causal and windowed tiles of different lengths, q != x both ways."""
+    import dataclasses
+
+    from napkin.codegen.api import CompiledDiagram
+    from napkin.codegen.verify import verify_compiled
+
+    cfg = dataclasses.replace(attention_wgmma.configs(D)[0], overlap=overlap, persistent=True)
+    for q, x, h, blocks in ((1000, 1000, 40, None), (1000, 777, 40, None), (777, 1000, 3, 5)):
+        d = library.get(name).bind(**sizes(name, q=q, x=x, d=D, h=h))
+        program = attention_wgmma.lower_config(FAMILY, d, cfg)
+        (launch,) = program.launches
+        if blocks:  # a few blocks, each walking many tiles of different lengths
+            program = dataclasses.replace(program, launches=(dataclasses.replace(launch, grid=(blocks, 1, 1)),))
+        assert program.launches[0].grid[0] < -(-q // cfg.BQ) * h  # fewer blocks than tiles
+        rows = verify_compiled(CompiledDiagram(program, arch="sm_90a"))
+        assert all(r.ok for r in rows), (cfg, q, x, h, blocks, rows)
+
+
+@pytest.mark.parametrize("name", ["attention_causal", "mha"])
+def test_persistent_tile_counter_resets_on_every_stream(name):
+    """The tile counter of a persistent kernel (one word of a zeroed workspace a CUDA stream) is
+    back to zero after every launch: 20 launches back to back into NaN-poisoned outputs give the
+    same bits as the first (a stale count would hand out no tile past each block's first, leaving
+    NaN rows), and three streams running the same compiled kernel at once (each its own counter)
+    give those bits too; the counters read zero afterwards."""
+    import dataclasses
+
+    import torch
+
+    from napkin.codegen.api import CompiledDiagram
+
+    D = 64
+    cfg = dataclasses.replace(attention_wgmma.configs(D)[0], persistent=True)
+    d = library.get(name).bind(**sizes(name, h=40, q=1000, x=1000, d=D))
+    program = attention_wgmma.lower_config(FAMILY, d, cfg)
+    (launch,) = program.launches
+    assert launch.grid[0] < 40 * -(-1000 // cfg.BQ) and [b.zeroed for b in program.buffers] == [True]
+    c = CompiledDiagram(program, arch="sm_90a")
+    torch.manual_seed(0)
+    ins = {k: torch.randn(40, 1000, D, device="cuda", dtype=torch.bfloat16) for k in ("Q", "K", "V")}
+    ref = torch.nn.functional.scaled_dot_product_attention(ins["Q"], ins["K"], ins["V"],
+                                                           is_causal=name == "attention_causal").float()
+
+    def run():
+        out = c.empty_outputs(fill=float("nan"))
+        c(**ins, out=out)
+        return out["O"]
+
+    first = run().clone()
+    assert float((first.float() - ref).norm() / ref.norm()) < 1e-2
+    for _ in range(20):
+        assert torch.equal(run(), first)
+    streams = [torch.cuda.Stream() for _ in range(3)]
+    outs = [c.empty_outputs(fill=float("nan")) for _ in streams]
+    for s, out in zip(streams, outs):
+        s.wait_stream(torch.cuda.current_stream())
+    for _ in range(4):  # launches on the three streams interleaved, nothing ordering them
+        for s, out in zip(streams, outs):
+            with torch.cuda.stream(s):
+                c(**ins, out=out)
+    for s in streams:
+        torch.cuda.current_stream().wait_stream(s)
+    torch.cuda.synchronize()
+    assert all(torch.equal(out["O"], first) for out in outs)
+    runner = c._runners[torch.cuda.current_device()]
+    assert len(runner._zeroed) >= 4  # the default stream's and each side stream's counter
+    assert all(int((t.view(torch.int32) != 0).sum()) == 0 for tensors, _ in runner._zeroed.values() for t in tensors)

@@ -30,6 +30,16 @@ a multiple of BQ (fewer padded rows) and on causal diagrams (a tile's key range 
 log-sum-exp output or score modifiers that read the head index.
 Not here: the split x of decode (the mma.sync path), head dimensions without a table.
 
+Persistent blocks (``KernelOptions(persistent=True)``, :data:`PERSISTENT` says which
+configurations take them): one block an SM walking tiles that an atomic counter hands out (a
+zeroed one-word workspace a CUDA stream, left zero by the taker of the last tile), longest first
+over sections of heads (:func:`l2_section`), the next tile's Q and first K/V chunk copied while
+this tile's last P·V and epilogue run. ``launch_estimate`` prices it (a fill once a block; the
+tail each order of tiles leaves: :func:`tile_tail`); each persistent configuration's twin of one
+tile a block is offered behind it. Measured against one tile a block (H100): +5-12 % at d = 64,
++1-30 % causal with 128-key chunks at d = 128, -3 to -13 % with d = 128's 176-key chunks from seq
+4k (those stay one tile a block; docs/attention_hopper_gap.md).
+
 Measured (H100, bf16, 16 heads, 16k tokens a batch; ``benchmarks/attention_wgmma.py``): at seq 16k
 580 TFLOP/s at d = 128 (0.88x SDPA-cuDNN, 1.69x SDPA-flash), 572 causal (0.99x, 1.80x), 455 at
 d = 64 (0.95x, 1.52x); at seq 1k 0.54-0.66x cuDNN (eight chunks a block: the block's start-up and
@@ -50,16 +60,19 @@ unpacked ones.
 
 from __future__ import annotations
 
+import hashlib
+import heapq
 import math
 from dataclasses import dataclass, replace
 
+from ...diagrams.axes import is_name
 from ...diagrams.diagram import Diagram
 from ...errors import CodegenError
 from ...perfmodel.schedule import KernelOptions, Schedule
-from ..program import Arg, KernelLaunch, Program
+from ..program import Arg, Buffer, KernelLaunch, Program
 from ..render import Code, comment, comment_lines, ident
 from .attention_problem import AttentionProblem
-from .contraction import _gpu_key, _smem_limit, wgmma_target_reason
+from .contraction import _gpu_key, _sm_count, _smem_limit, wgmma_target_reason
 from .epilogue import (Param, check_index_size, contiguous_strides, ctype, float_param, int_param, render,
                        score_chain, short_hash, signature, stride_param, tensor_param, tensormap_param)
 
@@ -107,7 +120,37 @@ HEAD_DIMS = tuple(sorted(CONFIGS))
 #: against 459 TFLOP/s, d = 128 506 against 494, both two-stage).
 PINGPONG = False
 
+#: The chunk sizes (s_x) whose configurations run persistent blocks, per head dimension: a block
+#: an SM walking tiles handed out by an atomic counter (each block's first tile by its index), in
+#: FA3's longest-first order over sections of heads (:func:`l2_section`); the producer copies the
+#: next tile's first K/V chunks into the slots the last tile frees and its Q as soon as the
+#: consumers' last S = Q K^T of the tile is done, so the next tile's loads overlap this tile's last
+#: P V and its epilogue, and there is no block start-up a tile. Not with ping-pong (its turns are
+#: counted a tile) or GQA packing. Measured on an H100 (bf16, 16 heads, 16k tokens, two runs,
+#: docs/attention_hopper_gap.md): d = 64 (128-key chunks, two stages) faster at every point of
+#: issue #13's sweep (+5-12 % non-causal, +1-11 % causal); d = 128 with 128-key chunks (the
+#: causal tiles) +30 % at seq 1k, +10-13 % at 2k, +7 % at 4k, even at 8k-16k; d = 128 with
+#: 176-key chunks (the non-causal tiles) slower from seq 4k (-3 %, -6 to -9 % at 8k, -8 to -10 %
+#: at 16k, whatever the section size), so those stay one tile a block. Head dimensions not
+#: measured stay one tile a block.
+PERSISTENT = {64: (128,), 128: (128,)}
+
+#: L2 bytes a persistent kernel's tile order lets the K and V of the heads at work take at once
+#: (FA3's scheduler takes 32 MB of the H100's 50: the rest holds Q, O and other traffic).
+L2_SECTION_BYTES = 32 * 2 ** 20
+
 LOG2E = 1.4426950408889634
+
+
+def l2_section(Nx: int, DP: int) -> int:
+    """Woven combinations (heads) whose K and V (``Nx`` rows of ``DP`` 16-bit columns each) fit
+    :data:`L2_SECTION_BYTES` together, at least 1: a persistent kernel hands out the tiles of that
+    many heads longest first before it starts the next heads.
+
+    >>> l2_section(16384, 64), l2_section(16384, 128), l2_section(1024, 64)
+    (8, 4, 128)
+    """
+    return max(1, L2_SECTION_BYTES // (2 * Nx * DP * 2))
 
 #: Registers per producer thread after setmaxnreg (it issues TMA copies only).
 PRODUCER_REGS = 24
@@ -126,6 +169,7 @@ class WgmmaAttentionConfig:
     pingpong: bool = False  # two consumers take turns issuing their products (needs overlap)
     pack: int = 1  # GQA: heads of the packed axis sharing the tile's rows (BQ / pack queries each)
     pad_pv: bool = False  # P V at N = DP (the zero columns too) instead of N = D
+    persistent: bool = False  # one block an SM walking tiles (the table: :data:`PERSISTENT`)
 
     @property
     def BQ(self) -> int:
@@ -174,12 +218,13 @@ class WgmmaAttentionConfig:
 
     def options(self) -> KernelOptions:
         return KernelOptions(engine="wgmma", stages=self.stages, warpgroups=self.consumers, blocks_per_sm=1,
-                             regs_per_thread=self.consumer_regs())
+                             regs_per_thread=self.consumer_regs(), persistent=True if self.persistent else None)
 
 
 def configs(D: int) -> list[WgmmaAttentionConfig]:
     """The configurations for head dimension ``D``, best first (none where it has no table)."""
-    return [WgmmaAttentionConfig(D, bx, c, st, overlap=two) for c, bx, st, two in CONFIGS.get(D, ())]
+    return [WgmmaAttentionConfig(D, bx, c, st, overlap=two, persistent=bx in PERSISTENT.get(D, ()))
+            for c, bx, st, two in CONFIGS.get(D, ())]
 
 
 def _rows_layout_problem(v, row_axis: str, last: str, sizes) -> str | None:
@@ -289,8 +334,12 @@ def candidates(fam, diagram: Diagram, gpu, dtype: str) -> list[Schedule]:
         if c.smem_bytes() <= limit and key not in seen:
             seen.add(key)
             out.append(schedule(fam, diagram, c, gpu, dtype))
+            # persistent tiles also one tile a block, for an autotuner to measure (the model ranks
+            # them behind: a fill a tile, the grid's order of causal tiles)
+            if c.persistent:
+                out.append(schedule(fam, diagram, replace(c, persistent=False), gpu, dtype))
             # GQA packed after the unpacked tiles (a tie keeps them): BQ / g queries of g heads
-            out += [schedule(fam, diagram, replace(c, pack=g), gpu, dtype) for g in packs
+            out += [schedule(fam, diagram, replace(c, pack=g, persistent=False), gpu, dtype) for g in packs
                     if c.BQ % g == 0 and (c.BQ // g) % 16 == 0]
     return out
 
@@ -349,6 +398,7 @@ def config_of(p: AttentionProblem, diagram: Diagram, sched: Schedule) -> WgmmaAt
     known = [c for c in table if (c.BX, c.consumers, c.stages) == (cfg.BX, cfg.consumers, cfg.stages)]
     cfg = replace(cfg, overlap=known[0].overlap if known else False, pingpong=PINGPONG and consumers == 2
                   and (known[0].overlap if known else False), pad_pv=known[0].pad_pv if known else False)
+    cfg = replace(cfg, persistent=bool(opts.persistent))
     what = f"attention family (wgmma): g_{p.q}={BQ}, w_{p.q}={WQ}, s_{p.x}={cfg.BX}, warpgroups={consumers}"
     if BQ is not None and BQ != cfg.BQ:
         raise CodegenError(f"{what}: g_{p.q} must be 64 x the consumer warpgroups ({cfg.BQ})"
@@ -370,6 +420,8 @@ def config_of(p: AttentionProblem, diagram: Diagram, sched: Schedule) -> WgmmaAt
         raise CodegenError(f"{what}: s_{p.x} must be a multiple of 16 up to 256 (one wgmma's N)")
     if cfg.pingpong and (consumers != 2 or not cfg.overlap):
         raise CodegenError(f"{what}: ping-pong takes two consumer warpgroups, each with its two stages")
+    if cfg.persistent and (cfg.pingpong or pack > 1):
+        raise CodegenError(f"{what}: persistent blocks take neither ping-pong nor GQA packing")
     if not 2 <= cfg.stages <= 8:
         raise CodegenError(f"{what}: stages must be 2 to 8")
     # S (BX / 2), P (BX / 4, twice with two stages) and O (NV / 2) registers a consumer thread,
@@ -386,16 +438,91 @@ def launch_estimate(fam, diagram: Diagram, sched: Schedule, gpu=None) -> dict:
     over the block's threads), and how it issues: wgmma reads its operands from shared memory
     itself (the datasheet tensor path, operand traffic overlapped); the softmax's exp and the
     products of one warpgroup run one after the other (no ping-pong yet), while the other
-    warpgroups of the SM overlap them only as their scheduling happens to."""
+    warpgroups of the SM overlap them only as their scheduling happens to.
+
+    The per-SM tail is the one the tiles' order gives (:func:`tile_tail`): one tile a block, the
+    hardware hands the grid's tiles out in order (a head's longest rows first where causal, head
+    after head), so a causal grid ends on the last heads' tiles of every length; persistent
+    blocks take them longest first over a section of heads. A persistent launch is its grid
+    (an SM's worth of blocks: a block's pipeline fill once, its steps those of all its tiles);
+    one tile a block pays a fill every round of the busiest SM."""
     p = fam.problem(diagram)
     cfg = config_of(p, diagram, sched)
     sz = diagram.sizes
     packs = _packed_axes(p) if cfg.pack > 1 else ()
-    blocks = math.ceil(sz[p.q] / cfg.QT) * math.prod(-(-sz[a] // cfg.pack) if a in packs else sz[a]
-                                                      for a in p.woven)
-    return dict(blocks=blocks, threads=cfg.threads, regs=cfg.entry_regs(), smem=cfg.smem_bytes(),
-                in_flight_bytes_per_thread=2 * cfg.BX * cfg.DP * 2 * cfg.stages / cfg.threads,
-                threads_per_row=4, tensor_path="peak", overlap_operands=True, overlap_compute=False)
+    n_bx = math.ceil(sz[p.q] / cfg.QT) * (-(-sz[packs[0]] // cfg.pack) if packs else 1)
+    nz = math.prod(sz[a] for a in p.woven if a not in packs)
+    est = dict(blocks=n_bx * nz, threads=cfg.threads, regs=cfg.entry_regs(), smem=cfg.smem_bytes(),
+               in_flight_bytes_per_thread=2 * cfg.BX * cfg.DP * 2 * cfg.stages / cfg.threads,
+               threads_per_row=4, tensor_path="peak", overlap_operands=True, overlap_compute=False)
+    sms = _sm_count(sched.gpu if gpu is None else _gpu_key(gpu))
+    chunks = _tile_chunks(p, diagram, cfg) if not packs else [math.ceil(sz[p.x] / cfg.BX)] * n_bx
+    # fewer tiles than SMs: the roofline's sms / blocks, as every family's launch is priced
+    tail = tile_tail(chunks, nz, sms, cfg.persistent, l2_section(sz[p.x], cfg.DP)) if n_bx * nz >= sms else None
+    if tail is not None:
+        est["tail_factor"] = tail
+    if cfg.persistent:
+        grid = min(n_bx * nz, sms)
+        est.update(blocks=grid, stream_steps=sum(chunks) * nz / grid)
+    return est
+
+
+def _tile_chunks(p: AttentionProblem, diagram: Diagram, cfg: WgmmaAttentionConfig) -> list[int]:
+    """The key chunks each q tile walks (unpacked tiles), in the order of ``bx`` (the kernel's
+    ``set_tile``: the longest rows first where causal), as the masks leave them."""
+    sz = diagram.sizes
+    Nq, Nx = sz[p.q], sz[p.x]
+    index_vars = {ax: ident(ax, "i_") for ax in (p.q, p.x, *p.woven)}
+    causal, window, _ = _masks(p, score_chain(diagram, p.maps, index_vars=index_vars))
+    n_bx = math.ceil(Nq / cfg.BQ)
+    out = []
+    for bx in range(n_bx):
+        q0 = (n_bx - 1 - bx if causal is not None and window is None else bx) * cfg.BQ
+        x_lo, x_hi = 0, Nx
+        if causal is not None:
+            x_hi = min(Nx, q0 + cfg.BQ + causal)
+        if window is not None:
+            x_lo = max(0, q0 - window + 1)
+            x_hi = min(x_hi, q0 + cfg.BQ)
+        out.append(max(0, -(-x_hi // cfg.BX) - x_lo // cfg.BX) if x_hi > x_lo else 0)
+    return out
+
+
+#: Tiles beyond which :func:`tile_tail` does not simulate the hand-out (the roofline's
+#: ``ceil(blocks / SMs)`` tail then stands for it).
+TAIL_TILES = 1 << 16
+
+
+def tile_tail(chunks: list[int], nz: int, sms: int, persistent: bool, section: int) -> float | None:
+    """The busiest SM's chunks over the even share when ``nz`` heads of q tiles walking
+    ``chunks[bx]`` key chunks (plus one for the tile's Q and epilogue) are handed out to ``sms``
+    SMs one at a time, each to the first SM free: one tile a block in the grid's order (q tiles
+    fastest, head after head), persistent in the kernel's (``split_tile``: heads fastest inside
+    sections of ``section`` heads, q tiles slowest). None past :data:`TAIL_TILES` tiles.
+
+    >>> round(tile_tail([4] * 8, 33, 132, False, 8), 3)  # 264 equal tiles: two rounds, no tail
+    1.0
+    >>> causal = list(range(16, 0, -1))  # 16 q tiles, the longest first, 16 heads
+    >>> tile_tail(causal, 16, 132, False, 4) > tile_tail(causal, 16, 132, True, 4)
+    True
+    """
+    n_bx = len(chunks)
+    tiles = n_bx * nz
+    if tiles > TAIL_TILES or not tiles:
+        return None
+    if persistent:
+        order = []
+        for sec in range(0, nz, section):
+            size = min(section, nz - sec)
+            order += [chunks[bx] + 1 for bx in range(n_bx) for _ in range(size)]
+    else:
+        order = [c + 1 for _ in range(nz) for c in chunks]
+    free = [0.0] * min(sms, tiles)
+    heapq.heapify(free)
+    for c in order:
+        heapq.heappush(free, heapq.heappop(free) + c)
+    busiest = max(free)
+    return max(1.0, busiest / (sum(order) / sms))
 
 
 def mask_legend(causal, window) -> list[str]:
@@ -458,13 +585,14 @@ def lower(fam, diagram: Diagram, sched: Schedule, arch: str) -> Program:
     if why:
         raise CodegenError(f"attention family: the schedule asks for engine=wgmma, but {why}")
     cfg = config_of(p, diagram, sched)
-    launch = _launch(diagram, p, cfg, arch)
-    return Program(diagram, sched, fam.name, (launch,), (), dict(diagram.sizes))
+    launch = _launch(diagram, p, cfg, arch, _sm_count(sched.gpu))
+    return Program(diagram, sched, fam.name, (launch,), _buffers(diagram, cfg), dict(diagram.sizes))
 
 
-def lower_config(fam, diagram: Diagram, cfg: WgmmaAttentionConfig, arch: str = "sm_90a") -> Program:
-    """The Program of one configuration as given (its overlap and ping-pong too), for comparing
-    the template's variants; :func:`lower` takes the configuration a schedule says."""
+def lower_config(fam, diagram: Diagram, cfg: WgmmaAttentionConfig, arch: str = "sm_90a", gpu="h100") -> Program:
+    """The Program of one configuration as given (its overlap, ping-pong and persistence too), for
+    comparing the template's variants (a persistent grid has ``gpu``'s SM count of blocks at
+    most); :func:`lower` takes the configuration a schedule says."""
     p = fam.problem(diagram)
     why = wgmma_reason(p, diagram, arch=arch)
     if why:
@@ -472,11 +600,30 @@ def lower_config(fam, diagram: Diagram, cfg: WgmmaAttentionConfig, arch: str = "
     if cfg.pingpong and (cfg.consumers != 2 or not cfg.overlap):
         raise CodegenError("attention family (wgmma): ping-pong takes two consumer warpgroups, each with its two "
                            "stages")
-    sched = schedule(fam, diagram, cfg)
-    return Program(diagram, sched, fam.name, (_launch(diagram, p, cfg, arch),), (), dict(diagram.sizes))
+    if cfg.persistent and (cfg.pingpong or cfg.pack > 1):
+        raise CodegenError("attention family (wgmma): persistent blocks take neither ping-pong nor GQA packing")
+    sched = schedule(fam, diagram, cfg, gpu)
+    return Program(diagram, sched, fam.name, (_launch(diagram, p, cfg, arch, _sm_count(sched.gpu)),),
+                   _buffers(diagram, cfg), dict(diagram.sizes))
 
 
-def _launch(d: Diagram, p: AttentionProblem, cfg: WgmmaAttentionConfig, arch: str) -> KernelLaunch:
+def _counter_name(d: Diagram) -> str:
+    """A name for the persistent kernel's tile counter that no array of the diagram has."""
+    taken = {d.name_of(v) for v in (*d.inputs, *d.nodes)}
+    name = f"{d.name}_tile_counter"
+    if name in taken or not is_name(name):
+        name = f"tile_counter_{hashlib.sha1(d.name.encode()).hexdigest()[:10]}"
+    return name
+
+
+def _buffers(d: Diagram, cfg: WgmmaAttentionConfig) -> tuple[Buffer, ...]:
+    """A persistent kernel's tile counter: one 32-bit word in a zeroed workspace (zero bits; kept
+    from call to call, each launch leaving it zero)."""
+    return (Buffer(_counter_name(d), ("counter",), (1,), "fp32", zeroed=True),) if cfg.persistent else ()
+
+
+def _launch(d: Diagram, p: AttentionProblem, cfg: WgmmaAttentionConfig, arch: str, sms: int) -> KernelLaunch:
+    """The launch of ``cfg``; a persistent one takes ``sms`` blocks at most (one an SM)."""
     T = p.dtype
     sz = d.sizes
     Nq, Nx = sz[p.q], sz[p.x]
@@ -491,6 +638,10 @@ def _launch(d: Diagram, p: AttentionProblem, cfg: WgmmaAttentionConfig, arch: st
         int_param("Nq", Nq), int_param("Nx", Nx),
         int_param("sO_q", sO[p.q], f"row stride of {out}[{','.join(p.O.axis_names)}]"),
     ]
+    if cfg.persistent:  # the tiles handed out after each block's first (an atomic counter)
+        params.append(Param(Arg("tensor", _counter_name(d), dtype="fp32", axes=()),
+                            Code("unsigned int* __restrict__ tile_counter")))
+        params.append(int_param("section", l2_section(Nx, cfg.DP), "woven combinations a section of the tile order"))
     if p.lse is not None:  # the rows' log-sum-exp (fp32, natural log), for the backward
         sL = contiguous_strides(p.lse)
         params += [Param(Arg("tensor", d.output_names[1], dtype="fp32", axes=p.lse.axis_names),
@@ -566,6 +717,8 @@ def _launch(d: Diagram, p: AttentionProblem, cfg: WgmmaAttentionConfig, arch: st
         *[f"  {ax} -> packed: PACK_G = {cfg.pack} heads x QT = {cfg.QT} queries a tile (grid.x); K, V loaded once "
           "for them" for ax in packed],
         f"  engine: wgmma + TMA; registers {PRODUCER_REGS} (producer) / {cfg.consumer_regs()} (consumers)",
+        *(["  persistent: one block an SM (grid.x), walking the q tiles x woven combinations, longest first"]
+          if cfg.persistent else []),
         f"  score modifiers: {', '.join(chain.boxes) or 'none'}; softmax scale folded: {chain.factor:.6g}",
     ]
     legend += mask_legend(causal, window)
@@ -579,13 +732,16 @@ def _launch(d: Diagram, p: AttentionProblem, cfg: WgmmaAttentionConfig, arch: st
         **shared_context(p, chain, index_vars, float_idx, (causal, window, always_mask), cfg.BX // 2, cfg.NV // 2),
         nomask_body=chain.nomask.body("          "), nomask_result=chain.nomask.result,
         NOMASK_NEEDED=bool(chain.nomask.lines), chain_desc=comment(", ".join(chain.boxes) or "none"),
-        PINGPONG=pingpong, OVERLAP=cfg.overlap, LSE=p.lse is not None,
+        PINGPONG=pingpong, OVERLAP=cfg.overlap, LSE=p.lse is not None, PERSISTENT=cfg.persistent,
     )
     source = render(TEMPLATE, **ctx)
     grid = (math.ceil(Nq / cfg.QT) * (-(-sz[packed[0]] // cfg.pack) if packed else 1), nz, 1)
+    if cfg.persistent:  # one block an SM at most, each walking tiles
+        grid = (min(grid[0] * nz, sms), 1, 1)
     tunables = (("BQ", cfg.BQ), ("BX", cfg.BX), ("WQ", 64), ("stages", cfg.stages), ("D", cfg.D),
                 ("warpgroups", cfg.consumers), ("engine", "wgmma"), ("causal", causal), ("window", window),
-                ("overlap", cfg.overlap), ("pingpong", pingpong), ("pack", cfg.pack), ("NV", cfg.NV))
+                ("overlap", cfg.overlap), ("pingpong", pingpong), ("pack", cfg.pack), ("NV", cfg.NV),
+                ("persistent", cfg.persistent))
     return KernelLaunch(
         name=str(kname), source=source, grid=grid, block=(cfg.threads, 1, 1), shared_bytes=smem,
         args=tuple(x.arg for x in params), template=TEMPLATE, tunables=tunables,
