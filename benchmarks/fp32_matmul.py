@@ -12,7 +12,7 @@ must come back finite. Times are medians of CUDA-event runs with L2 flushed befo
 (:func:`napkin.bench.timing.time_fn`). The baseline is ``torch.matmul`` in fp32 with
 ``torch.backends.cuda.matmul.allow_tf32`` False (checked): cuBLAS's own fp32 kernels.
 
-    PYTHONPATH=. python3 benchmarks/fp32_matmul.py --out $OUT/fp32_matmul.json [--quick] [--only 4096]
+    PYTHONPATH=. python3 benchmarks/fp32_matmul.py --out $OUT/fp32_matmul.json [--quick] [--only 4096] [--probe]
         [--settings TF32X3_KSUM=8]   (the contraction module's settings, for every case)
 
 Prints one line per case and writes every number to the JSON file.
@@ -104,6 +104,26 @@ def cases(quick: bool):
     return out
 
 
+def probe_cases():
+    """The shapes once far below target with other candidates forced (3xTF32 unless named):
+    narrow tiles for one output column, split counts for the long sum, smaller tiles and splits
+    for the small product."""
+    from napkin.codegen.families.contraction import TF32X3_CONFIGS, TF32X3_NARROW_CONFIGS
+    from napkin.diagrams import library
+
+    mm = lambda: library.get("matmul")  # noqa: E731
+    t0, t1, t2 = TF32X3_CONFIGS[:3]
+    small = (64, 32, 16, 32, 16, 2, 4)  # 4 warps of 32 x 16 (more blocks for a small product)
+    out = []
+    for c in TF32X3_NARROW_CONFIGS:
+        out.append((f"c=1 {c[0]}x{c[1]}x{c[2]}", mm, dict(a=16384, b=16384, c=1), ("mma.sync", c)))
+    for c, n in ((t0, 33), (t0, 64), (t1, 33), (t1, 64), (t1, 16), (t2, 49), (t2, 24)):
+        out.append((f"huge K {c[0]}x{c[1]}x{c[2]} x{n}", mm, dict(a=256, b=262144, c=256), ("mma.sync", c, n)))
+    for c, n in ((t1, 1), (t2, 1), (small, 1), (t1, 2), (t2, 2), (small, 2), (t0, 2), (t1, 4)):
+        out.append((f"1000x520x776 {c[0]}x{c[1]}x{c[2]} x{n}", mm, dict(a=1000, b=520, c=776), ("mma.sync", c, n)))
+    return out
+
+
 class settings:
     """The contraction module's settings ``KEY=VALUE;...`` while the block runs."""
 
@@ -126,8 +146,8 @@ class settings:
 def _config(forced):
     from napkin.codegen.families.contraction import MatmulConfig
 
-    eng, c = forced
-    return MatmulConfig(True, *c, tf32x3=eng == "mma.sync")
+    eng, c, *splits = forced
+    return MatmulConfig(True, *c, tf32x3=eng == "mma.sync", splits=splits[0] if splits else 1)
 
 
 def run(case, reps: int, programs: dict):
@@ -181,6 +201,7 @@ def main(argv=None) -> int:
     ap.add_argument("--out", type=Path, default=Path("fp32_matmul.json"))
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--only", default="")
+    ap.add_argument("--probe", action="store_true", help="also the far-below shapes with other candidates forced")
     ap.add_argument("--reps", type=int, default=30)
     ap.add_argument("--settings", default="", help="contraction module settings KEY=VALUE;... for every case")
     args = ap.parse_args(argv)
@@ -196,7 +217,8 @@ def main(argv=None) -> int:
     from napkin.codegen.select import predict_schedule
     from napkin.kernels.compile import detect_arch
 
-    chosen = [c for c in cases(args.quick) if not args.only or any(k in c[0] for k in args.only.split(","))]
+    chosen = [c for c in cases(args.quick) + (probe_cases() if args.probe else [])
+              if not args.only or any(k in c[0] for k in args.only.split(","))]
     arch = detect_arch()
     programs, preds = [], {}
     setting = args.settings

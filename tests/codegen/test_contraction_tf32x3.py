@@ -5,7 +5,9 @@ per 16 of k on the tensor cores and added into the accumulators in fp32. The pla
 against the FMA engine; the model prices its sum as three tf32 products on mma.sync. CPU checks
 (candidates, sources, the model, refusals), nvcc builds without spills, and on a GPU (marked
 ``gpu``) every configuration against the float64 reference, its accuracy against cuBLAS fp32 on
-a long sum, and infinite operands.
+a long sum, and special operands (inf, NaN, values whose tf32 rounding overflows, -0.0): the tiles
+they reach are summed again as fp32 FMAs after one vote, the other tiles keep the 3xTF32 sum. The
+8-column tiles for outputs of few columns.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from napkin.codegen.families.contraction import FAMILY, TF32X3_CONFIGS, MatmulConfig
+from napkin.codegen.families.contraction import FAMILY, TF32X3_CONFIGS, TF32X3_NARROW_CONFIGS, MatmulConfig
 from napkin.diagrams import Diagram, array, axes, contract, library
 from napkin.errors import CodegenError
 
@@ -52,7 +54,10 @@ def test_tf32x3_source():
     assert k.template == "matmul_simt.cu.jinja" and "tf32x3" in k.name
     assert "constexpr bool TF32X3 = true" in k.source
     assert "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32" in k.source and body.count("mma_tf32(") == 3
-    assert "__syncthreads_or(" in body  # chunks with an infinite operand take the exact path
+    # no check in the loop: one vote after it sends a tile whose sum is not finite down the exact path
+    loop, after = body.split("bool bad = false;")
+    assert "__syncthreads_or(" not in loop and "fmaf(" not in loop and "mma_tf32(" in loop
+    assert after.count("__syncthreads_or(") == 1 and "fmaf(" in after and "mma_tf32(" not in after
     simt = FAMILY.lower(d, FAMILY.schedule(d, MatmulConfig(True, 128, 128, 16, 32, 64, 2, 1)), "sm_90a").launches[0]
     assert "constexpr bool TF32X3 = false" in simt.source and "fmaf(" in simt.source.split('extern "C"')[1]
     assert "mma.sync.aligned" not in simt.source.split('extern "C"')[1]
@@ -72,13 +77,32 @@ def test_config_of_reads_the_engine():
 @pytest.mark.parametrize("cfg,msg", [
     ((96, 128, 16, 24, 32, 2, 1), "m16n8 pieces"),
     ((128, 128, 16, 64, 64, 2, 1), "at most 64x32"),
-    ((128, 128, 64, 64, 32, 2, 1), "chunks of 8, 16 or 32"),
+    ((128, 128, 24, 64, 32, 2, 1), "chunks of 8, 16, 32, 64 or 128"),
     ((128, 128, 16, 64, 32, 3, 1), "double-buffered"),
 ])
 def test_tf32x3_refuses_what_it_cannot_build(cfg, msg):
     d = bound(library.get("matmul"), a=1000, b=520, c=776)
     with pytest.raises(CodegenError, match=msg):
         FAMILY.lower(d, FAMILY.schedule(d, tf32x3(cfg)), "sm_90a")
+
+
+def test_narrow_tiles_are_offered_for_few_columns_and_taken_for_one():
+    """One output column (a matrix-vector product written as a matmul): 8-column tiles read A once,
+    and the planner takes one; a wide output is not offered them."""
+    from napkin.codegen.families.contraction import analyze
+    from napkin.codegen.lower import lower
+
+    narrow = {c[:5] for c in TF32X3_NARROW_CONFIGS}
+
+    def tiles(d):
+        cfgs = (FAMILY.config_of(analyze(d), s) for s in FAMILY.candidates(d, "h100", "fp32"))
+        return {(c.BM, c.BN, c.BK, c.WM, c.WN) for c in cfgs}
+
+    one = bound(library.get("matmul"), a=16384, b=16384, c=1)
+    assert narrow <= tiles(one)
+    assert not narrow & tiles(bound(library.get("matmul"), a=1000, b=520, c=776))
+    launch = lower(one, gpu="h100", arch="sm_90a").launches[-1]
+    assert "tf32x3" in launch.name and dict(launch.tunables)["BN"] == 8, launch.tunables
 
 
 def test_the_model_prices_three_tf32_products_on_mma_sync():
@@ -114,7 +138,7 @@ def test_launch_shape_rejects_negative_tf32x3_flops():
 
 # ---------------------------------------------------------------------------- nvcc builds
 
-BUILDS = [(c, name, d, arch) for c in TF32X3_CONFIGS
+BUILDS = [(c, name, d, arch) for c in (*TF32X3_CONFIGS, *TF32X3_NARROW_CONFIGS)
           for name, d in (("matmul", library.get("matmul")), ("A[b,a]B[c,b]", None))
           for arch in ("sm_80", "sm_90a")]
 
@@ -247,3 +271,78 @@ def test_tf32x3_exact_near_the_largest_float():
     ref = A.double() @ B.double()
     assert bool(torch.isfinite(y).all()), "a finite product came out inf or NaN"
     assert torch.allclose(y.double(), ref, rtol=1e-5, atol=0)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("cfg", TF32X3_NARROW_CONFIGS, ids=lambda c: "x".join(map(str, c[:3])))
+@pytest.mark.parametrize("layout,c", [("matmul", 1), ("matmul_t", 5), ("A[b,a]", 8)])
+def test_narrow_tf32x3_configurations(cfg, layout, c):
+    base = {"matmul": library.get("matmul"), "matmul_t": library.get("matmul_t"), "A[b,a]": mm_at()}[layout]
+    d = bound(base, a=1000, b=777, c=c)
+    _check(base, [dict(a=1000, b=777, c=c)], schedule=FAMILY.schedule(d, tf32x3(cfg)))
+
+
+def _edge_run(cfg, A, B, **kw):
+    from napkin.codegen.api import compile as compile_diagram
+
+    M, K = A.shape
+    d = bound(library.get("matmul"), a=M, b=K, c=B.shape[1])
+    cd = compile_diagram(d, schedule=FAMILY.schedule(d, tf32x3(cfg, **kw)), family="contraction", gpu="h100")
+    out = cd.empty_outputs(fill=float("nan"))
+    cd(A, B, out=out)
+    return out[cd.output_names[0]]
+
+
+def _same_specials(y, ref):
+    import torch
+
+    assert torch.equal(torch.isnan(y), torch.isnan(ref)), "NaNs differ"
+    assert torch.equal(torch.isposinf(y), torch.isposinf(ref)) and torch.equal(torch.isneginf(y), torch.isneginf(ref))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("splits", [1, 5])
+def test_tf32x3_specials_in_one_tile_leave_the_others_on_the_fast_path(splits):
+    """Infinities, a NaN and a value whose tf32 rounding overflows in some tiles (and some shares
+    of a split sum): those tiles give what fp32 gives, every other element stays as accurate as a
+    clean 3xTF32 sum (the vote is per tile: a clean tile is not summed again)."""
+    import torch
+
+    g = torch.Generator(device="cuda").manual_seed(3)
+    A = torch.rand(300, 2000, device="cuda", generator=g) - 0.5
+    B = torch.rand(2000, 200, device="cuda", generator=g) - 0.5
+    A[5, 1500] = math.inf          # row 5: infinities
+    A[140, 3] = math.nan           # row 140: NaN
+    B[999, 150] = -math.inf        # column 150: infinities (NaN where it meets row 5)
+    A[290, 7] = 3.4025e38          # rounds to inf in tf32; its row's sums stay finite in fp32
+    y = _edge_run(TF32X3_CONFIGS[1], A, B, splits=splits)
+    ref = A.double() @ B.double()
+    _same_specials(y, ref.float())
+    cols = torch.arange(200, device="cuda") != 150
+    big = y[290, cols].double()
+    assert bool(torch.isfinite(big).all()) and torch.allclose(big, ref[290, cols], rtol=1e-5, atol=0)
+    clean = torch.ones_like(ref, dtype=torch.bool)
+    clean[[5, 140, 290]] = False
+    clean[:, 150] = False
+    err = float((y.double()[clean] - ref[clean]).norm() / ref[clean].norm())
+    assert err < 1e-6, err
+
+
+@pytest.mark.gpu
+def test_tf32x3_signed_zeros_and_zero_times_inf():
+    """-0.0 operands give zeros like fp32 FMAs (no NaN, no stray sign from the split), and an
+    infinity times a column of zeros gives NaN (inf * 0) as fp32 does."""
+    import torch
+
+    A = torch.rand(64, 40, device="cuda") + 0.5
+    B = torch.rand(40, 48, device="cuda") + 0.5
+    A[7] = -0.0
+    B[:, 9] = 0.0
+    A[2, 4] = math.inf
+    y = _edge_run(TF32X3_CONFIGS[2], A, B)
+    ref = torch.zeros(64, 48, dtype=torch.float64, device="cuda")
+    for k in range(40):  # the sum as fp32 FMAs from +0, one k after another
+        ref = (A[:, k:k + 1].double() * B[k:k + 1].double()) + ref
+    _same_specials(y, ref.float())
+    assert bool((y[7] == 0).all()) and torch.equal(torch.signbit(y[7]), torch.signbit(ref[7].float()))
+    assert bool(torch.isnan(y[2, 9])) and bool(torch.isposinf(y[2, 0]))

@@ -119,6 +119,14 @@ TF32X3_CONFIGS = (
     (64, 64, 16, 32, 32, 2, 3),
     (128, 128, 8, 64, 32, 2, 1),
 )
+#: 3xTF32 configurations for an output of few columns (offered where N < 64, the narrowest tile
+#: above: one output column is a matrix-vector product written as a matmul). Tiles of 8 columns
+#: (one m16n8 piece wide), so A is read once, not once per 64 columns of waste; the sum is then
+#: bandwidth-bound, and deep chunks keep each thread's share of A in flight (32 or 16 floats).
+TF32X3_NARROW_CONFIGS = (
+    (64, 8, 64, 16, 8, 2, 3),
+    (32, 8, 32, 16, 8, 2, 8),
+)
 #: The k's whose products the 3xTF32 engine sums on the tensor cores before one fp32 addition
 #: (rounded to nearest) into its accumulators: the tensor cores' additions truncate, and summing
 #: all of K there measured 2.9e-5 relative error at 4096^3 (cuBLAS fp32: 1.1e-6; 16: 3.2e-7, and
@@ -819,7 +827,7 @@ class ContractionFamily:
             return _pingpong_first([MatmulConfig(False, *c, wgmma=True) for c in WGMMA_CONFIGS],
                                    [MatmulConfig(False, *c, wgmma=True, pingpong=True) for c in WGMMA_PINGPONG_CONFIGS])
         if dtype == "fp32" and engine == "mma.sync":  # fp32 on mma.sync: the 3xTF32 configurations
-            return [MatmulConfig(True, *c, tf32x3=True) for c in TF32X3_CONFIGS]
+            return [MatmulConfig(True, *c, tf32x3=True) for c in (*TF32X3_CONFIGS, *TF32X3_NARROW_CONFIGS)]
         table = SIMT_CONFIGS if dtype == "fp32" else MMA_CONFIGS
         return [MatmulConfig(dtype == "fp32", *c) for c in table]
 
@@ -925,7 +933,10 @@ class ContractionFamily:
             return out
         cfgs = self.configs(dtype)
         if dtype == "fp32":  # both fp32 engines: 3xTF32 on the tensor cores and FMA on the CUDA cores
-            cfgs = self.configs(dtype, "mma.sync") + cfgs
+            n = diagram.sizes.get(p.c)
+            narrow = isinstance(n, int) and n < min(c[1] for c in TF32X3_CONFIGS)
+            cfgs = [c for c in self.configs(dtype, "mma.sync")
+                    if narrow or (c.BM, c.BN, c.BK, c.WM, c.WN) not in {x[:5] for x in TF32X3_NARROW_CONFIGS}] + cfgs
         if self.wgmma_reason(diagram, gpu, dtype=dtype) is None:
             cfgs = [_narrowed(c, diagram.sizes.get(p.c)) for c in self.configs(dtype, "wgmma")] + cfgs
             cfgs = list(dict.fromkeys(cfgs))
@@ -1196,8 +1207,8 @@ class ContractionFamily:
             if cfg.WM % 16 or cfg.WN % 8 or cfg.WM * cfg.WN > 64 * 32:
                 raise CodegenError(f"{what}: the 3xTF32 warp tiles are m16n8 pieces (w_{p.a} a multiple of 16, "
                                    f"w_{p.c} of 8), at most 64x32 (64 accumulators a thread)")
-            if cfg.BK not in (8, 16, 32):
-                raise CodegenError(f"{what}: the 3xTF32 template streams b in chunks of 8, 16 or 32")
+            if cfg.BK not in (8, 16, 32, 64, 128):
+                raise CodegenError(f"{what}: the 3xTF32 template streams b in chunks of 8, 16, 32, 64 or 128")
         elif cfg.simt:
             if (cfg.WM, cfg.WN) not in ((32, 64), (64, 32)):
                 raise CodegenError(f"{what}: the fp32 template's warp tiles are 32x64 or 64x32")
