@@ -309,6 +309,12 @@ def _fixed_cases():
         "softmax_of_a_swapped_view": softmax(rename(Sq, i="j2", j2="i"), over="j2", name="Y"),
         # an input read as it is and through a view in one kernel: derive crashed (IndexError)
         "array_plus_its_transpose": map_fn("add", rename(Sq, i="j2", j2="i"), Sq, name="Y"),
+        # a view of a kernel's result as an output, read by a later kernel: the family placed the
+        # view's name, which the model did not count as the kernel's
+        "view_output_read_later": (lambda V: (map_fn("sub", V, Sq, name="Y"), V))(
+            rename(causal(Sq, "i", "j2", name="M"), j2="n", name="V")),
+        # a view of a view of an input, both outputs
+        "views_of_views": (lambda V: (rename(V, n="n2", name="W"), V))(rename(Sq, j2="n", name="V")),
     }
     return {n: Diagram(n, v) for n, v in cases.items()}
 

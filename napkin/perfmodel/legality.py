@@ -340,6 +340,13 @@ def _analyze(schedule: Schedule, only: int | None = None) -> tuple[KernelPlan, .
     return tuple(plans)
 
 
+def _view_root(v: Value) -> int:
+    """id of the array a chain of renames views."""
+    while v.op.kind == "rename":
+        v = v.args[0]
+    return id(v)
+
+
 def _plan_kernel(schedule: Schedule, index: int, boxes: tuple[Value, ...], names: dict,
                  kernel_of_box: dict, out_ids: set) -> KernelPlan:
     d = schedule.diagram
@@ -470,8 +477,18 @@ def _plan_kernel(schedule: Schedule, index: int, boxes: tuple[Value, ...], names
             a = a.args[0]
         return names[id(a)]
 
-    touched_names = ({names[id(v)] for v in (*boxes, *inputs)} | {viewed(a) for a in inputs}
-                     | {viewed(b) for b in boxes if b.op.kind == "rename"})
+    def chain(a: Value) -> set[str]:
+        """The names along a chain of views, down to the array they view."""
+        out = {names[id(a)]}
+        while a.op.kind == "rename":
+            a = a.args[0]
+            out.add(names[id(a)])
+        return out
+
+    touched_names = ({names[id(v)] for v in (*boxes, *inputs)}
+                     | {n for a in (*inputs, *(b for b in boxes if b.op.kind == "rename")) for n in chain(a)}
+                     # a view of an array this kernel computes, stored under the view's name (an output)
+                     | {names[id(v)] for v in d.nodes if v.op.kind == "rename" and _view_root(v) in computed})
     for arr, lvl in k.placement:
         if arr not in touched_names:
             raise ScheduleError(f"kernel {kname!r}: placement names array {arr!r}, which the kernel does not "
