@@ -63,8 +63,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from test_reliability_properties import assert_same, reference  # noqa: E402  (tests/ is not a package)
 
 SCALE = float(os.environ.get("NAPKIN_PROPERTY_SCALE", "1") or 1)
-SETTINGS = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
-                                                      HealthCheck.filter_too_much])
+#: derandomize: the same examples on every run (CI stays deterministic); a new seed is a code change,
+#: and NAPKIN_PROPERTY_SCALE draws more of them
+SETTINGS = dict(deadline=None, derandomize=True, database=None,
+                suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
+                                       HealthCheck.filter_too_much])
 AXIS_NAMES = "ijklm"
 UNARY = ("tanh", "relu", "neg", "gelu", "silu", "sigmoid")
 BINARY = ("add", "sub", "mul", "maximum")
@@ -86,6 +89,9 @@ def heldout(draw, max_steps: int = 5, sizes_from=(1, 2, 3, 5, 7, 8, 13, 16, 33, 
         return array(f"X{count[0]}", *[ax[a] for a in order], dtype=dtype)
 
     def some(within, lo=1, hi=3):
+        if not within:  # every axis name taken (renames add more): nothing fresh to draw
+            assume(lo == 0)
+            return []
         return draw(st.lists(st.sampled_from(sorted(within)), min_size=lo, max_size=min(hi, len(within)),
                              unique=True))
 
