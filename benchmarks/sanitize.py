@@ -4,6 +4,11 @@
     compute-sanitizer --tool memcheck  --error-exitcode 9 python3 benchmarks/sanitize.py
     compute-sanitizer --tool racecheck --error-exitcode 9 python3 benchmarks/sanitize.py
     compute-sanitizer --tool synccheck --error-exitcode 9 python3 benchmarks/sanitize.py
+    compute-sanitizer --tool racecheck python3 benchmarks/sanitize.py --skip attention_bwd_wgmma
+
+``--only TEXT`` runs the cases whose template or diagram name contains one of the texts, ``--skip
+TEXT`` leaves such cases out (both repeatable): racecheck's report on one kernel can outlast a
+device call.
 
 Each case compiles the kernel napkin plans for a diagram at sizes that are not tile multiples,
 runs it on random inputs with NaN-poisoned outputs and checks it against the float64 reference,
@@ -298,13 +303,27 @@ def run_case(case: Case) -> list[tuple[str, float, bool]]:
     return rows
 
 
-def main() -> int:
+def _picked(case: Case, only: list[str], skip: list[str]) -> bool:
+    """Whether ``case`` runs: its template or name holds one of ``only`` (when given) and none of ``skip``."""
+    text = f"{case.template} {case.name}"
+    return (not only or any(t in text for t in only)) and not any(t in text for t in skip)
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
     from napkin.kernels.compile import detect_arch
 
+    ap = argparse.ArgumentParser(description="one generated kernel of every template at edge shapes")
+    ap.add_argument("--only", action="append", default=[], metavar="TEXT",
+                    help="run the cases whose template or diagram name contains TEXT (repeatable)")
+    ap.add_argument("--skip", action="append", default=[], metavar="TEXT",
+                    help="leave out the cases whose template or diagram name contains TEXT (repeatable)")
+    a = ap.parse_args(argv)
     arch = detect_arch()
     failures = runs = 0
     for case in CASES:
-        if target(arch) not in case.archs:
+        if target(arch) not in case.archs or not _picked(case, a.only, a.skip):
             continue
         runs += 1
         label = f"{case.template:26s} {case.name:18s} {case.dtype:5s}"
@@ -316,6 +335,9 @@ def main() -> int:
             print(f"{label} ERROR {type(e).__name__}: {str(e)[:300]}")
             failures += 1
     print(f"{runs} cases on {arch}, {failures} failed")
+    if not runs:
+        print("no case matched --only/--skip")
+        return 2
     return 1 if failures else 0
 
 

@@ -56,3 +56,13 @@ def test_the_target_of_a_device_arch():
     assert SANITIZE.target("sm_90a") == "sm_90a"
     assert SANITIZE.target("sm_80") == "sm_80"
     assert SANITIZE.target("sm_86") == "sm_80"
+
+
+def test_only_and_skip_pick_cases_by_template_or_name():
+    cases = SANITIZE.CASES
+    bwd = [c for c in cases if SANITIZE._picked(c, ["attention_bwd_wgmma"], [])]
+    assert bwd and all("attention_bwd_wgmma" in c.template for c in bwd)
+    rest = [c for c in cases if SANITIZE._picked(c, [], ["attention_bwd_wgmma"])]
+    assert len(rest) + len(bwd) == len(cases) and not set(map(id, rest)) & set(map(id, bwd))
+    by_name = [c for c in cases if SANITIZE._picked(c, ["column_sum"], [])]
+    assert by_name and all(c.name == "column_sum" for c in by_name)
