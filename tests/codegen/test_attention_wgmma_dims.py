@@ -66,7 +66,7 @@ def test_packed_schedule_round_trip(D):
     d = bound("gqa", d=D, q=777, x=777, h=3, j=6)
     p = analyze(d)
     for g in W.PACKS:
-        c = dataclasses.replace(W.configs(D)[0], pack=g)
+        c = dataclasses.replace(W.configs(D)[0], pack=g, persistent=False)
         if c.QT % 16:  # 192 rows over 8 heads: 24 queries each, not whole 16-row runs
             assert not any(W.config_of(p, d, s).pack == g for s in W.candidates(FAMILY, d, "h100", "bf16"))
             continue
@@ -96,7 +96,7 @@ def test_packing_is_offered_after_the_unpacked_tiles_and_refused_where_it_cannot
     two = Diagram("two", attention_core(array("Q", Axis("a"), Axis("b"), q, dd), array("K", x, dd), array("V", x, dd)))
     two = two.bind(a=2, b=2, q=300, x=300, d=64)
     assert "one axis" in W.pack_reason(analyze(two), two)
-    cfg = dataclasses.replace(W.configs(64)[0], pack=2)
+    cfg = dataclasses.replace(W.configs(64)[0], pack=2, persistent=False)
     with pytest.raises(CodegenError, match="packing"):
         W.lower_config(FAMILY, two, cfg)
 
@@ -148,7 +148,7 @@ def _cases():
             out.append(("gqa", dataclasses.replace(c, pack=2)))
     for D in (64, 128):
         for g in W.PACKS:
-            out.append(("gqa", dataclasses.replace(W.configs(D)[0], pack=g)))
+            out.append(("gqa", dataclasses.replace(W.configs(D)[0], pack=g, persistent=False)))
     return out
 
 

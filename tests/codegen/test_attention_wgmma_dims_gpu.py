@@ -79,19 +79,19 @@ def test_packed(name, D):
     for g in W.PACKS:
         if (base.BQ // g) % 16:
             continue
-        cfg = dataclasses.replace(base, pack=g)
+        cfg = dataclasses.replace(base, pack=g, persistent=False)
         for q, x, j in ((1000, 1000, 4), (129, 777, 3), (300, 300, 8), (65, 1000, 5)):
             run(name, cfg, q=q, x=x, j=j, d=D)
 
 
 def test_packed_fp16_and_every_table_entry():
     for c in W.configs(128) + W.configs(64):
-        run("gqa", dataclasses.replace(c, pack=2), q=777, x=777, j=4, d=c.D)
+        run("gqa", dataclasses.replace(c, pack=2, persistent=False), q=777, x=777, j=4, d=c.D)
     from napkin.codegen.api import CompiledDiagram
     from napkin.codegen.verify import verify_compiled
 
     d = library.get("gqa").with_dtype("fp16").bind(h=2, j=4, q=500, x=500, d=128)
-    rows = verify_compiled(CompiledDiagram(W.lower_config(FAMILY, d, dataclasses.replace(W.configs(128)[0], pack=4)),
+    rows = verify_compiled(CompiledDiagram(W.lower_config(FAMILY, d, dataclasses.replace(W.configs(128)[0], pack=4, persistent=False)),
                                            arch="sm_90a"))
     assert all(r.ok for r in rows), rows
 
