@@ -1293,6 +1293,19 @@ class ContractionFamily:
                             shared_bytes=0, args=args, template="pad_rows.cu.jinja",
                             tunables=(("THREADS", PAD_THREADS),), model_smem_bytes=0, model_regs_per_thread=None)
 
+    @staticmethod
+    def _second_launch_params(d: Diagram, p: MatmulProblem, ws: str) -> list[Param]:
+        """The parameters both second launches (a split sum's, a split row reduction's) open with:
+        the fp32 partials, the output, its two sizes and its row stride."""
+        out_name = d.output_names[0]
+        sY = contiguous_strides(p.out)
+        return [
+            Param(Arg("tensor", ws, dtype="fp32", axes=()), Code("const float* __restrict__ WS")),
+            tensor_param(p.out, "Y", p.dtype, const=False, name=out_name),
+            int_param("M", d.sizes[p.a]), int_param("N", d.sizes[p.c]),
+            int_param("ldy", sY[p.a], f"row stride of {out_name}[{','.join(p.out.axis_names)}]"),
+        ]
+
     def _combine_launch(self, d: Diagram, p: MatmulProblem, cfg: MatmulConfig, ws: str) -> KernelLaunch:
         """The second launch of a split sum: the partials added in a fixed order, then the epilogue."""
         T = p.dtype
@@ -1300,12 +1313,7 @@ class ContractionFamily:
         M, N = sz[p.a], sz[p.c]
         sY = contiguous_strides(p.out)
         out_name = d.output_names[0]
-        params: list[Param] = [
-            Param(Arg("tensor", ws, dtype="fp32", axes=()), Code("const float* __restrict__ WS")),
-            tensor_param(p.out, "Y", T, const=False, name=out_name),
-            int_param("M", M), int_param("N", N),
-            int_param("ldy", sY[p.a], f"row stride of {out_name}[{','.join(p.out.axis_names)}]"),
-        ]
+        params = self._second_launch_params(d, p, ws)
         batch = []
         for ax in p.batch:
             names = dict(idx=ident(ax, "i_"), size=ident(ax, "n_"), sY=ident(ax, "sY_"))
@@ -1339,17 +1347,10 @@ class ContractionFamily:
         order (max and sum rescaled for a softmax or logsumexp), then the maps after the reduction;
         a softmax normalises its stored logits (less each tile's max) in place."""
         T = p.dtype
-        sz = d.sizes
-        M, N = sz[p.a], sz[p.c]
+        M, N = d.sizes[p.a], d.sizes[p.c]
         red = p.rowred_kind
         sY = contiguous_strides(p.out)
-        out_name = d.output_names[0]
-        params: list[Param] = [
-            Param(Arg("tensor", ws, dtype="fp32", axes=()), Code("const float* __restrict__ WS")),
-            tensor_param(p.out, "Y", T, const=False, name=out_name),
-            int_param("M", M), int_param("N", N),
-            int_param("ldy", sY[p.a], f"row stride of {out_name}[{','.join(p.out.axis_names)}]"),
-        ]
+        params = self._second_launch_params(d, p, ws)
         index_vars = {ax: ident(ax, "i_") for ax in (p.a, p.c)}
         R = p.rowred
         post = epilogue_code(d, R, p.out, index_vars={ax: index_vars[ax] for ax in R.axis_names}, ctype_name=T,
