@@ -340,11 +340,12 @@ def _analyze(schedule: Schedule, only: int | None = None) -> tuple[KernelPlan, .
     return tuple(plans)
 
 
-def _view_root(v: Value) -> int:
-    """id of the array a chain of renames views."""
-    while v.op.kind == "rename":
-        v = v.args[0]
-    return id(v)
+def _view_chain(v: Value) -> list[Value]:
+    """``v`` and the values down a chain of renames to the array it views (the last)."""
+    out = [v]
+    while out[-1].op.kind == "rename":
+        out.append(out[-1].args[0])
+    return out
 
 
 def _plan_kernel(schedule: Schedule, index: int, boxes: tuple[Value, ...], names: dict,
@@ -470,25 +471,13 @@ def _plan_kernel(schedule: Schedule, index: int, boxes: tuple[Value, ...], names
             stores.append(r)
 
     # ---- placement
-    def viewed(a: Value) -> str:
-        """The name of the array an input view reads (a kernel that renames X reads X from HBM: a
-        family places X)."""
-        while a.op.kind == "rename":
-            a = a.args[0]
-        return names[id(a)]
-
-    def chain(a: Value) -> set[str]:
-        """The names along a chain of views, down to the array they view."""
-        out = {names[id(a)]}
-        while a.op.kind == "rename":
-            a = a.args[0]
-            out.add(names[id(a)])
-        return out
-
+    # the names along each chain of views the kernel reads, down to the array viewed (a kernel
+    # that renames X reads X from HBM: a family places X)
     touched_names = ({names[id(v)] for v in (*boxes, *inputs)}
-                     | {n for a in (*inputs, *(b for b in boxes if b.op.kind == "rename")) for n in chain(a)}
+                     | {names[id(c)] for a in (*inputs, *(b for b in boxes if b.op.kind == "rename"))
+                        for c in _view_chain(a)}
                      # a view of an array this kernel computes, stored under the view's name (an output)
-                     | {names[id(v)] for v in d.nodes if v.op.kind == "rename" and _view_root(v) in computed})
+                     | {names[id(v)] for v in d.nodes if v.op.kind == "rename" and id(_view_chain(v)[-1]) in computed})
     for arr, lvl in k.placement:
         if arr not in touched_names:
             raise ScheduleError(f"kernel {kname!r}: placement names array {arr!r}, which the kernel does not "
@@ -496,7 +485,7 @@ def _plan_kernel(schedule: Schedule, index: int, boxes: tuple[Value, ...], names
     place = dict(k.placement)
     level: dict[int, str] = {}
     for a in inputs:
-        level[id(a)] = place.get(names[id(a)], place.get(viewed(a), "SMEM"))
+        level[id(a)] = place.get(names[id(a)], place.get(names[id(_view_chain(a)[-1])], "SMEM"))
     for b in boxes:
         if id(b) in computed:
             level[id(b)] = place.get(names[id(b)], "SMEM" if id(b) in stored else "RF")

@@ -624,8 +624,6 @@ def _within(size, lo: int, hi: int, message) -> None:
 def _rounded_lse(pieces: _GradPieces, backward, lse: set[str]) -> dict:
     """The saved log-sum-exps (names in ``lse``) that the forward writes or the backward reads in a
     dtype below fp32, with that dtype."""
-    if isinstance(backward, str):
-        return {}
     out_dt = dict(zip(pieces.forward.output_names, pieces.forward._out_dtypes))
     in_dt = dict(zip(backward.input_names, backward._in_dtypes))
     low = {}

@@ -897,12 +897,12 @@ class ContractionFamily:
             # a wider row is split over the configuration's column tiles (``splits`` of them, each
             # block reducing its part of the rows, a second launch combining the partials)
             n = diagram.sizes.get(p.c)
-            if n <= 256:
-                bn = max(64, -(-n // 64) * 64)
-                cfgs = (replace(c, BN=bn, WN=bn) for c in self.configs(dtype, "wgmma") if not c.pingpong)
-            else:
-                cfgs = (replace(c, BN=_rowsplit_bn(n, -(-n // c.BN)), WN=_rowsplit_bn(n, -(-n // c.BN)),
-                                splits=-(-n // c.BN)) for c in self.configs(dtype, "wgmma") if not c.pingpong)
+            def row_tiles(c: MatmulConfig) -> MatmulConfig:
+                splits = 1 if n <= 256 else -(-n // c.BN)
+                bn = _rowsplit_bn(n, splits)
+                return replace(c, BN=bn, WN=bn, splits=splits)
+
+            cfgs = (row_tiles(c) for c in self.configs(dtype, "wgmma") if not c.pingpong)
             # (whole tiles staged in the ring: not persistent, so never ping-pong)
             for cfg in dict.fromkeys(cfgs):
                 if p.rowred_kind == "softmax" and cfg.splits > MAX_ROW_TILES:
