@@ -190,6 +190,18 @@ class WgmmaAttentionConfig:
         """The N of the P V product: D (80 and 96 are wgmma N sizes), or DP with ``pad_pv``."""
         return self.DP if self.pad_pv else self.D
 
+    def variant_reason(self) -> str | None:
+        """Why the template cannot build this combination of variants, or None.
+
+        >>> WgmmaAttentionConfig(64, 128, 2, 2, overlap=True, persistent=True, pack=2).variant_reason()
+        'persistent blocks take neither ping-pong nor GQA packing'
+        """
+        if self.pingpong and (self.consumers != 2 or not self.overlap):
+            return "ping-pong takes two consumer warpgroups, each with its two stages"
+        if self.persistent and (self.pingpong or self.pack > 1):
+            return "persistent blocks take neither ping-pong nor GQA packing"
+        return None
+
     def consumer_need(self) -> int:
         """Registers a consumer thread's tiles take: S (BX / 2 fp32), P (BX / 4, twice with two
         stages) and O (NV / 2)."""
@@ -418,10 +430,8 @@ def config_of(p: AttentionProblem, diagram: Diagram, sched: Schedule) -> WgmmaAt
         raise CodegenError(f"{what}: 1 to 3 consumer warpgroups")
     if cfg.BX % 16 or not 16 <= cfg.BX <= 256:
         raise CodegenError(f"{what}: s_{p.x} must be a multiple of 16 up to 256 (one wgmma's N)")
-    if cfg.pingpong and (consumers != 2 or not cfg.overlap):
-        raise CodegenError(f"{what}: ping-pong takes two consumer warpgroups, each with its two stages")
-    if cfg.persistent and (cfg.pingpong or pack > 1):
-        raise CodegenError(f"{what}: persistent blocks take neither ping-pong nor GQA packing")
+    if cfg.variant_reason():
+        raise CodegenError(f"{what}: {cfg.variant_reason()}")
     if not 2 <= cfg.stages <= 8:
         raise CodegenError(f"{what}: stages must be 2 to 8")
     # S (BX / 2), P (BX / 4, twice with two stages) and O (NV / 2) registers a consumer thread,
@@ -597,11 +607,8 @@ def lower_config(fam, diagram: Diagram, cfg: WgmmaAttentionConfig, arch: str = "
     why = wgmma_reason(p, diagram, arch=arch)
     if why:
         raise CodegenError(f"attention family (wgmma): {why}")
-    if cfg.pingpong and (cfg.consumers != 2 or not cfg.overlap):
-        raise CodegenError("attention family (wgmma): ping-pong takes two consumer warpgroups, each with its two "
-                           "stages")
-    if cfg.persistent and (cfg.pingpong or cfg.pack > 1):
-        raise CodegenError("attention family (wgmma): persistent blocks take neither ping-pong nor GQA packing")
+    if cfg.variant_reason():
+        raise CodegenError(f"attention family (wgmma): {cfg.variant_reason()}")
     sched = schedule(fam, diagram, cfg, gpu)
     return Program(diagram, sched, fam.name, (_launch(diagram, p, cfg, arch, _sm_count(sched.gpu)),),
                    _buffers(diagram, cfg), dict(diagram.sizes))
