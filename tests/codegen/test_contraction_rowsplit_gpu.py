@@ -14,9 +14,11 @@ from napkin.codegen.families.contraction import FAMILY, WGMMA_CONFIGS, MatmulCon
 
 try:
     from .test_contraction_fusion import gemm_rowred
+    from .test_contraction_gpu import check
     from .test_contraction_rowsplit import KINDS, diagram_of, gemm_lse
 except ImportError:  # tests/codegen is not a package: pytest puts its folder on sys.path
     from test_contraction_fusion import gemm_rowred
+    from test_contraction_gpu import check
     from test_contraction_rowsplit import KINDS, diagram_of, gemm_lse
 
 pytestmark = pytest.mark.gpu
@@ -25,14 +27,6 @@ pytestmark = pytest.mark.gpu
 #: columns), 11008 (43); rows that are no tile multiples and short sums (8: one mostly masked chunk)
 SPLIT_SHAPES = [dict(a=1000, b=520, c=1000), dict(a=77, b=64, c=4100), dict(a=130, b=8, c=11008),
                 dict(a=45, b=136, c=1001)]
-
-
-def check(diagram, dtype, shapes, family="contraction", schedule=None):
-    from napkin.codegen.verify import verify
-
-    report = verify(diagram, dtype=dtype, shapes=shapes, family=family, schedule=schedule)
-    print(report)
-    assert report.ok, str(report)
 
 
 def _hopper():
