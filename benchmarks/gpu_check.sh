@@ -10,9 +10,13 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv 
 timeout "${TEST_TIMEOUT:-180}" python3 -m pytest -q -m gpu -n "${WORKERS:-8}" -p no:cacheprovider >"$out/gpu_tests.log" 2>&1
 rc=$?; status=$rc
 echo "gpu tests rc=$rc"; tail -n 25 "$out/gpu_tests.log"
+# racecheck leaves out the two cases whose shared memory is handed over by mbarriers alone, which it
+# does not follow (benchmarks/sanitize.py's docstring; benchmarks/racecheck_ring.cu reproduces it)
 for tool in memcheck racecheck synccheck; do
+  skip=()
+  [ "$tool" = racecheck ] && skip=(--skip attention_bwd_wgmma --skip persistent_walk)
   timeout "${SAN_TIMEOUT:-100}" compute-sanitizer --tool "$tool" --error-exitcode 9 python3 benchmarks/sanitize.py \
-    >"$out/$tool.log" 2>&1
+    "${skip[@]}" >"$out/$tool.log" 2>&1
   rc=$?; [ "$rc" -ne 0 ] && status=$rc
   echo "$tool rc=$rc"; tail -n 20 "$out/$tool.log"
 done
