@@ -19,7 +19,8 @@ function of the diagram and the names only, so a plan made on it can be read bac
 (:meth:`napkin.perfmodel.plan.Plan.from_dict` expands again).
 
 The planner (:func:`napkin.codegen.planner.derive`) expands only boxes that would otherwise run
-on the scalar fallback, and keeps the expansion only when the model predicts it faster.
+on the scalar fallback, and keeps the expansion when it puts fewer boxes on the fallback, else
+when the model predicts it faster.
 
 >>> from napkin.diagrams import Diagram, array, axes, softmax
 >>> a, b = axes("a b")

@@ -274,7 +274,10 @@ def test_examples_cover_every_family():
         programs.add(p.family)
         for f in p.plan.families:
             fams[f] = fams.get(f, 0) + 1
-    assert set(fams) == {"rowwise", "contraction", "attention", "pointwise", "fallback"}, fams
+    # the fallback may appear (a box no fast family builds) but need not: since softmax and norms
+    # over an outer axis are written out at every size, these examples no longer reach it
+    assert {"rowwise", "contraction", "attention", "pointwise"} <= set(fams) <= {
+        "rowwise", "contraction", "attention", "pointwise", "fallback"}, fams
     assert {"rowwise", "contraction", "attention"} <= programs, programs  # each family alone, too
     assert any("+" in f for f in programs), programs  # and plans of several families
     assert len(examples()) >= 30

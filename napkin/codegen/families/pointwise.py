@@ -8,8 +8,11 @@ chain of the same kind (``sum``, ``max``, ``min`` or ``mean``: a mean of means i
 counts being uniform), each reducing the one before, over the set ``R`` of their axes. The maps
 before the chain are evaluated on the iteration space ``U`` (the axes of the chain's input), the
 maps after it on the kept space ``K = U \\ R``. Outputs hold all of ``U`` (written in the pass
-that reads the data) or all of ``K`` (written after the reduction). Softmax, norms,
-contractions and renames are other families' boxes.
+that reads the data) or all of ``K`` (written after the reduction). A contraction over no axis
+(an outer or elementwise product, ``contract(P[i], Q[j], over=(), out=(j, i))``) is the map
+``x * y * …``; a contraction of two factors one of which holds every axis of the other (a
+matrix-vector product, a dot) starts the chain as a sum of products. Softmax, norms, matrix
+products and renames are other families' boxes.
 
 How it runs: the *vector axis* is the innermost axis of the largest array that holds every axis
 of ``U``; a thread works on ``VEC`` consecutive positions along it (``VEC`` values fill 16
@@ -213,6 +216,28 @@ def _is_product_sum(v: Value) -> bool:
     return x <= y or y <= x
 
 
+def _is_product(v: Value) -> bool:
+    """Whether box ``v`` is a contraction over no axis (an outer or elementwise product, also what
+    :meth:`~napkin.diagrams.diagram.Diagram.grad` writes for a broadcast): no sum, so an
+    elementwise map ``x * y * …`` over its output's axes."""
+    return isinstance(v.op, Contract) and not v.op.over
+
+
+def _is_map(v: Value) -> bool:
+    """Whether box ``v`` is evaluated per element: a ``Map`` or a product over no axis."""
+    return isinstance(v.op, Map) or _is_product(v)
+
+
+def _is_reduction(v: Value) -> bool:
+    """Whether box ``v`` sums or reduces over an axis: a ``Reduce`` or a sum of products."""
+    return isinstance(v.op, Reduce) or (isinstance(v.op, Contract) and bool(v.op.over))
+
+
+def _index_axes(v: Value) -> tuple[str, ...]:
+    """The axes whose index an elementwise box reads (a product reads none)."""
+    return tuple(v.op.index_axes) if isinstance(v.op, Map) else ()
+
+
 def _over(v: Value) -> tuple[str, ...]:
     return tuple(v.op.over) if isinstance(v.op, Contract) else (v.op.over,)
 
@@ -228,10 +253,7 @@ def analyse(diagram: Diagram) -> PointwiseShape | str:
     if not nodes:
         return "has no boxes"
     for v in nodes:
-        if isinstance(v.op, Contract) and not v.op.over:
-            return (f"box {d.name_of(v)} is a contraction over no axis (an elementwise or outer product); "
-                    "this family runs it written as a map, x * y")
-        if isinstance(v.op, Contract) and not _is_product_sum(v):
+        if isinstance(v.op, Contract) and not _is_product(v) and not _is_product_sum(v):
             return (f"box {d.name_of(v)} is a contraction of two factors that each carry an axis the other "
                     "lacks (a matrix product: the contraction family runs it)")
         if not isinstance(v.op, (Map, Reduce, Contract)):
@@ -244,21 +266,21 @@ def analyse(diagram: Diagram) -> PointwiseShape | str:
     sizes = {n: a.bound_size for n, a in d.axes.items()}
     consumers = d.consumers
     out_ids = {id(v) for v in d.outputs}
-    reduces = [v for v in nodes if isinstance(v.op, (Reduce, Contract))]
+    reduces = [v for v in nodes if _is_reduction(v)]
 
     chain: list[Value] = []
     if reduces:
         for v in reduces:
-            if isinstance(v.op, Contract) and any(isinstance(a.op, (Reduce, Contract)) for a in v.args):
+            if isinstance(v.op, Contract) and any(_is_reduction(a) for a in v.args):
                 return (f"contraction {d.name_of(v)} reads a reduction; a sum of products starts the chain "
                         "of reductions")
-        firsts = [v for v in reduces if not isinstance(v.args[0].op, (Reduce, Contract))]
+        firsts = [v for v in reduces if not _is_reduction(v.args[0])]
         if len(firsts) != 1:
             return (f"its {len(reduces)} reductions are not one chain (each reducing the one before); "
                     f"{len(firsts)} of them read a value that is no reduction")
         chain = [firsts[0]]
         while True:
-            nxt = [c for c in consumers.get(id(chain[-1]), ()) if isinstance(c.op, (Reduce, Contract))]
+            nxt = [c for c in consumers.get(id(chain[-1]), ()) if _is_reduction(c)]
             if not nxt:
                 break
             if len(nxt) > 1 or len(consumers[id(chain[-1])]) > 1 or id(chain[-1]) in out_ids:
@@ -288,7 +310,7 @@ def analyse(diagram: Diagram) -> PointwiseShape | str:
         for v in nodes:
             U |= set(v.axis_names)
     K = U - red
-    post_ids = {id(v) for v in nodes if id(v) in after and isinstance(v.op, Map)}
+    post_ids = {id(v) for v in nodes if id(v) in after and _is_map(v)}
     for v in nodes:
         if id(v) in post_ids and not set(v.axis_names) <= K:
             return (f"box {d.name_of(v)} carries a reduced axis ({', '.join(sorted(set(v.axis_names) & red))}) "
@@ -364,7 +386,7 @@ def _flat_vectors(order: tuple[str, ...], loop, full_out) -> bool:
     reads an axis index (which would change inside a vector)."""
     arrays = [a for b in loop for a in b.args if a.is_input] + [v for _, v in full_out]
     return (all(tuple(v.axis_names) == tuple(order) for v in arrays)
-            and not any(b.op.index_axes for b in loop))
+            and not any(_index_axes(b) for b in loop))
 
 
 def _row_runs(order: tuple[str, ...], red: set, loop, chain, full_out) -> bool:
@@ -377,7 +399,7 @@ def _row_runs(order: tuple[str, ...], red: set, loop, chain, full_out) -> bool:
         return False
     arrays = [a for b in loop for a in b.args if a.is_input] + [a for a in chain[0].args if a.is_input]
     return (all(tuple(v.axis_names) == tuple(order) for v in arrays)
-            and not any(b.op.index_axes for b in loop))
+            and not any(_index_axes(b) for b in loop))
 
 
 def _desc(nodes, root: Value) -> set[int]:
@@ -606,9 +628,15 @@ def regs_need(shape: PointwiseShape, cfg: Config) -> int:
     acc = 0 if shape.mode == "map" else (cfg.unroll if shape.mode == "row" else shape.vec)
     outer, loop = _pass_needs(shape, g)
     per, extra = (2, 0) if not shape.big else ((2, 4) if shape.mode == "map" else (5, 16))
-    index = per * (len(outer) + len(loop) + sum(len(m.op.index_axes) for m in shape.loop)) + extra
+    index = per * (len(outer) + len(loop) + sum(len(_index_axes(m)) for m in shape.loop)) + extra
     base = BASE_REGS + (8 if shape.mode == "col" else 0) + (4 if shape.aligned_rows else 0)
-    return base + cfg.unroll * loads + stores + acc + index + len(shape.loop)
+    # in the map kernel an input that does not hold the space in its order (a factor of an outer
+    # product, a mean broadcast along the rows) has its own offset for each vector in flight
+    # (sm_90a spilled 4 bytes at the budget without it: the outer product P[i]·Q[j] into O[j,i])
+    offsets = 0
+    if shape.mode == "map":
+        offsets = cfg.unroll * sum(tuple(v.axis_names) != tuple(shape.order) for v in shape.loop_inputs)
+    return base + cfg.unroll * loads + stores + acc + index + len(shape.loop) + offsets
 
 
 def regs_estimate(shape: PointwiseShape, cfg: Config) -> int:
@@ -744,7 +772,7 @@ class _Gen:
 
     def index_args(self, b: Value, prefix: str, in_loop: bool) -> list[Code]:
         out = []
-        for a in b.op.index_axes:
+        for a in _index_axes(b):
             var = ident(a, prefix)
             out.append(Code(f"({var} + e)") if in_loop and a == self.s.inner else var)
         return out
@@ -767,7 +795,7 @@ def _pass_needs(shape: PointwiseShape, g: "_Gen") -> tuple[set[str], set[str]]:
     outer_need: set[str] = set()
     loop_need: set[str] = set()
     for b in shape.loop:
-        for a in b.op.index_axes:
+        for a in _index_axes(b):
             (outer_need if a in outer_group else loop_need).add(a)
     for v in (*shape.loop_inputs, *(v for _, v in shape.full_out)):
         g.part(v, outer_group, outer_flat, "i_", outer_need)
@@ -777,6 +805,11 @@ def _pass_needs(shape: PointwiseShape, g: "_Gen") -> tuple[set[str], set[str]]:
 
 def _map_stmt(shape: PointwiseShape, b: Value, var, idx: list[Code]) -> Code:
     op = b.op
+    if _is_product(b):  # x * y * …, multiplied left to right in fp32 registers, rounded once
+        expr = var(b.args[0])
+        for a in b.args[1:]:
+            expr = map_expr("mul", [expr, var(a)])
+        return Code(f"const float {ident(shape.name(b), 'a_')} = {expr};")
     get_function(op.fn)  # refuses functions outside the whitelist
     ns = [shape.sizes[a] for a in op.index_axes]
     expr = map_expr(op.fn, [var(a) for a in b.args], op.param_values(shape.sizes), idx, ns)
@@ -887,7 +920,7 @@ def lower_shape(shape: PointwiseShape, cfg: Config, schedule: Schedule, arch: st
     # ---- after the reduction: per kept element kf (prefix k_)
     post_need: set[str] = set()
     for b in shape.post:
-        post_need.update(b.op.index_axes)
+        post_need.update(_index_axes(b))
     post_loads = []
     for v in post_inputs:
         terms = g.part(v, shape.kept, Code("kf"), "k_", post_need)

@@ -1,0 +1,88 @@
+"""On a GPU: the cases tests/test_no_fallback.py moves off the scalar fallback run right.
+
+- products over no axis (outer, transposed, batched, Hadamard with a transposed factor, a
+  broadcast factor, three factors, an outer product summed over an axis), run by the pointwise
+  family as the map ``x * y * …``;
+- softmax, rmsnorm and layernorm over an axis that is not innermost at small and odd sizes, written
+  out as reductions and maps (sizes where the model used to keep them on the fallback).
+
+Each is planned by derive (the test asserts no kernel on the fallback), compiled, run on fresh
+random inputs with NaN-poisoned outputs (an element a kernel does not write stays NaN and fails)
+and compared with the float64 reference: the norm-wise relative error below
+``napkin.codegen.verify.TOLERANCE`` (1e-2 bf16, 1e-5 fp32), by test_pointwise_gpu's ``check``.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from napkin.codegen import compile as napkin_compile
+from napkin.diagrams import Diagram, array, axes, contract, sum_over
+from napkin.perfmodel.plan import FALLBACK
+
+sys.path.insert(0, str(Path(__file__).resolve().parent / "codegen"))
+from test_pointwise_gpu import check  # noqa: E402  (tests/codegen is not a package)
+from test_no_fallback import _contractions, reduction  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+
+i, j, n = axes("i j n")
+
+PRODUCTS = [
+    ("outer", [dict(i=37, j=129), dict(i=1, j=7), dict(i=1024, j=4093)]),
+    ("outer_transposed", [dict(i=37, j=129), dict(i=4096, j=4096)]),
+    ("outer_batched", [dict(n=3, i=37, j=129), dict(n=8, i=256, j=512)]),
+    ("hadamard", [dict(i=37, j=129)]),
+    ("hadamard_transposed", [dict(i=37, j=129), dict(i=512, j=1000)]),
+    ("broadcast_product", [dict(i=37, j=129), dict(i=1024, j=1000)]),
+]
+
+
+def _compiled(d: Diagram, sizes: dict, dtype: str):
+    cd = napkin_compile(d, sizes=sizes, dtype=dtype)
+    assert FALLBACK not in cd.plan.families, str(cd.plan)
+    return cd
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp32"])
+@pytest.mark.parametrize("case, shapes", PRODUCTS, ids=[c for c, _ in PRODUCTS])
+def test_products_over_no_axis_verify(case, shapes, dtype):
+    v, names = _contractions(dtype)[case]
+    for seed, sizes in enumerate(shapes):
+        cd = _compiled(Diagram(case, v.named("C")), {a: sizes[a] for a in names}, dtype)
+        assert cd.plan.families == ("pointwise",)
+        check(cd, seed=seed)
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp32"])
+def test_three_factors_and_a_summed_outer_product_verify(dtype):
+    p, q, r = array("P", i, dtype=dtype), array("Q", j, dtype=dtype), array("R", j, i, dtype=dtype)
+    three = Diagram("three", contract(p, q, r, over=(), out=(i, j), name="O"))
+    summed = Diagram("outer_then_sum", sum_over(contract(p, q, over=(), out=(i, j)), i, name="S"))
+    for d in (three, summed):
+        for seed, sizes in enumerate((dict(i=37, j=129), dict(i=1000, j=3))):
+            check(_compiled(d, sizes, dtype), seed=seed)
+
+
+COMPOSITES = [
+    ("softmax", "abc", (1,), [(4, 64, 32), (3, 37, 5), (1, 7, 1)]),
+    ("rmsnorm", "abc", (1,), [(4, 64, 32), (5, 129, 3)]),
+    ("rmsnorm", "abc", (0,), [(37, 5, 129)]),
+    ("layernorm", "ab", (0,), [(300, 300), (37, 5)]),
+    ("softmax", "abce", (0,), [(37, 5, 129, 3)]),
+    ("layernorm", "abce", (1,), [(8, 8, 8, 8)]),
+]
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp32"])
+@pytest.mark.parametrize("kind, names, at, shapes", COMPOSITES,
+                         ids=[f"{k}_{n}_{a[0]}" for k, n, a, _ in COMPOSITES])
+def test_composites_over_an_outer_axis_at_small_sizes_verify(kind, names, at, shapes, dtype):
+    d = reduction(kind, names, at, dtype)
+    for seed, shape in enumerate(shapes):
+        cd = _compiled(d, dict(zip(names, shape)), dtype)
+        assert cd.plan.expanded, str(cd.plan)
+        check(cd, seed=seed)
