@@ -341,8 +341,14 @@ for _fn in [
                       "torch.nn.functional.softplus; computed as (max(z, 0) + log1p(e^-|z|))/beta "
                       "(z = beta·x), which never overflows (where torch's exp would, a threshold above "
                       "88 in fp32, it gives x rather than inf); softplus(-inf) = 0, softplus(NaN) = NaN"),
-    ElementwiseFn("mish", 1, _mish, "({x0} * tanhf(log1pf(expf({x0}))))", flops=1, sfu=3,
-                  doc="x·tanh(softplus(x)) as torch.nn.functional.mish: mish(inf) = inf, and "
+    ElementwiseFn("mish", 1, _mish,
+                  "(({x0} > 20.0f) ? {x0} : ({x0} * ((expf({x0}) * (expf({x0}) + 2.0f)) / "
+                  "(expf({x0}) * (expf({x0}) + 2.0f) + 2.0f))))",
+                  flops=6, sfu=1,
+                  doc="x·tanh(softplus(x)) as torch.nn.functional.mish, computed with one exponential: "
+                      "tanh(log(1 + n)) = n(n + 2)/(n(n + 2) + 2) for n = eˣ (exact algebra, where "
+                      "tanh, log1p and exp would each cost a libm call), and x itself past 20, where "
+                      "the factor rounds to 1 in fp32 (and n² would overflow past 44); mish(inf) = inf, "
                       "mish(-inf) = -inf·0 = NaN as torch gives"),
     ElementwiseFn("selu", 1, _selu,
                   "(({x0} < 0.0f) ? (" + _lit(_SELU_SA) + " * expm1f({x0})) : (" + _lit(SELU_SCALE)
