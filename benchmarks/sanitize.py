@@ -114,6 +114,12 @@ def _layernorm_grad():
     return library.get("layernorm").grad(save={"N_rstd", "N_mean"})
 
 
+def _rmsnorm_grad():
+    from napkin.diagrams import library
+
+    return library.get("rmsnorm").grad()
+
+
 def _gemm_row_sum():
     from napkin.diagrams import Diagram, array, axes, contract, sum_over
 
@@ -201,6 +207,9 @@ CASES = [
     # column reductions: more row groups than blocks (several a block, the last ragged), a row of no
     # 16-byte multiple; the partials' sum in the kernel (arrival counters, tickets, the reset)
     Case("rowwise.cu.jinja", _layernorm_grad, {"r": 4000, "x": 999}, family="rowwise"),
+    # the rmsnorm backward that recomputes rstd (two passes, two sums in one block round) on a row of
+    # 5000 (320 threads fitted to it, the register budget cut for two blocks an SM)
+    Case("rowwise.cu.jinja", _rmsnorm_grad, {"r": 600, "x": 5000}, family="rowwise"),
     # large enough that Hopper's planner takes wgmma + TMA; 333 and 264 are not tile multiples
     Case("matmul_wgmma.cu.jinja", "matmul", {"a": 333, "b": 520, "c": 264}, family="contraction",
          archs=("sm_90a",)),

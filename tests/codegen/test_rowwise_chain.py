@@ -188,7 +188,8 @@ def test_register_mode_reads_every_input_once():
     src = _source("log_softmax", r=64, x=4096)
     assert src.count("napkin::load_vec(") == 1 and src.count("// ---- pass") == 3
     assert "kv_X[UNROLL]" in src and "#pragma unroll 1" not in src
-    assert "xor_reduce<napkin::MaxOp" in src or "block_reduce<napkin::MaxOp>" in src
+    # a part of a warp: shuffles; a block: each warp's max, then the warps' (one round a pass)
+    assert "xor_reduce<napkin::MaxOp" in src or "warp_reduce<napkin::MaxOp>" in src
     gn = _source("group_norm", n=2, g=4, c=4, s=256)
     assert gn.count("napkin::load_vec(") == 1 and "j_c = col0 / 256" in gn     # gamma/beta once per chunk
 

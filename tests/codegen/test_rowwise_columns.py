@@ -16,7 +16,8 @@ import re
 import pytest
 
 from napkin.codegen import families
-from napkin.codegen.families.rowwise import COMBINE_COLS, COUNTERS, FAMILY, THREADS_PER_ROW, ChainShape, analyse
+from napkin.codegen.families.rowwise import COMBINE_COLS, COUNTERS, FAMILY, THREADS_PER_ROW, ChainShape, analyse, \
+    wave_splits
 from napkin.codegen.lower import SMEM_TOLERANCE, lower
 from napkin.codegen.partition import kernel_problem, plan_units
 from napkin.codegen.planner import _Planner, derive
@@ -174,7 +175,12 @@ def test_the_blocks_are_one_full_wave_and_price_their_partials():
     for s in cands:
         est = FAMILY.launch_estimate(sub, s, gpu)
         per_sm = occupancy(gpu, est["threads"], est["regs"], est["smem"]).blocks_per_sm
-        assert s.kernels[0].options.splits == est["blocks"] == gpu.sms * per_sm
+        slots = gpu.sms * per_sm
+        assert s.kernels[0].options.splits == est["blocks"] == wave_splits(16384, slots)
+        # no more blocks than the GPU holds at once, each running as few row groups as `slots`
+        # blocks would (the fewest such blocks: one fewer would need another round)
+        assert est["blocks"] <= slots and -(-16384 // est["blocks"]) == -(-16384 // slots)
+        assert -(-16384 // (est["blocks"] - 1)) > -(-16384 // slots)
         # twice the blocks: twice the partials, and a slower prediction
         k = s.kernels[0]
         more = s.replace(kernels=(k.replace(options=dataclasses.replace(k.options, splits=2 * est["blocks"])),))
@@ -253,6 +259,58 @@ def test_the_generated_source_says_how_it_runs():
     assert "*started = 0u;" in src[reset:] and "*done = 0u;" in src[reset:]
 
 
+def test_a_pass_reduces_its_row_sums_in_one_round_over_the_block():
+    """One row a block: the reductions of one pass (the layernorm backward's Σ dN·N and Σ dN) are
+    each warp's sums, ONE barrier, the warps' sums (napkin::block_reduce's operations, so its bits),
+    the rounds alternating between two halves of the scratch so that none needs a barrier after
+    its reads; the model's shared memory counts both halves."""
+    from napkin.codegen.families.rowwise import block_reductions, chain_smem_bytes
+
+    sub = whole(norm_grad("layernorm", r=4096, x=4096))
+    s = analyse(sub)
+    assert block_reductions(s) == 2
+    cand = FAMILY.candidates(sub, "h100", "bf16")[0]
+    cfg = FAMILY.config(sub, cand)
+    assert cfg.block_mode
+    k = FAMILY.lower(sub, cand, "sm_90a").launches[0]
+    src = k.source
+    assert "__shared__ float scratch[2][2][32];" in src and "block_reduce<" not in src
+    first = src[src.index("// ---- pass 0"):src.index("// ---- pass 1")]
+    assert first.count("__syncthreads()") == 1 and first.count("napkin::warp_reduce<napkin::SumOp>") == 4
+    assert "scratch[sbuf][1][threadIdx.x / 32] = acc_" in first and first.count("sbuf ^= 1;") == 1
+    assert k.model_smem_bytes == chain_smem_bytes(s, cfg)
+
+
+def test_a_per_row_factor_after_a_reduction_leaves_the_sum(monkeypatch):
+    """The rmsnorm backward that recomputes rstd sums dN·N = dN·X·rstd over the row after rstd's
+    own sum: taken out (rstd·Σ dN·X) the sum runs in the first pass beside Σ X², in the same round
+    (2 passes, not 3); the rewritten diagram computes the same gradients (float64 reference); a
+    backward whose per-row factors are inputs (the saved statistics) is left as it is."""
+    import torch
+
+    import napkin.codegen.families.rowwise as rw
+    from napkin.codegen.families.rowwise import _dots_as_reductions, _hoist_row_factors, block_reductions
+    from napkin.diagrams.reference import random_inputs, run_reference
+
+    d = prepare(library.get("rmsnorm").grad(save=set()), sizes=dict(r=8, x=96), dtype="bf16")
+    s = analyse(whole(d))
+    assert s.passes == 2 and block_reductions(s) == 2
+    assert len([c for c in s.chains if s.stage[id(c.source)] == 0]) == 2  # Σ X² and Σ dN·X
+    flat = _dots_as_reductions(d)
+    hoisted = _hoist_row_factors(flat)
+    assert hoisted is not flat and hoisted.output_names == flat.output_names
+    xs = random_inputs(flat, seed=3, dtype=torch.float64)
+    want, got = run_reference(flat, xs, dtype=torch.float64), run_reference(hoisted, xs, dtype=torch.float64)
+    for n in flat.output_names:
+        assert torch.allclose(got[n], want[n], rtol=1e-12, atol=1e-12), n
+    saved = _dots_as_reductions(norm_grad("rmsnorm", r=8, x=96))
+    assert _hoist_row_factors(saved) is saved
+    ln = _dots_as_reductions(norm_grad("layernorm", r=8, x=96))
+    assert _hoist_row_factors(ln) is ln
+    monkeypatch.setattr(rw, "HOIST_ROW_FACTORS", False)
+    assert _hoist_row_factors(flat) is flat
+
+
 @pytest.mark.parametrize("depth", [1, 2, 3])
 def test_the_prefetch_depth_is_a_typed_option_that_lowers_back(depth):
     from napkin.codegen.families.rowwise import chain_config_from_schedule, chain_schedule_for, make_chain_config
@@ -299,12 +357,15 @@ def test_prefetch_needs_column_reductions():
         make_chain_config(s, 128, 1, prefetch=2)
 
 
-def test_a_cut_register_budget_is_an_option_the_family_does_not_propose():
+def test_a_cut_register_budget_only_where_no_configuration_runs_two_blocks_an_sm():
     """A schedule may cut the register budget so that one more block shares an SM (blocks_per_sm):
     a 512-thread row of 4096 bf16 values (footprint 79/86 registers, 1 block of 16 warps an SM) on
     64 registers, 2 blocks an SM. It lowers back, the kernel asks ptxas for 64 and the model prices
-    two blocks an SM; the family does not propose it (it measured slower than 256 threads on an
-    H100), and a cut far under the footprint (it would spill) is refused, naming it."""
+    two blocks an SM. The family proposes a cut only where every configuration holds one block an
+    SM on its own budget (rows of 5000: the 320-thread rmsnorm backward on 96 registers, 2 blocks an
+    SM, the planner's pick; not the layernorm backward's, 30 registers under its footprint), not
+    at rows of 4096 (256 threads run 2 blocks an SM; the cut measured the same on an H100); a cut
+    far under the footprint (it would spill) is refused, naming it."""
     from napkin.codegen.families.rowwise import (MAX_SQUEEZE, chain_config_from_schedule, chain_regs_need,
                                                  chain_schedule_for, make_chain_config)
     from napkin.errors import CodegenError
@@ -321,6 +382,16 @@ def test_a_cut_register_budget_is_an_option_the_family_does_not_propose():
         k = FAMILY.lower(sub, sched, "sm_90a").launches[0]
         assert "NAPKIN_MAXNREG(64)" in k.source and k.model_regs_per_thread == 64
         assert "2 per SM" in predict_schedule(sub, FAMILY, sched, "h100").detail
+    for save in ({"N_rstd"}, set()):
+        d = prepare(library.get("rmsnorm").grad(save=save), sizes=dict(r=4096, x=5000), dtype="bf16")
+        cut = [FAMILY.config(whole(d), c) for c in FAMILY.candidates(whole(d), "h100", "bf16")
+               if c.kernels[0].options.blocks_per_sm]
+        assert [(c.threads_per_row, c.blocks_per_sm, c.splits) for c in cut] == [(320, 2, 256)]
+        (pk,) = derive(d, "h100", "bf16").plan.kernels
+        o = pk.kernel.options
+        assert (o.threads_per_row, o.blocks_per_sm, o.regs_per_thread, o.splits) == (320, 2, 96, 256)
+    sub = whole(norm_grad("layernorm", r=4096, x=5000))
+    assert not any(c.kernels[0].options.blocks_per_sm for c in FAMILY.candidates(sub, "h100", "bf16"))
     s = analyse(whole(norm_grad("rmsnorm", r=16384, x=4096)))
     with pytest.raises(CodegenError, match="would spill"):
         make_chain_config(s, 128, 1, splits=100, blocks_per_sm=4)
@@ -329,12 +400,14 @@ def test_a_cut_register_budget_is_an_option_the_family_does_not_propose():
                           128, 1, blocks_per_sm=2)
 
 
-def test_more_than_16_values_a_thread_only_where_fewer_run_fewer_blocks():
+def test_more_than_16_values_a_thread_only_where_fewer_run_fewer_blocks(monkeypatch):
     """With column reductions a configuration of more than COL_VALUES values a thread is proposed
     only where none of at most COL_VALUES runs as many blocks: the backwards with their statistics
     saved take 256 threads at rows of 4096 (128 threads, 32 values, measured slower at the same
-    264 blocks); the rmsnorm backward that recomputes its statistic keeps 128 threads at 3 blocks
-    an SM (396 blocks), which no 16-value configuration reaches."""
+    264 blocks); so does the rmsnorm backward that recomputes its statistic (two passes, rstd taken
+    out of Σ dN·N). Written in three passes (HOIST_ROW_FACTORS off) its 256-thread row needs fewer
+    registers but 128 threads run 3 blocks an SM, which no 16-value configuration reaches: kept."""
+    import napkin.codegen.families.rowwise as rw
     from napkin.codegen.families.rowwise import COL_VALUES
 
     for name in ("rmsnorm", "layernorm"):
@@ -343,14 +416,17 @@ def test_more_than_16_values_a_thread_only_where_fewer_run_fewer_blocks():
         assert {c.kernels[0].options.threads_per_row for c in cands} == {256, 512}, name
         assert all(FAMILY.config(sub, c).values_per_thread <= COL_VALUES for c in cands)
         (pk,) = derive(norm_grad(name, r=4096, x=4096), "h100", "bf16").plan.kernels
-        assert (pk.kernel.options.threads_per_row, pk.kernel.options.splits) == (256, 264)
+        assert (pk.kernel.options.threads_per_row, pk.kernel.options.splits) == (256, 256)
+    d = prepare(library.get("rmsnorm").grad(save=set()), sizes=dict(r=4096, x=4096), dtype="bf16")
+    (pk,) = derive(d, "h100", "bf16").plan.kernels
+    assert (pk.kernel.options.threads_per_row, pk.kernel.options.splits) == (256, 256)
+    monkeypatch.setattr(rw, "HOIST_ROW_FACTORS", False)
     d = prepare(library.get("rmsnorm").grad(save=set()), sizes=dict(r=4096, x=4096), dtype="bf16")
     sub = whole(d)
+    assert analyse(sub).passes == 3
     many = [FAMILY.config(sub, c) for c in FAMILY.candidates(sub, "h100", "bf16")
             if FAMILY.config(sub, c).values_per_thread > COL_VALUES]
-    assert [(c.threads_per_row, c.splits) for c in many] == [(128, 396)]
-    (pk,) = derive(d, "h100", "bf16").plan.kernels
-    assert (pk.kernel.options.threads_per_row, pk.kernel.options.splits) == (128, 396)
+    assert [(c.threads_per_row, c.splits) for c in many] == [(128, 373)]
 
 
 def test_blocks_fitted_to_a_row_of_no_power_of_two_chunks():

@@ -110,14 +110,16 @@ def analyse(diagram: Diagram) -> "RowwiseShape | ChainShape | str":
         rewritten = _dots_as_reductions(diagram)
         if isinstance(rewritten, str):
             return rewritten
-        s = analyse_chain(rewritten)
+        s = analyse_chain(_hoist_row_factors(rewritten))
         # the schedule names the boxes of the diagram the planner gave, not the rewritten ones
         return dataclasses.replace(s, source=diagram) if isinstance(s, ChainShape) else s
     nodes = diagram.nodes
     norms = [v for v in nodes if isinstance(v.op, (Softmax, Norm))]
     others = [v for v in nodes if not isinstance(v.op, (Softmax, Norm))]
     if not norms and any(isinstance(v.op, Reduce) for v in nodes):
-        return analyse_chain(diagram)
+        hoisted = _hoist_row_factors(diagram)
+        s = analyse_chain(hoisted)
+        return dataclasses.replace(s, source=diagram) if hoisted is not diagram and isinstance(s, ChainShape) else s
     if any(isinstance(v.op, Reduce) for v in nodes):
         return "a softmax or norm box together with reduction boxes (write the norm as maps and reductions)"
     if len(norms) != 1:
@@ -219,6 +221,74 @@ def _dots_as_reductions(diagram: Diagram) -> "Diagram | str":
             memo[id(v)] = apply(op, args, name)
     return Diagram(diagram.name, tuple(memo[id(v)] for v in diagram.outputs), diagram.inputs,
                    diagram.description)
+
+
+#: Whether the chain analysis takes a per-row factor that follows a reduction out of a sum over the
+#: row (:func:`_hoist_row_factors`).
+HOIST_ROW_FACTORS = True
+
+
+def _hoist_row_factors(diagram: Diagram) -> Diagram:
+    """``diagram`` with each sum (or mean) over the row of a product written as the product's
+    per-row factors times the sum of the others, where a per-row factor is computed from a
+    reduction: ``Σ_x dN·(X·rstd)`` becomes ``rstd·Σ_x dN·X``. The sum then needs only what the
+    pass before ``rstd`` loads, so the chain runs it in that pass, beside ``Σ_x X²`` and in the same
+    round of block reductions, one pass fewer (the rmsnorm backward that recomputes its statistic:
+    3 passes -> 2). Products are ``mul`` maps, looked through as a tree; factors that hold no reduced
+    axis and have a reduction among their ancestors are taken out. Every other box, and the diagram
+    itself where nothing changes, is kept (the same rounding elsewhere; the sum's rounding differs
+    by the factor's, within fp32).
+
+    >>> from napkin.diagrams import library
+    >>> d = _dots_as_reductions(library.get("rmsnorm").grad().bind(r=4, x=64))
+    >>> analyse_chain(d).passes, analyse_chain(_hoist_row_factors(d)).passes
+    (3, 2)
+    """
+    if not HOIST_ROW_FACTORS:
+        return diagram
+    d = diagram
+    after: dict[int, bool] = {id(v): False for v in d.inputs}
+    for v in d.nodes:
+        after[id(v)] = isinstance(v.op, Reduce) or any(after[id(a)] for a in v.args)
+
+    def is_mul(v: Value) -> bool:
+        return (not v.is_input and isinstance(v.op, Map) and v.op.fn == "mul" and not v.op.params
+                and not v.op.index_axes)
+
+    consumers = d.consumers
+    memo: dict[int, Value] = {id(v): v for v in d.inputs}
+    changed = False
+    for v in d.nodes:
+        args = [memo[id(a)] for a in v.args]
+        name = d.name_of(v)
+        op = v.op
+        src = v.args[0] if v.args else None
+        if (isinstance(op, Reduce) and op.how in ("sum", "mean") and src is not None and is_mul(src)
+                and not any(isinstance(c.op, Reduce) for c in consumers.get(id(v), ()))):
+            leaves, stack = [], [src]
+            while stack:  # the product's factors, left to right
+                f = stack.pop()
+                if is_mul(f):
+                    stack.extend(reversed(f.args))
+                else:
+                    leaves.append(f)
+            row = [f for f in leaves if op.over not in f.axis_names and after[id(f)]]
+            full = [f for f in leaves if not any(f is r for r in row)]
+            if row and full:
+                prod = memo[id(full[0])]
+                for f in full[1:]:
+                    prod = map_fn("mul", prod, memo[id(f)])
+                out = apply(op, [prod])
+                for i, f in enumerate(row):
+                    out = map_fn("mul", out, memo[id(f)], name=name if i == len(row) - 1 else None)
+                if out.axis_names == v.axis_names:
+                    memo[id(v)] = out
+                    changed = True
+                    continue
+        memo[id(v)] = apply(op, args, name)
+    if not changed:
+        return diagram
+    return Diagram(d.name, tuple(memo[id(v)] for v in d.outputs), d.inputs, d.description)
 
 
 #: :func:`analyse`, once per diagram object.
@@ -604,11 +674,11 @@ STREAM_UNROLLS = (2, 4)
 #: Column reductions: the blocks are one full wave (``splits`` = SMs × the blocks one SM holds at
 #: once, at most one block per row group: every slot busy, no second wave, the fewest partials
 #: that keep every slot busy); the SMs and blocks per SM assumed where no GPU is named; the most
-#: static shared memory a block may keep its column partials and their combine's tile in (48 KiB
-#: less the block reduction's scratch).
+#: static shared memory a block may keep its column partials, their combine's tile and the block
+#: reductions' scratch in (48 KiB).
 DEFAULT_SMS = 132
 DEFAULT_BLOCKS_PER_SM = 2
-MAX_COL_SMEM = 48 * 1024 - 256
+MAX_COL_SMEM = 48 * 1024
 #: Column reductions: the row groups a block loads ahead of the one it works on (each is the first
 #: pass's row vectors of ``rows_per_block`` rows, in registers), by default and at most.
 DEFAULT_PREFETCH = 1
@@ -619,10 +689,14 @@ PREFETCHES = (1, 2)
 #: ``blocks_per_sm`` blocks share an SM, at most MAX_SQUEEZE registers under the footprint formula
 #: (which counts the row group worked on and the one loaded ahead as whole vectors; ptxas overlaps
 #: them: a 512-thread row of 4096 bf16 values, footprint 79 (rmsnorm) / 86 (layernorm), builds in 64
-#: without spills). The family does not propose it: on an H100 the 512-thread row on 64 registers
-#: (2 blocks an SM) took 44.1 / 155.1 us (rmsnorm backward, 4096 / 16384 rows of 4096) against
-#: 41.2 / 140.1 for 256 threads, 2 blocks an SM.
-MAX_SQUEEZE = 24
+#: without spills; the 320-thread rmsnorm backward of a row of 5000, footprint 122, builds in 96
+#: without spills, the layernorm backward's, 126, spilled 24 bytes). The family proposes it for 16-bit
+#: rows where a configuration's own budget holds one block an SM (:func:`_squeezable`): too few
+#: loads in flight. On an H100 (bf16, 4096 / 16384 rows of 5000) the rmsnorm backward ran 54.4 /
+#: 186.4 us on 320 threads at 2 blocks an SM against 65.8 / 229.3 at one; at rows of 4096, where
+#: 256 threads already run 2 blocks an SM, the 512-thread row on 64 registers measured the same
+#: (38.8 against 38.9 us, rstd recomputed).
+MAX_SQUEEZE = 26
 #: Column reductions: a configuration holding more values a thread than this is proposed only where
 #: none holding at most this many runs as many blocks. Measured on an H100 (bf16 backwards with
 #: their statistics saved, the same splits): 16 values a thread (256 threads) against 32 (128
@@ -1131,6 +1205,34 @@ def fitted_threads(shape: ChainShape) -> tuple[int, ...]:
     return tuple(sorted(out))
 
 
+def wave_splits(groups: int, slots: int) -> int:
+    """Column reductions: the blocks of one wave over ``groups`` row groups where ``slots`` blocks
+    fit the GPU at once: the fewest that run as few groups each as ``slots`` blocks would, so that
+    every block runs the same number of groups (give or take one in the last few) and the wave ends
+    together, where ``slots`` blocks would leave the last groups' round to part of them (4096 rows
+    over 396 slots: 373 blocks of 11 groups, not 136 of 11 and 260 of 10), with fewer partials.
+
+    >>> wave_splits(4096, 396), wave_splits(4096, 264), wave_splits(100, 264)
+    (373, 256, 100)
+    """
+    if groups <= slots:
+        return groups
+    rounds = -(-groups // slots)
+    return -(-groups // rounds)
+
+
+def _squeezable(shape: ChainShape, probe: ChainConfig, per_sm) -> bool:
+    """Column reductions: whether the family proposes ``probe`` (one block an SM on its own budget)
+    on a budget cut for two blocks an SM: a 16-bit row (fp32 ones spilled), the cut within
+    :data:`MAX_SQUEEZE` of the footprint, and two blocks fitting (``per_sm``, where given)."""
+    if lookup_dtype(shape.dtype).bytes != 2:
+        return False
+    cap = _squeezed(probe, 2)
+    if cap < chain_regs_need(shape, probe) - MAX_SQUEEZE:
+        return False
+    return per_sm is None or per_sm(probe.threads, cap, chain_smem_bytes(shape, probe)) >= 2
+
+
 def chain_configs(shape: ChainShape, sms: int = DEFAULT_SMS, per_sm=None) -> list[ChainConfig]:
     """Every configuration for this row: register mode where the row fits (the kept vectors
     within :data:`MAX_KEPT_REGS`, at most :data:`MAX_CHUNKS` chunks a thread), else streamed.
@@ -1138,7 +1240,8 @@ def chain_configs(shape: ChainShape, sms: int = DEFAULT_SMS, per_sm=None) -> lis
     times the blocks an SM holds, ``per_sm(threads, registers, shared bytes)``, or
     :data:`DEFAULT_BLOCKS_PER_SM` without a GPU; at most one block per row group), and only where the
     partials fit the block's static shared memory (:data:`MAX_COL_SMEM`)."""
-    out = []
+    out, squeezed = [], []
+    most = 0  # the most blocks an SM of a proposed configuration on its own budget
     chunks = -(-shape.xsize // shape.vec)
     fitted = fitted_threads(shape)
     for tpr in sorted((*THREADS_PER_ROW, *fitted)):
@@ -1146,26 +1249,36 @@ def chain_configs(shape: ChainShape, sms: int = DEFAULT_SMS, per_sm=None) -> lis
             continue  # at least half of the row's threads must have a chunk
         for rpb in ((1,) if tpr > 32 else tuple(sorted({t // tpr for t in BLOCK_THREADS}))):
             groups = max(1, -(-shape.nrows // rpb))
-            splits: list = [(None, None)]
+            splits: list = [(None, None, None, 0)]
             if shape.cols:
                 splits = []
                 for depth in PREFETCHES:
                     if tpr in fitted and depth > 1:
                         break
                     probe = make_chain_config(shape, tpr, rpb, splits=1, prefetch=depth)
-                    if col_smem_bytes(shape, probe) + combine_smem_bytes(shape, probe) > MAX_COL_SMEM:
+                    if chain_smem_bytes(shape, probe) > MAX_COL_SMEM:
                         break
                     resident = DEFAULT_BLOCKS_PER_SM if per_sm is None else \
                         per_sm(probe.threads, chain_regs_estimate(shape, probe), chain_smem_bytes(shape, probe))
                     if resident >= 1:
-                        splits.append((min(groups, sms * resident), depth))
-            for sp, depth in splits:
-                cfg = make_chain_config(shape, tpr, rpb, splits=sp, prefetch=depth)
+                        splits.append((wave_splits(groups, sms * resident), depth, None, resident))
+                    if resident == 1 and depth == 1 and _squeezable(shape, probe, per_sm):
+                        splits.append((wave_splits(groups, sms * 2), depth, 2, 2))
+            for sp, depth, bps, resident in splits:
+                cfg = make_chain_config(shape, tpr, rpb, splits=sp, prefetch=depth, blocks_per_sm=bps)
                 if cfg.chunks_per_thread > MAX_CHUNKS or cfg.values_per_thread * len(shape.kept) > MAX_KEPT_REGS:
                     continue
                 if chain_regs_need(shape, cfg) + _slack(cfg) > min(MAX_REGS, 65536 // cfg.threads):
                     continue
-                out.append(cfg)
+                if bps:
+                    squeezed.append(cfg)
+                else:
+                    out.append(cfg)
+                    most = max(most, resident)
+    if most < 2:
+        # every configuration on its own budget holds one block an SM, too few loads in flight: the
+        # row's budget cut for two (where a configuration runs two on its own, the cut measured the same)
+        out += squeezed
     if shape.cols:
         # more than COL_VALUES values a thread only where no configuration of fewer runs as many blocks
         few = [c.splits or 0 for c in out if c.values_per_thread <= COL_VALUES]
@@ -1303,10 +1416,20 @@ def combine_smem_bytes(shape: ChainShape, cfg: ChainConfig) -> int:
     return 4 * combine_slices(cfg) * (COMBINE_COLS + 1) + 16
 
 
+def block_reductions(shape: ChainShape) -> int:
+    """The most row reductions one pass of the chain reduces (in one round over a block: each
+    warp's sums, one barrier, the warps' sums; the rmsnorm backward with its statistic saved has
+    one, the layernorm backward's first pass two: Σ dN·N and Σ dN)."""
+    per = [sum(1 for c in shape.chains if shape.stage[id(c.source)] == p) for p in range(shape.passes)]
+    return max([1, *per])
+
+
 def chain_smem_bytes(shape: ChainShape, cfg: ChainConfig) -> int:
-    """Shared memory of the chain kernel: the block reduction's 32 floats (one row per block), the
-    column partials' row (several rows per block) and their combine's tile."""
-    return (32 * 4 if cfg.block_mode else 0) + col_smem_bytes(shape, cfg) + combine_smem_bytes(shape, cfg)
+    """Shared memory of the chain kernel: the block reductions' scratch (one row per block: two
+    halves, rounds alternate, of 32 floats a reduction of the busiest pass), the column partials'
+    row (several rows per block) and their combine's tile."""
+    scratch = 2 * 32 * 4 * block_reductions(shape) if cfg.block_mode else 0
+    return scratch + col_smem_bytes(shape, cfg) + combine_smem_bytes(shape, cfg)
 
 
 def _strides_of(v: Value, sizes: dict) -> dict[str, int]:
@@ -1475,9 +1598,8 @@ def lower_chain(shape: ChainShape, cfg: ChainConfig, schedule: Schedule, arch: s
                 acc=ident(rn, "acc_"), part=ident(rn, "p_"), identity=Code(ident0),
                 step=Code(fmt.format(a=ident(rn, "p_"), b=ident(name(c.source), "a_"))),
                 merge=Code(fmt.format(a=ident(rn, "acc_"), b=ident(rn, "p_"))),
-                reduce=Code((f"napkin::block_reduce<{op}>" if cfg.block_mode else
-                             f"napkin::xor_reduce<{op}, THREADS_PER_ROW>")
-                            + f"({ident(rn, 'acc_')}{', scratch' if cfg.block_mode else ''})"),
+                # a part of a warp: shuffles; a block: the template reduces the pass's sums in one round
+                reduce=Code(f"napkin::xor_reduce<{op}, THREADS_PER_ROW>({ident(rn, 'acc_')})"), op=Code(op),
                 result=ident(rn, "a_"), scale=float(c.scale)))
         stores = [(ident(n, "st_"), ident(n, "out_"), ident(n, "off_"), ident(name(v), "a_"))
                   for n, v in shape.full_out if shape.stage[id(v)] == p]
@@ -1520,7 +1642,7 @@ def lower_chain(shape: ChainShape, cfg: ChainConfig, schedule: Schedule, arch: s
     ctx = dict(
         kernel=kernel_name, T=T, dtype=shape.dtype, kind="chain", arch=comment(arch), diagram=comment(d.name),
         cols=cols, ws=ws, cnt=cnt, CSLICES=combine_slices(cfg), CDEPTH=combine_depth(cfg), SPLITS=cfg.splits or 0,
-        ITERS=cfg.iterations(shape), NCOLS=len(cols),
+        ITERS=cfg.iterations(shape), NCOLS=len(cols), NRED=block_reductions(shape),
         pf_scalars=pf_scalars, pf_vectors=pf_vectors, held_vectors=held_vectors, PREFETCH=cfg.prefetch,
         XSTRIDE=c_i64(shape.xsize),
         legend_rows=comment(legend_rows), legend_x=comment(", ".join(red)),
