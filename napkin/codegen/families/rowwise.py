@@ -671,9 +671,9 @@ CHAIN_BASE_REGS = 16
 #: Threads per row (one row per block) and chunks in flight per thread of a streamed row.
 STREAM_THREADS = (256, 512, 1024)
 STREAM_UNROLLS = (2, 4)
-#: Column reductions: the blocks are one full wave (``splits`` = SMs × the blocks one SM holds at
-#: once, at most one block per row group: every slot busy, no second wave, the fewest partials
-#: that keep every slot busy); the SMs and blocks per SM assumed where no GPU is named; the most
+#: Column reductions: the blocks are one wave (:func:`wave_splits` of SMs × the blocks one SM holds
+#: at once: no second wave, every block the same number of row groups give or take one, the fewest
+#: partials that do it); the SMs and blocks per SM assumed where no GPU is named; the most
 #: static shared memory a block may keep its column partials, their combine's tile and the block
 #: reductions' scratch in (48 KiB).
 DEFAULT_SMS = 132
