@@ -12,16 +12,23 @@ result: what ``Diagram.grad`` writes for a broadcast). bf16 and fp32 on the H100
 
 Two mechanisms keep these off the fallback, both tested here:
 
-- a softmax or norm over an axis that is not innermost is written out as reductions and maps
-  (``napkin.diagrams.expand``) whenever that puts fewer boxes on the fallback, whatever the
-  model's guess of the fallback's time at small sizes;
-- the pointwise family runs a contraction over no axis as the elementwise map ``x * y * ...``.
+- boxes a plan puts on the fallback are written out (``napkin.diagrams.expand``) whenever that
+  puts fewer boxes on it, whatever the model's guess of the fallback's time at small sizes: a
+  softmax or norm over an axis that is not innermost as reductions and maps; a rename written as
+  an output (a view copied to HBM) as a copy; a contraction in a layout the contraction family
+  does not read (a batch axis innermost, contracted axes in different orders) on operands copied
+  into one it does;
+- the pointwise family runs a contraction over no axis (and so those copies) as the elementwise
+  map ``x * y * ...``.
 
-The generated kernels of the new cases compile with nvcc for sm_80 and sm_90a without spills.
+The pointwise kernels of the new cases (maps, copies, reductions of written-out composites)
+compile with nvcc for sm_80 and sm_90a without spills.
 No GPU (tests/test_no_fallback_gpu.py runs them against PyTorch).
 """
 
 from __future__ import annotations
+
+import json
 
 import pytest
 
@@ -29,8 +36,8 @@ from napkin.codegen.families import pointwise
 from napkin.codegen.lower import build
 from napkin.codegen.planner import derive
 from napkin.diagrams import (Diagram, array, axes, contract, exp, gelu, layernorm, logsumexp, max_over, mean_over,
-                             min_over, relu, rmsnorm, sigmoid, softmax, sum_over, tanh)
-from napkin.perfmodel.plan import FALLBACK
+                             min_over, relu, rename, rmsnorm, sigmoid, softmax, sum_over, tanh)
+from napkin.perfmodel.plan import FALLBACK, Plan
 
 DTYPES = ("bf16", "fp32")
 
@@ -98,6 +105,10 @@ def _contractions(dtype: str) -> dict:
         "mm_result_transposed": (contract(A(i, k), A(k, j, name="B"), over=k, out=(j, i)), "ijk"),
         "bmm_batch_first": (contract(A(n, i, k), A(n, k, j, name="B"), over=k, out=(n, i, j)), "nijk"),
         "bmm_batch_middle": (contract(A(i, n, k), A(n, k, j, name="B"), over=k, out=(i, n, j)), "nijk"),
+        # the batch axis innermost everywhere: written out on copies in a layout the family reads
+        "bmm_batch_last": (contract(A(i, k, n), A(k, j, n, name="B"), over=k, out=(i, j, n)), "nijk"),
+        "bmm_batch_last_k_first": (contract(A(k, i, n), A(j, k, n, name="B"), over=k, out=(n, j, i)), "nijk"),
+        "two_contracted_apart": (contract(A(l, i, k), A(j, k, l, name="B"), over=(k, l), out=(i, j)), "ijkl"),
         "two_contracted": (contract(A(i, k, l), A(k, l, j, name="B"), over=(k, l), out=(i, j)), "ijkl"),
         "two_contracted_swapped": (contract(A(i, l, k), A(k, l, j, name="B"), over=(k, l), out=(i, j)), "ijkl"),
         "matvec": (contract(A(i, k), A(k, name="v"), over=k, out=(i,)), "ik"),
@@ -183,7 +194,8 @@ def test_a_composite_on_the_fallback_is_written_out_even_where_the_model_prices_
 
 NVCC_CASES = [("outer", dict(i=37, j=129)), ("outer_transposed", dict(i=4096, j=4096)),
               ("outer_batched", dict(n=3, i=37, j=129)), ("hadamard_transposed", dict(i=37, j=129)),
-              ("broadcast_product", dict(i=1024, j=1000))]
+              ("broadcast_product", dict(i=1024, j=1000)), ("bmm_batch_last", dict(n=3, i=37, j=129, k=77)),
+              ("two_contracted_apart", dict(i=37, j=129, k=77, l=5))]
 NVCC_REDUCTIONS = [("softmax", "abc", (1,), (4, 64, 32)), ("rmsnorm", "abc", (0,), (37, 5, 129)),
                    ("layernorm", "ab", (0,), (300, 300))]
 
@@ -197,9 +209,14 @@ def _launches():
         plans = [_planned(c, dtype, sz)[1] for c, sz in NVCC_CASES]
         plans += [derive(reduction(kind, names, at, dtype), "h100", dtype, sizes=dict(zip(names, shape)),
                          explain=False).plan for kind, names, at, shape in NVCC_REDUCTIONS]
+        views = _views_as_outputs(dtype)
+        plans += [derive(views[c], "h100", dtype, sizes={a: v for a, v in VIEW_SIZES[1].items() if a in views[c].axes},
+                         explain=False).plan for c in ("input_renamed", "sum_view_output")]
         for pi, plan in enumerate(plans):
             assert FALLBACK not in plan.families, str(plan)
             for launch in build(plan, arch="sm_90a").launches:
+                if launch.template != pointwise.TEMPLATE:
+                    continue  # a relaid contraction's own kernel: the contraction family's tests build it
                 new = f"{launch.name}_{dtype}_{pi}"
                 out.append(dataclasses.replace(launch, name=new, source=re.sub(
                     rf"\b{re.escape(launch.name)}\b", new, launch.source)))
@@ -222,3 +239,73 @@ def test_the_new_kernels_compile_without_spills_within_the_model(arch):
             problems.append(f"{k.name} ({arch}): {r.registers} registers, the model assumed "
                             f"{k.model_regs_per_thread}")
     assert not problems, "\n".join(problems)
+
+
+# ----------------------------------------------------------------------------- written out
+
+
+def _views_as_outputs(dtype: str) -> dict:
+    x = array("X", i, k, l, dtype=dtype)
+    b0 = contract(array("P", k, dtype=dtype), array("Q", k, j, dtype=dtype), over=k, name="B0")
+    b1 = rename(b0, j="n", name="B1")
+    return {
+        "input_renamed": Diagram("input_renamed", rename(x, k="n", name="Y")),
+        "map_renamed": Diagram("map_renamed", rename(sigmoid(x, name="S"), k="n", name="Y")),
+        "softmax_renamed": Diagram("softmax_renamed", rename(softmax(x, over=i, name="S"), l="n", name="Y")),
+        # the view of a sum of products read again: the kernel that makes B0 wrote B1 as well
+        "sum_view_output": Diagram("sum_view_output", (sum_over(b1, n, name="B2"), b1)),
+        "contraction_and_view": Diagram("contraction_and_view", (
+            b2 := contract(array("A", i, k, dtype=dtype), array("B", j, i, k, dtype=dtype), over=k, out=(i, j),
+                           name="C"), rename(b2, i="n", name="V"))),
+    }
+
+
+VIEW_SIZES = (dict(i=2, j=2, k=3, l=5), dict(i=7, j=33, k=16, l=13))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", sorted(_views_as_outputs("bf16")))
+@pytest.mark.parametrize("which", range(len(VIEW_SIZES)))
+def test_a_view_written_as_an_output_is_copied_on_the_pointwise_family(case, which, dtype):
+    d = _views_as_outputs(dtype)[case]
+    sizes = {a: v for a, v in VIEW_SIZES[which].items() if a in d.axes and a != "n"}  # n: its source's size
+    der = derive(d, "h100", dtype, sizes=sizes)
+    assert FALLBACK not in der.plan.families, str(der.plan)
+    assert der.plan.expanded and der.decisions[0].startswith("wrote out "), der.decisions[:1]
+
+
+@pytest.mark.parametrize("case", ["bmm_batch_last", "bmm_batch_last_k_first", "two_contracted_apart"])
+def test_a_relaid_contraction_copies_only_what_differs_and_round_trips(case):
+    d, plan = _planned(case, "bf16", _CONTRACTION_SIZES[1])
+    assert plan.expanded == ("C",) and "contraction" in plan.families, str(plan)
+    made = {plan.diagram.name_of(v): v for v in plan.diagram.nodes}
+    copies = [n for n, v in made.items() if v.op.kind == "contract" and not v.op.over]
+    sums = [v for v in made.values() if v.op.kind == "contract" and v.op.over]
+    assert len(sums) == 1
+    s = sums[0]
+    a, b = s.args
+    batch = tuple(x for x in s.axis_names if x in a.axis_names and x in b.axis_names)
+    # the batch axes outermost in both operands and the result, the sum's axes innermost in A
+    assert a.axis_names[:len(batch)] == batch == b.axis_names[:len(batch)] == s.axis_names[:len(batch)]
+    assert set(a.axis_names[-len(s.op.over):]) == set(s.op.over)
+    original = {v.name: v.axis_names for v in d.inputs}
+    # an operand already in that layout is read as it is, never copied
+    for operand in (a, b):
+        if operand.is_input:
+            assert operand.axis_names == original[operand.name]
+    assert len(copies) == sum(not o.is_input for o in (a, b)) + (plan.diagram.outputs[0] is not s)
+    data = json.loads(json.dumps(plan.to_dict()))
+    again = Plan.from_dict(d, data)
+    assert again == plan and again.expanded == plan.expanded
+    assert build(again).source() == build(plan).source()
+
+
+def test_a_contraction_past_32_bit_rows_stays_on_the_fallback_and_says_why():
+    """What only the fallback runs stays there, said aloud: relaying a contraction whose rows
+    pass 32-bit indices out does not make it fit the contraction family."""
+    from napkin.diagrams import library
+
+    der = derive(library.get("matmul"), "h100", "bf16", sizes=dict(a=2 ** 31 - 10, b=64, c=64))
+    assert der.plan.families == ("fallback",) and not der.plan.expanded
+    assert any("scalar fallback" in n for n in der.plan.notes)
+    assert "32-bit" in der.plan.kernels[0].why

@@ -4,7 +4,10 @@
   broadcast factor, three factors, an outer product summed over an axis), run by the pointwise
   family as the map ``x * y * …``;
 - softmax, rmsnorm and layernorm over an axis that is not innermost at small and odd sizes, written
-  out as reductions and maps (sizes where the model used to keep them on the fallback).
+  out as reductions and maps (sizes where the model used to keep them on the fallback);
+- contractions in layouts the contraction family does not read (the batch axis innermost,
+  contracted axes in different orders), run on copies in a layout it does;
+- renames written as outputs (views copied to HBM), alone or beside the box that makes them.
 
 Each is planned by derive (the test asserts no kernel on the fallback), compiled, run on fresh
 random inputs with NaN-poisoned outputs (an element a kernel does not write stays NaN and fails)
@@ -25,7 +28,7 @@ from napkin.perfmodel.plan import FALLBACK
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "codegen"))
 from test_pointwise_gpu import check  # noqa: E402  (tests/codegen is not a package)
-from test_no_fallback import _contractions, reduction  # noqa: E402
+from test_no_fallback import _contractions, _views_as_outputs, reduction  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
@@ -84,5 +87,32 @@ def test_composites_over_an_outer_axis_at_small_sizes_verify(kind, names, at, sh
     d = reduction(kind, names, at, dtype)
     for seed, shape in enumerate(shapes):
         cd = _compiled(d, dict(zip(names, shape)), dtype)
+        assert cd.plan.expanded, str(cd.plan)
+        check(cd, seed=seed)
+
+
+RELAID = [
+    ("bmm_batch_last", [dict(n=3, i=37, j=129, k=77), dict(n=8, i=256, j=256, k=512)]),
+    ("bmm_batch_last_k_first", [dict(n=3, i=37, j=129, k=77), dict(n=4, i=128, j=64, k=256)]),
+    ("two_contracted_apart", [dict(i=37, j=129, k=77, l=5), dict(i=256, j=256, k=64, l=8)]),
+]
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp32"])
+@pytest.mark.parametrize("case, shapes", RELAID, ids=[c for c, _ in RELAID])
+def test_relaid_contractions_verify(case, shapes, dtype):
+    v, names = _contractions(dtype)[case]
+    for seed, sizes in enumerate(shapes):
+        cd = _compiled(Diagram(case, v.named("C")), {a: sizes[a] for a in names}, dtype)
+        assert cd.plan.expanded == ("C",) and "contraction" in cd.plan.families, str(cd.plan)
+        check(cd, seed=seed)
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp32"])
+@pytest.mark.parametrize("case", sorted(_views_as_outputs("bf16")))
+def test_views_written_as_outputs_verify(case, dtype):
+    d = _views_as_outputs(dtype)[case]
+    for seed, sizes in enumerate((dict(i=2, j=2, k=3, l=5), dict(i=7, j=33, k=16, l=13))):
+        cd = _compiled(d, {a: v for a, v in sizes.items() if a in d.axes}, dtype)
         assert cd.plan.expanded, str(cd.plan)
         check(cd, seed=seed)

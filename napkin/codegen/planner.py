@@ -674,18 +674,34 @@ def derive(diagram, gpu=None, dtype: str | None = None, sizes: Mapping[str, int]
     composite = _composites_on_fallback(plan)
     if composite:
         # a softmax or norm no family takes whole (its axis is not innermost): its parts, reductions
-        # over the axis and maps, run on the fast families. Compared as the partitions are: fewer
-        # boxes on the scalar fallback first (its price at small sizes is a guess the external
-        # suites measure at 100-1000x slower than eager), then the predicted time
-        wide = _Planner(expand(d, composite), g, arch, dt, fams, fixed, progress)
-        wide_plan, wide_runs = wide.plan()
-        if (_slow_boxes(wide_plan), wide_plan.seconds) < (_slow_boxes(plan), plan.seconds):
-            expansion = (f"wrote out {', '.join(composite)} as reductions and maps: no family takes "
-                         f"{'it' if len(composite) == 1 else 'them'} whole, and the parts run on fast families "
-                         f"({wide_plan.seconds * 1e6:.1f} µs against {plan.seconds * 1e6:.1f} µs on the scalar "
-                         "fallback)",)
-            d, planner, runs = wide.d, wide, wide_runs
-            plan = dataclasses.replace(wide_plan, expanded=composite)
+        # over the axis and maps, run on the fast families; a view written as an output is a copy
+        # (a product of one factor) the pointwise family runs; a contraction in a layout the
+        # contraction family does not read runs on operands copied into one it does. Compared as
+        # the partitions are: fewer boxes on the scalar fallback first (its price at small sizes is
+        # a guess the external suites measure at 100-1000x slower than eager), then the predicted
+        # time. The contractions are also tried apart from the rest: a relaid contraction may be
+        # refused where the one fused with a copy was the only thing on the fallback
+        summed = {d.name_of(v) for v in d.nodes if v.op.kind == "contract"}
+        tries = dict.fromkeys(t for t in (composite, tuple(n for n in composite if n not in summed),
+                                          tuple(n for n in composite if n in summed)) if t)
+        best = (_slow_boxes(plan), plan.seconds)
+        for names in tries:
+            wide = _Planner(expand(d, names), g, arch, dt, fams, fixed, progress)
+            try:
+                wide_plan, wide_runs = wide.plan()
+            except ScheduleError:
+                continue
+            if (_slow_boxes(wide_plan), wide_plan.seconds) < best:
+                best = (_slow_boxes(wide_plan), wide_plan.seconds)
+                expansion = (f"wrote out {', '.join(names)} as reductions, maps and copies: no family takes "
+                             f"{'it' if len(names) == 1 else 'them'} whole, and the parts run on fast families "
+                             f"({wide_plan.seconds * 1e6:.1f} µs against {plan.seconds * 1e6:.1f} µs on the "
+                             "scalar fallback)",)
+                chosen = (wide, wide_plan, wide_runs, names)
+        if expansion:
+            planner, wide_plan, runs, names = chosen
+            d = planner.d
+            plan = dataclasses.replace(wide_plan, expanded=names)
     plan = _with_fallback_note(plan)
     if not explain:
         return Derivation(plan)
@@ -698,15 +714,33 @@ def derive(diagram, gpu=None, dtype: str | None = None, sizes: Mapping[str, int]
 
 
 def _slow_boxes(plan: Plan) -> int:
-    """How many boxes of ``plan`` run on the scalar fallback."""
-    return sum(len(k.boxes) for k in plan.kernels if k.family == FALLBACK)
+    """How many boxes of ``plan`` run on the scalar fallback (renames left out: a view attached to
+    the kernel that makes its array is no work of its own; a kernel of views alone, a copy, counts
+    one)."""
+    views = {plan.diagram.name_of(v) for v in plan.diagram.nodes if v.op.kind == "rename"}
+    return sum(max(1, sum(b not in views for b in k.boxes)) for k in plan.kernels if k.family == FALLBACK)
 
 
 def _composites_on_fallback(plan: Plan) -> tuple[str, ...]:
-    """The softmax and norm boxes of ``plan``'s kernels on the scalar fallback (what
-    :func:`~napkin.diagrams.expand.expand` can write out as boxes the fast families take)."""
-    can = set(expandable(plan.diagram))
-    return tuple(b for k in plan.kernels if k.family == FALLBACK for b in k.boxes if b in can)
+    """The softmax, norm, contraction and output rename boxes of ``plan``'s kernels on the scalar
+    fallback (what :func:`~napkin.diagrams.expand.expand` can write out as boxes the fast families
+    take), and the output renames of arrays such a kernel makes (the kernel that makes an array
+    writes its views that are outputs too: a view of a sum of products keeps that sum off the
+    pointwise family)."""
+    d = plan.diagram
+    can = set(expandable(d))
+    slow = [b for k in plan.kernels if k.family == FALLBACK for b in k.boxes]
+    out = [b for b in slow if b in can]
+    for v in d.outputs:
+        n = d.name_of(v)
+        if v.is_input or v.op.kind != "rename" or n not in can or n in out:
+            continue
+        src = v
+        while not src.is_input and src.op.kind == "rename":
+            src = src.args[0]
+        if not src.is_input and d.name_of(src) in slow:
+            out.append(n)
+    return tuple(out)
 
 
 def check_search_size(diagram: Diagram) -> None:

@@ -10,11 +10,21 @@ pointwise family reduces over any axis, with coalesced reads) and elementwise ma
 - ``softmax_a(x)``: ``m = max_a x``, ``e = exp(x − m)``, ``s = Σ_a e``, ``e / s``;
 - ``layernorm_a(x)``: ``μ = mean_a x``, ``c = x − μ``, ``v = mean_a c²``, ``c · rsqrt(v + eps)``;
 - ``rmsnorm_a(x)``: ``ms = mean_a x²``, ``x · rsqrt(ms + eps)``;
+- a rename that is an output (a view written to HBM: ``Y[n,j] = rename(X[k,j], k→n)``): the
+  view kept, under ``<name>_view``, and copied by a product of one factor over no axis
+  (``contract(view, over=())``), which the pointwise family runs as a map reading the view;
+- a contraction of two operands over at least one axis (the layouts the contraction family does
+  not read: a batch axis innermost, contracted axes in different orders, …): each operand copied,
+  where its layout differs, into ``A'[batch…, free…, over…]`` and ``B'[batch…, over…, free…]``
+  (``<name>_a``, ``<name>_b``), the contraction in that layout, ``C'[batch…, freeA…, freeB…]``
+  (``<name>_c``, where the result's own order differs, then copied into it), batch and free axes
+  in the result's order; the copies are products of one factor, as above, and the sum is the
+  same sum;
 
 each exactly the computation the box's PyTorch reference does (``torch.softmax`` also subtracts
-the row's max), so the diagram's meaning is unchanged. The last box of each chain keeps the
-composite's name, so outputs and readers are untouched; the boxes before it are named
-``<name>_max``, ``<name>_exp`` … (with a number appended where a name is taken). The result is a
+the row's max; a copy is exact), so the diagram's meaning is unchanged. The last box of each
+chain keeps the composite's name, so outputs and readers are untouched; the boxes before it are
+named ``<name>_max``, ``<name>_exp`` … (with a number appended where a name is taken). The result is a
 function of the diagram and the names only, so a plan made on it can be read back
 (:meth:`napkin.perfmodel.plan.Plan.from_dict` expands again).
 
@@ -36,14 +46,19 @@ from typing import Iterable
 
 from ..errors import DiagramError
 from .diagram import Diagram
-from .ops import Norm, Softmax, Value, apply, exp, map_fn, max_over, mean_over, rsqrt, square, sum_over
+from .ops import (Contract, Norm, Rename, Softmax, Value, apply, exp, map_fn, max_over, mean_over, rsqrt, square,
+                  sum_over)
 
 __all__ = ["expand", "expandable"]
 
 
 def expandable(diagram: Diagram) -> tuple[str, ...]:
-    """The names of the boxes of ``diagram`` that :func:`expand` can write out (softmax and the norms)."""
-    return tuple(diagram.name_of(v) for v in diagram.nodes if isinstance(v.op, (Softmax, Norm)))
+    """The names of the boxes of ``diagram`` that :func:`expand` can write out (softmax, the norms,
+    renames that are outputs, and contractions of two operands over at least one axis)."""
+    outs = {id(v) for v in diagram.outputs}
+    return tuple(diagram.name_of(v) for v in diagram.nodes
+                 if isinstance(v.op, (Softmax, Norm)) or (isinstance(v.op, Rename) and id(v) in outs)
+                 or (isinstance(v.op, Contract) and v.op.over and len(v.args) == 2))
 
 
 def expand(diagram: Diagram, names: Iterable[str]) -> Diagram:
@@ -54,7 +69,8 @@ def expand(diagram: Diagram, names: Iterable[str]) -> Diagram:
     bad = [n for n in wanted if n not in known]
     if bad:
         raise DiagramError(f"diagram {diagram.name!r}: {', '.join(map(repr, bad))} "
-                           f"{'is' if len(bad) == 1 else 'are'} not a softmax or norm box it can expand"
+                           f"{'is' if len(bad) == 1 else 'are'} not a softmax or norm box it can expand, nor a "
+                           "rename written as an output or a contraction of two operands"
                            f" (those are: {', '.join(sorted(known)) or 'none'})")
     if not wanted:
         return diagram
@@ -63,7 +79,12 @@ def expand(diagram: Diagram, names: Iterable[str]) -> Diagram:
     for v in diagram.nodes:
         args = [memo[id(a)] for a in v.args]
         name = diagram.name_of(v)
-        if name in wanted:
+        if name in wanted and isinstance(v.op, Rename):
+            view = apply(v.op, args, _fresh(f"{name}_view", used))
+            memo[id(v)] = apply(Contract((), view.axis_names), (view,), name)
+        elif name in wanted and isinstance(v.op, Contract):
+            memo[id(v)] = _relaid(v, args, name, used)
+        elif name in wanted:
             memo[id(v)] = _written_out(v.op, args[0], name, used)
         else:
             memo[id(v)] = apply(v.op, args, v.name)
@@ -79,6 +100,34 @@ def _fresh(base: str, used: set[str]) -> str:
         name = f"{base}{i}"
     used.add(name)
     return name
+
+
+def _copy(x: Value, order: tuple[str, ...], name: str) -> Value:
+    """``x`` copied into the axis order ``order`` (a product of one factor over no axis)."""
+    return apply(Contract((), order), (x,), name)
+
+
+def _relaid(v: Value, args: list[Value], name: str, used: set[str]) -> Value:
+    """Contraction ``v`` of two operands in the layout the contraction family reads (see the
+    module docstring); its last box is called ``name``."""
+    a, b = args
+    over = tuple(v.op.over)
+    out = v.axis_names
+    in_a, in_b = set(a.axis_names), set(b.axis_names)
+    batch = tuple(x for x in out if x in in_a and x in in_b)
+    free_a = tuple(x for x in out if x in in_a and x not in in_b)
+    free_b = tuple(x for x in out if x in in_b and x not in in_a)
+    # an axis summed over that only one operand holds stays that operand's alone
+    want_a = batch + free_a + tuple(x for x in over if x in in_a)
+    want_b = batch + tuple(x for x in over if x in in_b) + free_b
+    if a.axis_names != want_a:
+        a = _copy(a, want_a, _fresh(f"{name}_a", used))
+    if b.axis_names != want_b:
+        b = _copy(b, want_b, _fresh(f"{name}_b", used))
+    made = batch + free_a + free_b
+    if made == out:
+        return apply(Contract(over, out), (a, b), name)
+    return _copy(apply(Contract(over, made), (a, b), _fresh(f"{name}_c", used)), out, name)
 
 
 def _written_out(op, x: Value, name: str, used: set[str]) -> Value:
