@@ -146,7 +146,11 @@ def contraction_diagrams(draw):
             sub = [ax for ax in (*batch, a, c) if draw(st.booleans())] or [c]
             order = draw(st.permutations(sub))
             cur = map_fn(draw(st.sampled_from(["add", "mul"])), cur, array(arr(), *order, dtype=dtype), name=arr())
-    return Diagram(draw(st.sampled_from(DIAGRAM_POOL)), cur), "contraction"
+    # where one factor's axes of a size above 1 are all the other's (a = 1 or c = 1), the product is
+    # a matrix-vector one, which the pointwise family's sum of products also runs
+    big = [{ax.name for ax in X.axes if ax.size != 1} for X in (A, B)]
+    matvec = big[0] <= set(B.axis_names) or big[1] <= set(A.axis_names)
+    return Diagram(draw(st.sampled_from(DIAGRAM_POOL)), cur), ("contraction", "pointwise") if matvec else "contraction"
 
 
 @st.composite

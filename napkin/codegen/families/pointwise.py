@@ -212,8 +212,16 @@ def _is_product_sum(v: Value) -> bool:
     each factor once, which this family runs at the memory's rate."""
     if not isinstance(v.op, Contract) or len(v.args) != 2 or not v.op.over:
         return False
-    x, y = (set(a.axis_names) for a in v.args)
+    # an axis of size 1 takes one value: a matmul by a one-column matrix (B[b, c] with c = 1, as
+    # torch.matmul(A, x[:, None]) is written) is a matrix-vector product
+    x, y = ({n for n in a.axis_names if not _unit(a, n)} for a in v.args)
     return x <= y or y <= x
+
+
+def _unit(v: Value, axis: str) -> bool:
+    """Whether ``v``'s axis ``axis`` is bound to size 1 (a symbolic size is not)."""
+    ax = v.axis(axis)
+    return ax.is_bound and ax.size == 1
 
 
 def _is_product(v: Value) -> bool:
@@ -293,8 +301,12 @@ def analyse(diagram: Diagram) -> PointwiseShape | str:
         if len(hows) != 1:
             return (f"the chain mixes reductions ({', '.join(sorted(hows))}); one pass runs one kind "
                     "(sum, max, min or mean)")
-        first_in = max(chain[0].args, key=lambda a: len(a.axis_names))  # the larger factor of a product
-        order0 = first_in.axis_names
+        # the larger factor of a product (axes of size 1 aside); the other's axes of size 1 go
+        # outermost, where they change no offset
+        first_in = max(chain[0].args, key=lambda a: (sum(not _unit(a, n) for n in a.axis_names),
+                                                     len(a.axis_names)))
+        units = tuple(dict.fromkeys(n for a in chain[0].args for n in a.axis_names if n not in first_in.axis_names))
+        order0 = units + first_in.axis_names
         red = {a for v in chain for a in _over(v)}
     else:
         order0 = ()
