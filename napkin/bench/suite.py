@@ -307,15 +307,25 @@ def model_prediction(schedule, gpu, sizes=None, *, family=None, diagram=None) ->
     :func:`napkin.perfmodel.predict.predict_schedule` on the same schedule with the model's own
     launch assumptions (the only prediction when no family is given).
     """
+    from ..errors import NapkinError
     from ..perfmodel.predict import predict_schedule as model_predict
 
-    plain = model_predict(schedule, gpu, sizes=sizes)
-    out = {"pred_s": plain.seconds, "bound": plain.bound, "how": "perfmodel.predict.predict_schedule"}
+    try:
+        plain = model_predict(schedule, gpu, sizes=sizes)
+    except NapkinError:
+        # the model's own launch assumptions may not hold the family's kernel (a split row
+        # reduction's accumulators: more registers than a generic block of its threads has); the
+        # family's launch, which the planner ranked, still prices it
+        if family is None or diagram is None:
+            raise
+        plain = None
+    out = ({"pred_s": plain.seconds, "bound": plain.bound, "how": "perfmodel.predict.predict_schedule"}
+           if plain is not None else {"bound": None})
     if family is not None and diagram is not None:
         from ..codegen.select import predict_schedule as codegen_predict
 
         r = codegen_predict(diagram, family, schedule, gpu)
-        out.update(pred_s=float(r.seconds), cost_roofline_s=plain.seconds,
+        out.update(pred_s=float(r.seconds), cost_roofline_s=plain.seconds if plain is not None else None,
                    how=f"codegen.select.predict_schedule ({r.source})")
     return out
 

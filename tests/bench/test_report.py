@@ -347,6 +347,27 @@ def test_model_prediction_is_the_models_own():
     assert q["how"].startswith("codegen.select.predict_schedule")
 
 
+def test_model_prediction_of_a_kernel_the_generic_launch_cannot_hold():
+    """A GEMM whose blocks reduce their rows to split partials holds more registers than the
+    model's generic launch of its threads allows: the family's own prediction (what the planner
+    ranked) is still given, with no generic bound; without a family the error stands."""
+    from napkin.codegen import compile as napkin_compile
+    from napkin.codegen.select import predict_schedule as codegen_predict
+    from napkin.diagrams import Diagram, array, axes, contract, sigmoid, sum_over
+    from napkin.errors import NapkinError
+
+    a, k, n = axes("a k n")
+    c = contract(array("A", a, k), array("B", k, n), over=k, out=(a, n), name="C")
+    d = Diagram("gemm_sigmoid_sum", sum_over(sigmoid(c), n, name="Y"))
+    cd = napkin_compile(d, gpu="h100", sizes=dict(a=8192, k=1024, n=1024), dtype="bf16")
+    assert len(cd.plan.kernels) == 1 and cd.plan.kernels[0].kernel.options.splits  # the split row reduction
+    with pytest.raises(NapkinError):
+        suite.model_prediction(cd.schedule, "h100")
+    q = suite.model_prediction(cd.schedule, "h100", family=cd.family, diagram=cd.diagram)
+    assert q["pred_s"] == pytest.approx(codegen_predict(cd.diagram, cd.family, cd.schedule, "h100").seconds)
+    assert q["bound"] is None and q["cost_roofline_s"] is None
+
+
 # ----------------------------------------------------------------------------- suite: baselines on the CPU
 
 
