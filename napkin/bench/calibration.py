@@ -119,6 +119,10 @@ def _split_kernels(desc: str) -> list[str]:
     return out
 
 
+#: KernelOptions fields that are flags, not counts (read from the class, so a new flag is read too)
+_BOOL_OPTIONS = frozenset(f.name for f in dataclasses.fields(KernelOptions) if "bool" in str(f.type))
+
+
 def _parse_options(text: str | None, desc: str) -> tuple[str | None, KernelOptions]:
     """``"family=attention, engine=mma.sync, stages=2"`` -> (family, KernelOptions)."""
     family, opts = None, {}
@@ -131,6 +135,10 @@ def _parse_options(text: str | None, desc: str) -> tuple[str | None, KernelOptio
             family = v
         elif k == "engine":
             opts[k] = v
+        elif k in _BOOL_OPTIONS:  # a flag (persistent blocks) is written True or False
+            if v not in ("True", "False"):
+                raise CalibrationError(f"kernel option {k}={v!r} of {desc!r} is not True or False")
+            opts[k] = v == "True"
         else:
             try:
                 opts[k] = int(v)

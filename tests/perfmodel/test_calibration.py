@@ -365,8 +365,14 @@ def test_parse_description_with_options():
     assert describe_schedule(s) == desc
     named = C.parse_description(d, "contraction[a → g_a=128@SMEM](engine=mma.sync, warps=8)")
     assert named.kernels[0].family == "contraction" and named.kernels[0].options.warps == 8
+    # a flag of KernelOptions (persistent blocks) reads back as a bool
+    att = library.get("mha").with_dtype("bf16").bind(h=16, q=1024, x=1024, d=64)
+    flagged = C.parse_description(att, "fused[q → g_q=128@SMEM, x → s_x=128@SMEM](family=attention, engine=wgmma, "
+                                       "stages=3, persistent=True)")
+    assert flagged.kernels[0].options.persistent is True
     for bad in ("fused[a → g_a=128@SMEM](engine=tpu)", "fused[a → g_a=128@SMEM](stages=four)",
-                "fused[a → g_a=128@SMEM](colour=red)", "fused[a → g_a=128@SMEM](stages)"):
+                "fused[a → g_a=128@SMEM](colour=red)", "fused[a → g_a=128@SMEM](stages)",
+                "fused[a → g_a=128@SMEM](persistent=yes)"):
         with pytest.raises(C.CalibrationError):
             C.parse_description(d, bad)
 
