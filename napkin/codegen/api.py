@@ -462,27 +462,23 @@ class _Runner:
         empty, tdev = self._torch.empty, self._tdevice
         outs = [empty(shape, dtype=dt, device=tdev) for shape, dt in self.out_specs]
         ptrs += [t.data_ptr() for t in outs]
-        if self.arena_bytes:  # kept alive by this frame until every launch is queued
-            arena = empty(self.arena_bytes, dtype=self._torch.uint8, device=tdev)
-            base = arena.data_ptr()
-            ptrs += [base + off for off in self.buf_offsets]
-        stream = self._stream(dev)
-        if self.zero_specs:
-            ptrs += self._zeroed_ptrs(stream)
-        for launch in self.launches:
-            launch(ptrs, stream)
+        self._launch(ptrs)
         return outs[0] if len(outs) == 1 else tuple(outs)
 
     def run(self, inputs, outs):
         """Allocate what is not given, launch every kernel on the current stream, return the outputs."""
-        empty, dev = self._torch.empty, self._tdevice
-        env = list(inputs)
         if outs is None:
+            empty, dev = self._torch.empty, self._tdevice
             outs = [empty(shape, dtype=dt, device=dev) for shape, dt in self.out_specs]
-        env += outs
-        ptrs = [t.data_ptr() for t in env]
-        if self.arena_bytes:  # kept alive by this frame until every launch is queued
-            arena = empty(self.arena_bytes, dtype=self._torch.uint8, device=dev)
+        self._launch([t.data_ptr() for t in (*inputs, *outs)])
+        return outs
+
+    def _launch(self, ptrs: list[int]) -> None:
+        """Launch every kernel on the current stream with ``ptrs`` (the inputs' and outputs'
+        pointers) followed by the per-call buffers' (one arena, kept alive by this frame until
+        every launch is queued) and the stream's persistent workspaces'."""
+        if self.arena_bytes:
+            arena = self._torch.empty(self.arena_bytes, dtype=self._torch.uint8, device=self._tdevice)
             base = arena.data_ptr()
             ptrs += [base + off for off in self.buf_offsets]
         stream = self._stream(self.device)
@@ -490,7 +486,6 @@ class _Runner:
             ptrs += self._zeroed_ptrs(stream)
         for launch in self.launches:
             launch(ptrs, stream)
-        return outs
 
     def _zeroed_ptrs(self, stream) -> list[int]:
         """The pointers of the persistent zeroed workspaces of ``stream``, made (zero-filled on

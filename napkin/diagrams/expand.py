@@ -81,7 +81,7 @@ def expand(diagram: Diagram, names: Iterable[str]) -> Diagram:
         name = diagram.name_of(v)
         if name in wanted and isinstance(v.op, Rename):
             view = apply(v.op, args, _fresh(f"{name}_view", used))
-            memo[id(v)] = apply(Contract((), view.axis_names), (view,), name)
+            memo[id(v)] = _copy(view, view.axis_names, name)
         elif name in wanted and isinstance(v.op, Contract):
             memo[id(v)] = _relaid(v, args, name, used)
         elif name in wanted:
