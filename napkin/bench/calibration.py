@@ -119,10 +119,6 @@ def _split_kernels(desc: str) -> list[str]:
     return out
 
 
-#: KernelOptions fields that are flags, not counts (read from the class, so a new flag is read too)
-_BOOL_OPTIONS = frozenset(f.name for f in dataclasses.fields(KernelOptions) if "bool" in str(f.type))
-
-
 def _parse_options(text: str | None, desc: str) -> tuple[str | None, KernelOptions]:
     """``"family=attention, engine=mma.sync, stages=2"`` -> (family, KernelOptions)."""
     family, opts = None, {}
@@ -133,17 +129,11 @@ def _parse_options(text: str | None, desc: str) -> tuple[str | None, KernelOptio
         k, v = m.group(1), m.group(2)
         if k == "family":
             family = v
-        elif k == "engine":
-            opts[k] = v
-        elif k in _BOOL_OPTIONS:  # a flag (persistent blocks) is written True or False
-            if v not in ("True", "False"):
-                raise CalibrationError(f"kernel option {k}={v!r} of {desc!r} is not True or False")
-            opts[k] = v == "True"
         else:
             try:
-                opts[k] = int(v)
-            except ValueError:
-                raise CalibrationError(f"kernel option {k}={v!r} of {desc!r} is not an integer") from None
+                opts[k] = KernelOptions.value_of(k, v)
+            except ScheduleError as e:
+                raise CalibrationError(f"description {desc!r}: {e}") from None
     try:
         return family, KernelOptions.from_dict(opts)
     except ScheduleError as e:

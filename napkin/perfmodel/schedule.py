@@ -119,6 +119,10 @@ class Relabel:
 ENGINES = ("wgmma", "mma.sync", "simt", "scalar")
 
 
+#: KernelOptions fields that are flags (True or False), not counts.
+_FLAG_OPTIONS = ("persistent",)
+
+
 @dataclass(frozen=True)
 class KernelOptions:
     """How one kernel runs beyond its tiles: the launch facts a family's template is built with.
@@ -156,10 +160,12 @@ class KernelOptions:
     def __post_init__(self):
         if self.engine is not None and self.engine not in ENGINES:
             raise ScheduleError(f"unknown engine {self.engine!r}; engines are {', '.join(ENGINES)}")
-        if self.persistent is not None and not isinstance(self.persistent, bool):
-            raise ScheduleError(f"kernel option persistent must be True or False, got {self.persistent!r}")
+        for name in _FLAG_OPTIONS:
+            v = getattr(self, name)
+            if v is not None and not isinstance(v, bool):
+                raise ScheduleError(f"kernel option {name} must be True or False, got {v!r}")
         for f in dataclasses.fields(self):
-            if f.name in ("engine", "persistent"):
+            if f.name == "engine" or f.name in _FLAG_OPTIONS:
                 continue
             v = getattr(self, f.name)
             if v is None:
@@ -182,6 +188,25 @@ class KernelOptions:
 
     def __str__(self) -> str:
         return ", ".join(f"{k}={v}" for k, v in self.to_dict().items())
+
+    @staticmethod
+    def value_of(name: str, text: str):
+        """One option's value from its text in :meth:`__str__` (a recorded description's):
+        the engine's name as it is, a flag from ``True`` or ``False``, a count from its digits.
+
+        >>> KernelOptions.value_of("persistent", "True"), KernelOptions.value_of("stages", "4")
+        (True, 4)
+        """
+        if name == "engine":
+            return text
+        if name in _FLAG_OPTIONS:
+            if text not in ("True", "False"):
+                raise ScheduleError(f"kernel option {name} must be True or False, got {text!r}")
+            return text == "True"
+        try:
+            return int(text)
+        except ValueError:
+            raise ScheduleError(f"kernel option {name} must be a positive integer, got {text!r}") from None
 
 
 @dataclass(frozen=True)
