@@ -924,9 +924,19 @@ def forward_with_saves(diagram, save=(), name: str | None = None):
     is already an output is not repeated. Statistics are computed as :func:`grad` recomputes them:
     ``P_lse`` as ``logsumexp``, ``N_rstd`` as 1/√(mean((x − mean)²) + eps), ``N_mean`` as the mean.
 
+    A norm whose statistic is saved is written out as those statistics' boxes: ``N = (x − mean)·rstd``
+    (layernorm) or ``x·rstd`` (rmsnorm), the same boxes the backward recomputes it with. The norm box
+    itself keeps its statistics inside its kernel (the row-wise norm kernel writes none), so beside
+    it they would take a second pass over the row, a kernel of their own; written out, the norm and
+    its statistics are one chain of maps and reductions over the row, one kernel that writes ``Y``
+    and the statistics (8 bytes a row more).
+
     >>> from napkin.diagrams import library
-    >>> forward_with_saves(library.get("rmsnorm"), {"N_rstd"}).output_names
+    >>> f = forward_with_saves(library.get("rmsnorm"), {"N_rstd"})
+    >>> f.output_names
     ('Y', 'N_rstd')
+    >>> [v.op.label() for v in f.nodes]  # no norm box: x·rsqrt(mean(x²) + eps)
+    ['square', 'mean x', 'shift(1e-06)', 'rsqrt', 'mul', 'mul']
     """
     _check_diagram(diagram, "forward_with_saves")
     save = _check_save(diagram, save)
@@ -935,11 +945,13 @@ def forward_with_saves(diagram, save=(), name: str | None = None):
     if unknown:
         raise DiagramError(f"forward of {diagram.name!r}: cannot save {unknown}; saveable: {sorted(known)}")
     memo: dict[int, Value] = {id(v): v for v in diagram.inputs}
-    for v in diagram.nodes:  # every box under its display name, so a saved name is that array's
-        memo[id(v)] = apply(v.op, [memo[id(a)] for a in v.args], diagram.name_of(v))
-    outs = [memo[id(v)] for v in diagram.outputs]
     b = _Backward(diagram, diagram.inputs, frozenset())
-    b.memo = dict(memo)
+    b.memo = memo  # the statistics' boxes read the forward's arrays as they are built
+    written_out = {known[s].of for s in save if known[s].kind in ("mean", "rstd")}
+    for v in diagram.nodes:  # every box under its display name, so a saved name is that array's
+        n = diagram.name_of(v)
+        memo[id(v)] = b._normalised(v, n) if n in written_out else apply(v.op, [memo[id(a)] for a in v.args], n)
+    outs = [memo[id(v)] for v in diagram.outputs]
     for s in sorted(save, key=lambda n: _saved_order(diagram, n)):
         entry = known[s]
         v = diagram.value(entry.of)
