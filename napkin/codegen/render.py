@@ -38,7 +38,7 @@ from ..dtypes import dtype as lookup_dtype
 from ..errors import CodegenError
 
 __all__ = [
-    "Code", "ident", "c_float", "c_int", "c_i64", "cuda_type", "map_expr", "comment", "comment_lines",
+    "Code", "ident", "c_float", "c_int", "c_i64", "cuda_type", "map_expr", "half_math", "comment", "comment_lines",
     "environment", "render", "render_string", "template_names",
 ]
 
@@ -110,8 +110,11 @@ def cuda_type(dtype: str) -> Code:
 
 
 def map_expr(fn: str, xs: Sequence[str], params: Sequence[float] = (), idx: Sequence[str] = (),
-             sizes: Sequence[int] = ()) -> Code:
+             sizes: Sequence[int] = (), half: bool = False) -> Code:
     """The fp32 CUDA expression of the whitelisted function ``fn`` applied to ``xs``.
+
+    ``half``: the kernel stores its values in 16-bit floats (:func:`half_math`), so the function's
+    faster form for them is taken where it has one (:meth:`ElementwiseFn.form`).
 
     ``xs`` and ``idx`` must be :class:`Code` (built by napkin) or ``is_name`` identifiers;
     an integer parameter of ``fn`` (a mask's offset or window) is written as a ``long long``
@@ -121,6 +124,8 @@ def map_expr(fn: str, xs: Sequence[str], params: Sequence[float] = (), idx: Sequ
 
     >>> map_expr("causal", [Code("s")], [-2], [Code("i_q"), Code("i_x")])
     '((i_x <= i_q + (-2LL)) ? s : -INFINITY)'
+    >>> map_expr("log", [Code("a")]), map_expr("log", [Code("a")], half=True)
+    ('logf(a)', 'napkin::hm_log(a)')
     """
     f = FUNCTIONS.get(fn) if isinstance(fn, str) else None
     if f is None:
@@ -138,9 +143,20 @@ def map_expr(fn: str, xs: Sequence[str], params: Sequence[float] = (), idx: Sequ
     for i, n in enumerate(sizes):
         subs[f"n{i}"] = c_int(n)
     try:
-        return Code(f.cuda.format(**subs))
+        return Code(f.form(half).format(**subs))
     except (KeyError, IndexError) as e:
         raise CodegenError(f"function {fn}: its CUDA form needs {e} that was not given") from None
+
+
+def half_math(dtype: str) -> bool:
+    """Whether a kernel whose values are ``dtype`` computes its maps in the 16-bit forms: its
+    results are rounded to at most 11 significant bits (bf16, fp16, fp8), so the forms' 2^-15
+    relative error never shows; fp32 kernels keep libm's forms.
+
+    >>> half_math("bf16"), half_math("fp32")
+    (True, False)
+    """
+    return lookup_dtype(dtype).bytes < 4
 
 
 def _int_param(fn: str, i: int, value) -> Code:

@@ -58,7 +58,10 @@ class ElementwiseFn:
     sizes of those axes. ``cuda`` is a C++ expression in ``{x0}``, ``{p0}``, ``{i0}``,
     ``{n0}`` (inputs, parameters, indices, index-axis sizes), in fp32; an integer
     parameter (``int_params``) is written as a ``long long`` literal (``3LL``), any
-    other as a float literal. ``param_names`` name the parameters in error messages;
+    other as a float literal. ``cuda_half`` (where it differs) is the form for kernels that store
+    their values in 16-bit floats: the special-function unit's approximations with the same edge
+    values, within 2^-15 relative of the exact function, far under bf16's and fp16's rounding
+    (``napkin/kernels/cuda/halfmath.cuh`` says why and how). ``param_names`` name the parameters in error messages;
     ``nonzero_params`` lists those that must not be 0 (a divisor), ``positive_params`` those that
     must be > 0 (softplus's beta) and ``ordered_params`` pairs ``(i, j)`` with ``params[i] <=
     params[j]`` (a clamp's bounds); :func:`check_param_relations` checks the last two.
@@ -79,6 +82,17 @@ class ElementwiseFn:
     nonzero_params: tuple[int, ...] = ()
     positive_params: tuple[int, ...] = ()
     ordered_params: tuple[tuple[int, int], ...] = ()
+    cuda_half: str = ""
+
+    def form(self, half: bool = False) -> str:
+        """The CUDA form: ``cuda_half`` for a kernel of 16-bit values where there is one, else ``cuda``.
+
+        >>> FUNCTIONS["log"].form(half=True)
+        'napkin::hm_log({x0})'
+        >>> FUNCTIONS["relu"].form(half=True) == FUNCTIONS["relu"].cuda
+        True
+        """
+        return self.cuda_half if half and self.cuda_half else self.cuda
 
     def param_name(self, i: int) -> str:
         """The name of parameter ``i`` (``offset``, ``window``, ``c``...)."""
@@ -304,6 +318,7 @@ for _fn in [
     ElementwiseFn("square", 1, lambda m, xs, p, i, n: xs[0] * xs[0], "({x0} * {x0})", doc="x²"),
     ElementwiseFn("exp", 1, lambda m, xs, p, i, n: m.exp(xs[0]), "__expf({x0})", sfu=1, doc="eˣ"),
     ElementwiseFn("log", 1, lambda m, xs, p, i, n: m.log(xs[0]), "logf({x0})", sfu=1,
+                  cuda_half="napkin::hm_log({x0})",
                   doc="ln x with logf: log(0) = -inf, log(x < 0) = NaN, accurate near 1 and for subnormal x "
                       "(__logf's error near 1 is absolute, 2^-21.4, so log(1 + 1e-4) lost 3 digits)"),
     ElementwiseFn("sqrt", 1, lambda m, xs, p, i, n: m.sqrt(xs[0]), "sqrtf({x0})", sfu=1,
@@ -323,7 +338,7 @@ for _fn in [
     ElementwiseFn("relu", 1, lambda m, xs, p, i, n: m.relu(xs[0]), "fmaxf({x0}, 0.0f)",
                   doc="max(x, 0) as fmaxf(x, 0): relu(-0.0) = +0.0, relu(NaN) = 0"),
     ElementwiseFn("sigmoid", 1, lambda m, xs, p, i, n: m.sigmoid(xs[0]), "(1.0f / (1.0f + expf(-{x0})))",
-                  flops=2, sfu=1,
+                  flops=2, sfu=1, cuda_half="napkin::hm_sigmoid({x0})",
                   doc="σ(x) = 1/(1 + e⁻ˣ) as torch.sigmoid: σ(-inf) = 0 (expf(inf) = inf), σ(inf) = 1, "
                       "σ(NaN) = NaN"),
     ElementwiseFn("hardtanh", 1, _hardtanh,
@@ -337,6 +352,8 @@ for _fn in [
                   "log1pf(expf(-fabsf({x0} * {p0})))) / {p0}))",
                   n_params=2, flops=7, sfu=2, param_names=("beta", "threshold"), nonzero_params=(0,),
                   positive_params=(0,),
+                  cuda_half="((({x0} * {p0}) > {p1}) ? {x0} : ((fmaxf({x0} * {p0}, 0.0f) + "
+                            "napkin::hm_log1p(__expf(-fabsf({x0} * {p0})))) / {p0}))",
                   doc="log(1 + e^(beta·x))/beta, and x where beta·x > threshold, as "
                       "torch.nn.functional.softplus; computed as (max(z, 0) + log1p(e^-|z|))/beta "
                       "(z = beta·x), which never overflows (where torch's exp would, a threshold above "
@@ -345,6 +362,8 @@ for _fn in [
                   "(({x0} > 20.0f) ? {x0} : ({x0} * ((expf({x0}) * (expf({x0}) + 2.0f)) / "
                   "(expf({x0}) * (expf({x0}) + 2.0f) + 2.0f))))",
                   flops=6, sfu=1,
+                  cuda_half="(({x0} > 20.0f) ? {x0} : ({x0} * __fdividef(__expf({x0}) * (__expf({x0}) + 2.0f), "
+                            "__expf({x0}) * (__expf({x0}) + 2.0f) + 2.0f)))",
                   doc="x·tanh(softplus(x)) as torch.nn.functional.mish, computed with one exponential: "
                       "tanh(log(1 + n)) = n(n + 2)/(n(n + 2) + 2) for n = eˣ (exact algebra, where "
                       "tanh, log1p and exp would each cost a libm call), and x itself past 20, where "
@@ -354,11 +373,14 @@ for _fn in [
                   "(({x0} < 0.0f) ? (" + _lit(_SELU_SA) + " * expm1f({x0})) : (" + _lit(SELU_SCALE)
                   + " * {x0}))",
                   flops=2, sfu=1,
+                  cuda_half="(({x0} < 0.0f) ? (" + _lit(_SELU_SA) + " * napkin::hm_expm1({x0})) : ("
+                            + _lit(SELU_SCALE) + " * {x0}))",
                   doc="scale·x for x >= 0, scale·alpha·(eˣ - 1) below, as torch.nn.functional.selu "
                       "(alpha = 1.6732632423543772848, scale = 1.0507009873554804934): selu(-inf) = "
                       "-scale·alpha, selu(-0.0) = -0.0"),
     ElementwiseFn("elu", 1, _elu, "(({x0} < 0.0f) ? ({p0} * expm1f({x0})) : {x0})",
                   n_params=1, flops=2, sfu=1, param_names=("alpha",),
+                  cuda_half="(({x0} < 0.0f) ? ({p0} * napkin::hm_expm1({x0})) : {x0})",
                   doc="x for x >= 0, alpha·(eˣ - 1) below, as torch.nn.functional.elu: elu(-inf) = "
                       "-alpha, elu(-0.0) = -0.0"),
     ElementwiseFn("leaky_relu", 1, _leaky_relu, "(({x0} > 0.0f) ? {x0} : ({x0} * {p0}))",
@@ -395,7 +417,7 @@ for _fn in [
         "silu", 1,
         lambda m, xs, p, i, n: xs[0] / (1.0 + m.exp(-xs[0])),
         "({x0} / (1.0f + __expf(-{x0})))",
-        flops=3, sfu=1, doc="x·σ(x)",
+        flops=3, sfu=1, doc="x·σ(x)", cuda_half="napkin::hm_silu({x0})",
     ),
     ElementwiseFn(
         "softcap", 1,

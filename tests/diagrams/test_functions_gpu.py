@@ -113,3 +113,32 @@ def test_logsumexp_on_the_gpu_is_torchs(dtype):
         # bf16: exp(x - max) and the log are rounded to bf16 where the kernels store them
         tol = (1e-5, 1e-5) if dtype == "fp32" else (2e-2, 2e-2)
         assert_lse_agrees(got, want, *tol, f"logsumexp {dtype} {tuple(x.shape)}")
+
+
+def test_half_forms_keep_their_bound_on_the_gpu():
+    """The 16-bit forms (``halfmath.cuh``) computed in fp32 on the device, against the float64
+    reference: within 2^-15 relative, the edges as in fp32 (``test_functions_half.py``'s rule)."""
+    from napkin.codegen.render import Code, map_expr
+    from napkin.kernels import compile_kernel
+
+    from test_functions_half import HALF_CASES, half_disagreement, half_inputs
+
+    lines = [f"  y[{k} * n + i] = {map_expr(fn, [Code('v')], params, half=True)};"
+             for k, (fn, params) in enumerate(HALF_CASES)]
+    src = ('#include "napkin.cuh"\nextern "C" __global__ void half_forms(const float* x, float* y, int n) {\n'
+           "  const int i = blockIdx.x * blockDim.x + threadIdx.x;\n  if (i >= n) return;\n"
+           "  const float v = x[i];\n" + "\n".join(lines) + "\n}\n")
+    x = torch.from_numpy(half_inputs()).cuda()
+    n = x.numel()
+    y = torch.full((len(HALF_CASES) * n,), float("nan"), device="cuda")
+    compile_kernel(src, "half_forms", filename="half_forms.cu")((n + 127) // 128, 128, [x, y, n], sync=True)
+    got = y.view(len(HALF_CASES), n).cpu().double()
+    x64 = x.cpu().double().numpy()
+    bad = []
+    for k, (fn, params) in enumerate(HALF_CASES):
+        want = reference("torch", fn, params, x64)
+        for xi, g, w in zip(x64.tolist(), got[k].tolist(), want.tolist()):
+            why = half_disagreement(g, w)
+            if why:
+                bad.append(f"{fn}{params}({xi!r}) = {g!r}, reference {w!r}: {why}")
+    assert not bad, f"{len(bad)} disagreements:\n" + "\n".join(bad[:30])

@@ -36,7 +36,7 @@ from ...diagrams.functions import FUNCTIONS
 from ...diagrams.ops import Map, Value
 from ...errors import CodegenError
 from ..program import Arg
-from ..render import Code, c_float, cuda_type, ident, map_expr
+from ..render import Code, c_float, cuda_type, half_math, ident, map_expr
 from ..render import render as framework_render
 
 __all__ = [
@@ -292,7 +292,7 @@ class _EpilogueBuilder:
             op: Map = v.op
             xs = [self.emit(a) for a in v.args]
             idx, sizes = _index_sizes(self.d, op, self.index_vars, "kernel")
-            expr = map_expr(op.fn, xs, _params(self.d, op), idx, sizes)
+            expr = map_expr(op.fn, xs, _params(self.d, op), idx, sizes, half=half_math(v.dtype))
             var = self._var()
             self.code.lines.append(Code(f"const float {var} = {expr};"))
             self.code.boxes.append(self.d.name_of(v))
@@ -412,11 +412,12 @@ def score_chain(diagram: Diagram, maps: Sequence[Value], *, index_vars: Mapping[
             factor *= params[0]
             continue
         idx, sizes = _index_sizes(diagram, op, index_vars, "attention kernel")
+        half = half_math(v.dtype)
         n += 1
         var = Code(f"s{n}")
         if f.is_mask:
             masks.append((op.fn, tuple(params), tuple(op.index_axes)))
-            full.lines.append(Code(f"const float {var} = {map_expr(op.fn, [cur_full], params, idx, sizes)};"))
+            full.lines.append(Code(f"const float {var} = {map_expr(op.fn, [cur_full], params, idx, sizes, half)};"))
             cur_full = var
             continue
         if masks:
@@ -428,8 +429,8 @@ def score_chain(diagram: Diagram, maps: Sequence[Value], *, index_vars: Mapping[
             nomask.lines.append(Code(f"const float {fv} = {cur_nomask} * {lit};"))
             cur_full = cur_nomask = fv
             factor = 1.0
-        full.lines.append(Code(f"const float {var} = {map_expr(op.fn, [cur_full], params, idx, sizes)};"))
-        nomask.lines.append(Code(f"const float {var} = {map_expr(op.fn, [cur_nomask], params, idx, sizes)};"))
+        full.lines.append(Code(f"const float {var} = {map_expr(op.fn, [cur_full], params, idx, sizes, half)};"))
+        nomask.lines.append(Code(f"const float {var} = {map_expr(op.fn, [cur_nomask], params, idx, sizes, half)};"))
         cur_full = cur_nomask = var
     full.result, nomask.result = cur_full, cur_nomask
     full.boxes = nomask.boxes = boxes

@@ -60,7 +60,7 @@ from ...dtypes import dtype as lookup_dtype
 from ...errors import CodegenError
 from ...perfmodel.schedule import Kernel, KernelOptions, Relabel, Schedule
 from ..program import Arg, Buffer, KernelLaunch, Program
-from ..render import Code, c_i64, c_int, comment, cuda_type, ident, map_expr, render
+from ..render import Code, c_i64, c_int, comment, cuda_type, half_math, ident, map_expr, render
 from . import per_diagram, plain_kernel_reason
 
 NAME = "pointwise"
@@ -824,7 +824,8 @@ def _map_stmt(shape: PointwiseShape, b: Value, var, idx: list[Code]) -> Code:
         return Code(f"const float {ident(shape.name(b), 'a_')} = {expr};")
     get_function(op.fn)  # refuses functions outside the whitelist
     ns = [shape.sizes[a] for a in op.index_axes]
-    expr = map_expr(op.fn, [var(a) for a in b.args], op.param_values(shape.sizes), idx, ns)
+    expr = map_expr(op.fn, [var(a) for a in b.args], op.param_values(shape.sizes), idx, ns,
+                    half=half_math(shape.dtype))
     return Code(f"const float {ident(shape.name(b), 'a_')} = {expr};")
 
 

@@ -46,7 +46,7 @@ from ...dtypes import dtype as lookup_dtype
 from ...errors import CodegenError
 from ...perfmodel.schedule import Kernel, KernelOptions, Relabel, Schedule
 from ..program import Arg, Buffer, KernelLaunch, Program
-from ..render import Code, c_i64, c_int, comment, cuda_type, ident, map_expr, render
+from ..render import Code, c_i64, c_int, comment, cuda_type, half_math, ident, map_expr, render
 from . import per_diagram, plain_kernel_reason
 
 NAME = "rowwise"
@@ -528,7 +528,8 @@ def lower_shape(shape: RowwiseShape, cfg: Config, schedule: Schedule, arch: str,
         get_function(op.fn)  # refuses functions outside the whitelist
         idx = [col_var if a == x else ident(a, "i_") for a in op.index_axes]
         ns = [shape.sizes[a] for a in op.index_axes]
-        expr = map_expr(op.fn, [var(a, phase) for a in b.args], op.param_values(shape.sizes), idx, ns)
+        expr = map_expr(op.fn, [var(a, phase) for a in b.args], op.param_values(shape.sizes), idx, ns,
+                        half=half_math(shape.dtype))
         return Code(f"const float {ident(name(b), 'a_')} = {expr};")
 
     def loads(phase_boxes, extra=()):
@@ -1503,7 +1504,8 @@ def lower_chain(shape: ChainShape, cfg: ChainConfig, schedule: Schedule, arch: s
         get_function(op.fn)  # refuses functions outside the whitelist
         idx = [ident(a, "i_") for a in op.index_axes]
         ns = [sizes[a] for a in op.index_axes]
-        expr = map_expr(op.fn, [var(a) for a in b.args], op.param_values(sizes), idx, ns)
+        expr = map_expr(op.fn, [var(a) for a in b.args], op.param_values(sizes), idx, ns,
+                        half=half_math(shape.dtype))
         return Code(f"const float {ident(name(b), 'a_')} = {expr};")
 
     # with column reductions a block loops over row groups: the first pass's loads of the arrays laid

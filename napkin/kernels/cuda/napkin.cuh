@@ -8,6 +8,7 @@
 //   mma.cuh      16x16 register tiles on mma.sync m16n8k16 (ldmatrix, mma, to_a, store_c)
 //   softmax.cuh  the online softmax in base 2 with safe fully masked rows
 //   hopper.cuh   sm_90 fences, mbarriers and bulk copies; sm_90a wgmma ordering
+//   halfmath.cuh elementwise functions for kernels whose values are 16-bit (bf16, fp16)
 #ifndef NAPKIN_CUH
 #define NAPKIN_CUH
 
@@ -17,5 +18,6 @@
 #include "mma.cuh"
 #include "softmax.cuh"
 #include "hopper.cuh"
+#include "halfmath.cuh"
 
 #endif  // NAPKIN_CUH

@@ -1,0 +1,63 @@
+// halfmath.cuh — elementwise functions for kernels that store their values in 16-bit floats.
+//
+// A kernel whose arrays are bf16 or fp16 computes in fp32 and rounds each result to 8 (bf16) or 11
+// (fp16) significant bits: half an ULP there is 2^-9 or 2^-12 relative. libm's fp32 functions are
+// correct to an fp32 ULP (2^-24) and cost 25-30 instructions each (logf, log1pf, expm1f; an IEEE
+// division about 10), which makes a bf16 chain of two or three of them compute-bound: softplus then
+// log ran at 38 % of the copy rate on an H100. The forms here use the special-function unit's
+// approximations (__expf, __logf, __fdividef: 2-4 instructions each) and are within 2^-15 relative
+// of the exact function wherever the result is a normal fp32 number (within FLT_MIN of it below):
+// far under the 16-bit rounding, so the rounded result is the correctly rounded one but for results
+// within a few fp32 ULP of a rounding boundary. Where an approximation loses relative accuracy (__logf near
+// 1, where its error is 2^-21.4 absolute; e^x - 1 near 0) a short Taylor polynomial takes over: for
+// |u| < 1/32 its first omitted term is below 2^-17 relative. The edge values are those of the fp32
+// forms in napkin/diagrams/functions.py: ±inf, NaN and the sign of zero.
+//
+// Provides: hm_log, hm_log1p, hm_expm1, hm_sigmoid, hm_silu.
+// napkin.diagrams.functions' half forms (ElementwiseFn.cuda_half) call them; tests/diagrams/
+// test_functions_edges.py checks them on the host (exact libm in place of the approximations) and
+// test_functions_gpu.py on the GPU.
+#ifndef NAPKIN_HALFMATH_CUH
+#define NAPKIN_HALFMATH_CUH
+
+namespace napkin {
+
+// ln(1 + u): u - u^2/2 + u^3/3 for |u| < 1/32 (omitted u^4/4: < 2^-17.6 relative), else __logf(1 + u)
+// (1 + u is then at least 2^-5 from 1, so __logf's 2^-21.4 absolute error is under 2^-16 relative).
+// hm_log1p(-1) = -inf, u < -1 gives NaN, -0.0 stays -0.0.
+NAPKIN_DEVICE float hm_log1p(float u) {
+  const float poly = u * (1.0f + u * (-0.5f + u * 0.333333343f));
+  return fabsf(u) < 0.03125f ? poly : __logf(1.0f + u);
+}
+
+// ln x, through hm_log1p near 1 (x - 1 is exact there); __logf elsewhere: hm_log(0) = -inf,
+// x < 0 gives NaN, inf gives inf, subnormal x keeps __logf's relative accuracy.
+NAPKIN_DEVICE float hm_log(float x) {
+  const float u = x - 1.0f;
+  const float poly = u * (1.0f + u * (-0.5f + u * 0.333333343f));
+  return fabsf(u) < 0.03125f ? poly : __logf(x);
+}
+
+// e^x - 1: x + x^2/2 + x^3/6 for |x| < 1/32 (omitted x^4/24: < 2^-19 relative), else __expf(x) - 1
+// (the subtraction is exact to an ULP of the result there). -inf gives -1, -0.0 stays -0.0.
+NAPKIN_DEVICE float hm_expm1(float x) {
+  const float poly = x * (1.0f + x * (0.5f + x * 0.166666672f));
+  return fabsf(x) < 0.03125f ? poly : __expf(x) - 1.0f;
+}
+
+// 1/(1 + e^-x). __fdividef returns 0 for a divisor beyond 2^126, that is for x below -87.3, where
+// the exact value is below 2^-126 (FLT_MIN). sigmoid(-inf) = 0, sigmoid(inf) = 1.
+NAPKIN_DEVICE float hm_sigmoid(float x) {
+  return __fdividef(1.0f, 1.0f + __expf(-x));
+}
+
+// x/(1 + e^-x). Below x = -80, x·e^x (e^x/(1 + e^x) differs from e^x by a relative e^x < 2^-115),
+// where __fdividef would return 0 for a result near -1e-36. silu(-inf) = -inf·0 = NaN, as
+// torch.nn.functional.silu and the fp32 form give.
+NAPKIN_DEVICE float hm_silu(float x) {
+  return x < -80.0f ? x * __expf(x) : __fdividef(x, 1.0f + __expf(-x));
+}
+
+}  // namespace napkin
+
+#endif  // NAPKIN_HALFMATH_CUH

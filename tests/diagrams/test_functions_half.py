@@ -1,0 +1,170 @@
+"""The 16-bit forms of the elementwise functions (``ElementwiseFn.cuda_half``, ``halfmath.cuh``).
+
+A bf16 or fp16 kernel rounds its results to 8 or 11 significant bits, so its maps use faster forms
+built on the special-function unit's approximations (``__expf``, ``__logf``, ``__fdividef``). The
+claim, in ``napkin/kernels/cuda/halfmath.cuh``: each form is within 2^-15 relative of the exact
+function wherever the result is a normal fp32 number (within FLT_MIN of it below), with the fp32
+form's edge values (NaN, ±inf, the sign of zero).
+
+The host check compiles each half form with the approximations *emulated at their documented worst
+error* (CUDA's math API: ``__expf`` 2 + floor(1.173·|x|) ULP; ``__logf`` 2^-21.41 absolute on
+[0.5, 2], 3 ULP elsewhere; ``__fdividef`` 2 ULP, and 0 for a divisor beyond 2^126), once pushed up
+and once down, and once exact: the bound must hold in all three, so the polynomials' thresholds,
+coefficients and branches are checked, not only the edge values. ``test_functions_gpu.py`` runs
+the real forms on the GPU (fp32 outputs, against the same bound, and bf16 kernels).
+"""
+
+from __future__ import annotations
+
+import math
+import subprocess
+
+import numpy as np
+import pytest
+
+from napkin.codegen.render import Code, half_math, map_expr
+from napkin.diagrams.functions import FUNCTIONS
+from napkin.kernels.library import header_text
+
+from test_functions_edges import CXX, FLT_MIN, NVCC, UNARY_CASES, _array, _float, inputs, reference
+
+#: The bound of the half forms, relative.
+HALF_REL = 2.0 ** -15
+
+#: Inputs at the forms' seams: the polynomial thresholds (|u| = 1/32 around 0 and around 1), silu's
+#: switch at -80, sigmoid's divisor passing 2^126 (x near -87.34), mish's 20.
+SEAMS = [0.03125, -0.03125, 0.0312, -0.0312, 0.0313, -0.0313, 1.03125, 0.96875, 1.0312, 0.9688, 1.0313,
+         0.9687, 1.0 + 2 ** -23, 1.0 - 2 ** -24, 2 ** -20, -2 ** -20, 0.5, 2.0, 0.4999, 2.0001, -80.0, -80.001,
+         -79.999, -87.3, -87.34, -87.4, 19.999, 20.0, 20.001, -0.0, 1e-30, -1e-30, 7.0, -7.0, 15.9, -15.9]
+
+HALF_CASES = [(fn, p) for fn, p in UNARY_CASES if FUNCTIONS[fn].cuda_half]
+
+#: The approximations at their documented worst error, pushed by NAPKIN_S (+1, -1 or 0 for exact).
+EMULATION = r"""
+#include <cmath>
+#include <cstdio>
+#include <cstdint>
+#include <cstring>
+#define NAPKIN_DEVICE static inline
+static const double NAPKIN_S = SIGN;
+static inline float emulated_expf(float x) {
+  const float e = expf(x);
+  if (!std::isfinite(e) || e == 0.0f) return e;
+  return (float)((double)e * (1.0 + NAPKIN_S * (2.0 + std::floor(std::fabs(1.173 * x))) * 0x1p-23));
+}
+static inline float emulated_logf(float x) {
+  const float l = logf(x);
+  if (!std::isfinite(l)) return l;
+  if (x >= 0.5f && x <= 2.0f) return (float)((double)l + NAPKIN_S * std::pow(2.0, -21.41));
+  return (float)((double)l * (1.0 + NAPKIN_S * 3.0 * 0x1p-23));
+}
+static inline float emulated_fdividef(float a, float b) {
+  if (std::fabs(b) > 0x1p126f) return std::isinf(a) ? NAN : a * 0.0f * (b < 0 ? -1.0f : 1.0f);
+  int e;
+  if (std::frexp(b, &e) == 0.5f || std::frexp(b, &e) == -0.5f) return a / b;  // rcp of 2^k is exact
+  return (float)((double)(a / b) * (1.0 + NAPKIN_S * 2.0 * 0x1p-23));
+}
+#define __expf emulated_expf
+#define __logf emulated_logf
+#define __fdividef emulated_fdividef
+static inline float f_of(uint32_t u) { float f; std::memcpy(&f, &u, 4); return f; }
+static inline uint32_t bits_of(float f) { uint32_t u; std::memcpy(&u, &f, 4); return u; }
+"""
+
+
+def half_inputs() -> np.ndarray:
+    return np.concatenate([inputs(seed=2), np.array(SEAMS, dtype=np.float32)])
+
+
+def half_disagreement(got: float, want64: float) -> str | None:
+    """Why ``got`` breaks the half forms' claim against the float64 reference (None: it keeps it)."""
+    with np.errstate(over="ignore"):
+        want = float(np.float32(want64))
+    if math.isnan(want64):
+        return None if math.isnan(got) else "not NaN"
+    if math.isnan(got):
+        return "NaN"
+    if math.isinf(want):
+        return None if got == want else "not the infinity"
+    if want64 == 0:
+        if got != 0:
+            return "not zero"
+        return None if math.copysign(1, got) == math.copysign(1, want64) else "zero of the other sign"
+    if abs(want64) < FLT_MIN:
+        return None if abs(got - want64) <= FLT_MIN else "off by more than FLT_MIN (subnormal reference)"
+    if not math.isfinite(got):
+        return "not finite"
+    rel = abs(got - want64) / abs(want64)
+    return None if rel <= HALF_REL else f"relative error 2^{math.log2(rel):.1f}"
+
+
+def run_half_host(sign: int, x: np.ndarray, tmp) -> dict[int, np.ndarray]:
+    """Each half form of HALF_CASES on ``x``, compiled with the approximations pushed by ``sign``."""
+    src = EMULATION.replace("SIGN", f"{float(sign)!r}") + header_text("halfmath.cuh") + _array("IN0", x.tolist())
+    body = []
+    for k, (fn, params) in enumerate(HALF_CASES):
+        expr = map_expr(fn, [Code("v0")], params, half=True)
+        body.append(f'    std::printf("{k} %d %08x\\n", i, (unsigned)bits_of({expr}));')
+    src += ("int main() {\n  for (int i = 0; i < " + str(len(x)) + "; ++i) {\n    const float v0 = f_of(IN0[i]);\n"
+            + "\n".join(body) + "\n  }\n  return 0;\n}\n")
+    cpp, exe = tmp / f"half{sign}.cpp", tmp / f"half{sign}"
+    cpp.write_text(src)
+    if CXX:
+        cmd = [CXX, "-std=c++17", "-O1", "-fno-fast-math", "-ffp-contract=off", "-o", str(exe), str(cpp)]
+    else:
+        cmd = [NVCC, "-std=c++17", "-x", "cu", "-o", str(exe), str(cpp)]
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    assert r.returncode == 0, f"the half forms do not compile on the host:\n{r.stderr}"
+    out = subprocess.run([str(exe)], capture_output=True, text=True, check=True).stdout
+    got = {k: np.zeros(len(x), dtype=np.float32) for k in range(len(HALF_CASES))}
+    for line in out.splitlines():
+        k, i, b = line.split()
+        got[int(k)][int(i)] = _float(int(b, 16))
+    return got
+
+
+def test_the_functions_with_half_forms_are_the_costly_ones():
+    have = {fn for fn, f in FUNCTIONS.items() if f.cuda_half}
+    assert {"log", "sigmoid", "silu", "softplus", "mish", "selu", "elu"} <= have
+    for fn in have:  # a half form differs from the fp32 one, and names only napkin's helpers
+        f = FUNCTIONS[fn]
+        assert f.cuda_half != f.cuda
+        assert not any(libm in f.cuda_half for libm in ("logf(", "log1pf(", "expm1f(", " expf(")), fn
+
+
+def test_half_forms_are_taken_for_16_bit_kernels_only():
+    assert half_math("bf16") and half_math("fp16") and not half_math("fp32")
+    assert map_expr("selu", [Code("x")], half=True) != map_expr("selu", [Code("x")])
+    assert map_expr("relu", [Code("x")], half=True) == map_expr("relu", [Code("x")])
+
+
+@pytest.mark.skipif(CXX is None and NVCC is None, reason="no host C++ compiler (g++ or nvcc) here")
+@pytest.mark.parametrize("sign", [1, -1, 0], ids=["approximations high", "approximations low", "exact"])
+def test_half_forms_keep_their_bound_at_the_approximations_worst(sign, tmp_path):
+    x = half_inputs()
+    got = run_half_host(sign, x, tmp_path)
+    x64 = x.astype(np.float64)
+    bad = []
+    for k, (fn, params) in enumerate(HALF_CASES):
+        want = reference("torch", fn, params, x64)
+        for xi, g, w in zip(x64.tolist(), got[k].tolist(), want.tolist()):
+            why = half_disagreement(g, w)
+            if why:
+                bad.append(f"{fn}{params}({xi!r}) = {g!r}, reference {w!r}: {why}")
+    assert not bad, f"{len(bad)} disagreements:\n" + "\n".join(bad[:40])
+
+
+def test_a_wrong_coefficient_is_caught(tmp_path, monkeypatch):
+    """The check above can fail: without log's cubic term the bound breaks near 1 ± 1/32."""
+    if CXX is None and NVCC is None:
+        pytest.skip("no host C++ compiler (g++ or nvcc) here")
+    import test_functions_half as me
+
+    good = header_text("halfmath.cuh")
+    assert good.count("0.333333343f") == 2
+    monkeypatch.setattr(me, "header_text", lambda name: good.replace("0.333333343f", "0.0f"))
+    x = np.array([0.0312, -0.0312, 1.0312, 0.9688], dtype=np.float32)
+    got = run_half_host(0, x, tmp_path)
+    k = next(i for i, (fn, _) in enumerate(HALF_CASES) if fn == "log")
+    want = reference("torch", "log", (), x.astype(np.float64))
+    assert any(half_disagreement(g, w) for g, w in zip(got[k].tolist(), want.tolist()))
