@@ -622,6 +622,34 @@ def _row_stats(p: MatmulProblem) -> int:
     return 2 if p.rowred_kind in ("softmax", "logsumexp") else 1
 
 
+def rowred_epilogue_bytes(diagram: Diagram, p: MatmulProblem) -> int:
+    """HBM bytes of a row reduction's epilogue as the cost model counts them: the output (a
+    softmax's logits, else a value a row) and the inputs its maps read (all but A and B).
+
+    The wgmma template runs a row reduction one tile a block, not persistently: the block's
+    consumer warpgroups finish the loop, then compute the maps on their 128 accumulators a thread
+    one after another, reduce and store, while the tensor cores and the copies wait (no next tile
+    is loading, and a 128 x 256 tile's ring leaves no room for a second block on the SM).
+    ``launch_estimate`` states these bytes as ``epilogue_hbm_bytes``, so the model prices the maps
+    (the kernel's CUDA-core and SFU work) and these stores as a phase after the loop
+    (:func:`napkin.perfmodel.predict.predict_kernel`), as it does for the mma.sync template. The
+    split's fp32 partials are not among them: ``extra_hbm_bytes`` prices those. Measured on an
+    H100 (bf16, ``benchmarks/gemm_rowred.py``, 8192 x 32000 x 1024): the split logsumexp ran 72 us
+    longer than the split sum, where 8192 x 32000 exponentials take 68 us at the SFU rate.
+
+    >>> from napkin.diagrams import Axis, Diagram, array, contract, logsumexp
+    >>> a, b, c = Axis("a"), Axis("b"), Axis("c")
+    >>> L = contract(array("A", a, b), array("B", c, b), over=b, out=(a, c), name="L")
+    >>> d = Diagram("lse", logsumexp(L, c, name="Y")).with_dtype("bf16").bind(a=8192, b=1024, c=32000)
+    >>> rowred_epilogue_bytes(d, analyze(d))  # Y[a] in bf16
+    16384
+    """
+    sz = diagram.sizes
+    elem = _elem(p.dtype)
+    extras = sum(math.prod(sz[n] for n in v.axis_names) for v in diagram.inputs if v is not p.A and v is not p.B)
+    return (math.prod(sz[n] for n in p.out.axis_names) + extras) * elem
+
+
 def _narrowed(cfg: MatmulConfig, n) -> MatmulConfig:
     """A wgmma configuration whose columns overhang a narrow output (``n`` < ``BN``) narrowed to
     the fewest 64-column blocks that cover it (one wgmma spans the block's columns, any multiple
@@ -1048,6 +1076,8 @@ class ContractionFamily:
             # 244 us for the row-wise norm and the matmul apart). ``blocks`` stays the tile count:
             # the persistent grid (a block an SM) walks those tiles in the same waves
             est.update(tensor_path="peak", overlap_operands=p.norm is None)
+            if p.rowred is not None:
+                est.update(epilogue_hbm_bytes=rowred_epilogue_bytes(diagram, p))
         return est
 
     # ------------------------------------------------------------------ lower
