@@ -100,7 +100,9 @@ def half_disagreement(got: float, want64: float) -> str | None:
 
 def run_half_host(sign: int, x: np.ndarray, tmp) -> dict[int, np.ndarray]:
     """Each half form of HALF_CASES on ``x``, compiled with the approximations pushed by ``sign``."""
-    src = EMULATION.replace("SIGN", f"{float(sign)!r}") + header_text("halfmath.cuh") + _array("IN0", x.tolist())
+    # the header's functions on the host: its include of the device types gives way to NAPKIN_DEVICE above
+    header = header_text("halfmath.cuh").replace('#include "types.cuh"', "")
+    src = EMULATION.replace("SIGN", f"{float(sign)!r}") + header + _array("IN0", x.tolist())
     body = []
     for k, (fn, params) in enumerate(HALF_CASES):
         expr = map_expr(fn, [Code("v0")], params, half=True)

@@ -17,7 +17,7 @@ from napkin.kernels.library import (
 )
 
 HEADERS = {"napkin.cuh", "types.cuh", "memory.cuh", "reduce.cuh", "mma.cuh", "softmax.cuh",
-           "hopper.cuh"}
+           "hopper.cuh", "halfmath.cuh"}
 
 KERNEL = """#include "napkin.cuh"
 // a generated kernel

@@ -20,6 +20,8 @@
 #ifndef NAPKIN_HALFMATH_CUH
 #define NAPKIN_HALFMATH_CUH
 
+#include "types.cuh"
+
 namespace napkin {
 
 // ln(1 + u): u - u^2/2 + u^3/3 for |u| < 1/32 (omitted u^4/4: < 2^-17.6 relative), else __logf(1 + u)
