@@ -16,8 +16,8 @@ import re
 import pytest
 
 from napkin.codegen import families
-from napkin.codegen.families.rowwise import COMBINE_COLS, COUNTERS, FAMILY, THREADS_PER_ROW, ChainShape, analyse, \
-    wave_splits
+from napkin.codegen.families.rowwise import COMBINE_COLS, COUNTERS, FAMILY, SPILL_FREE_SQUEEZE, THREADS_PER_ROW, \
+    ChainShape, analyse, chain_regs_need, wave_splits
 from napkin.codegen.lower import SMEM_TOLERANCE, lower
 from napkin.codegen.partition import kernel_problem, plan_units
 from napkin.codegen.planner import _Planner, derive
@@ -362,10 +362,11 @@ def test_a_cut_register_budget_only_where_no_configuration_runs_two_blocks_an_sm
     a 512-thread row of 4096 bf16 values (footprint 79/86 registers, 1 block of 16 warps an SM) on
     64 registers, 2 blocks an SM. It lowers back, the kernel asks ptxas for 64 and the model prices
     two blocks an SM. The family proposes a cut only where every configuration holds one block an
-    SM on its own budget (rows of 5000: the 320-thread rmsnorm backward on 96 registers, 2 blocks an
-    SM, the planner's pick; not the layernorm backward's, 30 registers under its footprint), not
+    SM on its own budget (rows of 5000: the 320-thread rmsnorm and layernorm backwards on 96
+    registers, 2 blocks an SM, the planner's picks; the layernorm's is 30 under its footprint and
+    spills 24 bytes on sm_90a, and measured 63.9 us on an H100 against 73.1 on its own budget), not
     at rows of 4096 (256 threads run 2 blocks an SM; the cut measured the same on an H100); a cut
-    far under the footprint (it would spill) is refused, naming it."""
+    further under the footprint than MAX_SQUEEZE (it would spill more) is refused, naming it."""
     from napkin.codegen.families.rowwise import (MAX_SQUEEZE, chain_config_from_schedule, chain_regs_need,
                                                  chain_schedule_for, make_chain_config)
     from napkin.errors import CodegenError
@@ -390,8 +391,15 @@ def test_a_cut_register_budget_only_where_no_configuration_runs_two_blocks_an_sm
         (pk,) = derive(d, "h100", "bf16").plan.kernels
         o = pk.kernel.options
         assert (o.threads_per_row, o.blocks_per_sm, o.regs_per_thread, o.splits) == (320, 2, 96, 256)
-    sub = whole(norm_grad("layernorm", r=4096, x=5000))
-    assert not any(c.kernels[0].options.blocks_per_sm for c in FAMILY.candidates(sub, "h100", "bf16"))
+    for r, splits in ((4096, 256), (16384, 261)):
+        d = norm_grad("layernorm", r=r, x=5000)
+        cut = [FAMILY.config(whole(d), c) for c in FAMILY.candidates(whole(d), "h100", "bf16")
+               if c.kernels[0].options.blocks_per_sm]
+        assert [(c.threads_per_row, c.blocks_per_sm, c.splits) for c in cut] == [(320, 2, splits)]
+        assert chain_regs_need(analyse(whole(d)), cut[0]) - 96 == MAX_SQUEEZE  # the deepest cut proposed
+        (pk,) = derive(d, "h100", "bf16").plan.kernels
+        o = pk.kernel.options
+        assert (o.threads_per_row, o.blocks_per_sm, o.regs_per_thread, o.splits) == (320, 2, 96, splits)
     s = analyse(whole(norm_grad("rmsnorm", r=16384, x=4096)))
     with pytest.raises(CodegenError, match="would spill"):
         make_chain_config(s, 128, 1, splits=100, blocks_per_sm=4)
@@ -446,8 +454,8 @@ def test_blocks_fitted_to_a_row_of_no_power_of_two_chunks():
     for c in cands:
         cfg = FAMILY.config(whole(norm_grad("layernorm", r=4096, x=5000)), c)
         assert col_smem_bytes(s, cfg) == 4 * 2 * 5000  # 625 chunks of 8, whatever the threads
-        if cfg.threads_per_row in fitted_threads(s):
-            assert cfg.prefetch == 1 and cfg.blocks_per_sm is None
+        if cfg.threads_per_row in fitted_threads(s):  # one group ahead; a budget cut only for two blocks an SM
+            assert cfg.prefetch == 1 and cfg.blocks_per_sm in (None, 2)
             assert cfg.chunks_per_thread == -(-625 // cfg.threads_per_row)
     src = FAMILY.lower(whole(norm_grad("layernorm", r=4096, x=5000)), cands[0], "sm_90a").launches[0].source
     assert "constexpr int LAST_LANES = CHUNKS - (CHUNKS_PER_THREAD - 1) * THREADS_PER_ROW;" in src
@@ -480,9 +488,19 @@ def _launches() -> list:
         for i in sorted(some | special):
             p = FAMILY.lower(sub, cands[i], "sm_90a")
             for k in p.launches:
-                new = f"{k.name}_{tag}_{i}"
+                # a budget cut deeper than SPILL_FREE_SQUEEZE under the footprint may spill a few bytes
+                cfg = FAMILY.config(sub, cands[i])
+                cut = chain_regs_need(analyse(sub), cfg) - k.model_regs_per_thread \
+                    if getattr(cfg, "blocks_per_sm", None) else 0
+                deep = "_deep" if cut > SPILL_FREE_SQUEEZE else ""
+                new = f"{k.name}_{tag}_{i}{deep}"
                 out.append(dataclasses.replace(k, name=new, source=re.sub(rf"\b{k.name}\b", new, k.source)))
     return out
+
+
+#: The spill a budget cut deeper than SPILL_FREE_SQUEEZE may cost (the layernorm backward of a row of
+#: 5000 on 96 registers: 24 bytes on sm_90a, none on sm_80; measured faster than its own budget).
+DEEP_CUT_SPILL_BYTES = 32
 
 
 @pytest.mark.nvcc
@@ -491,6 +509,7 @@ def test_the_kernels_build_within_the_model(arch):
     from napkin.kernels import nvcc_compile
 
     launches = _launches()
+    assert any(k.name.endswith("_deep") for k in launches)  # the layernorm backward of a row of 5000
     modes = {("warp" if dict(k.tunables).get("THREADS_PER_ROW", 64) <= 32 else "block")
              for k in launches if "chain" in k.name}
     assert modes == {"warp", "block"}
@@ -499,8 +518,9 @@ def test_the_kernels_build_within_the_model(arch):
     for k in launches:
         r = usage[k.name]
         where = f"{k.name} ({arch}, {dict(k.tunables)})"
-        if r.spills:
-            problems.append(f"{where}: spills")
+        allowed = DEEP_CUT_SPILL_BYTES if k.name.endswith("_deep") else 0
+        if max(r.spill_stores, r.spill_loads) > allowed:
+            problems.append(f"{where}: spills {r.spill_stores} / {r.spill_loads} bytes (stores / loads)")
         if r.registers > k.model_regs_per_thread or k.model_regs_per_thread - r.registers > max(32, 0.6 * k.model_regs_per_thread):
             problems.append(f"{where}: {r.registers} registers, the model assumed {k.model_regs_per_thread}")
         if abs(r.shared_bytes + k.shared_bytes - (k.model_smem_bytes or 0)) > SMEM_TOLERANCE:

@@ -691,13 +691,19 @@ PREFETCHES = (1, 2)
 #: (which counts the row group worked on and the one loaded ahead as whole vectors; ptxas overlaps
 #: them: a 512-thread row of 4096 bf16 values, footprint 79 (rmsnorm) / 86 (layernorm), builds in 64
 #: without spills; the 320-thread rmsnorm backward of a row of 5000, footprint 122, builds in 96
-#: without spills, the layernorm backward's, 126, spilled 24 bytes). The family proposes it for 16-bit
-#: rows where a configuration's own budget holds one block an SM (:func:`_squeezable`): too few
-#: loads in flight. On an H100 (bf16, 4096 / 16384 rows of 5000) the rmsnorm backward ran 54.4 /
-#: 186.4 us on 320 threads at 2 blocks an SM against 65.8 / 229.3 at one; at rows of 4096, where
-#: 256 threads already run 2 blocks an SM, the 512-thread row on 64 registers measured the same
-#: (38.8 against 38.9 us, rstd recomputed).
-MAX_SQUEEZE = 26
+#: without spills). The family proposes it for 16-bit rows where a configuration's own budget holds
+#: one block an SM (:func:`_squeezable`): too few loads in flight. On an H100 (bf16, 4096 / 16384
+#: rows of 5000) the rmsnorm backward ran 54.4 / 186.4 us on 320 threads at 2 blocks an SM against
+#: 65.8 / 229.3 at one; at rows of 4096, where 256 threads already run 2 blocks an SM, the 512-thread
+#: row on 64 registers measured the same (38.8 against 38.9 us, rstd recomputed). Beyond
+#: :data:`SPILL_FREE_SQUEEZE` under the footprint ptxas may spill a few bytes, which cost less than
+#: the second block an SM gains: the layernorm backward of a row of 5000 (mean and rstd saved,
+#: footprint 126) on 96 registers spills 24 bytes on sm_90a (none on sm_80) and ran 63.9 / 213.5 us
+#: on an H100 against 73.1 / 238.7 on its own budget (128 registers, one block an SM).
+MAX_SQUEEZE = 30
+#: The cut under the footprint that nvcc built without spills (sm_80, sm_90a) on every kernel measured
+#: (tests/codegen/test_rowwise_columns.py holds the kernels the family proposes to it).
+SPILL_FREE_SQUEEZE = 26
 #: Column reductions: a configuration holding more values a thread than this is proposed only where
 #: none holding at most this many runs as many blocks. Measured on an H100 (bf16 backwards with
 #: their statistics saved, the same splits): 16 values a thread (256 threads) against 32 (128
