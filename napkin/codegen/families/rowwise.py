@@ -365,9 +365,14 @@ def regs_estimate(shape: RowwiseShape, cfg: Config) -> int:
     return min(MAX_REGS, budget, (65536 // cfg.threads) // 8 * 8)
 
 
+#: The floats of the block reductions' scratch (a slot a warp for each value merged): softmax merges
+#: (max, sum of exp) in one round, the norms reduce sums one at a time.
+SCRATCH_FLOATS = {"softmax": 64, "layernorm": 32, "rmsnorm": 32}
+
+
 def smem_estimate(shape: RowwiseShape, cfg: Config) -> int:
-    """Shared memory per block: the block reduction's 32 floats (one row per block), else none."""
-    return 32 * 4 if cfg.block_mode else 0
+    """Shared memory per block: the block reduction's scratch (one row per block), else none."""
+    return SCRATCH_FLOATS[shape.kind] * 4 if cfg.block_mode else 0
 
 
 def configs(shape: RowwiseShape) -> list[Config]:
@@ -577,11 +582,11 @@ def lower_shape(shape: RowwiseShape, cfg: Config, schedule: Schedule, arch: str,
         kernel=kernel_name, T=T, dtype=shape.dtype, kind=shape.kind, eps=float(shape.eps),
         x=xs, col=col_var, uses_col=uses_col, row_axes=[ident(a) for a in shape.row_axes],
         legend_rows=comment(legend_rows), legend_x=comment(x),
-        reduce_max=Code("napkin::block_reduce<napkin::MaxOp>" if cfg.block_mode
-                        else "napkin::xor_reduce<napkin::MaxOp, THREADS_PER_ROW>"),
         reduce_sum=Code("napkin::block_reduce<napkin::SumOp>" if cfg.block_mode
                         else "napkin::xor_reduce<napkin::SumOp, THREADS_PER_ROW>"),
         scratch_arg=Code(", scratch" if cfg.block_mode else ""),
+        FAST=Code("true" if half_math(shape.dtype) else "false"),  # softmax's exp: __expf for 16-bit rows
+        SCRATCH=SCRATCH_FLOATS[shape.kind],
         TPR=cfg.threads_per_row, RPB=cfg.rows_per_block, VEC=cfg.vec, CPT=cfg.chunks_per_thread,
         REGS=regs_estimate(shape, cfg), THREADS=threads, XSIZE=shape.xsize, NROWS=c_i64(nrows), EVEN=even, block_mode=cfg.block_mode,
         params=params, row_index=row_index, offsets=offsets, row_scalars=row_scalars,

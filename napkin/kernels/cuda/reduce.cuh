@@ -9,8 +9,14 @@
 //                                         the whole block, through 32 floats of shared scratch;
 //                                         every thread gets the result; the block's thread count
 //                                         must be a multiple of 32 and every thread must call it
+//   merge_max_sumexp, xor_reduce_max_sumexp, block_reduce_max_sumexp
+//                                         the pair (max m, sum of exp(x - m)) of an online softmax
 //   last_to_arrive                        the handshake of a reduction split over the blocks of a
 //                                         launch: true in the last of `count` blocks to arrive
+//
+// The pair lets a row kernel find its softmax's max and sum in one round over the block (one
+// barrier) instead of two dependent rounds. Every lane of a butterfly ends with the same bits: the
+// merge is symmetric.
 #ifndef NAPKIN_REDUCE_CUH
 #define NAPKIN_REDUCE_CUH
 
@@ -73,6 +79,48 @@ NAPKIN_DEVICE float block_reduce(float v, float* scratch) {
 
 NAPKIN_DEVICE float block_sum(float v, float* scratch) { return block_reduce<SumOp>(v, scratch); }
 NAPKIN_DEVICE float block_max(float v, float* scratch) { return block_reduce<MaxOp>(v, scratch); }
+
+// e^x: __expf where FAST (kernels of 16-bit values, whose rounding hides its error), else expf.
+template <bool FAST>
+NAPKIN_DEVICE float exp_of(float x) { return FAST ? __expf(x) : expf(x); }
+
+// (m, s) merged with (mb, sb), each the max of some values and the sum of exp(value - max): the
+// larger max, each sum rescaled to it. A side whose max is the merged one is not rescaled, so two
+// sides that saw only -inf (max -inf, sum 0) merge into the same, not into NaN. Symmetric: the
+// merge of b into a and of a into b give the same bits.
+template <bool FAST>
+NAPKIN_DEVICE void merge_max_sumexp(float& m, float& s, float mb, float sb) {
+  const float mm = fmaxf(m, mb);
+  s = (m == mm ? s : s * exp_of<FAST>(m - mm)) + (mb == mm ? sb : sb * exp_of<FAST>(mb - mm));
+  m = mm;
+}
+
+template <int WIDTH, bool FAST>
+NAPKIN_DEVICE void xor_reduce_max_sumexp(float& m, float& s) {
+#pragma unroll
+  for (int offset = WIDTH / 2; offset > 0; offset /= 2) {
+    const float mb = __shfl_xor_sync(0xffffffffu, m, offset);
+    const float sb = __shfl_xor_sync(0xffffffffu, s, offset);
+    merge_max_sumexp<FAST>(m, s, mb, sb);
+  }
+}
+
+// The block's (m, s) in every thread, with one barrier; `scratch` holds 64 floats and is used once.
+template <bool FAST>
+NAPKIN_DEVICE void block_reduce_max_sumexp(float& m, float& s, float* scratch) {
+  const int tid = threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z);
+  const int nwarps = (blockDim.x * blockDim.y * blockDim.z) / 32;
+  const int lane = tid & 31;
+  xor_reduce_max_sumexp<32, FAST>(m, s);
+  if (lane == 0) {
+    scratch[tid >> 5] = m;
+    scratch[32 + (tid >> 5)] = s;
+  }
+  __syncthreads();
+  m = lane < nwarps ? scratch[lane] : neg_inf();
+  s = lane < nwarps ? scratch[32 + lane] : 0.f;
+  xor_reduce_max_sumexp<32, FAST>(m, s);
+}
 
 // A reduction split over `count` blocks of one launch, each of which has written its partials to
 // global memory: every block arrives at `*counter` once, and the call returns true in every thread
