@@ -116,3 +116,18 @@ def test_a_costly_map_chain_moves_the_reduction_out_of_the_gemm(monkeypatch):
     plan, apart = plans(d, monkeypatch)
     assert split_seconds(d) > apart.seconds
     assert not is_split(plan) and plan.seconds == pytest.approx(apart.seconds)
+
+
+@pytest.mark.nvcc
+@pytest.mark.parametrize("maps", [(), ("sigmoid",)])
+def test_the_split_keeps_its_wgmma_pipelined(maps):
+    """ptxas serializes every wgmma of a kernel (warning C7514) when the epilogue's reads of the
+    accumulators may come before the last wgmma_wait: the split row sum and a sum after a
+    sigmoid did so before the accumulators were fenced after the wait."""
+    from napkin.kernels.nvcc import nvcc_compile
+
+    d = bound(gemm_rows("sum", maps), a=8192, b=1024, c=1024)
+    prog = FAMILY.lower(d, FAMILY.candidates(d, "h100", "bf16")[0], "sm_90a")
+    gemm = prog.launches[0]
+    usage = nvcc_compile(gemm.source, "sm_90a")
+    assert "C7514" not in usage.log and not usage[gemm.name].spills
