@@ -59,6 +59,7 @@ def point(spec: str, copy_bps: float) -> dict:
     lib = name.rstrip("0")
     rec = {"spec": spec}
     depth0 = rw.COMBINE_DEPTH
+    squeeze0 = rw.MAX_SQUEEZE
     hoist0 = getattr(rw, "HOIST_ROW_FACTORS", None)
     try:
         if len(f) > 8 and f[8] == "nohoist":
@@ -103,6 +104,7 @@ def point(spec: str, copy_bps: float) -> dict:
         rec["error"] = f"{type(e).__name__}: {e}"[:400]
     finally:
         rw.COMBINE_DEPTH = depth0
+        rw.MAX_SQUEEZE = squeeze0  # a later point's planner pick is the family's own again
         if hoist0 is not None:
             rw.HOIST_ROW_FACTORS = hoist0
     torch.cuda.empty_cache()
