@@ -585,7 +585,7 @@ def lower_shape(shape: RowwiseShape, cfg: Config, schedule: Schedule, arch: str,
         reduce_sum=Code("napkin::block_reduce<napkin::SumOp>" if cfg.block_mode
                         else "napkin::xor_reduce<napkin::SumOp, THREADS_PER_ROW>"),
         scratch_arg=Code(", scratch" if cfg.block_mode else ""),
-        FAST=Code("true" if half_math(shape.dtype) else "false"),  # softmax's exp: __expf for 16-bit rows
+        FAST=half_math(shape.dtype),  # softmax's exp: __expf for 16-bit rows
         SCRATCH=SCRATCH_FLOATS[shape.kind],
         TPR=cfg.threads_per_row, RPB=cfg.rows_per_block, VEC=cfg.vec, CPT=cfg.chunks_per_thread,
         REGS=regs_estimate(shape, cfg), THREADS=threads, XSIZE=shape.xsize, NROWS=c_i64(nrows), EVEN=even, block_mode=cfg.block_mode,
