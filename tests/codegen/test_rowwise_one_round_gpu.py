@@ -32,6 +32,14 @@ def _modes_seen(name: str, dtype: str) -> set[bool]:
     return seen
 
 
+def _case(sizes: dict, dtype: str, seed: int):
+    """The tolerance, torch dtype, row count, row length and a seeded CUDA generator of a case."""
+    import torch
+
+    tol, tname = DTYPES[dtype]
+    return tol, getattr(torch, tname), sizes["r"], sizes["x"], torch.Generator(device="cuda").manual_seed(seed + sizes["x"])
+
+
 @pytest.mark.parametrize("dtype", list(DTYPES))
 def test_sizes_cover_both_modes(dtype):
     assert _modes_seen("softmax", dtype) == {True, False}
@@ -43,10 +51,7 @@ def test_sizes_cover_both_modes(dtype):
 def test_softmax_rows_with_infinities(sizes, dtype):
     import torch
 
-    tol, tname = DTYPES[dtype]
-    tdt = getattr(torch, tname)
-    r, x = sizes["r"], sizes["x"]
-    g = torch.Generator(device="cuda").manual_seed(7 + x)
+    tol, tdt, r, x, g = _case(sizes, dtype, seed=7)
     X = (torch.randn(r, x, device="cuda", generator=g) * 8).to(tdt)
     X[0] = -math.inf                       # a row of only -inf: NaN everywhere, as torch gives
     X[1, : x // 2 + 1] = -math.inf         # threads that see only -inf beside ones that do not
@@ -74,10 +79,7 @@ def test_softmax_rows_with_infinities(sizes, dtype):
 def test_layernorm_rows_far_from_zero(sizes, dtype):
     import torch
 
-    tol, tname = DTYPES[dtype]
-    tdt = getattr(torch, tname)
-    r, x = sizes["r"], sizes["x"]
-    g = torch.Generator(device="cuda").manual_seed(11 + x)
+    tol, tdt, r, x, g = _case(sizes, dtype, seed=11)
     X = torch.randn(r, x, device="cuda", generator=g)
     # mean 100, deviations of 1: a one-pass E[x²] - E[x]² would lose 1e-3 of the variance in fp32; at
     # 300 the fp32 mean's own rounding (half an ULP, 1.5e-5) already costs 1.2e-5 in the output

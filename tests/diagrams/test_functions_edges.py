@@ -262,19 +262,21 @@ def _array(name: str, values) -> str:
     return f"static const uint32_t {name}[] = {{{', '.join(f'0x{_bits(float(v)):08x}u' for v in values)}}};\n"
 
 
-def run_host(cases: list[tuple[str, tuple, int]], xs: list[np.ndarray], tmp) -> dict:
+def run_host(cases: list[tuple[str, tuple, int]], xs: list[np.ndarray], tmp, *, prelude: str = PRELUDE,
+             half: bool = False, stem: str = "fns") -> dict:
     """Evaluate ``map_expr`` of each (fn, params, arity) on the fp32 inputs ``xs`` (one array per
-    operand, all of one length); returns case index → float32 results."""
-    src = PRELUDE + "".join(_array(f"IN{j}", x.tolist()) for j, x in enumerate(xs))
+    operand, all of one length), the 16-bit forms if ``half``, after ``prelude``; returns case
+    index → float32 results."""
+    src = prelude + "".join(_array(f"IN{j}", x.tolist()) for j, x in enumerate(xs))
     body = []
     for k, (fn, params, arity) in enumerate(cases):
-        expr = map_expr(fn, [Code(f"v{j}") for j in range(arity)], params)
+        expr = map_expr(fn, [Code(f"v{j}") for j in range(arity)], params, half=half)
         body.append(f'    std::printf("{k} %d %08x\\n", i, (unsigned)bits_of({expr}));')
     n = len(xs[0])
     loads = " ".join(f"const float v{j} = f_of(IN{j}[i]);" for j in range(len(xs)))
     src += ("int main() {\n  for (int i = 0; i < " + str(n) + "; ++i) {\n    " + loads + "\n"
             + "\n".join(body) + "\n  }\n  return 0;\n}\n")
-    cpp, exe = tmp / "fns.cpp", tmp / "fns"
+    cpp, exe = tmp / f"{stem}.cpp", tmp / stem
     cpp.write_text(src)
     if CXX:
         cmd = [CXX, "-std=c++17", "-O1", "-fno-fast-math", "-ffp-contract=off", "-o", str(exe), str(cpp)]

@@ -17,7 +17,6 @@ the real forms on the GPU (fp32 outputs, against the same bound, and bf16 kernel
 from __future__ import annotations
 
 import math
-import subprocess
 
 import numpy as np
 import pytest
@@ -26,7 +25,7 @@ from napkin.codegen.render import Code, half_math, map_expr
 from napkin.diagrams.functions import FUNCTIONS
 from napkin.kernels.library import header_text
 
-from test_functions_edges import CXX, FLT_MIN, NVCC, UNARY_CASES, _array, _float, inputs, reference
+from test_functions_edges import CXX, FLT_MIN, NVCC, UNARY_CASES, fp32_disagreement, inputs, reference, run_host
 
 #: The bound of the half forms, relative.
 HALF_REL = 2.0 ** -15
@@ -77,52 +76,36 @@ def half_inputs() -> np.ndarray:
 
 
 def half_disagreement(got: float, want64: float) -> str | None:
-    """Why ``got`` breaks the half forms' claim against the float64 reference (None: it keeps it)."""
+    """Why ``got`` breaks the half forms' claim against the float64 reference (None: it keeps it):
+    the fp32 forms' edge rules, then 2^-15 relative for a normal result."""
+    edge = fp32_disagreement(got, want64, ulps=math.inf)
     with np.errstate(over="ignore"):
         want = float(np.float32(want64))
-    if math.isnan(want64):
-        return None if math.isnan(got) else "not NaN"
-    if math.isnan(got):
-        return "NaN"
-    if math.isinf(want):
-        return None if got == want else "not the infinity"
-    if want64 == 0:
-        if got != 0:
-            return "not zero"
-        return None if math.copysign(1, got) == math.copysign(1, want64) else "zero of the other sign"
-    if abs(want64) < FLT_MIN:
-        return None if abs(got - want64) <= FLT_MIN else "off by more than FLT_MIN (subnormal reference)"
-    if not math.isfinite(got):
-        return "not finite"
+    if edge is not None or not math.isfinite(want) or want64 == 0 or abs(want64) < FLT_MIN:
+        return edge
     rel = abs(got - want64) / abs(want64)
     return None if rel <= HALF_REL else f"relative error 2^{math.log2(rel):.1f}"
+
+
+def half_bound_failures(got_rows, x64: np.ndarray) -> list[str]:
+    """Every input where a half form of HALF_CASES (row k of ``got_rows``) breaks the claim."""
+    bad = []
+    for k, (fn, params) in enumerate(HALF_CASES):
+        want = reference("torch", fn, params, x64)
+        for xi, g, w in zip(x64.tolist(), list(got_rows[k]), want.tolist()):
+            why = half_disagreement(float(g), w)
+            if why:
+                bad.append(f"{fn}{params}({xi!r}) = {float(g)!r}, reference {w!r}: {why}")
+    return bad
 
 
 def run_half_host(sign: int, x: np.ndarray, tmp) -> dict[int, np.ndarray]:
     """Each half form of HALF_CASES on ``x``, compiled with the approximations pushed by ``sign``."""
     # the header's functions on the host: its include of the device types gives way to NAPKIN_DEVICE above
     header = header_text("halfmath.cuh").replace('#include "types.cuh"', "")
-    src = EMULATION.replace("SIGN", f"{float(sign)!r}") + header + _array("IN0", x.tolist())
-    body = []
-    for k, (fn, params) in enumerate(HALF_CASES):
-        expr = map_expr(fn, [Code("v0")], params, half=True)
-        body.append(f'    std::printf("{k} %d %08x\\n", i, (unsigned)bits_of({expr}));')
-    src += ("int main() {\n  for (int i = 0; i < " + str(len(x)) + "; ++i) {\n    const float v0 = f_of(IN0[i]);\n"
-            + "\n".join(body) + "\n  }\n  return 0;\n}\n")
-    cpp, exe = tmp / f"half{sign}.cpp", tmp / f"half{sign}"
-    cpp.write_text(src)
-    if CXX:
-        cmd = [CXX, "-std=c++17", "-O1", "-fno-fast-math", "-ffp-contract=off", "-o", str(exe), str(cpp)]
-    else:
-        cmd = [NVCC, "-std=c++17", "-x", "cu", "-o", str(exe), str(cpp)]
-    r = subprocess.run(cmd, capture_output=True, text=True)
-    assert r.returncode == 0, f"the half forms do not compile on the host:\n{r.stderr}"
-    out = subprocess.run([str(exe)], capture_output=True, text=True, check=True).stdout
-    got = {k: np.zeros(len(x), dtype=np.float32) for k in range(len(HALF_CASES))}
-    for line in out.splitlines():
-        k, i, b = line.split()
-        got[int(k)][int(i)] = _float(int(b, 16))
-    return got
+    prelude = EMULATION.replace("SIGN", f"{float(sign)!r}") + header
+    return run_host([(fn, params, 1) for fn, params in HALF_CASES], [x], tmp, prelude=prelude, half=True,
+                    stem=f"half{sign}")
 
 
 def test_the_functions_with_half_forms_are_the_costly_ones():
@@ -145,14 +128,7 @@ def test_half_forms_are_taken_for_16_bit_kernels_only():
 def test_half_forms_keep_their_bound_at_the_approximations_worst(sign, tmp_path):
     x = half_inputs()
     got = run_half_host(sign, x, tmp_path)
-    x64 = x.astype(np.float64)
-    bad = []
-    for k, (fn, params) in enumerate(HALF_CASES):
-        want = reference("torch", fn, params, x64)
-        for xi, g, w in zip(x64.tolist(), got[k].tolist(), want.tolist()):
-            why = half_disagreement(g, w)
-            if why:
-                bad.append(f"{fn}{params}({xi!r}) = {g!r}, reference {w!r}: {why}")
+    bad = half_bound_failures([got[k].tolist() for k in range(len(HALF_CASES))], x.astype(np.float64))
     assert not bad, f"{len(bad)} disagreements:\n" + "\n".join(bad[:40])
 
 
