@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pytest
 
-from napkin.codegen.families.contraction import FAMILY, ContractionFamily, analyze, rowred_epilogue_bytes
+from napkin.codegen.families.contraction import FAMILY, ContractionFamily, analyze, epilogue_bytes
 from napkin.codegen.select import launch_shape, predict_schedule
 from napkin.diagrams import Axis, Diagram, array, contract, logsumexp
 from napkin.diagrams.ops import map_fn, max_over, reduce, softmax, sum_over
@@ -63,7 +63,7 @@ def test_the_row_reduction_states_its_epilogue_and_the_persistent_gemm_does_not(
     d = bound(gemm_rows("sum", ("sigmoid",)), a=8192, b=1024, c=1024)
     s = FAMILY.candidates(d, "h100", "bf16")[0]
     shape = launch_shape(d, FAMILY, s, "h100")
-    assert shape.epilogue_hbm_bytes == rowred_epilogue_bytes(d, analyze(d)) == 8192 * 2
+    assert shape.epilogue_hbm_bytes == epilogue_bytes(d, analyze(d)) == 8192 * 2
     a, b, c = Axis("a"), Axis("b"), Axis("c")
     gemm = Diagram("g", map_fn("gelu", contract(array("A", a, b), array("B", c, b), over=b, out=(a, c), name="L"),
                                name="Y"))

@@ -622,9 +622,11 @@ def _row_stats(p: MatmulProblem) -> int:
     return 2 if p.rowred_kind in ("softmax", "logsumexp") else 1
 
 
-def rowred_epilogue_bytes(diagram: Diagram, p: MatmulProblem) -> int:
-    """HBM bytes of a row reduction's epilogue as the cost model counts them: the output (a
-    softmax's logits, else a value a row) and the inputs its maps read (all but A and B).
+def epilogue_bytes(diagram: Diagram, p: MatmulProblem) -> int:
+    """HBM bytes of the epilogue as the cost model counts them: the output (the tile; for a row
+    reduction a softmax's logits, else a value a row) and the inputs its maps read (all but A and B).
+
+    The mma.sync and SIMT templates run it as a phase after the loop, one output tile a block.
 
     The wgmma template runs a row reduction one tile a block, not persistently: the block's
     consumer warpgroups finish the loop, then compute the maps on their 128 accumulators a thread
@@ -641,7 +643,7 @@ def rowred_epilogue_bytes(diagram: Diagram, p: MatmulProblem) -> int:
     >>> a, b, c = Axis("a"), Axis("b"), Axis("c")
     >>> L = contract(array("A", a, b), array("B", c, b), over=b, out=(a, c), name="L")
     >>> d = Diagram("lse", logsumexp(L, c, name="Y")).with_dtype("bf16").bind(a=8192, b=1024, c=32000)
-    >>> rowred_epilogue_bytes(d, analyze(d))  # Y[a] in bf16
+    >>> epilogue_bytes(d, analyze(d))  # Y[a] in bf16
     16384
     """
     sz = diagram.sizes
@@ -1056,9 +1058,7 @@ class ContractionFamily:
             # epilogue (its operands read, the tile stored), which the block's neighbours on the
             # SM, started with it, do not hide (the model prices it as a phase of its own)
             # (operand tiles copied after the loop are waited for before the maps)
-            extras = sum(math.prod(sz[n] for n in v.axis_names) for v in diagram.inputs
-                         if v is not p.A and v is not p.B)
-            est.update(epilogue_hbm_bytes=(sz[p.a] * sz[p.c] * nbatch + extras) * elem,
+            est.update(epilogue_hbm_bytes=epilogue_bytes(diagram, p),
                        epilogue_waits=1 if epilogue_tiles(diagram, p, cfg, elem) else 0)
         if cfg.tf32x3:
             # 3xTF32: the sum's 2 M N K FLOPs (the cost model's CUDA-core work for fp32) run as three
@@ -1077,7 +1077,7 @@ class ContractionFamily:
             # the persistent grid (a block an SM) walks those tiles in the same waves
             est.update(tensor_path="peak", overlap_operands=p.norm is None)
             if p.rowred is not None:
-                est.update(epilogue_hbm_bytes=rowred_epilogue_bytes(diagram, p))
+                est.update(epilogue_hbm_bytes=epilogue_bytes(diagram, p))
         return est
 
     # ------------------------------------------------------------------ lower
