@@ -7,8 +7,8 @@ read), the box can still run on the fast families as its parts: reductions over 
 pointwise family reduces over any axis, with coalesced reads) and elementwise maps.
 :func:`expand` writes the named boxes out:
 
-- ``softmax_a(x)``: ``m = max_a x``, ``e = exp(x − m)``, ``s = Σ_a e``, ``e / s``;
-- ``layernorm_a(x)``: ``μ = mean_a x``, ``c = x − μ``, ``v = mean_a c²``, ``c · rsqrt(v + eps)``;
+- ``softmax_a(x)``: ``m = max_a x``, ``s = Σ_a exp(x − m)``, ``exp(x − m) / s``;
+- ``layernorm_a(x)``: ``μ = mean_a x``, ``v = mean_a (x − μ)²``, ``(x − μ) · rsqrt(v + eps)``;
 - ``rmsnorm_a(x)``: ``ms = mean_a x²``, ``x · rsqrt(ms + eps)``;
 - a rename that is an output (a view written to HBM: ``Y[n,j] = rename(X[k,j], k→n)``): the
   view kept, under ``<name>_view``, and copied by a product of one factor over no axis
@@ -21,7 +21,9 @@ pointwise family reduces over any axis, with coalesced reads) and elementwise ma
   in the result's order; the copies are products of one factor, as above, and the sum is the
   same sum;
 
-each exactly the computation the box's PyTorch reference does (``torch.softmax`` also subtracts
+(the output recomputes ``exp(x − m)`` and ``x − μ`` from ``x``: the kernel that reduces cannot
+write the output, so a value it passed on would be written to HBM and read back), each exactly
+the computation the box's PyTorch reference does (``torch.softmax`` also subtracts
 the row's max; a copy is exact), so the diagram's meaning is unchanged. The last box of each
 chain keeps the composite's name, so outputs and readers are untouched; the boxes before it are
 named ``<name>_max``, ``<name>_exp`` … (with a number appended where a name is taken). The result is a
@@ -37,7 +39,7 @@ when the model predicts it faster.
 >>> d = Diagram("col_softmax", softmax(array("X", a, b), a, name="Y"))
 >>> e = expand(d, ["Y"])
 >>> [e.name_of(v) for v in e.nodes], e.output_names
-(['Y_max', 'Y_shifted', 'Y_exp', 'Y_sum', 'Y'], ('Y',))
+(['Y_max', 'Y_shifted_again', 'Y_exp_again', 'Y_shifted', 'Y_exp', 'Y_sum', 'Y'], ('Y',))
 """
 
 from __future__ import annotations
@@ -136,15 +138,21 @@ def _written_out(op, x: Value, name: str, used: set[str]) -> Value:
         return _fresh(f"{name}_{part}", used)
 
     a = op.over
+    # The output's maps recompute the values the statistic was taken of (x − m, its exp; x − μ) from
+    # x instead of reading them: a kernel that reduces over a strided axis cannot also write the
+    # output (that needs the statistic), so a value it passed on would be one more array written
+    # to HBM and read back; x is read anyway.
     if isinstance(op, Softmax):
         m = max_over(x, a, name=n("max"))
-        e = exp(map_fn("sub", x, m, name=n("shifted")), name=n("exp"))
-        return map_fn("div", e, sum_over(e, a, name=n("sum")), name=name)
+        s = sum_over(exp(map_fn("sub", x, m, name=n("shifted")), name=n("exp")), a, name=n("sum"))
+        e = exp(map_fn("sub", x, m, name=n("shifted_again")), name=n("exp_again"))
+        return map_fn("div", e, s, name=name)
     if op.how == "layernorm":
-        c = map_fn("sub", x, mean_over(x, a, name=n("mean")), name=n("centred"))
+        mu = mean_over(x, a, name=n("mean"))
+        c = map_fn("sub", x, mu, name=n("centred"))
         var = mean_over(square(c, name=n("square")), a, name=n("var"))
         r = rsqrt(map_fn("shift", var, params=(op.eps,), name=n("eps")), name=n("rstd"))
-        return map_fn("mul", c, r, name=name)
+        return map_fn("mul", map_fn("sub", x, mu, name=n("centred_again")), r, name=name)
     ms = mean_over(square(x, name=n("square")), a, name=n("meansq"))
     r = rsqrt(map_fn("shift", ms, params=(op.eps,), name=n("eps")), name=n("rstd"))
     return map_fn("mul", x, r, name=name)

@@ -33,7 +33,8 @@ def test_outputs_and_readers_keep_their_names_and_the_parts_are_named_after_the_
     d = Diagram("t", ((P * 3.0).named("Z"), P))
     e = expand(d, ["P"])
     assert e.output_names == ("Z", "P")
-    assert [e.name_of(v) for v in e.nodes][:5] == ["P_max", "P_shifted", "P_exp", "P_sum", "P"]
+    assert [e.name_of(v) for v in e.nodes][:7] == ["P_max", "P_shifted_again", "P_exp_again", "P_shifted", "P_exp",
+                                                  "P_sum", "P"]
     assert e.input_names == d.input_names
 
 
