@@ -416,8 +416,9 @@ def main(argv=None) -> int:
     from napkin.bench.suite import SuiteConfig, device_header, run_point
 
     header = device_header(measure_gemm=False)
-    cfg = SuiteConfig(autotune=False, compile_baselines=False, reps=a.reps, warmup=a.warmup, max_time_s=1.0,
-                      copy_bandwidth=header.get("copy_bandwidth"))
+    # plan with the profile of the GPU at hand (the config's default is the h100 profile)
+    cfg = SuiteConfig(gpu=header.get("gpu_key") or "h100", autotune=False, compile_baselines=False, reps=a.reps,
+                      warmup=a.warmup, max_time_s=1.0, copy_bandwidth=header.get("copy_bandwidth"))
     start = time.time()
     records = []
     sink = a.out.open("w") if a.out else None
