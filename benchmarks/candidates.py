@@ -25,39 +25,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 
-def _sizes(text: str | None) -> dict[str, int]:
-    out = {}
-    for part in (text or "").split(","):
-        if not part.strip():
-            continue
-        name, eq, value = part.partition("=")
-        if not eq or not value.strip().isdigit():
-            raise SystemExit(f"candidates.py: --sizes takes name=integer pairs, got {part!r}")
-        out[name.strip()] = int(value)
-    return out
-
-
-def load(spec: str):
-    """A library diagram by name, or ``file.py:function``'s."""
-    from napkin.diagrams import library
-
-    if ":" in spec:
-        import importlib.util
-
-        path, _, fn = spec.partition(":")
-        mod_spec = importlib.util.spec_from_file_location(Path(path).stem, path)
-        if mod_spec is None:
-            raise SystemExit(f"candidates.py: cannot load {path!r}")
-        mod = importlib.util.module_from_spec(mod_spec)
-        mod_spec.loader.exec_module(mod)
-        return getattr(mod, fn)()
-    return library.get(spec)
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("diagram")
-    ap.add_argument("--sizes", help="name=size pairs, comma-separated")
+    ap.add_argument("--sizes", help="name=size pairs, comma-separated (as napkin's -s)")
     ap.add_argument("--family", required=True)
     ap.add_argument("--gpu", default="h100", help="the profile the candidates are ranked on")
     ap.add_argument("--dtype", default="bf16")
@@ -67,11 +38,12 @@ def main() -> int:
     import torch
 
     from napkin.bench.timing import time_fn
+    from napkin.cli_common import load, parse_sizes
     from napkin.codegen import compile as compile_diagram
     from napkin.codegen import select
     from napkin.codegen.families import get as get_family
 
-    d = load(args.diagram).with_dtype(args.dtype).bind(**_sizes(args.sizes))
+    d = load(args.diagram).with_dtype(args.dtype).bind(**parse_sizes([args.sizes] if args.sizes else []))
     fam = get_family(args.family)
     gpu = select.resolve_gpu(args.gpu)
     ranked = select.rank(d, fam, gpu, args.dtype)[: args.top]
