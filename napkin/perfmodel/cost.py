@@ -692,6 +692,11 @@ class _KernelModel:
                 fl["cuda"] = fl["cuda"] + self.size(b.args[0].axis_names) * red
                 if op.how == "mean":
                     fl["cuda"] = fl["cuda"] + self.size(b.axis_names) * red
+                if id(b) in p.rescaled:  # exp(c_old − c_new) and the multiply, every step
+                    steps = _exact(self.steps * self.f_steps) if self.f_steps != 1 else self.steps
+                    rows = self.size(b.axis_names) * self.redundancy(b)
+                    fl["sfu"] = fl["sfu"] + rows * steps
+                    fl["cuda"] = fl["cuda"] + rows * steps
             elif kind == "softmax":
                 sz = self.size(b.axis_names)
                 fl["cuda"] = fl["cuda"] + 4 * sz * red

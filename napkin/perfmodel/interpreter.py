@@ -107,6 +107,11 @@ def _einsum(args: list[np.ndarray], arg_axes: list[tuple[str, ...]], out_axes: t
     return np.einsum(spec, *args, optimize=len(args) > 2)
 
 
+def _safe_shift(c: np.ndarray) -> np.ndarray:
+    """A shift as the kernels subtract it: ±inf replaced by 0 (NaN stays NaN)."""
+    return np.where(np.isinf(c), 0.0, c)
+
+
 def _ranges(n: int, g: int) -> list[tuple[int, int]]:
     return [(lo, min(lo + g, n)) for lo in range(0, n, g)]
 
@@ -127,6 +132,10 @@ class _Run:
         self.W = {a: int(w) for a, w in plan.rf_groups.items()}
         self.res_by_key = {r.key: r for r in plan.residents}
         self.mask = skippable_mask(plan, n)
+        # sums of exp(x − running max) (legality.RescaledSum): their shift boxes, and each sum's
+        # shift as the previous step left it
+        self.shift_boxes = {id(r.shift_box): r for r in plan.rescaled.values()}
+        self.shift_before: dict = {}
 
     # -- context
     def extent(self, a: str, ranges: dict) -> int:
@@ -198,8 +207,10 @@ class _Run:
             k, lvl, ph = self.key(a)
             if lvl != "SMEM":
                 continue
-            if phase == "body" and ph == "pre" and not first_step:
-                continue  # an invariant tile stays in registers across steps
+            if phase == "body" and ph in ("pre", "acc", "running") and not first_step:
+                # an invariant tile stays in registers across steps, as does a running max (or
+                # its zero_inf) that the shift of a rescaled sum reads
+                continue
             self.reads += int(np.size(env[k])) * self.rf_mult(a.axis_names, ranges)
         vph = p.phase[id(b)]
         arg_axes = [a.axis_names for a in b.args]
@@ -222,6 +233,9 @@ class _Run:
         elif kind == "map":
             f = get_function(op.fn)
             xs = [_align(t, ax, b.axis_names) for t, ax in zip(args, arg_axes)]
+            if id(b) in self.shift_boxes and self.shift_boxes[id(b)].exact:
+                # x − (running max): 0 where the max is still ±inf, as the kernel subtracts
+                xs[1] = _safe_shift(xs[1])
             idx = []
             for a in op.index_axes:
                 lo = ranges[a][0] if a in ranges else 0
@@ -235,7 +249,14 @@ class _Run:
             (x,) = args
             ax = b.args[0].axis_names.index(op.over)
             if vph == "acc":
-                if op.how in ("sum", "mean"):
+                if id(b) in p.rescaled:  # Σ exp(x − c): what was summed so far moves to the new shift
+                    r = p.rescaled[id(b)]
+                    old, new = (_safe_shift(_align(v, r.shift.axis_names, b.axis_names))
+                                for v in (self.shift_before[id(b)], env[id(r.shift)]))
+                    alpha = np.where(old == new, 1.0, np.exp(np.where(old == new, 0.0, old - new)))
+                    prev = acc[id(b)]
+                    acc[id(b)] = np.where(prev == 0, 0.0, prev * alpha) + x.sum(ax)
+                elif op.how in ("sum", "mean"):
                     acc[id(b)] = acc[id(b)] + x.sum(ax)
                 elif op.how == "max":
                     acc[id(b)] = np.maximum(acc[id(b)], x.max(ax))
@@ -337,6 +358,11 @@ class _Run:
                         if p.phase[id(a)] == "chunk":
                             env[id(a)] = self.load(a, rs)
                             live[self.name(a)] = env[id(a)]
+                    # the shifts of the rescaled sums as the last step left them (the max's identity
+                    # before the first)
+                    for b_id, r in p.rescaled.items():
+                        self.shift_before[b_id] = env[id(r.shift)] if not first else np.full(
+                            tuple(self.extent(a, ranges) for a in r.shift.axis_names), -np.inf)
                     for b in body_cols:
                         self.run_box(b, env, acc, online, rs, first, "body")
                         live[self.name(b)] = env[id(b)]
@@ -361,6 +387,9 @@ class _Run:
                     val = acc[id(b)]
                     if b.op.kind == "reduce" and b.op.how == "mean":
                         val = val / self.n[b.op.over]
+                    r = p.rescaled.get(id(b))
+                    if r is not None and r.exact:  # x − m is NaN at an infinite max
+                        val = np.where(np.isfinite(_align(env[id(r.max)], r.max.axis_names, b.axis_names)), val, np.nan)
                     if b.op.kind == "contract":
                         onl = [a for a in b.args if id(a) in online]
                         if onl:

@@ -17,7 +17,10 @@ The rules (FlashAttention on a Napkin, docs/architecture.md §4):
   (sum/max/min/mean) over ``s`` are streamable; a softmax over ``s`` is streamable only
   when its output is consumed solely by contractions over ``s`` in the same kernel
   (online softmax: running max μ, running sum z, running output o, rescaled by
-  exp(μ_old − μ_new)); layernorm/rmsnorm are not. Boxes woven over ``s`` keep
+  exp(μ_old − μ_new)); a sum over ``s`` of ``exp(x − c)``, with ``c`` the max of ``x`` over ``s``
+  (or ``zero_inf`` of it) in the same kernel, is streamable the same way (the sum is rescaled by
+  exp(c_old − c_new); :class:`RescaledSum`), so the box ``x − c`` may read the running ``c``;
+  layernorm/rmsnorm are not. Boxes woven over ``s`` keep
   streamability (the fusion theorem). A box that carries ``s`` may not read a value that
   is complete only after the stream ends (that would need a second pass). One streamed
   axis per kernel; streams live at SMEM (the block's loop).
@@ -33,7 +36,8 @@ The rules (FlashAttention on a Napkin, docs/architecture.md §4):
 
 Phases (with stream axis ``s``): ``pre`` arrays do not depend on ``s`` (loaded or computed
 once per group), ``chunk`` arrays carry ``s`` (one chunk per step), ``acc`` arrays are
-accumulated over ``s`` (complete after the loop), ``online`` is a streamed softmax, and
+accumulated over ``s`` (complete after the loop), ``online`` is a streamed softmax, ``running``
+is ``zero_inf`` of a running max (recomputed every step, complete after the loop), and
 ``post`` arrays are computed after the loop from accumulators. Columns run pre boxes,
 then body boxes (every step), then post boxes.
 
@@ -126,7 +130,7 @@ class KernelPlan:
     stream: tuple | None                   # (axis, size) or None
     rf_groups: dict                        # RF (per-warp) groups: axis -> size
     sizes: dict                            # every axis the kernel touches -> its size
-    phase: dict                            # id(array) -> pre | chunk | acc | online | post
+    phase: dict                            # id(array) -> pre | chunk | acc | online | running | post
     box_phase: dict                        # id(box) -> pre | body | post
     level: dict                            # id(array) -> SMEM | RF (inputs and computed arrays)
     root: dict                             # id(rename output computed here) -> the array it views
@@ -141,6 +145,8 @@ class KernelPlan:
     #: further contracted axes walked one index at a time outside the stream's loop (a sum over
     #: (h, d) streams d and walks h): extent 1 in every tile, one loop of the stream per index
     outer_streams: tuple[str, ...] = ()
+    #: id(sum over s) -> :class:`RescaledSum`: sums of exp(x − running max) rescaled as the max grows
+    rescaled: dict = field(default_factory=dict)
 
     @property
     def name(self) -> str:
@@ -492,6 +498,12 @@ def _plan_kernel(schedule: Schedule, index: int, boxes: tuple[Value, ...], names
         elif id(b) in root:
             level[id(b)] = level.get(id(root[id(b)]), "RF")
 
+    # ---- the sums of exp(x − max) over s beside the max over s (softmax statistics, logsumexp):
+    # streamable with the sum rescaled when the running max grows
+    rescaled = _online_pairs(boxes, s, d, in_kernel, {id(v) for v in outputs}) if s is not None else {}
+    shifts = {id(r.shift_box): r for r in rescaled.values()}
+    running = {id(r.shift): r for r in rescaled.values() if r.shift is not r.max}
+
     # ---- phases
     phase: dict[int, str] = {}
     for a in inputs:
@@ -518,7 +530,13 @@ def _plan_kernel(schedule: Schedule, index: int, boxes: tuple[Value, ...], names
             continue
         own = set(b.op.own_axes())
         aps = [(a, aphase(a)) for a in b.args]
-        late = [a for a, p in aps if p in ("acc", "post")]
+        late = [a for a, p in aps if p in ("acc", "post", "running")]
+        if id(b) in running:  # zero_inf of the running max, recomputed every step
+            phase[id(b)] = "running"
+            continue
+        if id(b) in shifts:  # x − (running shift): the sum it feeds is rescaled as the max grows
+            phase[id(b)] = "chunk"
+            continue
         onl = [a for a, p in aps if p == "online"]
         if s in own:
             kind = b.op.kind
@@ -591,7 +609,7 @@ def _plan_kernel(schedule: Schedule, index: int, boxes: tuple[Value, ...], names
     box_phase: dict[int, str] = {}
     for b in boxes:
         p = phase[id(b)]
-        box_phase[id(b)] = "body" if p in ("chunk", "acc", "online") else p
+        box_phase[id(b)] = "body" if p in ("chunk", "acc", "online", "running") else p
     real = [b for b in boxes if b.op.kind != "rename"]
     pre = [b for b in real if box_phase[id(b)] == "pre"]
     body = [b for b in real if box_phase[id(b)] == "body"]
@@ -634,7 +652,7 @@ def _plan_kernel(schedule: Schedule, index: int, boxes: tuple[Value, ...], names
             start, end = c, max(ucols + [c])
             if is_store:
                 end = max(end, last_body)
-        elif p == "acc":
+        elif p in ("acc", "running"):
             start, end = first_body, max(ucols + [last_body])
             if is_store:
                 end = ncol - 1
@@ -656,8 +674,67 @@ def _plan_kernel(schedule: Schedule, index: int, boxes: tuple[Value, ...], names
         groups=groups, stream=stream, outer_streams=outer_streams, rf_groups=rf_groups, sizes=sizes, phase=phase, box_phase=box_phase,
         level=level, root=root, online=online, columns=columns, n_pre=n_pre, n_body=n_body,
         residents=tuple(residents), uses={k2: tuple(v) for k2, v in uses.items()}, names=names,
-        computed=frozenset(computed),
+        computed=frozenset(computed), rescaled=rescaled,
     )
+
+
+@dataclass(frozen=True)
+class RescaledSum:
+    """A sum over the streamed axis ``s`` of ``exp(x − c)``, where ``c`` is the max of ``x`` over
+    ``s`` (``max``) or ``zero_inf`` of it (``shift``; the max itself when ``exact``), computed in the
+    same kernel: an online softmax's normaliser, or logsumexp's sum. Each step subtracts the running
+    shift, and the sum so far is multiplied by exp(c_old − c_new) when the max grows, so one pass
+    gives Σ exp(x − c_final). The shift uses 0 where an exact max is still ±inf (no NaN from
+    −inf − (−inf)); an exact max that ends infinite makes the sum NaN, as the written-out boxes
+    compute it (x − m is NaN for the values equal to it)."""
+
+    sum: Value          # the reduction over s being rescaled
+    max: Value          # the max over s
+    shift: Value        # c: the max itself, or zero_inf(max)
+    shift_box: Value    # x − c
+    exact: bool
+
+
+def _online_pairs(boxes, s: str, d, in_kernel: set, kernel_outputs: set) -> dict[int, "RescaledSum"]:
+    """id(sum) -> :class:`RescaledSum` for the sums of the kernel that can be rescaled online.
+
+    The pattern: ``m = max_s(...max(x))`` (a chain of max reductions ending over ``s``), ``c = m`` or
+    ``zero_inf(m)``, ``d = x − c``, ``e = exp(d)``, then sums of ``e`` ending over ``s``; ``d``, ``e``
+    and the sums before the last are read only by the next box and are no output of the kernel."""
+    out: dict[int, RescaledSum] = {}
+
+    def sole(v):
+        cons = [c for c in d.consumers.get(id(v), ()) if id(c) in in_kernel]
+        ok = id(v) not in kernel_outputs and len(d.consumers.get(id(v), ())) == 1 and len(cons) == 1
+        return cons[0] if ok else None
+
+    for sub in boxes:
+        if not (sub.op.kind == "map" and sub.op.fn == "sub" and len(sub.args) == 2 and s in sub.axis_names):
+            continue
+        x, c = sub.args
+        if id(c) not in in_kernel:
+            continue
+        m, exact = (c, True) if c.op.kind == "reduce" else (c.args[0], False)
+        if not exact and not (c.op.kind == "map" and c.op.fn == "zero_inf" and id(m) in in_kernel):
+            continue
+        if not (m.op.kind == "reduce" and m.op.how == "max" and m.op.over == s):
+            continue
+        first = m
+        while (id(first.args[0]) in in_kernel and first.args[0].op.kind == "reduce"
+               and first.args[0].op.how == "max"):
+            first = first.args[0]
+        if first.args[0] is not x:
+            continue
+        e = sole(sub)
+        if e is None or not (e.op.kind == "map" and e.op.fn == "exp"):
+            continue
+        t = sole(e)
+        while t is not None and t.op.kind == "reduce" and t.op.how == "sum" and t.op.over != s:
+            t = sole(t)
+        if t is None or not (t.op.kind == "reduce" and t.op.how == "sum" and t.op.over == s):
+            continue
+        out[id(t)] = RescaledSum(t, m, c, sub, exact)
+    return out
 
 
 def column_memory(plan: KernelPlan, tile, bytes_per_value, levels=("SMEM", "RF"), zero=0) -> dict:

@@ -20,7 +20,9 @@ from napkin.diagrams import (
 )
 from napkin.diagrams.diagram import Diagram
 from napkin.errors import ScheduleError
+from napkin.diagrams.ops import exp, logsumexp, map_fn
 from napkin.perfmodel import Schedule, cost, interpret
+from napkin.perfmodel.legality import analyze
 
 SIZES = dict(q=37, x=45, d=16, h=3, j=2, a=37, b=45, c=23, n=3, r=37, e=24, f=40, g=2, s=11)
 
@@ -142,6 +144,62 @@ def test_streamed_reductions_and_online_softmax_with_two_consumers():
         assert rel_err(res.outputs[k], ref[k]) < 1e-12
     c = cost(sched, False)
     assert (res.transfers["L2"], res.transfers["SMEM"]) == (c.H("L2"), c.H("SMEM"))
+
+
+def _pair_diagrams():
+    """The max of X over r and Σ_r exp(X − c): c the max itself (a softmax's statistics) and
+    c = zero_inf(max) (logsumexp, the sum's log added back), also with a map before them."""
+    r, x = Axis("r", 37), Axis("x", 6)
+    X = array("X", r, x)
+    m = max_over(X, "r", name="m")
+    stats = Diagram("stats", (m, sum_over(exp(map_fn("sub", X, m, name="d"), name="e"), "r", name="s")))
+    lse = Diagram("lse", logsumexp(X, "r", name="L"))
+    scaled = Diagram("lse2", logsumexp(X * 0.5, "r", name="L"))
+    return stats, lse, scaled
+
+
+def _special(seed: int) -> np.ndarray:
+    """37 × 6 values: normal ones, a column of -inf, a column -inf in its first two thirds (the
+    running max is -inf for the first steps), one with a +inf, one with a NaN, one very negative
+    (a shift of -1e4: exp overflows if what was summed at -inf is rescaled without care)."""
+    X = np.random.default_rng(seed).standard_normal((37, 6)) * 3
+    X[:, 1] = -np.inf
+    X[:25, 2] = -np.inf
+    X[11, 3] = np.inf
+    X[5, 4] = np.nan
+    X[:, 5] -= 1e4
+    X[:30, 5] = -np.inf
+    return X
+
+
+@pytest.mark.parametrize("chunk", [1, 4, 37])
+def test_a_sum_of_exp_beside_its_max_streams_in_one_pass(chunk):
+    """Σ_r exp(X − max_r X) streams over r with the max (legality.RescaledSum): the sum is rescaled
+    as the running max grows, and equals the reference at ±inf, NaN and -1e4 too (NaN where the
+    reference is NaN); H and M are the model's."""
+    for d in _pair_diagrams():
+        sched = Schedule.fused(d, groups={"x": 3}, streams={"r": chunk}, gpu=None)
+        (kp,) = analyze(sched)
+        assert len(kp.rescaled) == 1
+        for X in (np.random.default_rng(1).standard_normal((37, 6)), _special(2)):
+            res = interpret(sched, {"X": X})
+            ref = reference(d, {"X": X})
+            for k in d.output_names:
+                np.testing.assert_allclose(res.outputs[k], ref[k], rtol=1e-12, atol=0, equal_nan=True)
+        c = cost(sched, False)
+        res = interpret(sched, seed=0)
+        assert (res.transfers["L2"], res.transfers["SMEM"]) == (c.H("L2"), c.H("SMEM"))
+        assert res.memory_peak["SMEM"] == c.M("SMEM") and res.memory_peak["RF"] == c.M("RF")
+
+
+def test_a_sum_of_exp_of_another_value_needs_a_second_pass():
+    """Σ_r exp(Z − max_r X) with Z not X: no rescaling gives it in one pass; streaming r is refused."""
+    r, x = Axis("r", 37), Axis("x", 6)
+    X, Z = array("X", r, x), array("Z", r, x)
+    m = max_over(X, "r", name="m")
+    d = Diagram("other", (m, sum_over(exp(map_fn("sub", Z, m, name="d"), name="e"), "r", name="s")))
+    with pytest.raises(ScheduleError, match="second pass"):
+        analyze(Schedule.fused(d, groups={"x": 3}, streams={"r": 4}, gpu=None))
 
 
 def test_placement_overrides_move_traffic_between_levels():
