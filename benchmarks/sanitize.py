@@ -100,6 +100,31 @@ def _sum_bh():
     return Diagram("sum_bh", sum_over(sum_over(array("X", b, h, s), b, name="S1"), h, name="S"))
 
 
+def _column_logsumexp():
+    from napkin.diagrams import Diagram, array, axes
+    from napkin.diagrams.ops import logsumexp
+
+    r, x = axes("r x")
+    return Diagram("column_logsumexp", logsumexp(array("X", r, x), r, name="L"))
+
+
+def _outer_softmax():
+    from napkin.diagrams import Diagram, array, axes, softmax
+
+    r, x = axes("r x")
+    return Diagram("outer_softmax", softmax(array("X", r, x), r, name="Y"))
+
+
+def _logsumexp_bs():
+    from napkin.diagrams import Diagram, array, axes, exp, map_fn, max_over, sum_over
+
+    b, h, s = axes("b h s")
+    X = array("X", b, h, s)
+    m = map_fn("zero_inf", max_over(max_over(X, b, name="m1"), s, name="m"), name="c")
+    t = sum_over(sum_over(exp(map_fn("sub", X, m, name="d"), name="e"), b, name="t1"), s, name="t")
+    return Diagram("logsumexp_bs", map_fn("add", map_fn("log", t, name="lt"), m, name="L"))
+
+
 def _attention_causal_grad():
     from napkin.diagrams import library
 
@@ -299,6 +324,12 @@ CASES = [
     Case("pointwise.cu.jinja", _column_sum, {"r": 4096, "x": 1000}, family="pointwise"),
     Case("pointwise.cu.jinja", _row_l2, {"r": 3, "x": 100003}, family="pointwise"),
     Case("pointwise.cu.jinja", _sum_bh, {"b": 9, "h": 37, "s": 96}, family="pointwise"),
+    # the pair (max, sum of exp(x − max)) in one pass: over columns split over blocks (a pair of
+    # partials), a softmax over the outer axis (the pair, then the output's map), over two axes
+    # of which the vector axis is one (row kernel)
+    Case("pointwise.cu.jinja", _column_logsumexp, {"r": 4096, "x": 1000}, family="pointwise"),
+    Case("pointwise.cu.jinja", _outer_softmax, {"r": 300, "x": 72}),
+    Case("pointwise.cu.jinja", _logsumexp_bs, {"b": 9, "h": 5, "s": 1000}, family="pointwise"),
     # the planner's own choice: several kernels of several families, HBM buffers between them
     Case("rowwise.cu.jinja", "transformer_block", {"q": 77, "e": 72, "h": 2, "d": 64, "f": 136}),
 ]

@@ -25,12 +25,13 @@ from napkin.codegen.families import pointwise as pw
 from napkin.codegen.lower import SMEM_TOLERANCE, build, lower
 from napkin.codegen.planner import derive
 from napkin.codegen.prepare import prepare
-from napkin.diagrams import (Diagram, array, axes, contract, layernorm, max_over, mean_over, relu, rename, scale,
-                             softmax, sum_over, tanh)
+from napkin.diagrams import (Diagram, array, axes, contract, exp, layernorm, map_fn, max_over, mean_over, relu, rename,
+                             scale, softmax, sum_over, tanh)
 from napkin.perfmodel.plan import Plan
-from test_pointwise_diagrams import (ACCEPTED, alibi_map, batched_matvec_gelu, broadcast_chain, column_mean,
-                                     column_sum, dot_all, full_and_reduced, l2_norm, masked_rowmax, matvec, post_maps,
-                                     row_sum, sigmoid_chain, sum_bh, sum_bs, total, transposed_add, vecmat)
+from test_pointwise_diagrams import (ACCEPTED, alibi_map, batched_matvec_gelu, broadcast_chain, column_logsumexp,
+                                     column_mean, column_sum, dot_all, full_and_reduced, l2_norm, logsumexp_bh,
+                                     logsumexp_bs, masked_rowmax, matvec, post_maps, row_logsumexp, row_sum,
+                                     sigmoid_chain, softmax_stats, sum_bh, sum_bs, total, transposed_add, vecmat)
 
 FAMILY = pw.FAMILY
 
@@ -94,7 +95,35 @@ def _layernorm():
     return Diagram("ln", layernorm(array("X", r, x), x, name="N"))
 
 
+def _pair_exp_read_twice():
+    """The exp(x − max) of the sum is also an output: one pass has no such array to write."""
+    r, x = axes("r x")
+    X = array("X", r, x)
+    m = max_over(X, r, name="m")
+    e = exp(map_fn("sub", X, m, name="d"), name="e")
+    return Diagram("pair_twice", (sum_over(e, r, name="s"), e))
+
+
+def _pair_of_another_value():
+    """Σ exp(Z − max X): the max is not of the value the sum exponentiates (no online rescale)."""
+    r, x = axes("r x")
+    X, Z = array("X", r, x), array("Z", r, x)
+    m = max_over(X, r, name="m")
+    return Diagram("pair_other", (m, sum_over(exp(map_fn("sub", Z, m, name="d"), name="e"), r, name="s")))
+
+
+def _innermost_logsumexp():
+    """logsumexp over the innermost axis alone: a row, the row-wise family's."""
+    from napkin.diagrams.ops import logsumexp
+
+    r, x = axes("r x")
+    return Diagram("lse_rows", logsumexp(array("X", r, x), x, name="L"))
+
+
 REFUSED = [
+    (_pair_exp_read_twice, "read by more than the sum"),
+    (_innermost_logsumexp, "the row-wise family runs them"),
+    (_pair_of_another_value, "only for the x it takes the max of"),
     (_softmax_then_map, "softmax"),
     (_matmul_then_map, "contract"),
     (_rename_then_map, "rename"),
@@ -198,6 +227,49 @@ def test_the_split_of_a_small_kept_space_is_planned_and_costed():
     # many kept columns: no split
     wide = _plan(column_sum, dict(r=64, x=1 << 20))
     assert not wide.kernels[0].kernel.options.splits
+
+
+def test_the_max_and_sum_of_exp_are_one_pass():
+    """logsumexp over the outer axis (the max, then Σ exp(x − zero_inf(max))) is one pointwise
+    kernel holding the pair (running max, sum rescaled as it grows); a softmax over the outer axis
+    is that pass and the output's map: two kernels, x read twice instead of three times."""
+    plan = _plan(column_logsumexp, dict(r=4096, x=4096))
+    (k,) = plan.kernels
+    assert k.kernel.family == "pointwise" and set(k.kernel.boxes) >= {"max", "sum", "L"}
+    shape = pw.analyse(plan.diagram)
+    assert shape.how == pw.PAIR and not shape.pair.exact and shape.mode == "col"
+    r, x = axes("r x")
+    written = Diagram("col_softmax", softmax(array("X", r, x), r, name="Y"))
+    sm = derive(written, "h100", "bf16", sizes=dict(r=4096, x=4096), explain=False).plan
+    assert [kk.kernel.boxes for kk in sm.kernels] == [("Y_max", "Y_shifted", "Y_exp", "Y_sum"),
+                                                      ("Y_shifted_again", "Y_exp_again", "Y")]
+    assert [kk.kernel.family for kk in sm.kernels] == ["pointwise", "pointwise"]
+    # the plan reads back (the expansion and the pair kernel again)
+    assert Plan.from_dict(written, sm.to_dict()).to_dict() == sm.to_dict()
+
+
+@pytest.mark.parametrize("build_, sizes", [(column_logsumexp, dict(r=4096, x=4096)), (softmax_stats, dict(r=300, x=24)),
+                                           (logsumexp_bs, dict(b=16, h=4, s=4096))])
+def test_a_pair_reduction_lowers_with_a_pair_of_partials(build_, sizes):
+    """Every configuration lowers; a split's workspace holds the SPLITS maxes and then the SPLITS
+    sums, combined by merge_max_sumexp in split order; the model's extra bytes count both."""
+    d = bound(build_, sizes)
+    shape = pw.analyse(d)
+    seen_split = False
+    for sched in FAMILY.candidates(d, "h100", "bf16"):
+        p = FAMILY.lower(d, sched, "sm_90a")
+        (launch,) = p.launches
+        src = launch.source
+        assert "fold_max_sumexp" in src or "merge_max_sumexp" in src
+        assert f"pair_sum<{'true' if shape.pair.exact else 'false'}>" in src
+        splits = sched.kernels[0].options.splits or 1
+        if splits > 1:
+            seen_split = True
+            assert p.buffers[0].shape == (2 * splits, shape.nk)
+            assert "((idx_t)SPLITS + blockIdx.y) * NK + kf] = b;" in src
+            est = FAMILY.launch_estimate(d, sched, "h100")
+            assert est["extra_hbm_bytes"] == 2 * 2 * 4 * splits * shape.nk
+    assert seen_split
 
 
 def test_cli_derive_of_a_user_file(tmp_path):
@@ -423,6 +495,8 @@ NVCC_CASES = [
     (total, dict(r=512, x=512)), (post_maps, dict(r=1024, x=1024)), (full_and_reduced, dict(r=256, x=1024)),
     (masked_rowmax, dict(q=256, x=256)), (row_sum, dict(r=3, x=3 * 2 ** 30)), (matvec, dict(a=1000, b=4099)),
     (vecmat, dict(b=4096, c=1000)), (batched_matvec_gelu, dict(n=3, a=64, b=1000)), (dot_all, dict(r=64, x=1000)),
+    (column_logsumexp, dict(r=4096, x=4096)), (column_logsumexp, dict(r=1000, x=7)), (row_logsumexp, dict(r=64, h=3, x=1365)),
+    (softmax_stats, dict(r=4096, x=4096)), (logsumexp_bs, dict(b=16, h=64, s=4096)), (logsumexp_bh, dict(b=3, h=5, s=97)),
 ]
 
 

@@ -143,3 +143,58 @@ ACCEPTED += [
     (batched_matvec_gelu, dict(n=2, a=5, b=40), "row"),
     (dot_all, dict(r=9, x=40), "row"),
 ]
+
+
+def column_logsumexp() -> Diagram:
+    """logsumexp over the outer axis r of X[r,x]: the max and the sum of exp(x − max) in one pass."""
+    from napkin.diagrams.ops import logsumexp
+
+    r, x = axes("r x")
+    return Diagram("column_logsumexp", logsumexp(array("X", r, x), r, name="L"))
+
+
+def row_logsumexp() -> Diagram:
+    """logsumexp of a scaled X[r,h,x] over its two innermost axes (h, then x), written out: a pair
+    in the row kernel (rows that are contiguous runs of X), a map before it. Over the innermost
+    axis alone it would be a row the row-wise family takes."""
+    r, h, x = axes("r h x")
+    v = scale(array("X", r, h, x), 0.5, name="v")
+    m = map_fn("zero_inf", max_over(max_over(v, h, name="m1"), x, name="m"), name="c")
+    t = sum_over(sum_over(exp(map_fn("sub", v, m, name="d"), name="e"), h, name="t1"), x, name="t")
+    return Diagram("row_logsumexp", map_fn("add", map_fn("log", t, name="lt"), m, name="L"))
+
+
+def softmax_stats() -> Diagram:
+    """The statistics of a softmax over r written out: m = max_r X, s = Σ_r exp(X − m), both
+    outputs (the shift is the max itself)."""
+    r, x = axes("r x")
+    X = array("X", r, x)
+    m = max_over(X, r, name="m")
+    return Diagram("softmax_stats", (m, sum_over(exp(map_fn("sub", X, m, name="d"), name="e"), r, name="s")))
+
+
+def logsumexp_bs() -> Diagram:
+    """logsumexp over b and s of X[b,h,s], written out: chains of two maxes and two sums."""
+    b, h, s = axes("b h s")
+    X = array("X", b, h, s)
+    m = map_fn("zero_inf", max_over(max_over(X, b, name="m1"), s, name="m"), name="c")
+    t = sum_over(sum_over(exp(map_fn("sub", X, m, name="d"), name="e"), b, name="t1"), s, name="t")
+    return Diagram("logsumexp_bs", map_fn("add", map_fn("log", t, name="lt"), m, name="L"))
+
+
+def logsumexp_bh() -> Diagram:
+    """logsumexp over b and h of X[b,h,s], written out: the kept axis s is the vector axis."""
+    b, h, s = axes("b h s")
+    X = array("X", b, h, s)
+    m = map_fn("zero_inf", max_over(max_over(X, b, name="m1"), h, name="m"), name="c")
+    t = sum_over(sum_over(exp(map_fn("sub", X, m, name="d"), name="e"), b, name="t1"), h, name="t")
+    return Diagram("logsumexp_bh", map_fn("add", map_fn("log", t, name="lt"), m, name="L"))
+
+
+ACCEPTED += [
+    (column_logsumexp, dict(r=37, x=24), "col"),
+    (row_logsumexp, dict(r=5, h=3, x=100), "row"),
+    (softmax_stats, dict(r=29, x=40), "col"),
+    (logsumexp_bs, dict(b=3, h=5, s=32), "row"),
+    (logsumexp_bh, dict(b=3, h=5, s=32), "col"),
+]

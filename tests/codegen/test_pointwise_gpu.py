@@ -23,9 +23,10 @@ from napkin.codegen.prepare import prepare
 from napkin.codegen.verify import TOLERANCE
 from napkin.diagrams.reference import random_inputs
 
-from test_pointwise_diagrams import (alibi_map, batched_matvec_gelu, broadcast_chain, column_mean, column_sum,
-                                     dot_all, full_and_reduced, l2_norm, masked_rowmax, matvec, post_maps, reduce_of,
-                                     row_sum, sigmoid_chain, sum_bh, sum_bs, total, transposed_add, vecmat)
+from test_pointwise_diagrams import (alibi_map, batched_matvec_gelu, broadcast_chain, column_logsumexp, column_mean,
+                                     column_sum, dot_all, full_and_reduced, l2_norm, logsumexp_bh, logsumexp_bs,
+                                     masked_rowmax, matvec, post_maps, reduce_of, row_logsumexp, row_sum, sigmoid_chain,
+                                     softmax_stats, sum_bh, sum_bs, total, transposed_add, vecmat)
 
 pytestmark = pytest.mark.gpu
 
@@ -85,6 +86,11 @@ PLANNED = [
     (vecmat, [dict(b=8192, c=8192), dict(b=4099, c=1000), dict(b=7, c=1)]),
     (batched_matvec_gelu, [dict(n=8, a=1024, b=4096), dict(n=3, a=77, b=999)]),
     (dot_all, [dict(r=4096, x=4096), dict(r=13, x=31), dict(r=77, x=999)]),
+    # the max and the sum of exp(x − max) in one pass (a pair reduction)
+    (column_logsumexp, [dict(r=4096, x=4096), dict(r=37, x=1000), dict(r=1000, x=7), dict(r=3, x=1)]),
+    (softmax_stats, [dict(r=8192, x=4096), dict(r=29, x=40)]),
+    (logsumexp_bs, [dict(b=16, h=64, s=4096), dict(b=3, h=5, s=97)]),
+    (logsumexp_bh, [dict(b=16, h=64, s=4096), dict(b=3, h=5, s=97)]),
 ]
 
 
@@ -113,6 +119,10 @@ FORCED = [
     (full_and_reduced, dict(r=5, x=1000)),
     (matvec, dict(a=300, b=1001)),
     (vecmat, dict(b=1001, c=300)),
+    (column_logsumexp, dict(r=1000, x=72)),
+    (row_logsumexp, dict(r=9, h=3, x=1001)),
+    (softmax_stats, dict(r=500, x=24)),
+    (logsumexp_bs, dict(b=7, h=9, s=40)),
 ]
 
 
@@ -176,3 +186,51 @@ def test_a_split_sum_is_deterministic(build, sizes):
     torch.cuda.synchronize()
     for tensors, _ in runner._zeroed.values():
         assert all(int((t.view(torch.int32) != 0).sum()) == 0 for t in tensors)
+
+
+PAIRS = [(column_logsumexp, dict(r=300, x=6)), (softmax_stats, dict(r=300, x=6)), (row_logsumexp, dict(r=6, h=3, x=100))]
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp32"])
+@pytest.mark.parametrize("case", range(len(PAIRS)), ids=[b.__name__ for b, _ in PAIRS])
+def test_a_pair_reduction_at_infinities_and_nan(case, dtype):
+    """The running (max, Σ exp(x − max)) against the written-out reference where the values are
+    not ordinary: a reduced line of -inf (softmax statistics: the sum is NaN, as x − m is; logsumexp:
+    -inf), one -inf for its first 200 values (the running max is -inf while the sum starts), one
+    holding +inf, one holding a NaN (logsumexp only: the max ignores a NaN, as the max kernels do,
+    where torch.amax gives NaN), one shifted by -1e4 (what was summed at -inf must not be rescaled
+    into inf · 0). Every configuration kind: splits, threads per row, unrolls. NaN where the
+    reference is NaN, else the stated tolerance."""
+    import torch
+
+    build, sizes = PAIRS[case]
+    d = prepare(build(), sizes=sizes, dtype=dtype)
+    row = build is row_logsumexp   # the reduced axes are the innermost (rows of h·x), else r (columns)
+    n = sizes["h"] * sizes["x"] if row else sizes["r"]
+    shape = [sizes[a] for a in d.inputs[0].axis_names]
+    X = torch.randn(*shape, dtype=torch.float64, generator=torch.Generator().manual_seed(5)) * 3
+    line = (lambda j: X[j].view(-1)) if row else (lambda j: X[:, j])
+    line(1).fill_(-math.inf)
+    line(2)[:200] = -math.inf
+    line(3)[n // 3] = math.inf
+    line(5).sub_(1e4)
+    if build is not softmax_stats:
+        line(4)[17] = math.nan
+    T = {"bf16": torch.bfloat16, "fp32": torch.float32}[dtype]
+    X = X.to(T)
+    ref = d.reference({"X": X.double()}, dtype=torch.float64)
+    cands = pw.FAMILY.candidates(d, "h100", dtype)
+    split = [i for i, sc in enumerate(cands) if (sc.kernels[0].options.splits or 1) > 1]
+    picks = sorted({0, len(cands) // 2, len(cands) - 1, *split[:1], *split[-1:]})
+    for i in picks:
+        cd = napkin_compile(d, schedule=cands[i], family="pointwise")
+        outs = cd(X=X.cuda(), out=cd.empty_outputs("cuda", 12345.0))
+        outs = outs if isinstance(outs, tuple) else (outs,)
+        for name, o in zip(cd.output_names, outs):
+            o, r = o.double().cpu(), ref[name]
+            assert torch.equal(torch.isnan(o), torch.isnan(r)), (name, i, o, r)
+            ok = ~torch.isnan(r)
+            assert torch.equal(torch.isinf(o[ok]), torch.isinf(r[ok])) and torch.equal(o[ok].sign(), r[ok].sign())
+            fin = ok & torch.isfinite(r)
+            err = float((o[fin] - r[fin]).norm() / r[fin].norm())
+            assert err < TOLERANCE[dtype], (name, i, err)

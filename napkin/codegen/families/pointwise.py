@@ -11,8 +11,13 @@ maps after it on the kept space ``K = U \\ R``. Outputs hold all of ``U`` (writt
 that reads the data) or all of ``K`` (written after the reduction). A contraction over no axis
 (an outer or elementwise product, ``contract(P[i], Q[j], over=(), out=(j, i))``) is the map
 ``x * y * …``; a contraction of two factors one of which holds every axis of the other (a
-matrix-vector product, a dot) starts the chain as a sum of products. Softmax, norms, matrix
-products and renames are other families' boxes.
+matrix-vector product, a dot) starts the chain as a sum of products. Two chains are also one
+pass when they are a max and a sum of exp over the same axes (:class:`PairSum`: ``m = max_R x``,
+``s = Σ_R exp(x − c)`` with ``c`` = ``m`` or ``zero_inf(m)``, what a softmax or logsumexp over an
+axis that is not innermost is written out as): the kernel keeps the pair (running max, sum of
+exp(x − running max)), rescaling the sum when the max grows, and merges pairs across threads,
+blocks and splits with ``merge_max_sumexp`` (reduce.cuh), so x is read once for both. Softmax,
+norms, matrix products and renames are other families' boxes.
 
 How it runs: the *vector axis* is the innermost axis of the largest array that holds every axis
 of ``U``; a thread works on ``VEC`` consecutive positions along it (``VEC`` values fill 16
@@ -87,10 +92,34 @@ MAX_REGS = 255
 #: column kernel's rows waste part of their sectors (the model's idle lanes).
 _SECTOR = 32
 
-_OPS = {"sum": "napkin::SumOp", "mean": "napkin::SumOp", "max": "napkin::MaxOp", "min": "napkin::MinOp"}
+_OPS = {"sum": "napkin::SumOp", "mean": "napkin::SumOp", "max": "napkin::MaxOp", "min": "napkin::MinOp",
+        "max_sumexp": "napkin::MaxOp"}
 
 
 # ----------------------------------------------------------------------------- analysis
+
+
+@dataclass(frozen=True, eq=False)
+class PairSum:
+    """``s = Σ_R exp(x − c)`` beside ``m = max_R x``, with ``c`` = ``m`` (a softmax written out) or
+    ``zero_inf(m)`` (logsumexp): one pass keeps the pair (running max, sum of exp(x − running max))
+    and rescales the sum when the max grows, as an online softmax does.
+
+    ``maxes`` and ``sums`` are the two chains of reductions (first to last, over the same axes),
+    ``absorbed`` the boxes the pair computes itself (the shift ``x − c`` and its exp, read by the
+    sum alone), ``exact`` whether ``c`` is the max itself: then an infinite max makes every term
+    NaN (``x − m`` is ``inf − inf`` or ``−inf + inf`` for the values equal to it), as in the
+    written-out form. With ``zero_inf(m)`` a max of −inf gives a sum of 0 and one of +inf a sum of
+    +inf (NaN stays NaN)."""
+
+    maxes: tuple[Value, ...]
+    sums: tuple[Value, ...]
+    absorbed: tuple[Value, ...]
+    exact: bool
+
+
+#: ``PointwiseShape.how`` of a pair reduction (:class:`PairSum`).
+PAIR = "max_sumexp"
 
 
 @dataclass(frozen=True, eq=False)
@@ -119,6 +148,8 @@ class PointwiseShape:
     #: multiple of VEC: each row reads its first values up to a 16-byte boundary and its last ones
     #: value by value, whole aligned vectors between (see :func:`_row_runs`).
     aligned_rows: bool = False
+    #: the sum of exp(x − max) beside the max chain (``how`` is :data:`PAIR`), else None
+    pair: "PairSum | None" = None
 
     @property
     def flat(self) -> bool:
@@ -277,7 +308,15 @@ def analyse(diagram: Diagram) -> PointwiseShape | str:
     reduces = [v for v in nodes if _is_reduction(v)]
 
     chain: list[Value] = []
-    if reduces:
+    pair = _pair_of(d, reduces, consumers, out_ids) if reduces else None
+    if isinstance(pair, str):
+        return pair
+    if pair is not None:
+        chain = list(pair.maxes)
+        first_in = chain[0].args[0]
+        order0 = first_in.axis_names
+        red = {a for v in chain for a in _over(v)}
+    elif reduces:
         for v in reduces:
             if isinstance(v.op, Contract) and any(_is_reduction(a) for a in v.args):
                 return (f"contraction {d.name_of(v)} reads a reduction; a sum of products starts the chain "
@@ -313,7 +352,10 @@ def analyse(diagram: Diagram) -> PointwiseShape | str:
         red = set()
 
     last = chain[-1] if chain else None
-    after = set() if last is None else _desc(nodes, last)
+    # the pair's sum chain, and the shift and exp it absorbs, are computed by the reduction itself
+    absorbed = {id(v) for v in (*pair.sums, *pair.absorbed)} if pair else set()
+    ends = {id(last)} | ({id(pair.sums[-1])} if pair else set())
+    after = set() if last is None else (_desc(nodes, last) | (_desc(nodes, pair.sums[-1]) if pair else set())) - absorbed
     # the iteration space U and the maps of each phase
     if chain:
         U = set(order0)
@@ -332,7 +374,7 @@ def analyse(diagram: Diagram) -> PointwiseShape | str:
         if any(n == m for m, _ in full_out + kept_out):
             continue
         axes = set(v.axis_names)
-        if chain and (id(v) in after or id(v) == id(last)):
+        if chain and (id(v) in after or id(v) in ends):
             if axes != K:
                 return f"output {n} holds ({', '.join(v.axis_names)}), not the kept axes ({', '.join(sorted(K))})"
             kept_out.append((n, v))
@@ -344,7 +386,7 @@ def analyse(diagram: Diagram) -> PointwiseShape | str:
             space = "the kept axes" if chain else "the iteration space"
             return (f"output {n} holds ({', '.join(v.axis_names)}), not every axis of {space} "
                     f"({', '.join(sorted(K if chain else U))})")
-    chain_ids = {id(v) for v in chain}
+    chain_ids = {id(v) for v in chain} | absorbed
     # values read after the reduction (post maps and outputs on K) and their map ancestors
     post_roots = [v for v in nodes if id(v) in post_ids] + [v for _, v in kept_out if id(v) not in chain_ids]
     post_need = _ancestors(post_roots, chain_ids)
@@ -375,6 +417,11 @@ def analyse(diagram: Diagram) -> PointwiseShape | str:
         return "the iteration space has no axis (a scalar computation)"
     inner = order[-1]
     mode = "map" if not chain else ("row" if inner in red else "col")
+    if pair and mode == "row" and len(red) == 1:
+        # a logsumexp or softmax statistics over the innermost axis alone is a row: the row-wise
+        # family runs it (its own pair, measured there); this family's pair is for the other axes
+        return (f"the max and the sum of exp(x − max) over the innermost axis {inner} alone are a row "
+                "(the row-wise family runs them)")
     bytes_ = lookup_dtype(dtype).bytes
     vec = 16 // bytes_
     tail = 0
@@ -386,9 +433,59 @@ def analyse(diagram: Diagram) -> PointwiseShape | str:
     else:
         while sizes[inner] % vec:
             vec //= 2
-    return PointwiseShape(d, dtype, sizes, mode, _how(chain[0]) if chain else None, tuple(order),
+    how = PAIR if pair else (_how(chain[0]) if chain else None)
+    return PointwiseShape(d, dtype, sizes, mode, how, tuple(order),
                           tuple(a for a in order if a in red), tuple(a for a in order if a in K), tuple(chain),
-                          loop, post, tuple(full_out), tuple(kept_out), vec, tail, aligned_rows)
+                          loop, post, tuple(full_out), tuple(kept_out), vec, tail, aligned_rows, pair)
+
+
+def _pair_of(d: Diagram, reduces: list[Value], consumers: dict, out_ids: set[int]) -> "PairSum | str | None":
+    """The max of a value and the sum of exp(value − max) over the same axes, when the diagram's
+    reductions are those two chains (a softmax or logsumexp written out); None when they are not
+    (the one-chain analysis decides), a sentence when they nearly are but one pass cannot run
+    them."""
+    maxes = [v for v in reduces if isinstance(v.op, Reduce) and v.op.how == "max"]
+    sums = [v for v in reduces if isinstance(v.op, Reduce) and v.op.how == "sum"]
+    if not maxes or not sums or len(maxes) + len(sums) != len(reduces):
+        return None
+    chains = []
+    for group in (maxes, sums):
+        firsts = [v for v in group if not _is_reduction(v.args[0])]
+        if len(firsts) != 1:
+            return None
+        ch = [firsts[0]]
+        while True:
+            nxt = [c for c in consumers.get(id(ch[-1]), ()) if _is_reduction(c)]
+            if not nxt:
+                break
+            if len(nxt) > 1 or len(consumers[id(ch[-1])]) > 1 or id(ch[-1]) in out_ids or nxt[0] not in group:
+                return None
+            ch.append(nxt[0])
+        if len(ch) != len(group):
+            return None
+        chains.append(tuple(ch))
+    mx, sm = chains
+    e = sm[0].args[0]
+    if not (isinstance(e.op, Map) and e.op.fn == "exp"):
+        return None
+    sub = e.args[0]
+    if not (isinstance(sub.op, Map) and sub.op.fn == "sub" and len(sub.args) == 2):
+        return None
+    value, shift = sub.args
+    exact = shift is mx[-1]
+    guarded = (isinstance(shift.op, Map) and shift.op.fn == "zero_inf" and shift.args[0] is mx[-1])
+    if not (exact or guarded):
+        return None
+    if value is not mx[0].args[0]:
+        return (f"box {d.name_of(sub)} subtracts the max of {d.name_of(mx[0].args[0])} from another value "
+                f"({d.name_of(value)}): one pass rescales a sum of exp(x − max) only for the x it takes the max of")
+    for v in (e, sub):
+        if id(v) in out_ids or len(consumers.get(id(v), ())) != 1:
+            return (f"box {d.name_of(v)} (exp(x − max) for the sum) is read by more than the sum: one pass "
+                    "computes only the max and the sum")
+    if {a for v in mx for a in _over(v)} != {a for v in sm for a in _over(v)}:
+        return None
+    return PairSum(mx, sm, (sub, e), exact)
 
 
 def _flat_vectors(order: tuple[str, ...], loop, full_out) -> bool:
@@ -638,6 +735,10 @@ def regs_need(shape: PointwiseShape, cfg: Config) -> int:
     loads = sum(held(v) for v in shape.loop_inputs)
     stores = sum(-(-shape.vec * b // 4) for _ in shape.full_out)
     acc = 0 if shape.mode == "map" else (cfg.unroll if shape.mode == "row" else shape.vec)
+    if shape.pair:
+        # a pair per accumulator, and the values folded at once: a vector (row) or the rows in
+        # flight of each kept value (col)
+        acc = 2 * acc + (shape.vec if shape.mode == "row" else shape.vec * cfg.unroll)
     outer, loop = _pass_needs(shape, g)
     per, extra = (2, 0) if not shape.big else ((2, 4) if shape.mode == "map" else (5, 16))
     index = per * (len(outer) + len(loop) + sum(len(_index_axes(m)) for m in shape.loop)) + extra
@@ -661,10 +762,11 @@ def regs_estimate(shape: PointwiseShape, cfg: Config) -> int:
 def smem_estimate(shape: PointwiseShape, cfg: Config) -> int:
     """Static shared memory: the column kernel's TY x TX*VEC fp32 partial vectors, a row
     kernel's block reduction scratch (32 floats)."""
+    pairs = 2 if shape.pair else 1
     if shape.mode == "col":
-        return cfg.threads * shape.vec * 4
+        return cfg.threads * shape.vec * 4 * pairs
     if shape.mode == "row" and cfg.tpr > 32:
-        return 32 * 4
+        return 32 * 4 * pairs
     return 0
 
 
@@ -697,6 +799,8 @@ def schedule_for(shape: PointwiseShape, cfg: Config, gpu: str | None) -> Schedul
     else:
         rel += [Relabel(a, g, "SMEM", "group") for a, g in _spread(shape.kept, s, cfg.tx * shape.vec)]
         r = shape.red[-1]
+        if shape.pair and shape.pair.maxes[-1].op.over in shape.red:
+            r = shape.pair.maxes[-1].op.over  # the axis the pair's max ends on: its running shift
         rel.append(Relabel(r, min(s[r], cfg.tpr * cfg.unroll), "SMEM", "stream"))
     d = shape.diagram
     boxes = tuple(d.name_of(v) for v in d.nodes)
@@ -827,6 +931,14 @@ def _map_stmt(shape: PointwiseShape, b: Value, var, idx: list[Code]) -> Code:
     expr = map_expr(op.fn, [var(a) for a in b.args], op.param_values(shape.sizes), idx, ns,
                     half=half_math(shape.dtype))
     return Code(f"const float {ident(shape.name(b), 'a_')} = {expr};")
+
+
+def _how_text(shape: PointwiseShape) -> str:
+    """The reduction, as the kernel's schedule comment names it."""
+    if not shape.pair:
+        return str(shape.how)
+    return (f"the pair (max {shape.name(shape.pair.maxes[-1])}, sum {shape.name(shape.pair.sums[-1])} of exp(x - max)), "
+            "the sum rescaled when the max grows (online softmax),")
 
 
 def _part_name(shape: PointwiseShape, what: str = "partials") -> str:
@@ -1000,7 +1112,7 @@ def lower_shape(shape: PointwiseShape, cfg: Config, schedule: Schedule, arch: st
                           "vector are read one by one (split 0), rflat = HEAD + vector * VEC")
         legend.append(f"tunables: THREADS_PER_ROW = {cfg.tpr}, ROWS_PER_BLOCK = {cfg.rows_per_block}, "
                       f"UNROLL = {cfg.unroll}, VEC = {shape.vec}, SPLITS = {cfg.splits}")
-        sched.append(f"{shape.how} over R in fp32: UNROLL accumulators per thread, then "
+        sched.append(f"{_how_text(shape)} over R in fp32: UNROLL accumulators per thread, then "
                      + ("a block reduction" if cfg.tpr > 32 else f"a {cfg.tpr}-lane shuffle reduction"))
     else:
         legend.append(f"kept K = ({kept_axes_text}) -> kflat = (blockIdx.x * TX + threadIdx.x % TX) * VEC (grid.x): "
@@ -1009,7 +1121,7 @@ def lower_shape(shape: PointwiseShape, cfg: Config, schedule: Schedule, arch: st
                       "split s = blockIdx.y takes CHUNK rows of R (grid.y = SPLITS)")
         legend.append(f"tunables: TX = {cfg.tx}, TY = {cfg.tpr}, UNROLL = {cfg.unroll}, VEC = {shape.vec}, "
                       f"SPLITS = {cfg.splits}")
-        sched.append(f"{shape.how} over R in fp32: VEC accumulators per thread, the TY partial vectors "
+        sched.append(f"{_how_text(shape)} over R in fp32: VEC accumulators per thread, the TY partial vectors "
                      "combined in shared memory in a fixed order")
     legend.append(f"register budget: {regs_estimate(shape, cfg)} per thread (__maxnreg__), as the performance "
                   "model assumed")
@@ -1036,6 +1148,10 @@ def lower_shape(shape: PointwiseShape, cfg: Config, schedule: Schedule, arch: st
         full_stores_decl=full_stores_decl, full_stores=full_stores, elem_stores=elem_stores,
         post_index=post_index, post_loads=post_loads, post_stmts=post_stmts, post_stores=post_stores,
         red_out=ident(name(shape.reduce_out), "a_") if shape.chain else None,
+        pair=shape.pair is not None,
+        pair_out=ident(name(shape.pair.sums[-1]), "a_") if shape.pair else None,
+        EXACT=Code("true" if shape.pair and shape.pair.exact else "false"),
+        FAST=Code("false" if shape.dtype == "fp32" else "true"),
         ws=ident(part, "ws_") if split else None, cnt=ident(arrivals, "cnt_") if split else None,
         KPB=cfg.rows_per_block if mode == "row" else cfg.tx * shape.vec,
         aligned_rows=shape.aligned_rows, head_ptr=head_ptr, one_loads=one_loads,
@@ -1051,7 +1167,9 @@ def lower_shape(shape: PointwiseShape, cfg: Config, schedule: Schedule, arch: st
         model_smem_bytes=smem_estimate(shape, cfg), model_regs_per_thread=regs_estimate(shape, cfg))]
     buffers = []
     if split:
-        buffers.append(Buffer(part, ("split", "kept"), (cfg.splits, shape.nk), "fp32"))
+        # a pair reduction's partials: the SPLITS maxes, then the SPLITS sums
+        rows = cfg.splits * (2 if shape.pair else 1)
+        buffers.append(Buffer(part, ("split", "kept"), (rows, shape.nk), "fp32"))
         buffers.append(Buffer(arrivals, ("tile",), (g0[0],), "fp32", zeroed=True))
     return launches, buffers
 
@@ -1118,7 +1236,7 @@ class PointwiseFamily:
                    reductions=0 if shape.mode == "map" else 1,
                    threads_per_row=1 if shape.mode == "map" else cfg.tpr)
         if cfg.splits > 1:
-            est["extra_hbm_bytes"] = 2 * 4 * cfg.splits * shape.nk
+            est["extra_hbm_bytes"] = 2 * 4 * cfg.splits * shape.nk * (2 if shape.pair else 1)
         return est
 
     def lower(self, diagram: Diagram, schedule: Schedule, arch: str) -> Program:

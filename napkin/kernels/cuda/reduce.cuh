@@ -9,7 +9,7 @@
 //                                         the whole block, through 32 floats of shared scratch;
 //                                         every thread gets the result; the block's thread count
 //                                         must be a multiple of 32 and every thread must call it
-//   merge_max_sumexp, xor_reduce_max_sumexp, block_reduce_max_sumexp
+//   merge_max_sumexp, fold_max_sumexp, xor_reduce_max_sumexp, block_reduce_max_sumexp
 //                                         the pair (max m, sum of exp(x - m)) of an online softmax
 //   last_to_arrive                        the handshake of a reduction split over the blocks of a
 //                                         launch: true in the last of `count` blocks to arrive
@@ -93,6 +93,28 @@ NAPKIN_DEVICE void merge_max_sumexp(float& m, float& s, float mb, float sb) {
   const float mm = fmaxf(m, mb);
   s = (m == mm ? s : s * exp_of<FAST>(m - mm)) + (mb == mm ? sb : sb * exp_of<FAST>(mb - mm));
   m = mm;
+}
+
+// (m, s) with the N values x[0 .. N) folded in (each a pair (x, 1)): the larger max first, so the
+// sum is rescaled once for the N values, not once per value. A value equal to the new max adds 1
+// without an exp, as merge_max_sumexp does, so a max of -inf or +inf counts the values equal to it
+// (merging them one by one gives the same). The N exps are independent.
+template <int N, bool FAST>
+NAPKIN_DEVICE void fold_max_sumexp(float& m, float& s, const float (&x)[N]) {
+  float mm = m;
+#pragma unroll
+  for (int i = 0; i < N; ++i) mm = fmaxf(mm, x[i]);
+  // every exp computed, then selected: no branch around it (x - mm is NaN where both are the
+  // same infinity, and that exp is not the one kept)
+  const float rescale = exp_of<FAST>(m - mm);
+  float t = m == mm ? s : s * rescale;
+#pragma unroll
+  for (int i = 0; i < N; ++i) {
+    const float e = exp_of<FAST>(x[i] - mm);
+    t += x[i] == mm ? 1.f : e;
+  }
+  m = mm;
+  s = t;
 }
 
 template <int WIDTH, bool FAST>
