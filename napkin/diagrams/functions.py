@@ -303,7 +303,8 @@ for _fn in [
     ElementwiseFn("add", 2, lambda m, xs, p, i, n: xs[0] + xs[1], "({x0} + {x1})", doc="x + y"),
     ElementwiseFn("sub", 2, lambda m, xs, p, i, n: xs[0] - xs[1], "({x0} - {x1})", doc="x - y"),
     ElementwiseFn("mul", 2, lambda m, xs, p, i, n: xs[0] * xs[1], "({x0} * {x1})", doc="x * y"),
-    ElementwiseFn("div", 2, lambda m, xs, p, i, n: xs[0] / xs[1], "({x0} / {x1})", doc="x / y"),
+    ElementwiseFn("div", 2, lambda m, xs, p, i, n: xs[0] / xs[1], "({x0} / {x1})", doc="x / y",
+                  cuda_half="napkin::hm_div({x0}, {x1})"),
     ElementwiseFn("maximum", 2, lambda m, xs, p, i, n: m.fmax_exact(xs[0], xs[1]), "fmaxf({x0}, {x1})",
                   doc="max(x, y) as fmaxf: a NaN operand gives the other one (torch.fmax; torch.maximum "
                       "would give NaN), and +0.0 orders above -0.0"),

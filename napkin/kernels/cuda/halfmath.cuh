@@ -13,7 +13,7 @@
 // |u| < 1/32 its first omitted term is below 2^-17 relative. The edge values are those of the fp32
 // forms in napkin/diagrams/functions.py: ±inf, NaN and the sign of zero.
 //
-// Provides: hm_log, hm_log1p, hm_expm1, hm_sigmoid, hm_silu.
+// Provides: hm_log, hm_log1p, hm_expm1, hm_sigmoid, hm_silu, hm_div.
 // napkin.diagrams.functions' half forms (ElementwiseFn.cuda_half) call them; tests/diagrams/
 // test_functions_edges.py checks them on the host (exact libm in place of the approximations) and
 // test_functions_gpu.py on the GPU.
@@ -58,6 +58,17 @@ NAPKIN_DEVICE float hm_sigmoid(float x) {
 // torch.nn.functional.silu and the fp32 form give.
 NAPKIN_DEVICE float hm_silu(float x) {
   return x < -80.0f ? x * __expf(x) : __fdividef(x, 1.0f + __expf(-x));
+}
+
+// x / y: __fdividef (2 ULP), both scaled by 1/4 where |y| > 2^126, the range where it returns 0
+// (the scaling is exact but for a subnormal x, whose quotient by such a y underflows anyway).
+// The IEEE division's code (a Newton step and a slow path for special operands) held a softmax's
+// output map over 4096² bf16 to 37.6 µs on an H100 (60 % of the copy rate) at eight vectors in
+// flight per thread, against 23.2 µs with a product in its place. ±inf, NaN, ±0.0 and subnormal
+// divisors give what the IEEE division gives.
+NAPKIN_DEVICE float hm_div(float x, float y) {
+  const bool big = fabsf(y) > 8.50705917e37f;
+  return __fdividef(big ? x * 0.25f : x, big ? y * 0.25f : y);
 }
 
 }  // namespace napkin
