@@ -736,9 +736,9 @@ def regs_need(shape: PointwiseShape, cfg: Config) -> int:
     stores = sum(-(-shape.vec * b // 4) for _ in shape.full_out)
     acc = 0 if shape.mode == "map" else (cfg.unroll if shape.mode == "row" else shape.vec)
     if shape.pair:
-        # a pair per accumulator, and the values folded at once: a vector (row) or the rows in
-        # flight of each kept value (col)
-        acc = 2 * acc + (shape.vec if shape.mode == "row" else shape.vec * cfg.unroll)
+        # a pair per accumulator, and what a fold holds: the vector's values (row), or the new
+        # max of each kept value (col: the values are computed again for the sum, not held)
+        acc = 2 * acc + shape.vec
     outer, loop = _pass_needs(shape, g)
     per, extra = (2, 0) if not shape.big else ((2, 4) if shape.mode == "map" else (5, 16))
     index = per * (len(outer) + len(loop) + sum(len(_index_axes(m)) for m in shape.loop)) + extra
