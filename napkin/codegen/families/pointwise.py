@@ -16,7 +16,8 @@ pass when they are a max and a sum of exp over the same axes (:class:`PairSum`: 
 ``s = Σ_R exp(x − c)`` with ``c`` = ``m`` or ``zero_inf(m)``, what a softmax or logsumexp over an
 axis that is not innermost is written out as): the kernel keeps the pair (running max, sum of
 exp(x − running max)), rescaling the sum when the max grows, and merges pairs across threads,
-blocks and splits with ``merge_max_sumexp`` (reduce.cuh), so x is read once for both. Softmax,
+blocks and splits with ``merge_max_sumexp`` (reduce.cuh), so x is read once for both (over the
+innermost axis alone such a pair is a row, left to the row-wise family). Softmax,
 norms, matrix products and renames are other families' boxes.
 
 How it runs: the *vector axis* is the innermost axis of the largest array that holds every axis
