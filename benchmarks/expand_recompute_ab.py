@@ -58,7 +58,6 @@ def main() -> None:
     import napkin.codegen.plancache as plancache
     import napkin.diagrams.expand as ex
     import operator_survey as survey
-    from napkin.bench.timing import time_fn
     from napkin.codegen import compile as napkin_compile
     from napkin.diagrams.reference import random_inputs
 
@@ -77,16 +76,27 @@ def main() -> None:
                 cd = napkin_compile(build(), sizes=sizes, dtype=dtype)
             finally:
                 ex._written_out = recompute
-            d = cd.diagram
-            ins = random_inputs(d, device="cuda", seed=1)
-            out = cd(**ins, out=cd.empty_outputs("cuda", float("nan")))
-            out = out[0] if isinstance(out, tuple) else out
-            ref = d.reference({k: v.double() for k, v in ins.items()}, dtype=torch.float64)[cd.output_names[0]]
-            err = float((out.double() - ref).norm() / ref.norm())
-            t = time_fn(lambda: cd(**ins), reps=50)
-            row[tag] = dict(us=round(t.median_s * 1e6, 1), err=err, kernels=len(cd.plan.kernels),
-                            predicted_us=round(cd.plan.seconds * 1e6, 1))
+            ins = random_inputs(cd.diagram, device="cuda", seed=1)
+            row[tag] = checked_timing(cd, ins)
         print(json.dumps(row), flush=True)
+
+
+def checked_timing(cd, ins: dict) -> dict:
+    """Run compiled diagram ``cd`` on ``ins`` into NaN-poisoned outputs, check its first output
+    against the float64 reference (relative error) and time it (CUDA events, L2 flushed, median of
+    50): its time, error, kernels and predicted time."""
+    import torch
+
+    from napkin.bench.timing import time_fn
+
+    d = cd.diagram
+    out = cd(**ins, out=cd.empty_outputs("cuda", float("nan")))
+    out = out[0] if isinstance(out, tuple) else out
+    ref = d.reference({k: v.double() for k, v in ins.items()}, dtype=torch.float64)[cd.output_names[0]]
+    err = float((out.double() - ref).norm() / ref.norm())
+    t = time_fn(lambda: cd(**ins), reps=50)
+    return dict(us=round(t.median_s * 1e6, 1), err=err, kernels=len(cd.plan.kernels),
+                predicted_us=round(cd.plan.seconds * 1e6, 1), plan=[list(k.kernel.boxes) for k in cd.plan.kernels])
 
 
 if __name__ == "__main__":

@@ -23,6 +23,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
 
 
 def softmax_outer():
@@ -80,6 +81,7 @@ def main() -> None:
 
     import napkin.codegen.families.pointwise as pw
     import napkin.codegen.plancache as plancache
+    from expand_recompute_ab import checked_timing
     from napkin.bench.timing import copy_bandwidth, time_fn
     from napkin.codegen import compile as napkin_compile
     from napkin.diagrams.reference import random_inputs
@@ -99,17 +101,10 @@ def main() -> None:
                 cd = napkin_compile(build(), sizes=sizes, dtype=dtype)
             finally:
                 pw._pair_of = pair_of
-            d = cd.diagram
-            ins = ins or random_inputs(d, device="cuda", seed=1)
-            out = cd(**ins, out=cd.empty_outputs("cuda", float("nan")))
-            out = out[0] if isinstance(out, tuple) else out
-            ref = d.reference({k: v.double() for k, v in ins.items()}, dtype=torch.float64)[cd.output_names[0]]
-            err = float((out.double() - ref).norm() / ref.norm())
-            t = time_fn(lambda: cd(**ins), reps=50)
-            row[tag] = dict(us=round(t.median_s * 1e6, 1), err=err, kernels=len(cd.plan.kernels),
-                            predicted_us=round(cd.plan.seconds * 1e6, 1),
-                            plan=[list(k.kernel.boxes) for k in cd.plan.kernels])
+            ins = ins or random_inputs(cd.diagram, device="cuda", seed=1)
+            row[tag] = checked_timing(cd, ins)
         X = ins["X"]
+        out = cd.empty_outputs("cuda")[cd.output_names[0]]
         f = eager(build)
         row["eager_us"] = round(time_fn(lambda: f(X), reps=50).median_s * 1e6, 1)
         nbytes = X.numel() * X.element_size() + out.numel() * out.element_size()

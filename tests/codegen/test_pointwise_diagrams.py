@@ -153,15 +153,20 @@ def column_logsumexp() -> Diagram:
     return Diagram("column_logsumexp", logsumexp(array("X", r, x), r, name="L"))
 
 
+def _logsumexp_two_axes(name: str, X, first, second) -> Diagram:
+    """logsumexp of ``X`` over ``first`` then ``second``, written out: chains of two maxes and two
+    sums, the shift ``zero_inf(max)`` and ``log(sum) + shift``."""
+    m = map_fn("zero_inf", max_over(max_over(X, first, name="m1"), second, name="m"), name="c")
+    t = sum_over(sum_over(exp(map_fn("sub", X, m, name="d"), name="e"), first, name="t1"), second, name="t")
+    return Diagram(name, map_fn("add", map_fn("log", t, name="lt"), m, name="L"))
+
+
 def row_logsumexp() -> Diagram:
     """logsumexp of a scaled X[r,h,x] over its two innermost axes (h, then x), written out: a pair
     in the row kernel (rows that are contiguous runs of X), a map before it. Over the innermost
     axis alone it would be a row the row-wise family takes."""
     r, h, x = axes("r h x")
-    v = scale(array("X", r, h, x), 0.5, name="v")
-    m = map_fn("zero_inf", max_over(max_over(v, h, name="m1"), x, name="m"), name="c")
-    t = sum_over(sum_over(exp(map_fn("sub", v, m, name="d"), name="e"), h, name="t1"), x, name="t")
-    return Diagram("row_logsumexp", map_fn("add", map_fn("log", t, name="lt"), m, name="L"))
+    return _logsumexp_two_axes("row_logsumexp", scale(array("X", r, h, x), 0.5, name="v"), h, x)
 
 
 def softmax_stats() -> Diagram:
@@ -174,21 +179,15 @@ def softmax_stats() -> Diagram:
 
 
 def logsumexp_bs() -> Diagram:
-    """logsumexp over b and s of X[b,h,s], written out: chains of two maxes and two sums."""
+    """logsumexp over b and s of X[b,h,s], written out: the vector axis s is reduced (row kernel)."""
     b, h, s = axes("b h s")
-    X = array("X", b, h, s)
-    m = map_fn("zero_inf", max_over(max_over(X, b, name="m1"), s, name="m"), name="c")
-    t = sum_over(sum_over(exp(map_fn("sub", X, m, name="d"), name="e"), b, name="t1"), s, name="t")
-    return Diagram("logsumexp_bs", map_fn("add", map_fn("log", t, name="lt"), m, name="L"))
+    return _logsumexp_two_axes("logsumexp_bs", array("X", b, h, s), b, s)
 
 
 def logsumexp_bh() -> Diagram:
     """logsumexp over b and h of X[b,h,s], written out: the kept axis s is the vector axis."""
     b, h, s = axes("b h s")
-    X = array("X", b, h, s)
-    m = map_fn("zero_inf", max_over(max_over(X, b, name="m1"), h, name="m"), name="c")
-    t = sum_over(sum_over(exp(map_fn("sub", X, m, name="d"), name="e"), b, name="t1"), h, name="t")
-    return Diagram("logsumexp_bh", map_fn("add", map_fn("log", t, name="lt"), m, name="L"))
+    return _logsumexp_two_axes("logsumexp_bh", array("X", b, h, s), b, h)
 
 
 ACCEPTED += [
