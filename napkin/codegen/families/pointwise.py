@@ -459,7 +459,8 @@ def _pair_of(d: Diagram, reduces: list[Value], consumers: dict, out_ids: set[int
             nxt = [c for c in consumers.get(id(ch[-1]), ()) if _is_reduction(c)]
             if not nxt:
                 break
-            if len(nxt) > 1 or len(consumers[id(ch[-1])]) > 1 or id(ch[-1]) in out_ids or nxt[0] not in group:
+            if (len(nxt) > 1 or len(consumers[id(ch[-1])]) > 1 or id(ch[-1]) in out_ids
+                    or not any(nxt[0] is g for g in group)):
                 return None
             ch.append(nxt[0])
         if len(ch) != len(group):
@@ -762,7 +763,8 @@ def regs_estimate(shape: PointwiseShape, cfg: Config) -> int:
 
 def smem_estimate(shape: PointwiseShape, cfg: Config) -> int:
     """Static shared memory: the column kernel's TY x TX*VEC fp32 partial vectors, a row
-    kernel's block reduction scratch (32 floats)."""
+    kernel's block reduction scratch (32 floats); twice that for a pair reduction (the maxes and
+    the sums)."""
     pairs = 2 if shape.pair else 1
     if shape.mode == "col":
         return cfg.threads * shape.vec * 4 * pairs
