@@ -818,6 +818,31 @@ def logsumexp(x: Value, over, name: str | None = None) -> Value:
     return map_fn("add", log(sum_over(exp(x - m), over)), m, name=name)
 
 
+def shifted_exp(v: Value) -> "tuple[Value, Value, Value, bool] | None":
+    """``(x, c, m, exact)`` when ``v`` is ``exp(x − c)`` with ``c`` a max reduction ``m`` (``exact``)
+    or ``zero_inf(m)``: the terms of the sum a softmax or :func:`logsumexp` is written out with, which
+    an online pass can rescale as its running max grows. None for any other box.
+
+    >>> from napkin.diagrams import Axis
+    >>> X = array("X", Axis("r"), Axis("c"))
+    >>> m = max_over(X, "r")
+    >>> x, c, mm, exact = shifted_exp(exp(map_fn("sub", X, m)))
+    >>> x is X and c is m and mm is m and exact
+    True
+    """
+    if not (isinstance(v.op, Map) and v.op.fn == "exp"):
+        return None
+    sub = v.args[0]
+    if not (isinstance(sub.op, Map) and sub.op.fn == "sub" and len(sub.args) == 2):
+        return None
+    x, c = sub.args
+    zeroed = isinstance(c.op, Map) and c.op.fn == "zero_inf"
+    m = c.args[0] if zeroed else c
+    if not (isinstance(m.op, Reduce) and m.op.how == "max"):
+        return None
+    return x, c, m, not zeroed
+
+
 def scale(x: Value, c: float, name: str | None = None) -> Value:
     """c·x; ``c`` is a finite number or a sympy expression in axis sizes (``1/sqrt(d)``)."""
     return map_fn("scale", x, params=(c,), name=name)

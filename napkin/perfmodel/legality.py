@@ -59,7 +59,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 import sympy
 
-from ..diagrams.ops import Value
+from ..diagrams.ops import Value, shifted_exp
 from ..dtypes import dtype as lookup_dtype
 from ..errors import ScheduleError
 
@@ -708,25 +708,20 @@ def _online_pairs(boxes, s: str, d, in_kernel: set, kernel_outputs: set) -> dict
         ok = id(v) not in kernel_outputs and len(d.consumers.get(id(v), ())) == 1 and len(cons) == 1
         return cons[0] if ok else None
 
-    for sub in boxes:
-        if not (sub.op.kind == "map" and sub.op.fn == "sub" and len(sub.args) == 2 and s in sub.axis_names):
+    for e in boxes:
+        found = shifted_exp(e)
+        if found is None:
             continue
-        x, c = sub.args
-        if id(c) not in in_kernel:
-            continue
-        m, exact = (c, True) if c.op.kind == "reduce" else (c.args[0], False)
-        if not exact and not (c.op.kind == "map" and c.op.fn == "zero_inf" and id(m) in in_kernel):
-            continue
-        if not (m.op.kind == "reduce" and m.op.how == "max" and m.op.over == s):
+        x, c, m, exact = found
+        sub = e.args[0]
+        if (s not in sub.axis_names or m.op.over != s or sole(sub) is not e
+                or not all(id(v) in in_kernel for v in (sub, c, m))):
             continue
         first = m
         while (id(first.args[0]) in in_kernel and first.args[0].op.kind == "reduce"
                and first.args[0].op.how == "max"):
             first = first.args[0]
         if first.args[0] is not x:
-            continue
-        e = sole(sub)
-        if e is None or not (e.op.kind == "map" and e.op.fn == "exp"):
             continue
         t = sole(e)
         while t is not None and t.op.kind == "reduce" and t.op.how == "sum" and t.op.over != s:

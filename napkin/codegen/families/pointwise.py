@@ -61,7 +61,7 @@ from dataclasses import dataclass
 from ...diagrams.axes import NAME_RE
 from ...diagrams.diagram import Diagram
 from ...diagrams.functions import get_function
-from ...diagrams.ops import Contract, Map, Reduce, Value
+from ...diagrams.ops import Contract, Map, Reduce, Value, shifted_exp
 from ...dtypes import dtype as lookup_dtype
 from ...errors import CodegenError
 from ...perfmodel.schedule import Kernel, KernelOptions, Relabel, Schedule
@@ -97,8 +97,7 @@ MAX_REGS = 255
 #: column kernel's rows waste part of their sectors (the model's idle lanes).
 _SECTOR = 32
 
-_OPS = {"sum": "napkin::SumOp", "mean": "napkin::SumOp", "max": "napkin::MaxOp", "min": "napkin::MinOp",
-        "max_sumexp": "napkin::MaxOp"}
+_OPS = {"sum": "napkin::SumOp", "mean": "napkin::SumOp", "max": "napkin::MaxOp", "min": "napkin::MinOp"}
 
 
 # ----------------------------------------------------------------------------- analysis
@@ -472,16 +471,11 @@ def _pair_of(d: Diagram, reduces: list[Value], consumers: dict, out_ids: set[int
         chains.append(tuple(ch))
     mx, sm = chains
     e = sm[0].args[0]
-    if not (isinstance(e.op, Map) and e.op.fn == "exp"):
+    found = shifted_exp(e)
+    if found is None or found[2] is not mx[-1]:
         return None
+    value, _, _, exact = found
     sub = e.args[0]
-    if not (isinstance(sub.op, Map) and sub.op.fn == "sub" and len(sub.args) == 2):
-        return None
-    value, shift = sub.args
-    exact = shift is mx[-1]
-    guarded = (isinstance(shift.op, Map) and shift.op.fn == "zero_inf" and shift.args[0] is mx[-1])
-    if not (exact or guarded):
-        return None
     if value is not mx[0].args[0]:
         return (f"box {d.name_of(sub)} subtracts the max of {d.name_of(mx[0].args[0])} from another value "
                 f"({d.name_of(value)}): one pass rescales a sum of exp(x − max) only for the x it takes the max of")
@@ -1152,7 +1146,7 @@ def lower_shape(shape: PointwiseShape, cfg: Config, schedule: Schedule, arch: st
         TPR=cfg.tpr, RPB=cfg.rows_per_block, TX=cfg.tx, TY=cfg.tpr, SPLITS=cfg.splits, split=split,
         NVEC=g.lit(shape.nvec), NU=g.lit(shape.nu), tail=shape.tail, NK=g.lit(shape.nk), NR=g.lit(shape.nr), NRV=g.lit(nrv),
         NKV=g.lit(shape.nk // shape.vec), CHUNK=g.lit(chunk(shape, cfg) if mode != "map" else 1),
-        op=Code(_OPS.get(shape.how or "sum")), how=shape.how or "none",
+        op=Code(_OPS[shape.how or "sum"]) if not shape.pair else None, how=shape.how or "none",
         INV_COUNT=1.0 / shape.nr if shape.chain else 1.0, mean=shape.how == "mean",
         block_mode=mode == "row" and cfg.tpr > 32,
         vec_ok=vec_ok, params=params, hoisted=hoisted, outer_index=outer_index, loop_index=loop_index,
