@@ -78,13 +78,13 @@ def test_a_user_written_chain_plans_as_one_kernel(sizes):
     assert pk.kernel.family == "rowwise" and {"Y", "colsum", "colmax"} <= set(pk.kernel.boxes)
     p = lower(d, gpu="h100")
     assert p.buffers[0].shape == (2, pk.kernel.options.splits, sizes["x"])
-    # the column max starts at -inf and merges by fmaxf: per element, over the block's rows, in the combine
+    # the column max starts at -inf and merges by max_nan (a NaN stays): per element, over the block's rows, in the combine
     (launch,) = p.launches
     src = launch.source
     assert "colpart[1][slot][col_word(c, e)] = (-INFINITY)" in src
-    assert "colpart[1][slot][col_word(c0 + u, e)] = fmaxf(" in src
-    assert "a = fmaxf(a, colpart[1][s][w])" in src
-    assert "a = fmaxf(a, v[j]);" in src and "t = fmaxf(t, cmb[s][cx]);" in src
+    assert "colpart[1][slot][col_word(c0 + u, e)] = napkin::max_nan(" in src
+    assert "a = napkin::max_nan(a, colpart[1][s][w])" in src
+    assert "a = napkin::max_nan(a, v[j]);" in src and "t = napkin::max_nan(t, cmb[s][cx]);" in src
     assert "v[j] = b < SPLITS ? __ldcg(p + (long long)b * XSIZE) : (-INFINITY);" in src
 
 

@@ -734,8 +734,8 @@ COMBINE_DEPTH = 16
 COUNTERS = ("arrived", "helpers", "started", "done")
 #: C operator of each reduction kind, its identity, and the block/warp reduction operator.
 _CHAIN_OPS = {"sum": ("({a} + {b})", "0.f", "napkin::SumOp"),
-              "max": ("fmaxf({a}, {b})", "(-INFINITY)", "napkin::MaxOp"),
-              "min": ("fminf({a}, {b})", "INFINITY", "napkin::MinOp")}
+              "max": ("napkin::max_nan({a}, {b})", "(-INFINITY)", "napkin::MaxOp"),
+              "min": ("napkin::min_nan({a}, {b})", "INFINITY", "napkin::MinOp")}
 
 
 @dataclass(frozen=True, eq=False)

@@ -1,6 +1,8 @@
 // reduce.cuh — reductions across the threads of a warp, of an mma quad, and of a block.
 //
-// Provides the operators SumOp, MaxOp and MinOp (with their identities), and
+// Provides max_nan and min_nan (a NaN operand gives NaN, as torch.amax and amin do: fmaxf and
+// fminf would give the other operand), the operators SumOp, MaxOp and MinOp built on them (with
+// their identities), and
 //   warp_reduce<Op>, warp_sum, warp_max   all 32 lanes (butterfly __shfl_xor_sync; every lane
 //                                         gets the result)
 //   quad_reduce<Op>, quad_sum, quad_max   the 4 lanes 4g..4g+3 that hold one row of an mma
@@ -24,6 +26,20 @@
 
 namespace napkin {
 
+// One instruction each on sm_80 and later (max.NaN / min.NaN): a reduction's max of a line holding
+// a NaN is NaN, as the reference's amax says, where fmaxf would drop the NaN and return the max of
+// the rest.
+NAPKIN_DEVICE float max_nan(float a, float b) {
+  float r;
+  asm("max.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+  return r;
+}
+NAPKIN_DEVICE float min_nan(float a, float b) {
+  float r;
+  asm("min.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+  return r;
+}
+
 struct SumOp {
   NAPKIN_DEVICE static float identity() { return 0.f; }
   NAPKIN_DEVICE float operator()(float a, float b) const { return a + b; }
@@ -31,12 +47,12 @@ struct SumOp {
 
 struct MaxOp {
   NAPKIN_DEVICE static float identity() { return neg_inf(); }
-  NAPKIN_DEVICE float operator()(float a, float b) const { return fmaxf(a, b); }
+  NAPKIN_DEVICE float operator()(float a, float b) const { return max_nan(a, b); }
 };
 
 struct MinOp {
   NAPKIN_DEVICE static float identity() { return pos_inf(); }
-  NAPKIN_DEVICE float operator()(float a, float b) const { return fminf(a, b); }
+  NAPKIN_DEVICE float operator()(float a, float b) const { return min_nan(a, b); }
 };
 
 // Reduces over the aligned group of WIDTH lanes (a power of two up to 32) holding this lane.
@@ -90,7 +106,7 @@ NAPKIN_DEVICE float exp_of(float x) { return FAST ? __expf(x) : expf(x); }
 // merge of b into a and of a into b give the same bits.
 template <bool FAST>
 NAPKIN_DEVICE void merge_max_sumexp(float& m, float& s, float mb, float sb) {
-  const float mm = fmaxf(m, mb);
+  const float mm = max_nan(m, mb);
   s = (m == mm ? s : s * exp_of<FAST>(m - mm)) + (mb == mm ? sb : sb * exp_of<FAST>(mb - mm));
   m = mm;
 }
@@ -103,7 +119,7 @@ template <int N, bool FAST>
 NAPKIN_DEVICE void fold_max_sumexp(float& m, float& s, const float (&x)[N]) {
   float mm = m;
 #pragma unroll
-  for (int i = 0; i < N; ++i) mm = fmaxf(mm, x[i]);
+  for (int i = 0; i < N; ++i) mm = max_nan(mm, x[i]);
   // every exp computed, then selected: no branch around it (x - mm is NaN where both are the
   // same infinity, and that exp is not the one kept)
   const float rescale = exp_of<FAST>(m - mm);
