@@ -138,8 +138,11 @@ GROUP_M = 8
 #: chunks (fewer would spend more on the partials than the split gains).
 MAX_SPLITS = 64
 MIN_SPLIT_CHUNKS = 8
-#: Threads per block of the combining launch of a split sum.
+#: Threads per block of the combining launch of a split sum, and the partials each thread loads
+#: before it adds them (one thread an output element: 65536 outputs leave ~500 threads a SM, so
+#: the bytes in flight come from the depth).
 COMBINE_THREADS = 256
+COMBINE_DEPTH = 16
 SMEM_PAD = 8  # elements of padding per shared row (mma template)
 SIMT_PAD = 4
 
@@ -1360,16 +1363,19 @@ class ContractionFamily:
                                 f"  {p.a} -> M (rows), {p.c} -> N (columns)"
                                 + "".join(f", {ax} -> batch" for ax in p.batch),
                                 "  epilogue: " + (", ".join(epi.boxes) if epi.boxes else "none"),
-                                f"  tunables: SPLITS = {cfg.splits}, THREADS = {COMBINE_THREADS}"])
+                                f"  tunables: SPLITS = {cfg.splits}, THREADS = {COMBINE_THREADS}, "
+                                f"DEPTH = {min(COMBINE_DEPTH, cfg.splits)}"])
         source = render("matmul_combine.cu.jinja", kname=kname, T=ctype(T), SPLITS=cfg.splits,
-                        THREADS=COMBINE_THREADS, params=signature(params), batch=batch, legend=legend,
+                        THREADS=COMBINE_THREADS, DEPTH=min(COMBINE_DEPTH, cfg.splits),
+                        params=signature(params), batch=batch, legend=legend,
                         idx_a=index_vars[p.a], idx_c=index_vars[p.c], epi_body=epi.body("    "),
                         epi_result=epi.result, epi_identity=epi.is_identity)
         total = M * N * math.prod(sz[a] for a in p.batch)
         blocks = max(1, min(-(-total // COMBINE_THREADS), 65535))
         return KernelLaunch(name=str(kname), source=source, grid=(blocks, 1, 1), block=(COMBINE_THREADS, 1, 1),
                             shared_bytes=0, args=tuple(x.arg for x in params), template="matmul_combine.cu.jinja",
-                            tunables=(("SPLITS", cfg.splits), ("THREADS", COMBINE_THREADS)),
+                            tunables=(("SPLITS", cfg.splits), ("THREADS", COMBINE_THREADS),
+                                      ("DEPTH", min(COMBINE_DEPTH, cfg.splits))),
                             model_smem_bytes=0, model_regs_per_thread=None)
 
     def _rowcombine_launch(self, d: Diagram, p: MatmulProblem, cfg: MatmulConfig, ws: str) -> KernelLaunch:
