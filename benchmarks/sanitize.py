@@ -275,7 +275,9 @@ CASES = [
     Case("matmul_combine.cu.jinja", "mlp", {"a": 33, "b": 8192, "c": 40}, family="contraction"),
     # split sums on the wgmma and fp32 templates: partials from the registers, empty last shares
     Case("matmul_wgmma.cu.jinja", "mlp", {"a": 130, "b": 16384, "c": 136}, family="contraction",
-         archs=("sm_90a",)),
+         archs=("sm_90a",)),  # (a 64 x 128 tile of one consumer, 14 splits)
+    Case("matmul_wgmma.cu.jinja", "matmul", {"a": 200, "b": 20000, "c": 136}, family="contraction",
+         archs=("sm_90a",), label="matmul_split_128x64"),  # (two consumers of 64 rows, 22 splits)
     Case("matmul_simt.cu.jinja", "mlp", {"a": 65, "b": 20000, "c": 72}, dtype="fp32", family="contraction"),
     Case("matmul_simt.cu.jinja", "matmul", {"a": 77, "b": 72, "c": 40}, dtype="fp32", family="contraction"),
     Case("attention_fwd.cu.jinja", "attention_causal", {"h": 2, "q": 77, "x": 77, "d": 64}, family="attention"),

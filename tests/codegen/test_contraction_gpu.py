@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import pytest
 
-from napkin.codegen.families.contraction import FAMILY, MMA_CONFIGS, SIMT_CONFIGS, WGMMA_CONFIGS, MatmulConfig
+from napkin.codegen.families.contraction import (FAMILY, MMA_CONFIGS, SIMT_CONFIGS, WGMMA_CONFIGS, WGMMA_SPLIT_CONFIGS,
+                                                 MatmulConfig)
 from napkin.diagrams import library
 
 try:
@@ -283,7 +284,8 @@ def test_swiglu_plans_the_dual_kernel_and_is_right():
     check(library.get("swiglu"), "bf16", [dict(a=512, b=256, f=704), dict(a=77, b=64, f=136)])
 
 
-@pytest.mark.parametrize("cfg", [WGMMA_CONFIGS[3], WGMMA_CONFIGS[1]], ids=["128x128", "256x128"])
+@pytest.mark.parametrize("cfg", [WGMMA_CONFIGS[3], WGMMA_CONFIGS[1], *WGMMA_SPLIT_CONFIGS],
+                         ids=["128x128", "256x128", *(f"{c[0]}x{c[1]}-split-only" for c in WGMMA_SPLIT_CONFIGS)])
 @pytest.mark.parametrize("splits", [2, 7])
 def test_wgmma_split_sums(cfg, splits):
     """The wgmma template's split sum: fp32 partials from the registers, the combining launch adds

@@ -13,7 +13,8 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from napkin.codegen.families.contraction import (FAMILY, MMA_CONFIGS, SIMT_CONFIGS, WGMMA_CONFIGS,
-                                                 WGMMA_PINGPONG_CONFIGS, MatmulConfig, analyze, padded_rows)
+                                                 WGMMA_PINGPONG_CONFIGS, WGMMA_SPLIT_CONFIGS, MatmulConfig, analyze,
+                                                 padded_rows)
 from napkin.diagrams import Axis, Diagram, array, contract, library
 from napkin.diagrams.ops import map_fn
 from napkin.errors import CodegenError
@@ -246,6 +247,30 @@ def test_a_small_output_over_a_long_sum_splits_it():
             if s.kernels[0].options.splits} == {"mma.sync", "wgmma"}
 
 
+def test_the_small_wgmma_tiles_are_offered_only_split():
+    """64 x 128, 128 x 64 and 64 x 64 wgmma tiles come only with a split sum (a small output over a
+    long sum), after the other configurations; at 256 x 16384 x 256 the planner takes one of them
+    (the 128 x 256 x 32 split it took before ran 21.5 us of kernels on an H100, 64 x 128 x 16 11.5)."""
+    from napkin.codegen.planner import derive
+
+    small = {c[:2] for c in WGMMA_SPLIT_CONFIGS}
+
+    def tiles(d):
+        return [(FAMILY.config_of(analyze(d), s).BM, FAMILY.config_of(analyze(d), s).BN, s.kernels[0].options.splits)
+                for s in FAMILY.candidates(d, "h100", "bf16") if s.kernels[0].options.engine == "wgmma"]
+
+    d = prepare_bound(library.get("matmul"), dict(a=256, b=16384, c=256))
+    got = tiles(d)
+    assert {(bm, bn) for bm, bn, n in got if n} >= small
+    assert all(n and n > 1 for bm, bn, n in got if (bm, bn) in small)
+    first_small = min(i for i, (bm, bn, n) in enumerate(got) if (bm, bn) in small)
+    assert all((bm, bn) in small for bm, bn, n in got[first_small:])
+    k = derive(d, gpu="h100", explain=False).plan.kernels[0].kernel
+    assert k.options.engine == "wgmma" and k.options.splits > 1 and k.options.warpgroups == 1, k.options
+    big = prepare_bound(library.get("matmul"), dict(a=2048, b=4096, c=2048))
+    assert not {(bm, bn) for bm, bn, n in tiles(big)} & small
+
+
 def test_fp32_splits_a_long_sum_too():
     """The fp32 (SIMT) template shares a long sum out as the mma.sync one does: a 256 x 256 output
     over K = 131072 in fp32 was 4 blocks on 132 SMs (0.03x eager on an H200)."""
@@ -272,16 +297,17 @@ def prepare_bound(d, sizes, dtype="bf16"):
     (lambda: mm_multi_sum(b_kmajor=False, residual=True), dict(h=8, a=64, b=4096, c=64)),
 ], ids=["mlp", "batched", "sum-over-2-axes"])
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90a"])
-@pytest.mark.parametrize("engine", ["mma.sync", "simt", "wgmma"])
+@pytest.mark.parametrize("engine", ["mma.sync", "simt", "wgmma", *(f"wgmma{c[0]}x{c[1]}" for c in WGMMA_SPLIT_CONFIGS)])
 def test_split_sums_build_without_spills(build, sizes, arch, engine):
     from napkin.kernels.nvcc import nvcc_compile
 
-    if engine == "wgmma" and arch != "sm_90a":
+    if engine.startswith("wgmma") and arch != "sm_90a":
         pytest.skip("wgmma is sm_90a's")
     d = prepare_bound(build(), sizes, "fp32" if engine == "simt" else "bf16")
+    small = {f"wgmma{c[0]}x{c[1]}": MatmulConfig(False, *c, wgmma=True, splits=8) for c in WGMMA_SPLIT_CONFIGS}
     cfg = {"simt": MatmulConfig(True, *SIMT_CONFIGS[0], splits=8),
            "mma.sync": MatmulConfig(False, *MMA_CONFIGS[6], splits=8),
-           "wgmma": MatmulConfig(False, *WGMMA_CONFIGS[3], wgmma=True, splits=8)}[engine]
+           "wgmma": MatmulConfig(False, *WGMMA_CONFIGS[3], wgmma=True, splits=8), **small}[engine]
     prog = FAMILY.lower(d, FAMILY.schedule(d, cfg), arch)
     assert len(prog.launches) == 2
     for launch in prog.launches:

@@ -92,6 +92,19 @@ WGMMA_PINGPONG_CONFIGS = (
     (64, 256, 64, 64, 256, 5, 1),
 )
 
+#: Smaller wgmma tiles offered only split (a small output over a long sum, where the tiles leave
+#: most SMs idle): one consumer warpgroup (or two of 64 rows), eight ring stages. Each block's
+#: share of the sum is longer than a 128 x 128 tile's at the same block count, so fewer partials
+#: are written and added. H100, bf16, 256 x K x 256, kernels' GPU time against cuBLAS's
+#: (`benchmarks/huge_k_sweep.py`): K = 16384 64 x 64 x 8 splits 10.6 us (cuBLAS 9.9; the 128 x 256
+#: x 32 the planner took 21.5), K = 32768 64 x 128 x 16 15.7 (12.7; 24.9), K = 65536 32.1 (28.6;
+#: 38.7), K = 131072 53.7 (52.4; 60.6 for 128 x 128 x 33).
+WGMMA_SPLIT_CONFIGS = (
+    (64, 128, 64, 64, 128, 8, 1),
+    (128, 64, 64, 64, 64, 8, 1),
+    (64, 64, 64, 64, 64, 8, 1),
+)
+
 #: The dual (gate and up) configurations of the wgmma template: BN output columns of each sum, so
 #: one wgmma spans 2 BN columns and each consumer thread keeps WM x 2 BN / 128 accumulators.
 DUAL_CONFIGS = (
@@ -979,6 +992,13 @@ class ContractionFamily:
             out.append(self.schedule(diagram, cfg, gpu=gpu, dtype=dtype))
             for n in self.split_counts(diagram, p, cfg, gpu):
                 out.append(self.schedule(diagram, replace(cfg, splits=n), gpu=gpu, dtype=dtype))
+        if self.wgmma_reason(diagram, gpu, dtype=dtype) is None:
+            # the small tiles only split, after the others (the planner keeps the first of equals)
+            for c in WGMMA_SPLIT_CONFIGS:
+                cfg = MatmulConfig(False, *c, wgmma=True)
+                if cfg.smem_bytes(p, _elem(dtype)) <= limit:
+                    out += [self.schedule(diagram, replace(cfg, splits=n), gpu=gpu, dtype=dtype)
+                            for n in self.split_counts(diagram, p, cfg, gpu)]
         return out
 
     @staticmethod
