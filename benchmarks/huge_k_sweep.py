@@ -93,7 +93,7 @@ def main() -> None:
             cd = napkin_compile(d)
             r = checked_timing(cd, ins)
             emit(sweep="scaling", gpu=gpu, case=d.name, K=K, cublas_us=round(cublas, 1), x_cublas=round(cublas / r["us"], 3),
-                 options=str(cd.plan.kernels[0].kernel.options), kernels_us=kernel_times(lambda: cd(**ins)),
+                 options=str(cd.plan.kernels[0].kernel.options), kernels_us=kernel_times(lambda: cd(*[ins[n] for n in cd.input_names])),
                  cublas_kernels_us=kernel_times(mm), **r)
             if K != SWEEP_K or "--scaling" in sys.argv:
                 continue
