@@ -1065,8 +1065,14 @@ class ContractionFamily:
             if p.rowred_kind == "softmax":
                 moved += 2 * sz[p.a] * sz[p.c] * elem
         elif cfg.splits > 1:
-            # each block walks its share of the chunks; the partials go to HBM and come back once
-            est.update(stream_steps=math.ceil(_chunk_count(sz, p, cfg.BK) / cfg.splits))
+            # each block walks its share of the chunks; the partials go to HBM and come back once.
+            # A step's fixed cost adds to the block's time where the warps that load a chunk also
+            # use it (mma.sync, SIMT); the wgmma kernel's producer warp runs STAGES chunks ahead of
+            # its consumers, so only the ring's fill remains (H100, 256 x 131072 x 256 bf16: 64 x
+            # 64 tiles x 8 splits, 256 steps a block, 59.0 us, and 128 x 64 x 16, 128 steps, 56.8;
+            # the step costs had priced them 14.8 and 7.8 us of latency)
+            steps = math.ceil(_chunk_count(sz, p, cfg.BK) / cfg.splits)
+            est.update(stream_steps=0 if cfg.wgmma else steps)
             launches, moved = 1, 2 * 4 * cfg.splits * sz[p.a] * sz[p.c] * nbatch
         for name, row in padded_rows(diagram, p).items():
             # the padding copy: the operand read, its padded copy written (and read again by the tiles)
