@@ -82,11 +82,13 @@ def _picks(cands) -> list[int]:
 
 
 def _compare(cd, inputs: dict, ref: dict, dtype: str, what: str) -> None:
+    import torch
+
     outs = cd(**{n: t.cuda() for n, t in inputs.items()}, out=cd.empty_outputs("cuda", 12345.0))
     outs = outs if isinstance(outs, tuple) else (outs,)
     for name, o in zip(cd.output_names, outs):
         o, r = o.double().cpu(), ref[name]
-        assert torch_equal_nan(o, r), f"{what} {name}: NaN at {o.isnan().nonzero().tolist()[:8]}, " \
+        assert torch.equal(o.isnan(), r.isnan()), f"{what} {name}: NaN at {o.isnan().nonzero().tolist()[:8]}, " \
                                       f"the reference's at {r.isnan().nonzero().tolist()[:8]}"
         ok = ~r.isnan()
         assert bool((o[ok].isinf() == r[ok].isinf()).all()) and bool((o[ok].sign() == r[ok].sign()).all()), what
@@ -94,12 +96,6 @@ def _compare(cd, inputs: dict, ref: dict, dtype: str, what: str) -> None:
         if bool(fin.any()):  # (a NaN in B makes every row of a GEMM's reduction NaN)
             err = float((o[fin] - r[fin]).norm() / r[fin].norm())
             assert err < TOLERANCE[dtype], (what, name, err)
-
-
-def torch_equal_nan(o, r) -> bool:
-    import torch
-
-    return torch.equal(o.isnan(), r.isnan())
 
 
 @pytest.mark.parametrize("dtype", ["bf16", "fp32"])

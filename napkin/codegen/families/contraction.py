@@ -983,7 +983,8 @@ class ContractionFamily:
             narrow = isinstance(n, int) and n < min(c[1] for c in TF32X3_CONFIGS)
             cfgs = [c for c in self.configs(dtype, "mma.sync")
                     if narrow or (c.BM, c.BN, c.BK, c.WM, c.WN) not in {x[:5] for x in TF32X3_NARROW_CONFIGS}] + cfgs
-        if self.wgmma_reason(diagram, gpu, dtype=dtype) is None:
+        wgmma = self.wgmma_reason(diagram, gpu, dtype=dtype) is None
+        if wgmma:
             cfgs = [_narrowed(c, diagram.sizes.get(p.c)) for c in self.configs(dtype, "wgmma")] + cfgs
             cfgs = list(dict.fromkeys(cfgs))
         for cfg in cfgs:
@@ -992,7 +993,7 @@ class ContractionFamily:
             out.append(self.schedule(diagram, cfg, gpu=gpu, dtype=dtype))
             for n in self.split_counts(diagram, p, cfg, gpu):
                 out.append(self.schedule(diagram, replace(cfg, splits=n), gpu=gpu, dtype=dtype))
-        if self.wgmma_reason(diagram, gpu, dtype=dtype) is None:
+        if wgmma:
             # the small tiles only split, after the others (the planner keeps the first of equals)
             for c in WGMMA_SPLIT_CONFIGS:
                 cfg = MatmulConfig(False, *c, wgmma=True)
