@@ -1,4 +1,5 @@
-"""Helpers several test files share: the CLI run in-process, and child Pythons for hostile inputs.
+"""Helpers several test files share: the CLI run in-process, child Pythons for hostile inputs, and
+which of a family's candidate schedules a GPU test runs.
 
 ``tests/`` is on ``sys.path`` while the tests run (``tests/conftest.py`` puts it there), so a test
 file imports this module as ``from napkin_test_support import ...``.
@@ -82,3 +83,10 @@ def run_roles(worker: str, roles: list[str], *args: str, seconds: float, timeout
         assert p.returncode == 0, f"{role} failed:\n{err[-3000:]}"
         counts.append(json.loads(out.strip().splitlines()[-1]))
     return counts
+
+
+def spread_and_split_picks(cands) -> list[int]:
+    """Indices of the candidate schedules a GPU test runs: the first, middle and last, and the first
+    and last that split their reduction (``options.splits`` > 1)."""
+    split = [i for i, sc in enumerate(cands) if (getattr(sc.kernels[0].options, "splits", 1) or 1) > 1]
+    return sorted({0, len(cands) // 2, len(cands) - 1, *split[:1], *split[-1:]})

@@ -19,8 +19,9 @@ from napkin.codegen import compile as napkin_compile
 from napkin.codegen.families import contraction, fallback, pointwise, rowwise
 from napkin.codegen.prepare import prepare
 from napkin.codegen.verify import TOLERANCE
-from napkin.errors import CodegenError
 from napkin.diagrams import Axis, Diagram, array, contract, map_fn, reduce
+from napkin.errors import CodegenError
+from napkin_test_support import spread_and_split_picks
 
 pytestmark = pytest.mark.gpu
 
@@ -73,12 +74,6 @@ CASES = [(reduced("max", ("x",)), dict(b=2, r=37, x=1000), ("x",)),
          (shifted("max"), dict(b=2, r=9, x=3000), ("x",)),
          (shifted("min"), dict(b=1, r=40, x=77), ("x",)),
          (shifted_colmax(), dict(b=3, r=77, x=999), ("x",))]
-
-
-def _picks(cands) -> list[int]:
-    """The first, middle and last candidate and the first and last that split the reduction."""
-    split = [i for i, sc in enumerate(cands) if (getattr(sc.kernels[0].options, "splits", 1) or 1) > 1]
-    return sorted({0, len(cands) // 2, len(cands) - 1, *split[:1], *split[-1:]})
 
 
 def _compare(cd, inputs: dict, ref: dict, dtype: str, what: str) -> None:
@@ -136,7 +131,7 @@ def test_a_nan_in_a_reduced_line_gives_nan(case, dtype):
             cands = fam.candidates(d, "h100", dtype)
         except CodegenError:  # the family does not take this reduction (it says which one does)
             continue
-        for i in _picks(cands) if cands else []:
+        for i in spread_and_split_picks(cands) if cands else []:
             cd = napkin_compile(d, schedule=cands[i], family=fname)
             _compare(cd, {"X": X}, ref, dtype, f"{fname} candidate {i}: {cands[i].kernels[0].options}")
             ran += 1
@@ -165,6 +160,6 @@ def test_a_nan_in_a_gemm_row_gives_nan(how, c):
             B[5, 11] = math.nan
         ref = d.reference({"A": A.double(), "B": B.double()}, dtype=torch.float64)
         assert int(ref["Y"].isnan().sum()) == (130 if nan_in_b else 1)
-        for i in _picks(cands):
+        for i in spread_and_split_picks(cands):
             cd = napkin_compile(d, schedule=cands[i], family="contraction")
             _compare(cd, {"A": A, "B": B}, ref, "bf16", f"candidate {i} {cands[i].kernels[0].options}")

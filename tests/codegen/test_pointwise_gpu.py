@@ -22,6 +22,7 @@ from napkin.codegen.families import pointwise as pw
 from napkin.codegen.prepare import prepare
 from napkin.codegen.verify import TOLERANCE
 from napkin.diagrams.reference import random_inputs
+from napkin_test_support import spread_and_split_picks
 
 from test_pointwise_diagrams import (alibi_map, batched_matvec_gelu, broadcast_chain, column_logsumexp, column_mean,
                                      column_sum, dot_all, full_and_reduced, l2_norm, logsumexp_bh, logsumexp_bs,
@@ -218,9 +219,7 @@ def test_a_pair_reduction_at_infinities_and_nan(case, dtype):
     X = X.to(T)
     ref = d.reference({"X": X.double()}, dtype=torch.float64)
     cands = pw.FAMILY.candidates(d, "h100", dtype)
-    split = [i for i, sc in enumerate(cands) if (sc.kernels[0].options.splits or 1) > 1]
-    picks = sorted({0, len(cands) // 2, len(cands) - 1, *split[:1], *split[-1:]})
-    for i in picks:
+    for i in spread_and_split_picks(cands):
         cd = napkin_compile(d, schedule=cands[i], family="pointwise")
         outs = cd(X=X.cuda(), out=cd.empty_outputs("cuda", 12345.0))
         outs = outs if isinstance(outs, tuple) else (outs,)
