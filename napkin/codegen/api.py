@@ -347,6 +347,10 @@ def local_arch() -> str | None:
         return None
 
 
+#: The largest arena of per-call buffers a compiled diagram keeps per CUDA stream (a larger one,
+#: whose kernels take far longer than its allocation, is allocated per call).
+KEPT_ARENA_BYTES = 16 << 20
+
 #: The alignment of each buffer inside a call's arena: cudaMalloc's (TMA needs 16 bytes, vector
 #: loads up to 16; kernels never assume more than 256).
 ARENA_ALIGN = 256
@@ -379,20 +383,23 @@ class _Runner:
     contiguity, a TMA input off a 16-byte boundary, another current device; the caller then
     takes the checked path, which says what is wrong or handles it.
 
-    The per-call buffers between kernels live in one allocation a call (:attr:`arena_bytes`, each
-    at its offset in :attr:`buf_offsets`, 256-byte aligned as cudaMalloc's): the kernels take only
+    The per-call buffers between kernels live in one allocation (:attr:`arena_bytes`, each at
+    its offset in :attr:`buf_offsets`, 256-byte aligned as cudaMalloc's): the kernels take only
     their pointers, and one ``torch.empty`` costs what each of them did (7 µs of host time on the
-    H100 host measured; a transformer block's backward has 30 such buffers).
+    H100 host measured; a transformer block's backward has 30 such buffers). An arena of at most
+    :data:`KEPT_ARENA_BYTES` is made once per CUDA stream and kept (:meth:`_arena_ptrs`); a
+    larger one is allocated per call.
 
     Persistent workspaces (``Buffer.zeroed``: a split's self-resetting arrival counters) come
     after the per-call buffers in the slots. They are zero-filled once per CUDA stream, on that
     stream, and kept: launches on one stream run in order, so each finds them zero again, while
-    calls on two streams at once each have their own.
+    calls on two streams at once each have their own. A call captured into a CUDA graph gets a
+    fresh arena and fresh workspaces from the graph's pool instead (:meth:`_fresh_buffers`).
     """
 
     __slots__ = ("device", "n_in", "in_specs", "out_specs", "buf_offsets", "arena_bytes", "zero_specs", "launches",
                  "tma_inputs",
-                 "_torch", "_stream", "_current", "_tdevice", "_zeroed")
+                 "_torch", "_stream", "_current", "_capturing", "_tdevice", "_zeroed", "_arenas")
 
     def __init__(self, cd: CompiledDiagram, device: int):
         import torch
@@ -412,11 +419,15 @@ class _Runner:
         dtypes = {**cd._dtypes, **cd._out_dtypes, **{b.name: b.dtype for b in program.buffers}}
         self.device, self.n_in = int(device), len(ins)
         self.in_specs = tuple((torch_dtype(dtypes[n]), torch.Size(shapes[n])) for n in ins)
-        self.out_specs = tuple((tuple(shapes[n]), torch_dtype(dtypes[n])) for n in outs)
+        # each output's sizes as torch.empty's positional arguments: ``empty(*sizes)`` parses
+        # faster than ``empty(sizes)`` (a third of its host time on the H100 host measured); a
+        # zero-dimensional output passes its empty shape as the one argument
+        self.out_specs = tuple((tuple(shapes[n]) or ((),), torch_dtype(dtypes[n])) for n in outs)
         self.buf_offsets, self.arena_bytes = arena_layout(
             [math.prod(b.shape) * torch_dtype(b.dtype).itemsize for b in per_call])
         self.zero_specs = tuple((tuple(b.shape), torch_dtype(b.dtype)) for b in kept)
         self._zeroed: dict = {}  # CUDA stream -> (the zeroed tensors, their pointers)
+        self._arenas: dict = {}  # CUDA stream -> (its kept arena, the buffers' pointers in it)
         launches = []
         tma = set()
         for k, launch in zip(kernels, program.launches):
@@ -440,6 +451,7 @@ class _Runner:
         getter = getattr(torch._C, "_cuda_getCurrentRawStream", None)
         self._stream = getter if getter is not None else (lambda d: torch.cuda.current_stream(d).cuda_stream)
         self._current = getattr(torch._C, "_cuda_getDevice", torch.cuda.current_device)
+        self._capturing = getattr(torch._C, "_cuda_isCurrentStreamCapturing", torch.cuda.is_current_stream_capturing)
 
     def fast(self, tensors):
         """The outputs of a call with positional ``tensors`` that pass the cheap check, else None."""
@@ -460,7 +472,7 @@ class _Runner:
         if self._current() != dev:
             return None
         empty, tdev = self._torch.empty, self._tdevice
-        outs = [empty(shape, dtype=dt, device=tdev) for shape, dt in self.out_specs]
+        outs = [empty(*sizes, dtype=dt, device=tdev) for sizes, dt in self.out_specs]
         ptrs += [t.data_ptr() for t in outs]
         self._launch(ptrs)
         return outs[0] if len(outs) == 1 else tuple(outs)
@@ -469,23 +481,46 @@ class _Runner:
         """Allocate what is not given, launch every kernel on the current stream, return the outputs."""
         if outs is None:
             empty, dev = self._torch.empty, self._tdevice
-            outs = [empty(shape, dtype=dt, device=dev) for shape, dt in self.out_specs]
+            outs = [empty(*sizes, dtype=dt, device=dev) for sizes, dt in self.out_specs]
         self._launch([t.data_ptr() for t in (*inputs, *outs)])
         return outs
 
     def _launch(self, ptrs: list[int]) -> None:
         """Launch every kernel on the current stream with ``ptrs`` (the inputs' and outputs'
-        pointers) followed by the per-call buffers' (one arena, kept alive by this frame until
-        every launch is queued) and the stream's persistent workspaces'."""
-        if self.arena_bytes:
-            arena = self._torch.empty(self.arena_bytes, dtype=self._torch.uint8, device=self._tdevice)
-            base = arena.data_ptr()
-            ptrs += [base + off for off in self.buf_offsets]
+        pointers) followed by the per-call buffers' (one arena) and the persistent workspaces'."""
         stream = self._stream(self.device)
-        if self.zero_specs:
-            ptrs += self._zeroed_ptrs(stream)
+        if self.arena_bytes or self.zero_specs:
+            if self._capturing():
+                # a CUDA graph being captured gets buffers of its own, from the graph's memory
+                # pool: a kept buffer would be shared with calls outside the graph, and with
+                # other graphs captured on the same stream, replayed on other streams
+                keep = self._fresh_buffers()
+                ptrs += keep[1]
+            else:
+                keep = None
+                if self.arena_bytes:
+                    ptrs += self._arena_ptrs(stream)
+                if self.zero_specs:
+                    ptrs += self._zeroed_ptrs(stream)
         for launch in self.launches:
             launch(ptrs, stream)
+
+    def _arena_ptrs(self, stream) -> list[int]:
+        """The per-call buffers' pointers: in the stream's kept arena when it is at most
+        KEPT_ARENA_BYTES (a call's kernels run after the previous call's on the same stream, so
+        reusing it is safe, and a call saves a ``torch.empty``: 2–3 µs of host time on the H100
+        host measured, what a small program's kernels take), else in an arena of this call's,
+        alive until every launch is queued (the caching allocator's stream order keeps it
+        from being reused before they run)."""
+        if self.arena_bytes <= KEPT_ARENA_BYTES:
+            got = self._arenas.get(stream)
+            if got is None:
+                arena = self._torch.empty(self.arena_bytes, dtype=self._torch.uint8, device=self._tdevice)
+                got = self._arenas[stream] = (arena, [arena.data_ptr() + off for off in self.buf_offsets])
+            return got[1]
+        arena = self._torch.empty(self.arena_bytes, dtype=self._torch.uint8, device=self._tdevice)
+        base = arena.data_ptr()
+        return [base + off for off in self.buf_offsets]
 
     def _zeroed_ptrs(self, stream) -> list[int]:
         """The pointers of the persistent zeroed workspaces of ``stream``, made (zero-filled on
@@ -496,3 +531,17 @@ class _Runner:
             tensors = tuple(zeros(shape, dtype=dt, device=dev) for shape, dt in self.zero_specs)
             got = self._zeroed[stream] = (tensors, [t.data_ptr() for t in tensors])
         return got[1]
+
+    def _fresh_buffers(self) -> tuple[tuple, list[int]]:
+        """A new arena and new zero-filled workspaces (tensors, pointers), for one call."""
+        torch, dev = self._torch, self._tdevice
+        tensors, ptrs = [], []
+        if self.arena_bytes:
+            arena = torch.empty(self.arena_bytes, dtype=torch.uint8, device=dev)
+            tensors.append(arena)
+            ptrs += [arena.data_ptr() + off for off in self.buf_offsets]
+        for shape, dt in self.zero_specs:
+            t = torch.zeros(shape, dtype=dt, device=dev)
+            tensors.append(t)
+            ptrs.append(t.data_ptr())
+        return tuple(tensors), ptrs

@@ -21,7 +21,7 @@ tensors' addresses and the stream is decided once — the function loaded on its
 shared-memory limit raised, the scalar arguments packed into a parameter array, the tensor-map
 arguments given a :class:`~napkin.kernels.tma.TensorMapSlot` (encodings cached per pointer) —
 and a launch writes the data pointers into that array and calls ``cuLaunchKernel`` once
-(about 2 µs of Python). It does no tensor check: its caller checked the tensors.
+through CuPy's binding (about 1 µs of Python besides the driver's own time). It does no tensor check: its caller checked the tensors.
 
 Importing this module needs neither torch nor CuPy.
 """
@@ -339,7 +339,8 @@ class PreparedLaunch:
     The parameter array is built here: scalars packed to their C types, one 8-byte cell per
     pointer parameter, a tensor-map parameter pointing at its map's bytes (looked up per pointer
     in its slot at each call). The other arguments of ``cuLaunchKernel`` (function, grid, block,
-    shared memory, the array) are ctypes values made once, so a launch converts only the stream.
+    shared memory, the array's address) are ints kept in one tuple and passed through CuPy's
+    compiled binding of the driver call (:func:`~napkin.kernels.tma.cu_launch_kernel`).
     ``cuLaunchKernel`` copies the parameters when it is called, so the array is rewritten for the
     next launch at once; a lock keeps two threads from interleaving (the call releases the GIL).
     A launch on a stream being captured into a CUDA graph records the kernel with these values.
@@ -350,7 +351,8 @@ class PreparedLaunch:
     """
 
     __slots__ = ("kernel", "name", "device", "grid", "block", "shared_mem", "sync", "_pointer_params",
-                 "_map_params", "_fn", "_params", "_cells", "_keep", "_lock", "_launch", "_head", "_array")
+                 "_map_params", "_fn", "_params", "_cells", "_keep", "_lock", "_launch", "_launch_error", "_head",
+                 "_array")
 
     def __init__(self, kernel: "CompiledKernel", grid, block, args: Sequence[Any], shared_mem: int, *,
                  device: int, sync: bool = False, sources: Sequence[int] | None = None):
@@ -396,11 +398,9 @@ class PreparedLaunch:
                 self._params[i] = ctypes.addressof(buf)
         self._pointer_params, self._map_params = tuple(pointer_params), tuple(map_params)
         self._lock = threading.Lock()
-        self._launch = cu_launch_kernel()
-        u = ctypes.c_uint
-        self._head = (ctypes.c_void_p(self._fn), *(u(x) for x in self.grid), *(u(x) for x in self.block),
-                      u(self.shared_mem))
-        self._array = ctypes.c_void_p(ctypes.addressof(self._params))
+        self._launch, self._launch_error = cu_launch_kernel()
+        self._head = (self._fn, *self.grid, *self.block, self.shared_mem)
+        self._array = ctypes.addressof(self._params)
 
     def __repr__(self) -> str:
         return (f"PreparedLaunch({self.name!r}, grid {self.grid}, block {self.block}, "
@@ -409,35 +409,29 @@ class PreparedLaunch:
     def __call__(self, pointers: Sequence[int], stream: int) -> None:
         """Launch with the data pointers in ``pointers`` (see ``sources``) on the raw CUDA stream
         handle ``stream``."""
-        handle = _stream_arg(stream)
         with self._lock:
             cells, params = self._cells, self._params
             for i, k in self._pointer_params:
                 cells[i] = pointers[k]
             for i, k, slot in self._map_params:
                 params[i] = slot.get(pointers[k]).address
-            rc = self._launch(*self._head, handle, self._array, None)
+            rc = self._try_launch(stream)
             if rc == _CUDA_ERROR_INVALID_CONTEXT:  # a thread where CUDA was never used: make the
                 _make_current(self.device)         # device's primary context current, then retry
-                rc = self._launch(*self._head, handle, self._array, None)
+                rc = self._try_launch(stream)
         if rc != 0:
             raise LaunchError(f"launch of {self.name} failed (grid {self.grid}, block {self.block}, "
                               f"{self.shared_mem} bytes dynamic shared memory): {error_name(rc)}")
         if self.sync:
             _synchronize(stream, self.name, self.grid, self.block)
 
-
-_stream_args: dict[int, ctypes.c_void_p] = {}
-
-
-def _stream_arg(stream: int) -> ctypes.c_void_p:
-    """The ctypes value of a raw stream handle (kept per handle: a process uses a few streams)."""
-    arg = _stream_args.get(stream)
-    if arg is None:
-        if len(_stream_args) > 1024:
-            _stream_args.clear()
-        arg = _stream_args[stream] = ctypes.c_void_p(stream)
-    return arg
+    def _try_launch(self, stream: int) -> int:
+        """One ``cuLaunchKernel`` of the parameter array as it stands; the driver's status."""
+        try:
+            self._launch(*self._head, stream, self._array, 0)
+        except self._launch_error as e:
+            return e.status
+        return 0
 
 
 def _make_current(device: int) -> None:

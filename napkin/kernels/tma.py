@@ -11,7 +11,7 @@ are fixed: it keeps the encodings per data pointer, so a launch that sees the sa
 
 CuPy passes only scalars and pointers to kernels, so a launch with a tensor map in its arguments
 goes through the driver's ``cuLaunchKernel`` directly (:func:`launch_raw`; :func:`cu_launch_kernel`
-is that driver entry point with its argument types declared, for the prepared launches of
+is that driver entry point as CuPy binds it, for the prepared launches of
 :mod:`napkin.kernels.launch`).
 
 >>> TensorMap.SIZE, TensorMap.ALIGN
@@ -231,20 +231,18 @@ def launch_raw(function_ptr: int, grid: tuple[int, int, int], block: tuple[int, 
         raise LaunchError(f"cuLaunchKernel of {kernel} failed: {_error_name(rc)}")
 
 
-_cu_launch = None
-
-
 def cu_launch_kernel():
-    """The driver's ``cuLaunchKernel`` (function, grid x y z, block x y z, shared bytes, stream,
-    parameter array, extra) as a function object of its own, its arguments undeclared: a caller
-    passes ctypes values it made once (``c_void_p``, ``c_uint``), which ctypes passes without
-    converting them (declared argument types would convert every argument at every call)."""
-    global _cu_launch
-    if _cu_launch is None:
-        fn = _driver()["cuLaunchKernel"]
-        fn.restype = ctypes.c_int
-        _cu_launch = fn
-    return _cu_launch
+    """The driver's ``cuLaunchKernel`` for the prepared launches, and the error it raises:
+    ``(launch, error)``. ``launch(function, grid x, y, z, block x, y, z, shared bytes, stream,
+    parameter array, extra)`` takes plain ints (addresses as ints, 0 for null) and raises
+    ``error``, whose ``status`` is the driver's code, when the launch fails.
+
+    It is CuPy's compiled binding of the driver call: its wrapper converts the ints in C, where
+    ctypes builds a foreign call of eleven arguments per launch (H100 host, per launch: 4.1 µs
+    through CuPy against 5.0 µs through ctypes with values made once)."""
+    from cupy.cuda import driver
+
+    return driver.launchKernel, driver.CUDADriverError
 
 
 def error_name(code: int) -> str:

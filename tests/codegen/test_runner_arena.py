@@ -55,3 +55,51 @@ def test_gpu_programs_with_buffers_in_one_arena(dtype):
             for n, f in zip(k.output_names, fast):
                 c = checked[n]
                 assert torch.equal(f.view(torch.uint8), c.view(torch.uint8)), (dtype, seed, n)
+
+
+@pytest.mark.gpu
+def test_gpu_kept_buffers_are_per_stream_and_a_captured_graph_gets_its_own():
+    """The arena (a transformer block's intermediates) and the arrival counters (a column sum's
+    split) are kept per stream; calls on a side stream get their own; a call captured into a
+    CUDA graph gets fresh ones, so the graph's replays and eager calls between them, on the
+    stream whose buffers were kept, never share a buffer."""
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    from napkin.codegen import compile as napkin_compile
+    from napkin.diagrams import library
+    from napkin.diagrams.reference import random_inputs
+
+    block = library.get("transformer_block").with_dtype("fp32").bind(q=77, e=72, h=2, d=64, f=136)
+    colsum = library.get("column_sum").with_dtype("fp32").bind(r=3000, x=520)
+    for d, kept in ((block, "_arenas"), (colsum, "_zeroed")):
+        k = napkin_compile(d)
+        ins = [random_inputs(d, device="cuda", seed=s) for s in (1, 2, 3)]
+        args = [[i[n] for n in d.input_names] for i in ins]
+
+        def first(out):
+            return out[0] if isinstance(out, tuple) else out
+
+        expect = [first(k(*a)).clone() for a in args]  # the default stream's kept buffers
+        runner = k._runners[torch.cuda.current_device()]
+        assert (runner.arena_bytes if kept == "_arenas" else runner.zero_specs), d.name
+        assert len(getattr(runner, kept)) == 1, d.name
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            got = first(k(*args[1]))  # warm-up on the side stream, as graph capture asks
+        torch.cuda.current_stream().wait_stream(side)
+        assert torch.equal(got, expect[1]) and len(getattr(runner, kept)) == 2, d.name
+        static = [t.clone() for t in args[0]]
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            static_out = first(k(*static))
+        assert len(getattr(runner, kept)) == 2, d.name  # the capture's buffers are not kept
+        for i in (2, 1, 0):
+            for s, t in zip(static, args[i]):
+                s.copy_(t)
+            graph.replay()
+            between = first(k(*args[(i + 1) % 3]))  # an eager call right after, on the default stream
+            assert torch.equal(static_out, expect[i]), (d.name, i)
+            assert torch.equal(between, expect[(i + 1) % 3]), (d.name, i)
+        assert len(getattr(runner, kept)) == 2, d.name

@@ -35,18 +35,29 @@ class _Kernel:
     module = _Module()
 
 
+class _DriverError(Exception):
+    """CuPy's CUDADriverError stand-in: the driver's status in ``status``."""
+
+    def __init__(self, status):
+        super().__init__(status)
+        self.status = status
+
+
 def _recorder(calls, sizes, rc=0):
-    """A stand-in for cuLaunchKernel that records the configuration and reads each parameter
-    (``sizes``: bytes of each) from the array."""
+    """A stand-in for ``cu_launch_kernel()``: a launch of plain ints that records the
+    configuration and reads each parameter (``sizes``: bytes of each) from the array, raising
+    the driver error with ``rc`` when it is not 0; and that error's type."""
 
     def launch(fn, gx, gy, gz, bx, by, bz, smem, stream, params, extra):
-        arr = ctypes.cast(params.value, ctypes.POINTER(ctypes.c_void_p))
+        assert all(type(v) is int for v in (fn, gx, gy, gz, bx, by, bz, smem, stream, params, extra))
+        arr = ctypes.cast(params, ctypes.POINTER(ctypes.c_void_p))
         values = [ctypes.string_at(arr[i], n) for i, n in enumerate(sizes)]
-        calls.append({"fn": fn.value, "grid": (gx.value, gy.value, gz.value), "block": (bx.value, by.value, bz.value),
-                      "smem": smem.value, "stream": stream.value, "params": values, "extra": extra})
-        return rc
+        calls.append({"fn": fn, "grid": (gx, gy, gz), "block": (bx, by, bz), "smem": smem, "stream": stream,
+                      "params": values, "extra": extra})
+        if rc:
+            raise _DriverError(rc)
 
-    return launch
+    return launch, _DriverError
 
 
 def _u64(b: bytes) -> int:
@@ -62,7 +73,7 @@ def test_parameters_are_packed_once_and_pointers_written_per_launch(monkeypatch)
     pl([0xA1, 0xB1, 0xC1], 0x6)
     first, second = calls
     assert first["fn"] == 0xF00D and first["grid"] == (3, 2, 1) and first["block"] == (128, 1, 1)
-    assert first["smem"] == 1024 and first["stream"] == 0x5 and first["extra"] is None
+    assert first["smem"] == 1024 and first["stream"] == 0x5 and first["extra"] == 0
     p = first["params"]
     assert _u64(p[0]) == 0xC0 and _u64(p[3]) == 0xA0           # sources: param 0 <- [2], param 3 <- [0]
     assert int.from_bytes(p[1], "little", signed=True) == 7 and _u64(p[2]) == 2 ** 40
@@ -104,8 +115,24 @@ def test_a_failed_launch_is_a_launch_error_naming_the_kernel(monkeypatch):
         pl([1], 0)
 
 
+def test_a_thread_without_a_context_makes_the_device_current_and_launches_again(monkeypatch):
+    calls, made = [], []
+    record, err = _recorder(calls, [8])
+
+    def launch(*a):  # the first launch finds no current context (CUDA_ERROR_INVALID_CONTEXT)
+        record(*a)
+        if len(calls) == 1:
+            raise err(201)
+
+    monkeypatch.setattr(L, "cu_launch_kernel", lambda: (launch, err))
+    monkeypatch.setattr(L, "_make_current", made.append)
+    pl = L.PreparedLaunch(_Kernel(), 1, 32, [L.POINTER], 0, device=3)
+    pl([7], 0)
+    assert made == [3] and len(calls) == 2 and _u64(calls[1]["params"][0]) == 7
+
+
 def test_bad_configurations_are_refused_when_prepared(monkeypatch):
-    monkeypatch.setattr(L, "cu_launch_kernel", lambda: None)
+    monkeypatch.setattr(L, "cu_launch_kernel", lambda: (None, _DriverError))
     with pytest.raises(LaunchError, match="block"):
         L.PreparedLaunch(_Kernel(), 1, 2048, [], 0, device=0)
     with pytest.raises(LaunchError, match="shared_mem must be >= 0"):
