@@ -38,26 +38,10 @@ def emit(row: dict, out: Path | None) -> None:
 
 def kernel_times_us(fn, sets, flush, reps: int = 10) -> dict[str, float]:
     """Mean GPU time of each kernel ``fn`` launches (µs), from torch.profiler, L2 flushed before each call."""
-    import torch
-    from torch.profiler import ProfilerActivity, profile
+    from napkin.bench.timing import kernel_times
 
-    for i in range(3):
-        fn(*sets[i % len(sets)])
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for i in range(reps):
-            flush()
-            fn(*sets[i % len(sets)])
-        torch.cuda.synchronize()
-    out = {}
-    for e in prof.key_averages():
-        if not e.key.startswith("napkin_attn"):
-            continue
-        total = getattr(e, "device_time_total", None)
-        if total is None:
-            total = e.cuda_time_total
-        out[e.key] = total / max(1, e.count)
-    return out
+    return {k: v for k, v in kernel_times(fn, rotate=sets, flush=flush, calls=reps, reduce="mean").items()
+            if k.startswith("napkin_attn")}
 
 
 def main(argv=None) -> int:

@@ -160,20 +160,10 @@ def kernel_times(fn, args, calls: int = 6) -> dict:
     """Mean device time of each kernel ``fn`` launches (torch.profiler over ``calls`` calls on the
     rotated argument sets; no L2 flush between kernels: a diagnostic of where the time goes, not
     the benchmark's number)."""
-    import torch
-    from torch.profiler import ProfilerActivity, profile
+    from napkin.bench.timing import kernel_times as profiled
 
     try:
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            for i in range(calls):
-                fn(*args[i % len(args)])
-            torch.cuda.synchronize()
-        out = {}
-        for ev in prof.key_averages():
-            t = getattr(ev, "device_time_total", None) or getattr(ev, "cuda_time_total", 0)
-            if t and ev.count:
-                out[ev.key[:80]] = t / ev.count
-        return out
+        return {k[:80]: v for k, v in profiled(fn, rotate=args, calls=calls, warmup=0, reduce="mean").items()}
     except Exception as e:  # noqa: BLE001 - a diagnostic only
         return {"error": f"{type(e).__name__}: {e}"[:200]}
 

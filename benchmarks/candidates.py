@@ -9,8 +9,9 @@ The diagram is a library name or ``file.py:function``. The candidates are ranked
 ranks them (:func:`napkin.codegen.select.rank` on the profile ``--gpu``); each runs as a
 hand-written schedule (``napkin.codegen.compile(schedule=...)``), is checked against the float64
 reference (relative error) and timed with :func:`napkin.bench.timing.time_fn` (CUDA events, L2
-flushed, median). Each line gives the model's time, the measured time, the launch the family
-states (blocks, threads, bytes in flight a thread) and the options.
+flushed, median) and by the torch profiler (the kernels' own time, L2 warm). Each line gives the
+model's time, the measured times, the launch the family states (blocks, threads, bytes in flight
+a thread) and the options.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ def main() -> int:
     args = ap.parse_args()
     import torch
 
-    from napkin.bench.timing import time_fn
+    from napkin.bench.timing import kernel_times, time_fn
     from napkin.cli_common import load, parse_sizes
     from napkin.codegen import compile as compile_diagram
     from napkin.codegen import select
@@ -73,11 +74,13 @@ def main() -> int:
             row["err"] = float((got[name].double() - want).norm() / want.norm())
             t = time_fn(lambda: c(*args_in), warmup=3, reps=30, max_time_s=1.0)
             row["us"] = t.median_s * 1e6
+            row["kernel_us"] = sum(kernel_times(lambda: c(*args_in)).values())
         except Exception as e:  # noqa: BLE001 - a candidate that fails is reported, not a crash
             traceback.print_exc()
             row["error"] = f"{type(e).__name__}: {str(e)[:300]}"
         rows.append(row)
-        timing = f"{row['us']:8.1f} us (err {row['err']:.1e})" if "us" in row else f"ERROR {row['error'][:80]}"
+        timing = (f"{row['us']:8.1f} us, kernels {row['kernel_us']:6.1f} (err {row['err']:.1e})" if "us" in row
+                  else f"ERROR {row['error'][:80]}")
         print(f"#{i} model {row['predicted_us']:7.1f} us | {timing} | {launch} | {' '.join(row['tiles'])} "
               f"{row['options']}", flush=True)
     if args.out:

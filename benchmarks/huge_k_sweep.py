@@ -53,21 +53,9 @@ def emit(**row) -> None:
 
 def kernel_times(fn, calls: int = 20) -> dict[str, float]:
     """GPU µs of each kernel ``fn`` launches (median over ``calls`` calls), from the torch profiler."""
-    import torch
-    from torch.profiler import ProfilerActivity, profile
+    from napkin.bench.timing import kernel_times as profiled
 
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(calls):
-            fn()
-        torch.cuda.synchronize()
-    times: dict[str, list[float]] = {}
-    for e in prof.events():
-        if e.device_type.name == "CUDA":
-            times.setdefault(e.name[:60], []).append(e.device_time)
-    return {k: round(sorted(v)[len(v) // 2], 1) for k, v in times.items()}
+    return {k[:60]: round(v, 1) for k, v in profiled(fn, calls=calls).items()}
 
 
 def main() -> None:

@@ -11,7 +11,9 @@ inputs and outputs fit ``--target-kib``) and times napkin's compiled diagram and
 PyTorch reference run eagerly both ways:
 
 - ``synced``: one call between two events after a synchronise, L2 warm (the caller's view);
-- ``gpu``: :func:`napkin.bench.timing.time_fn`, L2 flushed before each call (the survey's view).
+- ``gpu``: :func:`napkin.bench.timing.time_fn`, L2 flushed before each call (the survey's view);
+- ``kernels``: the sum of the kernels' own GPU time (torch profiler, median a kernel, L2 warm),
+  which no host time enters.
 
 Each point prints the plan's kernels and both ratios (× eager, > 1: napkin is faster)::
 
@@ -71,7 +73,7 @@ def synced_us(fn, args, reps: int) -> float:
 
 def run(name: str, spec: str, sizes: dict, dtype: str, target: float, reps: int) -> dict:
     from napkin.bench.baselines import baselines_for
-    from napkin.bench.timing import diagram_inputs, time_fn
+    from napkin.bench.timing import diagram_inputs, kernel_times, time_fn
     from napkin.codegen import compile as napkin_compile
     from napkin.diagrams import load_diagram
 
@@ -92,8 +94,12 @@ def run(name: str, spec: str, sizes: dict, dtype: str, target: float, reps: int)
         n_sync, e_sync = synced_us(k, args, reps), synced_us(eager, args, reps)
         n_gpu = time_fn(k, warmup=3, reps=reps, rotate=[args]).median_s * 1e6
         e_gpu = time_fn(eager, warmup=3, reps=reps, rotate=[args]).median_s * 1e6
+        n_kern, e_kern = kernel_times(k, rotate=[args]), kernel_times(eager, rotate=[args])
         rec.update(napkin_synced_us=n_sync, eager_synced_us=e_sync, napkin_gpu_us=n_gpu, eager_gpu_us=e_gpu,
+                   napkin_kernels=n_kern, eager_kernels=e_kern,
+                   napkin_kernels_us=sum(n_kern.values()), eager_kernels_us=sum(e_kern.values()),
                    x_eager_synced=e_sync / n_sync, x_eager_gpu=e_gpu / n_gpu)
+        rec["x_eager_kernels"] = rec["eager_kernels_us"] / rec["napkin_kernels_us"]
     except Exception as e:  # noqa: BLE001 - one line a failure, the sweep goes on
         rec["error"] = f"{type(e).__name__}: {str(e)[:300]}"
     return rec
@@ -130,12 +136,13 @@ def main(argv=None) -> int:
                     print(f"{n:24s} {dtype:5s} {r['target_kib']:6.0f} KiB  {r['launches']} launch(es) "
                           f"{'+'.join(r['kernels']):28s} synced {r['napkin_synced_us']:7.1f} vs "
                           f"{r['eager_synced_us']:7.1f} us x{r['x_eager_synced']:5.2f}   gpu {r['napkin_gpu_us']:7.1f} vs "
-                          f"{r['eager_gpu_us']:7.1f} us x{r['x_eager_gpu']:5.2f}", flush=True)
+                          f"{r['eager_gpu_us']:7.1f} us x{r['x_eager_gpu']:5.2f}   kernels {r['napkin_kernels_us']:7.1f} vs "
+                          f"{r['eager_kernels_us']:7.1f} us x{r['x_eager_kernels']:5.2f}", flush=True)
                 if a.out:
                     with a.out.open("a") as f:
                         f.write(json.dumps(r) + "\n")
     ok = [r for r in recs if "error" not in r]
-    for key in ("x_eager_synced", "x_eager_gpu"):
+    for key in ("x_eager_synced", "x_eager_gpu", "x_eager_kernels"):
         if ok:
             gm = math.exp(sum(math.log(r[key]) for r in ok) / len(ok))
             worst = sorted(ok, key=lambda r: r[key])[:5]

@@ -35,6 +35,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 __all__ = [
     "Timing",
     "time_fn",
+    "kernel_times",
     "summarize",
     "percentile",
     "HostClockBackend",
@@ -260,6 +261,52 @@ def time_fn(
         b.record(ends[i])
     b.synchronize()
     return summarize([b.elapsed_s(s, e) for s, e in zip(starts, ends)])
+
+
+def kernel_times(fn: Callable, *, rotate: Sequence[Any] | None = None, calls: int = 20,
+                 flush: Callable[[], Any] | None = None, warmup: int = 3, reduce: str = "median") -> dict[str, float]:
+    """Device µs of each kernel ``fn`` launches, by kernel name, from the torch profiler: a
+    diagnostic of where a call's time goes, without the host's launch time that event timing
+    shows when the GPU finishes first.
+
+    rotate: argument sets used in turn, as :func:`time_fn`'s; None calls ``fn()``.
+    flush:  called before each profiled call (``CudaEventBackend().flush``, say), outside ``fn``.
+    reduce: ``"median"`` or ``"mean"`` of a name's launches (a name launched twice a call is
+            reported per launch).
+    """
+    import statistics
+
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    if reduce not in ("median", "mean"):
+        raise ValueError(f"reduce must be 'median' or 'mean', got {reduce!r}")
+    sets = list(rotate) if rotate is not None else [None]
+    for i in range(warmup):
+        _call(fn, sets[i % len(sets)])
+    torch.cuda.synchronize()
+
+    def names(prof) -> list:  # the device-side events (kernels, copies, memsets)
+        return [e for e in prof.events() if e.device_type.name == "CUDA"]
+
+    flush_names: set = set()
+    if flush is not None:  # the flush's own kernels, left out of the result
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            flush()
+            torch.cuda.synchronize()
+        flush_names = {e.name for e in names(prof)}
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for i in range(calls):
+            if flush is not None:
+                flush()
+            _call(fn, sets[i % len(sets)])
+        torch.cuda.synchronize()
+    times: dict[str, list[float]] = {}
+    for e in names(prof):
+        if e.name not in flush_names:
+            times.setdefault(e.name, []).append(e.device_time)
+    pick = statistics.median if reduce == "median" else statistics.fmean
+    return {k: pick(v) for k, v in times.items()}
 
 
 # ----------------------------------------------------------------------------- inputs
