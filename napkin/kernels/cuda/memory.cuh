@@ -135,8 +135,9 @@ NAPKIN_DEVICE T zero() { return Traits<T>::from_float(0.f); }
 // cp.async (a chunk that straddles `cols` copies its valid prefix and zero-fills the rest, one
 // wholly outside is zero-filled); a chunk whose global address is not 16-byte aligned is copied
 // with scalar loads and ordinary shared stores (visible after the next __syncthreads, like the
-// rest).
-template <typename T, int ROWS, int COLS, int NTHREADS>
+// rest). ROLLED keeps the loop over a thread's chunks rolled (a kernel whose registers are all
+// taken, the persistent wgmma consumers' epilogue, copies without the unrolled chunks' addresses).
+template <typename T, int ROWS, int COLS, int NTHREADS, bool ROLLED = false>
 NAPKIN_DEVICE void load_tile_async(T* smem, int s_ld, const T* gmem, int g_ld, int rows, int cols,
                                    int tid) {
   constexpr int V = Vec16<T>::size;
@@ -144,7 +145,7 @@ NAPKIN_DEVICE void load_tile_async(T* smem, int s_ld, const T* gmem, int g_ld, i
   constexpr int PER_ROW = COLS / V;
   constexpr int CHUNKS = ROWS * PER_ROW;
   constexpr int ITERS = (CHUNKS + NTHREADS - 1) / NTHREADS;
-#pragma unroll
+#pragma unroll (ROLLED ? 1 : ITERS)
   for (int it = 0; it < ITERS; ++it) {
     const int c = it * NTHREADS + tid;
     if (CHUNKS % NTHREADS != 0 && c >= CHUNKS) break;
