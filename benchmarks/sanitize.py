@@ -62,6 +62,14 @@ def _staged_epilogue():
     return Diagram("staged_epilogue", ((S - array("D", n, a)) * array("P", n, a, c)).named("Y"))
 
 
+def _gemm_residual():
+    from napkin.diagrams import Diagram, array, axes, contract
+
+    a, b, c = axes("a b c")
+    H = contract(array("A", a, b), array("B", b, c), over=b, out=(a, c), name="H")
+    return Diagram("gemm_residual", (H + array("R", a, c)).named("Y"))
+
+
 def _sigmoid_chain():
     from napkin.diagrams import Diagram, array, axes, scale, tanh
 
@@ -242,6 +250,10 @@ CASES = [
     Case("matmul_wgmma.cu.jinja", "matmul", {"a": 333, "b": 520, "c": 264}, family="contraction",
          archs=("sm_90a",)),
     Case("matmul_wgmma.cu.jinja", "mlp", {"a": 333, "b": 520, "c": 264}, family="contraction",
+         archs=("sm_90a",)),
+    # a residual copied 64 x 64 at a time into each consumer's staging block (cp.async), read there
+    # and overwritten by the results (rows of 264 and 333: partial blocks, zero-filled copies)
+    Case("matmul_wgmma.cu.jinja", _gemm_residual, {"a": 333, "b": 520, "c": 264}, family="contraction",
          archs=("sm_90a",)),
     # RMSNorm -> linear in one kernel: the A slots rewritten in place (x * gamma) between TMA and
     # wgmma, the rows' mean squares from the same tiles
