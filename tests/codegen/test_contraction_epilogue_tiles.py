@@ -175,6 +175,24 @@ def test_wgmma_and_split_kernels_have_no_epilogue_phase():
     assert not shape.epilogue_hbm_bytes and kp.epilogue is None
 
 
+def test_a_persistent_wgmma_kernel_of_one_tile_a_block_prices_its_maps_as_a_phase():
+    """With no more tiles than SMs each block's epilogue has no next tile loading or multiplying
+    behind it: its maps (bias + GELU) are a phase after the loop, as on the mma.sync template. With
+    more tiles, or no maps (a plain product's stores), the epilogue stays overlapped. (H100, 128 x
+    128 x 256 bf16 + bias + GELU: 15.8 us of kernel on the two-block ping-pong tile the model had
+    picked, 3.7 on the mma.sync 64 x 64 tile it picks with the phase.)"""
+    cfg = MatmulConfig(False, *WGMMA_PINGPONG_CONFIGS[0], wgmma=True, pingpong=True)
+    small = library.get("mlp").with_dtype("bf16").bind(a=128, b=128, c=256)
+    shape, kp = _kernel_prediction(small, cfg)
+    assert shape.epilogue_hbm_bytes > 0 and kp.epilogue is not None
+    big = library.get("mlp").with_dtype("bf16").bind(a=4096, b=4096, c=4096)  # 1024 tiles on 132 SMs
+    shape, kp = _kernel_prediction(big, cfg)
+    assert not shape.epilogue_hbm_bytes and kp.epilogue is None
+    plain = library.get("matmul").with_dtype("bf16").bind(a=128, b=128, c=256)
+    shape, kp = _kernel_prediction(plain, cfg)
+    assert not shape.epilogue_hbm_bytes and kp.epilogue is None
+
+
 @pytest.mark.parametrize("seq", [1024, 4096, 16384])
 def test_causal_attention_backward_on_mma_sync_takes_the_fused_kernel(seq):
     """Attention's backward at d=128 on the mma.sync kernels (no wgmma): the six-kernel plan

@@ -644,6 +644,9 @@ def epilogue_bytes(diagram: Diagram, p: MatmulProblem) -> int:
 
     The mma.sync and SIMT templates run it as a phase after the loop, one output tile a block.
 
+    A persistent wgmma kernel with no more tiles than SMs, whose epilogue has maps, is priced the
+    same way (each block's one tile has no next tile loading or multiplying behind its maps).
+
     The wgmma template runs a row reduction one tile a block, not persistently: the block's
     consumer warpgroups finish the loop, then compute the maps on their 128 accumulators a thread
     one after another, reduce and store, while the tensor cores and the copies wait (no next tile
@@ -1107,6 +1110,10 @@ class ContractionFamily:
             # the persistent grid (a block an SM) walks those tiles in the same waves
             est.update(tensor_path="peak", overlap_operands=p.norm is None)
             if p.rowred is not None:
+                est.update(epilogue_hbm_bytes=epilogue_bytes(diagram, p))
+            elif cfg.splits == 1 and p.out is not p.contraction and blocks <= _sm_count(gpu):
+                # a persistent kernel with one tile a block: no next tile loads or multiplies
+                # behind the maps, so they are a phase after the loop, as on the mma.sync template
                 est.update(epilogue_hbm_bytes=epilogue_bytes(diagram, p))
         return est
 
