@@ -387,7 +387,7 @@ class _Runner:
     its offset in :attr:`buf_offsets`, 256-byte aligned as cudaMalloc's): the kernels take only
     their pointers, and one ``torch.empty`` costs what each of them did (7 µs of host time on the
     H100 host measured; a transformer block's backward has 30 such buffers). An arena of at most
-    :data:`KEPT_ARENA_BYTES` is made once per CUDA stream and kept (:meth:`_arena_ptrs`); a
+    :data:`KEPT_ARENA_BYTES` is made once per CUDA stream and kept (:meth:`_arena`); a
     larger one is allocated per call.
 
     Persistent workspaces (``Buffer.zeroed``: a split's self-resetting arrival counters) come
@@ -490,37 +490,37 @@ class _Runner:
         pointers) followed by the per-call buffers' (one arena) and the persistent workspaces'."""
         stream = self._stream(self.device)
         if self.arena_bytes or self.zero_specs:
+            # (``owner`` holds a buffer made for this call until every launch is queued)
             if self._capturing():
                 # a CUDA graph being captured gets buffers of its own, from the graph's memory
                 # pool: a kept buffer would be shared with calls outside the graph, and with
                 # other graphs captured on the same stream, replayed on other streams
-                keep = self._fresh_buffers()
-                ptrs += keep[1]
+                owner, extra = self._fresh_buffers()
+                ptrs += extra
             else:
-                keep = None
+                owner = None
                 if self.arena_bytes:
-                    ptrs += self._arena_ptrs(stream)
+                    owner, extra = self._arena(stream)
+                    ptrs += extra
                 if self.zero_specs:
                     ptrs += self._zeroed_ptrs(stream)
         for launch in self.launches:
             launch(ptrs, stream)
 
-    def _arena_ptrs(self, stream) -> list[int]:
-        """The per-call buffers' pointers: in the stream's kept arena when it is at most
-        KEPT_ARENA_BYTES (a call's kernels run after the previous call's on the same stream, so
-        reusing it is safe, and a call saves a ``torch.empty``: 2–3 µs of host time on the H100
-        host measured, what a small program's kernels take), else in an arena of this call's,
-        alive until every launch is queued (the caching allocator's stream order keeps it
-        from being reused before they run)."""
-        if self.arena_bytes <= KEPT_ARENA_BYTES:
-            got = self._arenas.get(stream)
-            if got is None:
-                arena = self._torch.empty(self.arena_bytes, dtype=self._torch.uint8, device=self._tdevice)
-                got = self._arenas[stream] = (arena, [arena.data_ptr() + off for off in self.buf_offsets])
-            return got[1]
-        arena = self._torch.empty(self.arena_bytes, dtype=self._torch.uint8, device=self._tdevice)
-        base = arena.data_ptr()
-        return [base + off for off in self.buf_offsets]
+    def _arena(self, stream) -> tuple:
+        """The arena the per-call buffers live in and their pointers: the stream's kept arena when
+        it is at most KEPT_ARENA_BYTES (a call's kernels run after the previous call's on the same
+        stream, so reusing it is safe, and a call saves a ``torch.empty``: 2–3 µs of host time on
+        the H100 host measured, what a small program's kernels take), else an arena of this
+        call's, which the caller holds until every launch is queued (then the caching
+        allocator's stream order keeps it from being reused before they run)."""
+        got = self._arenas.get(stream) if self.arena_bytes <= KEPT_ARENA_BYTES else None
+        if got is None:
+            arena = self._torch.empty(self.arena_bytes, dtype=self._torch.uint8, device=self._tdevice)
+            got = (arena, [arena.data_ptr() + off for off in self.buf_offsets])
+            if self.arena_bytes <= KEPT_ARENA_BYTES:
+                self._arenas[stream] = got
+        return got
 
     def _zeroed_ptrs(self, stream) -> list[int]:
         """The pointers of the persistent zeroed workspaces of ``stream``, made (zero-filled on

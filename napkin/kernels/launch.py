@@ -21,7 +21,8 @@ tensors' addresses and the stream is decided once — the function loaded on its
 shared-memory limit raised, the scalar arguments packed into a parameter array, the tensor-map
 arguments given a :class:`~napkin.kernels.tma.TensorMapSlot` (encodings cached per pointer) —
 and a launch writes the data pointers into that array and calls ``cuLaunchKernel`` once
-through CuPy's binding (about 1 µs of Python besides the driver's own time). It does no tensor check: its caller checked the tensors.
+through CuPy's binding (about 1 µs of Python besides the driver's own time). It does no tensor
+check: its caller checked the tensors.
 
 Importing this module needs neither torch nor CuPy.
 """

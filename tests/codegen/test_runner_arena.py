@@ -1,7 +1,9 @@
 """The buffers between a program's kernels share one allocation a call (``_Runner``'s arena).
 
 ``arena_layout`` is checked on any machine: every buffer starts on a 256-byte boundary, none
-overlaps the next, and the arena holds them all. The ``gpu`` tests run multi-kernel programs
+overlaps the next, and the arena holds them all; so is the runner's choice of buffers (a fake
+torch): an arena of at most ``KEPT_ARENA_BYTES`` kept per stream, a larger one made per call, a
+call being captured into a CUDA graph given fresh buffers that are not kept. The ``gpu`` tests run multi-kernel programs
 (a transformer block at sizes that are no tile multiples, so its intermediates have odd byte
 counts, in bf16 and fp32) through the checked path (NaN-poisoned ``out`` tensors, against the
 float64 reference rounded at the kernels' boundaries) and through the fast path (positional
@@ -103,3 +105,71 @@ def test_gpu_kept_buffers_are_per_stream_and_a_captured_graph_gets_its_own():
             assert torch.equal(static_out, expect[i]), (d.name, i)
             assert torch.equal(between, expect[(i + 1) % 3]), (d.name, i)
         assert len(getattr(runner, kept)) == 2, d.name
+
+
+class _FakeTensor:
+    _next = 0x1000
+
+    def __init__(self, nbytes):
+        self.ptr = _FakeTensor._next
+        _FakeTensor._next += -(-max(1, nbytes) // 256) * 256
+
+    def data_ptr(self):
+        return self.ptr
+
+
+class _FakeTorch:
+    """torch.empty / torch.zeros / uint8, enough for the runner's buffers on a CPU."""
+
+    uint8 = "uint8"
+
+    def __init__(self):
+        self.made = 0
+
+    def empty(self, n, dtype=None, device=None):
+        self.made += 1
+        return _FakeTensor(n)
+
+    def zeros(self, shape, dtype=None, device=None):
+        self.made += 1
+        return _FakeTensor(4)
+
+
+def _runner(arena_bytes, zero_specs=(), capturing=False):
+    from napkin.codegen.api import _Runner
+
+    r = object.__new__(_Runner)
+    r._torch, r._tdevice, r.device = _FakeTorch(), "cuda:0", 0
+    r.arena_bytes, r.buf_offsets, r.zero_specs = arena_bytes, (0, 256), tuple(zero_specs)
+    r._arenas, r._zeroed = {}, {}
+    current = [7]  # the current stream's handle, as the test sets it
+    r._stream = lambda device: current[0]
+    r._capturing = lambda: capturing
+    seen = []
+    r.launches = (lambda ptrs, stream: seen.append((list(ptrs), stream)),)
+    return r, seen, current
+
+
+def test_a_small_arena_is_kept_per_stream_and_a_large_one_made_per_call():
+    from napkin.codegen.api import KEPT_ARENA_BYTES
+
+    r, seen, current = _runner(512)
+    r._launch([1, 2])
+    r._launch([1, 2])
+    assert seen[0][0] == seen[1][0] and seen[0][0][:2] == [1, 2] and r._torch.made == 1
+    assert seen[0][0][3] - seen[0][0][2] == 256  # the second buffer at its offset
+    current[0] = 8  # another stream: an arena of its own
+    r._launch([1, 2])
+    assert seen[2][0][2] != seen[0][0][2] and r._torch.made == 2 and set(r._arenas) == {7, 8}
+    big, seen, _ = _runner(KEPT_ARENA_BYTES + 1)
+    big._launch([1])
+    big._launch([1])
+    assert big._torch.made == 2 and not big._arenas and seen[0][0][1] != seen[1][0][1]
+
+
+def test_a_captured_call_gets_fresh_buffers_that_are_not_kept():
+    r, seen, _ = _runner(512, zero_specs=[((4,), "int32")], capturing=True)
+    r._launch([1])
+    r._launch([1])
+    assert not r._arenas and not r._zeroed and r._torch.made == 4  # an arena and a counter, twice
+    assert seen[0][0][1:] != seen[1][0][1:] and len(seen[0][0]) == 1 + 2 + 1
