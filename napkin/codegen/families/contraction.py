@@ -1612,7 +1612,8 @@ class ContractionFamily:
             kouter.append(names)
         index_vars = {ax: ident(ax, "i_") for ax in (p.a, p.c, *p.batch)}
         red, post = None, None
-        tiles: list[dict] = []
+        staged_tiles: list[dict] = []
+        staged: list = []
         rowsplit = p.rowred is not None and cfg.splits > 1
         if p.rowred is not None:
             # maps before the reduction (on the accumulators), the reduction, maps after it (in the
@@ -1644,7 +1645,8 @@ class ContractionFamily:
                 for ax in (ax for ax in p.batch if ax in sv):
                     params.append(stride_param(f"bE{k}_{ax}", sv[ax], f"stride of {v.label()} along {ax}"))
                     tile_batch.append(dict(idx=index_vars[ax], stride=ident(f"bE{k}_{ax}")))
-                tiles.append(dict(ptr=ident(f"E{k}"), ld=ident(f"ldE{k}"), batch=tile_batch, name=ident(v.name)))
+                staged_tiles.append(dict(ptr=ident(f"E{k}"), ld=ident(f"ldE{k}"), batch=tile_batch,
+                                         name=ident(v.name)))
         layout = ("k" if p.a_kmajor else "m") + ("k" if p.b_kmajor else "n")
         eps = p.norm.op.eps if p.norm is not None else None
         tag = short_hash(T, layout, [str(x) for x in epi.lines], p.batch, p.k_outer, cfg,
@@ -1671,10 +1673,10 @@ class ContractionFamily:
             EPS=cuda_float(eps) if eps is not None else None,
             acc_operands=Code("{" + ", ".join(f"%{i}" for i in range(nacc)) + "}"),
             acc_constraints=Code(", ".join(f'"+f"(d[{i}])' for i in range(nacc))),
-            params=signature(params), legend=comment_lines(self._legend(d, p, cfg, epi.boxes)),
+            params=signature(params), legend=comment_lines(self._legend(d, p, cfg, epi.boxes, staged)),
             batch=batch, kouter=kouter,
             idx_a=index_vars[p.a], idx_c=index_vars[p.c],
-            epi_body=epi.body("      "), epi_result=epi.result, epi_identity=epi.is_identity, tiles=tiles,
+            epi_body=epi.body("      "), epi_result=epi.result, epi_identity=epi.is_identity, tiles=staged_tiles,
         )
         source = render("matmul_wgmma.cu.jinja", **ctx)
         tiles = math.ceil(M / cfg.BM) * math.ceil(N / cfg.BN)
@@ -1706,7 +1708,7 @@ class ContractionFamily:
         )
 
     @staticmethod
-    def _legend(d: Diagram, p: MatmulProblem, cfg: MatmulConfig, boxes) -> list[str]:
+    def _legend(d: Diagram, p: MatmulProblem, cfg: MatmulConfig, boxes, staged=()) -> list[str]:
         lines = [
             "(sizes are kernel arguments: one kernel serves every shape)",
             f"diagram {d.name}: {p.A.label()} x {p.B.label()}"
@@ -1731,7 +1733,9 @@ class ContractionFamily:
             lines.append(f"  {ax} -> outer sum (one index at a time: s_{ax} = 1, every chunk of {p.b} per index)")
         for ax in p.batch:
             lines.append(f"  {ax} -> batch (grid.y)")
-        lines.append("  epilogue: " + (", ".join(boxes) if boxes else "none"))
+        lines.append("  epilogue: " + (", ".join(boxes) if boxes else "none")
+                     + "".join(f"; {v.label()} copied 64 x 64 into each consumer's staging block (E{k})"
+                               for k, v in enumerate(staged)))
         return lines
 
 
