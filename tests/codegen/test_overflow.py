@@ -212,11 +212,16 @@ def test_epilogue_input_stride_past_2_31_becomes_long_long():
     a, b, c, n = Axis("a", 2 ** 20 + 1), Axis("b", 64), Axis("c", 2048), Axis("n", 2)
     A, B, R = array("A", n, a, b), array("B", b, c), array("R", n, a, c)
     Y = (contract(A, B, over="b", name="H") + R).named("Y")
-    p = lower(Diagram("mm_resid", Y), gpu="h100")
-    assert p.family == "contraction", p.notes
-    args = {x.name: x for k in p.launches for x in k.args}
-    assert args["s_R_n"].kind == "i64" and args["s_R_n"].value == (2 ** 20 + 1) * 2048
-    assert args["s_R_a"].kind == "int"
+    # Hopper's persistent wgmma kernel copies R 64 x 64 into its staging block (E0: its row
+    # stride ldE0, its batch stride bE0_n); the per-element read names the strides s_R_*
+    for gpu, batch_stride, row_stride in (("h100", "bE0_n", "ldE0"), ("a100-80gb", None, None)):
+        p = lower(Diagram("mm_resid", Y), gpu=gpu)
+        assert p.family == "contraction", p.notes
+        args = {x.name: x for k in p.launches for x in k.args}
+        if batch_stride is None:  # whichever way this template reads R
+            batch_stride, row_stride = ("bE0_n", "ldE0") if "bE0_n" in args else ("s_R_n", "s_R_a")
+        assert args[batch_stride].kind == "i64" and args[batch_stride].value == (2 ** 20 + 1) * 2048, gpu
+        assert args[row_stride].kind == "int" and args[row_stride].value == 2048, gpu
 
 
 # ----------------------------------------------------------------------------- attention
