@@ -15,7 +15,7 @@ PyTorch reference run eagerly both ways:
 - ``kernels``: the sum of the kernels' own GPU time (torch profiler, median a kernel, L2 warm),
   which no host time enters.
 
-Each point prints the plan's kernels and both ratios (× eager, > 1: napkin is faster)::
+Each point prints the plan's kernels and the three ratios (× eager, > 1: napkin is faster)::
 
     PYTHONPATH=. python3 benchmarks/small_shapes.py [--target-kib 256,4096] [--dtypes bf16,fp32]
         [--only softmax_last,...] [--out results.jsonl]

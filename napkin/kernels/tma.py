@@ -10,9 +10,8 @@ are fixed: it keeps the encodings per data pointer, so a launch that sees the sa
 (a training loop, a CUDA graph's static inputs) only looks the pointer up.
 
 CuPy passes only scalars and pointers to kernels, so a launch with a tensor map in its arguments
-goes through the driver's ``cuLaunchKernel`` directly (:func:`launch_raw`; :func:`cu_launch_kernel`
-is that driver entry point as CuPy binds it, for the prepared launches of
-:mod:`napkin.kernels.launch`).
+goes through the driver's ``cuLaunchKernel`` directly (:func:`launch_raw`; the prepared launches of
+:mod:`napkin.kernels.launch` call CuPy's binding of it).
 
 >>> TensorMap.SIZE, TensorMap.ALIGN
 (128, 64)
@@ -30,7 +29,7 @@ from typing import Any
 
 from napkin.errors import LaunchError
 
-__all__ = ["TensorMap", "TensorMapSlot", "tensor_map", "launch_raw", "cu_launch_kernel", "SWIZZLE_128B"]
+__all__ = ["TensorMap", "TensorMapSlot", "tensor_map", "launch_raw", "SWIZZLE_128B"]
 
 #: cuda.h enumerations used here.
 _DATA_TYPES = {"bf16": 9, "fp16": 6, "fp32": 7, "fp8": 0}  # fp8 (e4m3): copied as UINT8 bytes
@@ -229,20 +228,6 @@ def launch_raw(function_ptr: int, grid: tuple[int, int, int], block: tuple[int, 
     del keep
     if rc != 0:
         raise LaunchError(f"cuLaunchKernel of {kernel} failed: {_error_name(rc)}")
-
-
-def cu_launch_kernel():
-    """The driver's ``cuLaunchKernel`` for the prepared launches, and the error it raises:
-    ``(launch, error)``. ``launch(function, grid x, y, z, block x, y, z, shared bytes, stream,
-    parameter array, extra)`` takes plain ints (addresses as ints, 0 for null) and raises
-    ``error``, whose ``status`` is the driver's code, when the launch fails.
-
-    It is CuPy's compiled binding of the driver call: its wrapper converts the ints in C, where
-    ctypes builds a foreign call of eleven arguments per launch (H100 host, per launch: 4.1 µs
-    through CuPy against 5.0 µs through ctypes with values made once)."""
-    from cupy.cuda import driver
-
-    return driver.launchKernel, driver.CUDADriverError
 
 
 def error_name(code: int) -> str:
