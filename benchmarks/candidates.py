@@ -34,6 +34,7 @@ def main() -> int:
     ap.add_argument("--gpu", default="h100", help="the profile the candidates are ranked on")
     ap.add_argument("--dtype", default="bf16")
     ap.add_argument("--top", type=int, default=8)
+    ap.add_argument("--only", help="comma-separated candidate ranks to time (default: all of the top)")
     ap.add_argument("--out")
     args = ap.parse_args()
     import torch
@@ -48,6 +49,7 @@ def main() -> int:
     fam = get_family(args.family)
     gpu = select.resolve_gpu(args.gpu)
     ranked = select.rank(d, fam, gpu, args.dtype)[: args.top]
+    only = {int(x) for x in args.only.split(",")} if args.only else None
     torch.manual_seed(0)
     dt = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[args.dtype]
     inputs = {v.name: torch.randn(*(d.sizes[a] for a in v.axis_names), device="cuda", dtype=dt)
@@ -58,6 +60,8 @@ def main() -> int:
     print(f"{d.name} {d.sizes} {args.dtype} on {torch.cuda.get_device_name()}: eager {te.median_s * 1e6:.1f} us",
           flush=True)
     for i, r in enumerate(ranked):
+        if only is not None and i not in only:
+            continue
         k = r.schedule.kernels[0]
         est = fam.launch_estimate(d, r.schedule, gpu) if hasattr(fam, "launch_estimate") else {}
         launch = {key: est.get(key) for key in ("blocks", "threads", "regs", "in_flight_bytes_per_thread")}
@@ -74,7 +78,8 @@ def main() -> int:
             row["err"] = float((got[name].double() - want).norm() / want.norm())
             t = time_fn(lambda: c(*args_in), warmup=3, reps=30, max_time_s=1.0)
             row["us"] = t.median_s * 1e6
-            row["kernel_us"] = sum(kernel_times(lambda: c(*args_in)).values())
+            row["kernels"] = kernel_times(lambda: c(*args_in))
+            row["kernel_us"] = sum(row["kernels"].values())
         except Exception as e:  # noqa: BLE001 - a candidate that fails is reported, not a crash
             traceback.print_exc()
             row["error"] = f"{type(e).__name__}: {str(e)[:300]}"
@@ -83,6 +88,8 @@ def main() -> int:
                   else f"ERROR {row['error'][:80]}")
         print(f"#{i} model {row['predicted_us']:7.1f} us | {timing} | {launch} | {' '.join(row['tiles'])} "
               f"{row['options']}", flush=True)
+        if len(row.get("kernels") or ()) > 1:  # where a plan of several launches spends its time
+            print("     " + ", ".join(f"{name[:40]} {us:.1f}" for name, us in row["kernels"].items()), flush=True)
     if args.out:
         Path(args.out).write_text(json.dumps(dict(device=torch.cuda.get_device_name(), rows=rows), indent=1))
     return 0
