@@ -70,6 +70,14 @@ def _gemm_residual():
     return Diagram("gemm_residual", (H + array("R", a, c)).named("Y"))
 
 
+def _gemm_row_col():
+    from napkin.diagrams import Diagram, array, axes, contract
+
+    a, b, c = axes("a b c")
+    H = contract(array("A", a, b), array("B", b, c), over=b, out=(a, c), name="H")
+    return Diagram("gemm_row_col", (H / array("r", a) + array("bias", c)).named("Y"))
+
+
 def _sigmoid_chain():
     from napkin.diagrams import Diagram, array, axes, scale, tanh
 
@@ -256,6 +264,10 @@ CASES = [
     # a residual copied 64 x 64 at a time into each consumer's staging block (cp.async), read there
     # and overwritten by the results (rows of 264 and 333: partial blocks, zero-filled copies)
     Case("matmul_wgmma.cu.jinja", _gemm_residual, {"a": 333, "b": 520, "c": 264}, family="contraction",
+         archs=("sm_90a",)),
+    # row and column operands read at indices clamped into the output (rows of 1333 and columns
+    # of 2600 end inside a tile: the elements past them compute at the last row's and column's)
+    Case("matmul_wgmma.cu.jinja", _gemm_row_col, {"a": 1333, "b": 520, "c": 2600}, family="contraction",
          archs=("sm_90a",)),
     # RMSNorm -> linear in one kernel: the A slots rewritten in place (x * gamma) between TMA and
     # wgmma, the rows' mean squares from the same tiles

@@ -142,7 +142,9 @@ def test_lower_reads_tiles_from_the_schedule():
 
 
 def test_candidates_are_schedules_with_the_tiles():
-    d = bound(library.get("matmul"), "bf16")
+    # (more 128 x 128 tiles than SMs: ping-pong is offered only where each consumer gets tiles)
+    rows, cols = 2000, 1552
+    d = library.get("matmul").with_dtype("bf16").bind(a=rows, b=SIZES["b"], c=cols)
     cands = [s for s in FAMILY.candidates(d, "h100", "bf16") if not s.kernels[0].options.splits]
     wgmma = FAMILY.configs("bf16", "wgmma")
     # every cooperative configuration, each ping-pong one with a cooperative twin (its tile) just before it
@@ -160,7 +162,8 @@ def test_candidates_are_schedules_with_the_tiles():
         assert FAMILY.config_of(analyze(d), s) == cfg  # the plan's value is what is built
         k = FAMILY.lower(d, s, "sm_90a").launches[0]
         assert k.template == "matmul_wgmma.cu.jinja" and (k.grid, k.block) == (
-            ((1000 + cfg.BM - 1) // cfg.BM * ((776 + cfg.BN - 1) // cfg.BN), 1, 1), (128 * (consumers + 1), 1, 1))
+            (min(132, (rows + cfg.BM - 1) // cfg.BM * ((cols + cfg.BN - 1) // cfg.BN)), 1, 1),
+            (128 * (consumers + 1), 1, 1))  # (the persistent grid: a block an SM of the H100's 132 at most)
         assert [a.kind for a in k.args[:3]] == ["tmap", "tmap", "tensor"]
         assert "wgmma.mma_async.sync.aligned.m64n%dk16" % cfg.BN in k.source
         assert (f"PINGPONG = {'true' if cfg.pingpong else 'false'};" in k.source)

@@ -622,6 +622,24 @@ def _pingpong_first(coop: list[MatmulConfig], pingpong: list[MatmulConfig]) -> l
     return out
 
 
+def _pingpong_idles(diagram: Diagram, p: MatmulProblem, cfg: MatmulConfig, gpu) -> bool:
+    """Whether a ping-pong configuration would leave a consumer warpgroup without a tile: its
+    work items (tiles, times the batch and the splits) fit one a block on the persistent grid, so
+    each block's second consumer has nothing to compute, and the cooperative twin at the same tile
+    shares every tile between both. The model prices the two alike; measured (kernels, bf16),
+    ping-pong against cooperative at 128 x 128: H100, 4096 x 128 x 128 divided by a row vector,
+    9.9 / 6.5 us, the plain product 4.3 / 3.7; H200, 2048 x 4096 x 1024 + a residual, 32.0 / 27.9,
+    512 x 1024 x 512 8.3 / 7.8."""
+    if not cfg.pingpong:
+        return False
+    sz = diagram.sizes
+    if not all(isinstance(sz.get(n), int) for n in (p.a, p.c, *p.batch)):
+        return False
+    items = (math.ceil(sz[p.a] / cfg.BM) * math.ceil(sz[p.c] / cfg.BN) * math.prod(sz[n] for n in p.batch)
+             * max(1, cfg.splits))
+    return items <= _sm_count(gpu)
+
+
 def _rowsplit_bn(n: int, splits: int) -> int:
     """The block tile's columns of a row reduction over ``n`` columns in ``splits`` column tiles:
     the fewest 64-column blocks covering a share (one tile spanning the row when ``splits`` is 1).
@@ -834,6 +852,31 @@ def epilogue_tiles(diagram: Diagram, p: MatmulProblem, cfg: MatmulConfig, elem: 
     return _tiled_like_output(diagram, p)[:max(0, room)]
 
 
+def _output_like_operands(diagram: Diagram, p: MatmulProblem) -> list[Value]:
+    """The epilogue's inputs with both the output's row and column axes (a residual, a transposed
+    one, another dtype's): read per element unless staged, a tile's worth of loads a thread that
+    the compiler hoists, all at once, into registers where nothing keeps them apart."""
+    return [v for v in diagram.inputs
+            if v is not p.A and v is not p.B and v is not p.B2 and p.a in v.axis_names and p.c in v.axis_names
+            and p.out.depends_on(v)]
+
+
+def _clamped_epilogue(diagram: Diagram, p: MatmulProblem, cfg: MatmulConfig, staged: Sequence[Value]) -> bool:
+    """Whether the wgmma epilogue runs its maps at indices clamped into the output, without a
+    branch around its reads: not while an operand with the output's rows and columns is read per
+    element, and not where a consumer holds two 64-row pieces (WM = 128) and reads both a row and
+    a column operand: the column values, loaded once for both pieces, stay live across them and
+    spill (nvcc, sm_90a: 8 to 32 bytes for a GELU of S / r[a] + bias[c])."""
+    names = {v.name for v in staged}
+    if any(v.name not in names for v in _output_like_operands(diagram, p)):
+        return False
+    if cfg.WM <= 64:
+        return True
+    ops = [v for v in diagram.inputs if v is not p.A and v is not p.B and v is not p.B2
+           and v.name not in names and p.out.depends_on(v)]
+    return not (any(p.a in v.axis_names for v in ops) and any(p.c in v.axis_names for v in ops))
+
+
 def _tiled_like_output(diagram: Diagram, p: MatmulProblem) -> list[Value]:
     """The epilogue's inputs indexed like the output's rows and columns (see :func:`epilogue_tiles`)."""
     return [v for v in diagram.inputs
@@ -977,7 +1020,7 @@ class ContractionFamily:
                                     for c in DUAL_PINGPONG_CONFIGS])
             for c in dict.fromkeys(_narrowed(c, diagram.sizes.get(p.c)) for c in dual):
                 cfg = c
-                if cfg.smem_bytes(p, _elem(dtype)) <= limit:
+                if cfg.smem_bytes(p, _elem(dtype)) <= limit and not _pingpong_idles(diagram, p, cfg, gpu):
                     out.append(self.schedule(diagram, cfg, gpu=gpu, dtype=dtype))
             return out
         cfgs = self.configs(dtype)
@@ -993,9 +1036,11 @@ class ContractionFamily:
         for cfg in cfgs:
             if cfg.smem_bytes(p, _elem(dtype)) > limit:
                 continue
-            out.append(self.schedule(diagram, cfg, gpu=gpu, dtype=dtype))
+            if not _pingpong_idles(diagram, p, cfg, gpu):
+                out.append(self.schedule(diagram, cfg, gpu=gpu, dtype=dtype))
             for n in self.split_counts(diagram, p, cfg, gpu):
-                out.append(self.schedule(diagram, replace(cfg, splits=n), gpu=gpu, dtype=dtype))
+                if not _pingpong_idles(diagram, p, replace(cfg, splits=n), gpu):
+                    out.append(self.schedule(diagram, replace(cfg, splits=n), gpu=gpu, dtype=dtype))
         if wgmma:
             # the small tiles only split, after the others (the planner keeps the first of equals)
             for c in WGMMA_SPLIT_CONFIGS:
@@ -1016,10 +1061,17 @@ class ContractionFamily:
         sz = diagram.sizes
         if not all(isinstance(sz.get(n), int) for n in (p.a, p.c, p.b, *p.batch, *p.k_outer)):
             return []
-        tiles = math.ceil(sz[p.a] / cfg.BM) * math.ceil(sz[p.c] / cfg.BN) * math.prod(sz[n] for n in p.batch)
+        batch = math.prod(sz[n] for n in p.batch)
+        tiles = math.ceil(sz[p.a] / cfg.BM) * math.ceil(sz[p.c] / cfg.BN) * batch
         chunks = _chunk_count(sz, p, cfg.BK)
         sms = _sm_count(gpu)
         if tiles * 2 > sms or chunks < 2 * MIN_SPLIT_CHUNKS:
+            return []
+        if cfg.wgmma and cfg.BM * cfg.BN > 128 * 128 and math.ceil(sz[p.a] / 128) * math.ceil(sz[p.c] / 128) * batch * 2 > sms:
+            # a large tile is not split where 128 x 128 tiles fill half the SMs unsplit: the sum is
+            # not too long for the output, the tile is too large. The model priced them alike; H200
+            # (kernels, bf16, 2048 x 4096 x 1024 + a residual): 128 x 256 in 2 splits 52.0 us,
+            # 128 x 128 unsplit 27.9 (H100: 53.6, 28.4)
             return []
         out = []
         for waves in (1, 2):
@@ -1677,6 +1729,7 @@ class ContractionFamily:
             batch=batch, kouter=kouter,
             idx_a=index_vars[p.a], idx_c=index_vars[p.c],
             epi_body=epi.body("      "), epi_result=epi.result, epi_identity=epi.is_identity, tiles=staged_tiles,
+            CLAMPED=_clamped_epilogue(d, p, cfg, staged),
         )
         source = render("matmul_wgmma.cu.jinja", **ctx)
         tiles = math.ceil(M / cfg.BM) * math.ceil(N / cfg.BN)

@@ -1,0 +1,175 @@
+"""The wgmma contraction's epilogue reads and its ping-pong offer.
+
+- CLAMPED: the maps run at indices clamped into the output, without a branch around the reads,
+  where no operand shaped like the output is read per element and a consumer holding two 64-row
+  pieces does not read both a row and a column operand (those spill). CPU (which kernels clamp),
+  nvcc (every wgmma configuration builds these epilogues without spills), GPU (odd sizes against
+  float64, outputs NaN-poisoned by ``verify``).
+- A ping-pong configuration is not offered where its work items fit one a block (a consumer would
+  idle); the cooperative configuration of the same tile is (CPU).
+- The split sum's partials leave as 8-byte stores where the rows allow (GPU: odd and even widths).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from napkin.codegen.families.contraction import (FAMILY, WGMMA_CONFIGS, WGMMA_PINGPONG_CONFIGS, MatmulConfig,
+                                                 _pingpong_idles, analyze)
+from napkin.diagrams import Axis, Diagram, array, contract, gelu, library
+
+
+def epi(kind: str, batch: bool = False) -> Diagram:
+    """Y = maps(Σ_b A[a,b]·B[b,c]) with the operands ``kind`` names (over an optional batch n)."""
+    n, a, b, c = Axis("n"), Axis("a"), Axis("b"), Axis("c")
+    lead = (n,) if batch else ()
+    A, B = array("A", *lead, a, b), array("B", *lead, b, c)
+    r, bias = array("r", *lead, a), array("bias", c)
+    S = contract(A, B, over=b, out=(*lead, a, c), name="S")
+    if kind == "row":
+        return Diagram("row", (S / r).named("Y"))
+    if kind == "row_col_gelu":
+        return Diagram("row_col_gelu", gelu(S / r + bias, name="Y"))
+    if kind == "row_col_residual":
+        return Diagram("row_col_residual", (S * r + bias + array("R", *lead, a, c)).named("Y"))
+    if kind == "two_residuals":
+        return Diagram("two_residuals", (S * r + array("R", *lead, a, c) + array("Q", *lead, a, c)).named("Y"))
+    raise ValueError(kind)
+
+
+SIZES = dict(n=2, a=300, b=136, c=200)
+CONFIGS = ([MatmulConfig(False, *c, wgmma=True) for c in WGMMA_CONFIGS]
+           + [MatmulConfig(False, *c, wgmma=True, pingpong=True) for c in WGMMA_PINGPONG_CONFIGS])
+
+
+def _id(c: MatmulConfig) -> str:
+    return f"{c.BM}x{c.BN}-w{c.WM}{'-pp' if c.pingpong else ''}"
+
+
+def source(d: Diagram, cfg: MatmulConfig, sizes=SIZES) -> str:
+    bd = d.with_dtype("bf16").bind(**{k: v for k, v in sizes.items() if k in d.axes})
+    return FAMILY.lower(bd, FAMILY.schedule(bd, cfg), "sm_90a").launches[0].source
+
+
+def clamped(src: str) -> bool:
+    return "const int erow = min(" in src
+
+
+# ---------------------------------------------------------------------------- CPU
+
+@pytest.mark.parametrize("cfg", CONFIGS, ids=_id)
+def test_a_row_operand_is_read_at_clamped_indices_on_every_configuration(cfg):
+    src = source(epi("row"), cfg)
+    assert clamped(src) and "in_row &&" not in src
+    assert "x_r[" in src
+
+
+@pytest.mark.parametrize("cfg", CONFIGS, ids=_id)
+def test_row_and_column_operands_clamp_only_on_one_64_row_piece_a_consumer(cfg):
+    src = source(epi("row_col_gelu"), cfg)
+    assert clamped(src) == (cfg.WM == 64)
+    if cfg.WM != 64:
+        assert "in_row &&" in src  # the branches keep the column values from staying live
+
+
+def test_an_operand_shaped_like_the_output_read_per_element_keeps_the_branches():
+    # the persistent kernel stages the first (R); the second (Q) is read per element
+    src = source(epi("two_residuals"), CONFIGS[3])
+    assert "load_tile_async<T, 64, 64, 128, true>" in src
+    assert not clamped(src) and "in_row &&" in src
+    # with only the staged one, the indices are clamped
+    assert clamped(source(epi("row_col_residual"), CONFIGS[3]))
+
+
+def test_a_batched_row_operand_clamps_its_row_not_its_batch():
+    src = source(epi("row", batch=True), CONFIGS[3], sizes=dict(SIZES, b=128))
+    assert clamped(src)
+
+
+def _offered(d: Diagram, sizes: dict, gpu: str = "h100") -> list[MatmulConfig]:
+    bd = d.with_dtype("bf16").bind(**sizes)
+    p = analyze(bd)
+    return [FAMILY.config_of(p, s) for s in FAMILY.candidates(bd, gpu=gpu, dtype="bf16")]
+
+
+def test_ping_pong_is_not_offered_where_a_block_gets_one_tile():
+    small = _offered(library.get("matmul"), dict(a=4096, b=128, c=128))  # 32 tiles of 128 x 128
+    assert any(c.wgmma and not c.pingpong and (c.BM, c.BN) == (128, 128) for c in small)
+    assert not any(c.pingpong for c in small)
+    large = _offered(library.get("matmul"), dict(a=4096, b=4096, c=4096))  # 1024 tiles
+    assert any(c.pingpong for c in large)
+
+
+def test_the_idle_rule_counts_tiles_batch_and_splits():
+    pp = MatmulConfig(False, *WGMMA_PINGPONG_CONFIGS[0], wgmma=True, pingpong=True)
+    assert (pp.BM, pp.BN) == (128, 128)
+    d = epi("row", batch=True).with_dtype("bf16")
+    # 2 x 8 x 8 = 128 tiles fit 132 SMs one a block; 3 x 8 x 8 = 192 do not
+    assert _pingpong_idles(d.bind(n=2, a=1024, b=64, c=1024), analyze(d.bind(n=2, a=1024, b=64, c=1024)), pp, "h100")
+    d3 = d.bind(n=3, a=1024, b=64, c=1024)
+    assert not _pingpong_idles(d3, analyze(d3), pp, "h100")
+    d1 = d.bind(n=1, a=1024, b=64, c=1024)
+    assert _pingpong_idles(d1, analyze(d1), pp, "h100")
+    from dataclasses import replace
+    assert not _pingpong_idles(d1, analyze(d1), replace(pp, splits=3), "h100")  # 192 items
+    coop = MatmulConfig(False, *WGMMA_CONFIGS[3], wgmma=True)
+    assert not _pingpong_idles(d1, analyze(d1), coop, "h100")
+
+
+# ---------------------------------------------------------------------------- nvcc
+
+@pytest.mark.nvcc
+@pytest.mark.parametrize("kind", ["row_col_gelu", "row_col_residual"])
+@pytest.mark.parametrize("cfg", CONFIGS, ids=_id)
+def test_clamped_epilogues_build_without_spills(cfg, kind):
+    from napkin.kernels.nvcc import nvcc_compile
+
+    d = epi(kind)
+    bd = d.with_dtype("bf16").bind(**{k: v for k, v in SIZES.items() if k in d.axes})
+    launch = FAMILY.lower(bd, FAMILY.schedule(bd, cfg), "sm_90a").launches[0]
+    usage = nvcc_compile(launch.source, "sm_90a")[launch.name]
+    assert not usage.spills and usage.stack_bytes == 0, usage
+
+
+# ---------------------------------------------------------------------------- GPU
+
+def _hopper():
+    import torch
+
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the wgmma template needs an sm_90 GPU")
+
+
+def _check(d: Diagram, shape: dict, cfg: MatmulConfig | None = None, dtype: str = "bf16"):
+    from napkin.codegen.verify import verify
+
+    bd = d.with_dtype(dtype).bind(**shape)
+    sched = FAMILY.schedule(bd, cfg) if cfg is not None else None
+    report = verify(d, dtype=dtype, shapes=[shape], family="contraction", schedule=sched)
+    print(report)
+    assert report.ok, str(report)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("cfg", CONFIGS, ids=_id)
+@pytest.mark.parametrize("kind", ["row", "row_col_gelu", "row_col_residual"])
+def test_gpu_clamped_epilogues_at_odd_sizes(cfg, kind):
+    """Rows and columns past the tile edges (the clamped elements are computed, never stored), a
+    tile larger than the problem, a batch whose row operand moves with it."""
+    _hopper()
+    for shape in (dict(a=77, b=40, c=130), dict(a=300, b=136, c=200), dict(a=45, b=64, c=24)):
+        _check(epi(kind), shape, cfg)
+    _check(epi("row", batch=True), dict(n=3, a=130, b=64, c=72), cfg)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("c", [136, 137, 45])
+def test_gpu_split_partials_at_even_and_odd_widths(c):
+    """The split sum's partial tile: 8-byte stores at an even row width, 4-byte ones at an odd."""
+    _hopper()
+    d = library.get("mlp")
+    shape = dict(a=200, b=2048, c=c)
+    bd = d.with_dtype("bf16").bind(**shape)
+    for splits in (2, 5):
+        _check(d, shape, MatmulConfig(False, *WGMMA_CONFIGS[3], wgmma=True, splits=splits))
+    assert bd.sizes["c"] == c
