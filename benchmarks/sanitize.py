@@ -78,6 +78,14 @@ def _gemm_row_col():
     return Diagram("gemm_row_col", (H / array("r", a) + array("bias", c)).named("Y"))
 
 
+def _gemm_row_scale_softmax():
+    from napkin.diagrams import Diagram, array, axes, contract, softmax
+
+    a, b, c = axes("a b c")
+    L = contract(array("A", a, b), array("B", c, b), over=b, out=(a, c), name="L")
+    return Diagram("gemm_row_scale_softmax", softmax((L * array("r", a)).named("Ls"), c, name="P"))
+
+
 def _sigmoid_chain():
     from napkin.diagrams import Diagram, array, axes, scale, tanh
 
@@ -275,6 +283,9 @@ CASES = [
          archs=("sm_90a",)),
     # GEMM -> a sum along rows one tile spans (c = 200 of a 256-wide tile: masked columns), one
     # value a row written from the epilogue
+    # a row operand in the maps before a row softmax: the last tile's rows past 333 read it at row 332
+    Case("matmul_wgmma.cu.jinja", _gemm_row_scale_softmax, {"a": 333, "b": 520, "c": 200}, family="contraction",
+         archs=("sm_90a",)),
     Case("matmul_wgmma.cu.jinja", _gemm_row_sum, {"a": 333, "b": 520, "c": 200}, family="contraction",
          archs=("sm_90a",)),
     # GEMM -> a row wider than a tile (1000 columns: 4 tiles, the last partly masked): each block's

@@ -86,6 +86,31 @@ def test_a_batched_row_operand_clamps_its_row_not_its_batch():
     assert clamped(src)
 
 
+def row_reduced(kind: str) -> Diagram:
+    """A row reduction of the product after maps that read a row operand or a tile operand."""
+    from napkin.diagrams import softmax, sum_over
+
+    a, b, c = Axis("a"), Axis("b"), Axis("c")
+    S = contract(array("A", a, b), array("B", c, b), over=b, out=(a, c), name="S")
+    if kind == "softmax_row":
+        return Diagram("softmax_row", softmax((S * array("r", a)).named("L"), c, name="P"))
+    return Diagram("sum_residual", sum_over((S + array("R", a, c)).named("L"), c, name="Y"))
+
+
+@pytest.mark.parametrize("kind", ["softmax_row", "sum_residual"])
+def test_a_row_reduction_reads_rows_past_the_output_at_the_last_row(kind):
+    """The row-reduction kernel's maps run on the rows of the last tile past M too (their values
+    are reduced, never stored): their operands are read at the last row, not past the array."""
+    from napkin.codegen.planner import derive
+    from napkin.codegen.lower import build
+
+    plan = derive(row_reduced(kind), "h100", "bf16", sizes=dict(a=333, b=520, c=200), explain=False).plan
+    (launch,) = build(plan).launches
+    assert launch.template == "matmul_wgmma.cu.jinja" and "RED" in launch.source
+    assert "epilogue(v, min(grow, M - 1), gcol)" in launch.source
+    assert "epilogue(v, grow, gcol)" not in launch.source
+
+
 def _offered(d: Diagram, sizes: dict, gpu: str = "h100") -> list[MatmulConfig]:
     bd = d.with_dtype("bf16").bind(**sizes)
     p = analyze(bd)
@@ -160,6 +185,14 @@ def test_gpu_clamped_epilogues_at_odd_sizes(cfg, kind):
     for shape in (dict(a=77, b=40, c=130), dict(a=300, b=136, c=200), dict(a=45, b=64, c=24)):
         _check(epi(kind), shape, cfg)
     _check(epi("row", batch=True), dict(n=3, a=130, b=64, c=72), cfg)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kind", ["softmax_row", "sum_residual"])
+def test_gpu_row_reductions_with_row_and_tile_operands_at_odd_rows(kind):
+    _hopper()
+    for shape in (dict(a=333, b=520, c=200), dict(a=77, b=64, c=130)):
+        _check(row_reduced(kind), shape)
 
 
 @pytest.mark.gpu
