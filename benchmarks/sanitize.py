@@ -208,6 +208,15 @@ def _persistent_walk(d):
     return dataclasses.replace(program, launches=(dataclasses.replace(launch, grid=(5, 1, 1)),))
 
 
+def _mma_sync_64x64(d):
+    """The mma.sync template's 64 x 64 tile at sizes where Hopper's planner takes a small wgmma
+    tile: the epilogue of one tile a block, clamped reads at the edges."""
+    from napkin.codegen.api import local_arch
+    from napkin.codegen.families.contraction import FAMILY, MMA_CONFIGS, MatmulConfig
+
+    return FAMILY.lower(d, FAMILY.schedule(d, MatmulConfig(False, *MMA_CONFIGS[-1])), local_arch() or "sm_90a")
+
+
 @dataclass(frozen=True)
 class Case:
     """One sanitizer run: a diagram (a library name or a builder), sizes, dtype and the planner's
@@ -302,7 +311,10 @@ CASES = [
     Case("matmul_mma.cu.jinja", "batched_matmul", {"n": 2, "a": 77, "b": 72, "c": 42},
          family="contraction"),  # 84-byte rows, padded first
     Case("pad_rows.cu.jinja", "matmul", {"a": 77, "b": 71, "c": 42}, family="contraction"),  # copied padded
-    Case("matmul_mma.cu.jinja", "mlp", {"a": 65, "b": 72, "c": 136}, family="contraction"),
+    Case("matmul_mma.cu.jinja", "mlp", {"a": 65, "b": 72, "c": 136}, family="contraction", program=_mma_sync_64x64),
+    # the same on a small wgmma tile (64 x 128, one consumer, unsplit): Hopper's planner's pick
+    Case("matmul_wgmma.cu.jinja", "mlp", {"a": 65, "b": 72, "c": 136}, family="contraction", archs=("sm_90a",),
+         label="mlp_small_tile"),
     # an epilogue operand tiled like the output (attention's dS = (dP - D) * P), copied into shared
     # memory a tile at a time after the loop; rows of 200 and 77 that are not tile multiples
     Case("matmul_mma.cu.jinja", _staged_epilogue, {"n": 2, "a": 77, "b": 72, "c": 200}, family="contraction"),

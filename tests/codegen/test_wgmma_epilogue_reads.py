@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import pytest
 
-from napkin.codegen.families.contraction import (FAMILY, WGMMA_CONFIGS, WGMMA_PINGPONG_CONFIGS, MatmulConfig,
-                                                 _pingpong_idles, analyze)
+from napkin.codegen.families.contraction import (FAMILY, WGMMA_CONFIGS, WGMMA_PINGPONG_CONFIGS,
+                                                 WGMMA_SPLIT_CONFIGS, MatmulConfig, _pingpong_idles, analyze)
 from napkin.diagrams import Axis, Diagram, array, contract, gelu, library
 
 
@@ -125,6 +125,14 @@ def test_ping_pong_is_not_offered_where_a_block_gets_one_tile():
     assert any(c.pingpong for c in large)
 
 
+def test_small_tiles_are_offered_unsplit_only_where_128_tiles_leave_most_sms_idle():
+    small = {(c.BM, c.BN) for c in (MatmulConfig(False, *x, wgmma=True) for x in WGMMA_SPLIT_CONFIGS)}
+    few = _offered(library.get("matmul"), dict(a=512, b=1024, c=1024))  # 32 tiles of 128 x 128
+    assert small <= {(c.BM, c.BN) for c in few if c.wgmma and c.splits == 1}
+    many = _offered(library.get("matmul"), dict(a=2048, b=1024, c=2048))  # 256 tiles
+    assert not small & {(c.BM, c.BN) for c in many if c.wgmma and c.splits == 1}
+
+
 def test_the_idle_rule_counts_tiles_batch_and_splits():
     pp = MatmulConfig(False, *WGMMA_PINGPONG_CONFIGS[0], wgmma=True, pingpong=True)
     assert (pp.BM, pp.BN) == (128, 128)
@@ -193,6 +201,18 @@ def test_gpu_row_reductions_with_row_and_tile_operands_at_odd_rows(kind):
     _hopper()
     for shape in (dict(a=333, b=520, c=200), dict(a=77, b=64, c=130)):
         _check(row_reduced(kind), shape)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("cfg", WGMMA_SPLIT_CONFIGS, ids=lambda c: f"{c[0]}x{c[1]}")
+def test_gpu_small_tiles_unsplit(cfg):
+    """The small wgmma tiles as one-share kernels: odd sizes, an epilogue with row, column and
+    tile operands, a batch."""
+    _hopper()
+    c = MatmulConfig(False, *cfg, wgmma=True)
+    for d, shape in ((library.get("mlp"), dict(a=300, b=1024, c=136)), (epi("row_col_residual"), dict(a=77, b=40, c=130)),
+                     (library.get("batched_matmul"), dict(n=3, a=77, b=128, c=40)), (library.get("matmul"), dict(a=45, b=64, c=24))):
+        _check(d, shape, c)
 
 
 @pytest.mark.gpu

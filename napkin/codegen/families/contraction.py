@@ -92,8 +92,10 @@ WGMMA_PINGPONG_CONFIGS = (
     (64, 256, 64, 64, 256, 5, 1),
 )
 
-#: Smaller wgmma tiles offered only split (a small output over a long sum, where the tiles leave
-#: most SMs idle): one consumer warpgroup (or two of 64 rows), eight ring stages. Each block's
+#: Smaller wgmma tiles offered where 128 x 128 tiles leave most SMs idle (a small output), split
+#: over a long sum and unsplit: one consumer warpgroup (or two of 64 rows), eight ring stages.
+#: Unsplit, H100 kernels (bf16): 512 x 1024 x 1024 (a x k x n) 64 x 128 5.5 us, 64 x 64 4.8,
+#: against 8.0 for 128 x 128 (cuBLAS 4.4); 128 x 256 x 256 64 x 64 2.8 against 4.2. Each block's
 #: share of the sum is longer than a 128 x 128 tile's at the same block count, so fewer partials
 #: are written and added. H100, bf16, 256 x K x 256, kernels' GPU time against cuBLAS's
 #: (`benchmarks/huge_k_sweep.py`): K = 16384 64 x 64 x 8 splits 10.6 us (cuBLAS 9.9; the 128 x 256
@@ -622,6 +624,16 @@ def _pingpong_first(coop: list[MatmulConfig], pingpong: list[MatmulConfig]) -> l
     return out
 
 
+def _few_tiles(diagram: Diagram, p: MatmulProblem, gpu) -> bool:
+    """Whether 128 x 128 output tiles (times the batch) leave over half the GPU's SMs idle: then
+    the small wgmma tiles (:data:`WGMMA_SPLIT_CONFIGS`) are offered unsplit too."""
+    sz = diagram.sizes
+    if not all(isinstance(sz.get(n), int) for n in (p.a, p.c, *p.batch)):
+        return False
+    tiles = math.ceil(sz[p.a] / 128) * math.ceil(sz[p.c] / 128) * math.prod(sz[n] for n in p.batch)
+    return tiles * 2 <= _sm_count(gpu)
+
+
 def _pingpong_idles(diagram: Diagram, p: MatmulProblem, cfg: MatmulConfig, gpu) -> bool:
     """Whether a ping-pong configuration would leave a consumer warpgroup without a tile: its
     work items (tiles, times the batch and the splits) fit one a block on the persistent grid, so
@@ -1042,10 +1054,14 @@ class ContractionFamily:
                 if not _pingpong_idles(diagram, p, replace(cfg, splits=n), gpu):
                     out.append(self.schedule(diagram, replace(cfg, splits=n), gpu=gpu, dtype=dtype))
         if wgmma:
-            # the small tiles only split, after the others (the planner keeps the first of equals)
+            # the small tiles only split, after the others (the planner keeps the first of equals),
+            # and unsplit where 128 x 128 tiles leave over half the SMs idle
+            few = _few_tiles(diagram, p, gpu)
             for c in WGMMA_SPLIT_CONFIGS:
                 cfg = MatmulConfig(False, *c, wgmma=True)
                 if cfg.smem_bytes(p, _elem(dtype)) <= limit:
+                    if few:
+                        out.append(self.schedule(diagram, cfg, gpu=gpu, dtype=dtype))
                     out += [self.schedule(diagram, replace(cfg, splits=n), gpu=gpu, dtype=dtype)
                             for n in self.split_counts(diagram, p, cfg, gpu)]
         return out
