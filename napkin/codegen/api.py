@@ -516,32 +516,32 @@ class _Runner:
         allocator's stream order keeps it from being reused before they run)."""
         got = self._arenas.get(stream) if self.arena_bytes <= KEPT_ARENA_BYTES else None
         if got is None:
-            arena = self._torch.empty(self.arena_bytes, dtype=self._torch.uint8, device=self._tdevice)
-            got = (arena, [arena.data_ptr() + off for off in self.buf_offsets])
+            got = self._new_arena()
             if self.arena_bytes <= KEPT_ARENA_BYTES:
                 self._arenas[stream] = got
         return got
+
+    def _new_arena(self) -> tuple:
+        """A new arena (a uint8 tensor of :attr:`arena_bytes`) and the per-call buffers' pointers in it."""
+        arena = self._torch.empty(self.arena_bytes, dtype=self._torch.uint8, device=self._tdevice)
+        return arena, [arena.data_ptr() + off for off in self.buf_offsets]
 
     def _zeroed_ptrs(self, stream) -> list[int]:
         """The pointers of the persistent zeroed workspaces of ``stream``, made (zero-filled on
         the current stream, the one the launches go to) at its first call."""
         got = self._zeroed.get(stream)
         if got is None:
-            zeros, dev = self._torch.zeros, self._tdevice
-            tensors = tuple(zeros(shape, dtype=dt, device=dev) for shape, dt in self.zero_specs)
-            got = self._zeroed[stream] = (tensors, [t.data_ptr() for t in tensors])
+            got = self._zeroed[stream] = self._new_zeroed()
         return got[1]
+
+    def _new_zeroed(self) -> tuple[tuple, list[int]]:
+        """New zero-filled persistent workspaces (on the current stream) and their pointers."""
+        zeros, dev = self._torch.zeros, self._tdevice
+        tensors = tuple(zeros(shape, dtype=dt, device=dev) for shape, dt in self.zero_specs)
+        return tensors, [t.data_ptr() for t in tensors]
 
     def _fresh_buffers(self) -> tuple[tuple, list[int]]:
         """A new arena and new zero-filled workspaces (tensors, pointers), for one call."""
-        torch, dev = self._torch, self._tdevice
-        tensors, ptrs = [], []
-        if self.arena_bytes:
-            arena = torch.empty(self.arena_bytes, dtype=torch.uint8, device=dev)
-            tensors.append(arena)
-            ptrs += [arena.data_ptr() + off for off in self.buf_offsets]
-        for shape, dt in self.zero_specs:
-            t = torch.zeros(shape, dtype=dt, device=dev)
-            tensors.append(t)
-            ptrs.append(t.data_ptr())
-        return tuple(tensors), ptrs
+        arena, ptrs = self._new_arena() if self.arena_bytes else (None, [])
+        zeroed, zeroed_ptrs = self._new_zeroed()
+        return (arena, *zeroed), ptrs + zeroed_ptrs

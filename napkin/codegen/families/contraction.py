@@ -624,14 +624,20 @@ def _pingpong_first(coop: list[MatmulConfig], pingpong: list[MatmulConfig]) -> l
     return out
 
 
-def _few_tiles(diagram: Diagram, p: MatmulProblem, gpu) -> bool:
-    """Whether 128 x 128 output tiles (times the batch) leave over half the GPU's SMs idle: then
-    the small wgmma tiles (:data:`WGMMA_SPLIT_CONFIGS`) are offered unsplit too."""
+def _output_tiles(diagram: Diagram, p: MatmulProblem, bm: int, bn: int) -> int | None:
+    """The output's bm x bn tiles, times the batch; None where a size is symbolic."""
     sz = diagram.sizes
     if not all(isinstance(sz.get(n), int) for n in (p.a, p.c, *p.batch)):
-        return False
-    tiles = math.ceil(sz[p.a] / 128) * math.ceil(sz[p.c] / 128) * math.prod(sz[n] for n in p.batch)
-    return tiles * 2 <= _sm_count(gpu)
+        return None
+    return math.ceil(sz[p.a] / bm) * math.ceil(sz[p.c] / bn) * math.prod(sz[n] for n in p.batch)
+
+
+def _few_tiles(diagram: Diagram, p: MatmulProblem, gpu) -> bool:
+    """Whether 128 x 128 output tiles (times the batch) leave over half the GPU's SMs idle: then
+    the small wgmma tiles (:data:`WGMMA_SPLIT_CONFIGS`) are offered unsplit too, and the large
+    ones are not split."""
+    tiles = _output_tiles(diagram, p, 128, 128)
+    return tiles is not None and tiles * 2 <= _sm_count(gpu)
 
 
 def _pingpong_idles(diagram: Diagram, p: MatmulProblem, cfg: MatmulConfig, gpu) -> bool:
@@ -642,14 +648,8 @@ def _pingpong_idles(diagram: Diagram, p: MatmulProblem, cfg: MatmulConfig, gpu) 
     ping-pong against cooperative at 128 x 128: H100, 4096 x 128 x 128 divided by a row vector,
     9.9 / 6.5 us, the plain product 4.3 / 3.7; H200, 2048 x 4096 x 1024 + a residual, 32.0 / 27.9,
     512 x 1024 x 512 8.3 / 7.8."""
-    if not cfg.pingpong:
-        return False
-    sz = diagram.sizes
-    if not all(isinstance(sz.get(n), int) for n in (p.a, p.c, *p.batch)):
-        return False
-    items = (math.ceil(sz[p.a] / cfg.BM) * math.ceil(sz[p.c] / cfg.BN) * math.prod(sz[n] for n in p.batch)
-             * max(1, cfg.splits))
-    return items <= _sm_count(gpu)
+    tiles = _output_tiles(diagram, p, cfg.BM, cfg.BN) if cfg.pingpong else None
+    return tiles is not None and tiles * max(1, cfg.splits) <= _sm_count(gpu)
 
 
 def _rowsplit_bn(n: int, splits: int) -> int:
@@ -864,13 +864,16 @@ def epilogue_tiles(diagram: Diagram, p: MatmulProblem, cfg: MatmulConfig, elem: 
     return _tiled_like_output(diagram, p)[:max(0, room)]
 
 
+def _epilogue_operands(diagram: Diagram, p: MatmulProblem) -> list[Value]:
+    """The inputs the epilogue reads: every input the output depends on besides the sum's operands."""
+    return [v for v in diagram.inputs if v is not p.A and v is not p.B and v is not p.B2 and p.out.depends_on(v)]
+
+
 def _output_like_operands(diagram: Diagram, p: MatmulProblem) -> list[Value]:
     """The epilogue's inputs with both the output's row and column axes (a residual, a transposed
     one, another dtype's): read per element unless staged, a tile's worth of loads a thread that
     the compiler hoists, all at once, into registers where nothing keeps them apart."""
-    return [v for v in diagram.inputs
-            if v is not p.A and v is not p.B and v is not p.B2 and p.a in v.axis_names and p.c in v.axis_names
-            and p.out.depends_on(v)]
+    return [v for v in _epilogue_operands(diagram, p) if p.a in v.axis_names and p.c in v.axis_names]
 
 
 def _clamped_epilogue(diagram: Diagram, p: MatmulProblem, cfg: MatmulConfig, staged: Sequence[Value]) -> bool:
@@ -884,16 +887,31 @@ def _clamped_epilogue(diagram: Diagram, p: MatmulProblem, cfg: MatmulConfig, sta
         return False
     if cfg.WM <= 64:
         return True
-    ops = [v for v in diagram.inputs if v is not p.A and v is not p.B and v is not p.B2
-           and v.name not in names and p.out.depends_on(v)]
+    ops = [v for v in _epilogue_operands(diagram, p) if v.name not in names]
     return not (any(p.a in v.axis_names for v in ops) and any(p.c in v.axis_names for v in ops))
+
+
+def _staged_tiles(staged: Sequence[Value], p: MatmulProblem, index_vars: dict, T: str, params: list) -> list[dict]:
+    """The kernel parameters of operands copied into shared memory tile by tile (``E<k>``, its row
+    stride ``ldE<k>`` and a stride ``bE<k>_<axis>`` per batch axis it has), appended to
+    ``params``, and what the templates' copy loops need of each (pointer, row stride, batch
+    offsets)."""
+    tiles = []
+    for k, v in enumerate(staged):
+        sv = contiguous_strides(v)
+        params += [tensor_param(v, f"E{k}", T), stride_param(f"ldE{k}", sv[p.a], f"row stride of {v.label()}")]
+        batch = []
+        for ax in (ax for ax in p.batch if ax in sv):
+            params.append(stride_param(f"bE{k}_{ax}", sv[ax], f"stride of {v.label()} along {ax}"))
+            batch.append(dict(idx=index_vars[ax], stride=ident(f"bE{k}_{ax}")))
+        tiles.append(dict(ptr=ident(f"E{k}"), ld=ident(f"ldE{k}"), batch=batch, name=ident(v.name)))
+    return tiles
 
 
 def _tiled_like_output(diagram: Diagram, p: MatmulProblem) -> list[Value]:
     """The epilogue's inputs indexed like the output's rows and columns (see :func:`epilogue_tiles`)."""
-    return [v for v in diagram.inputs
-            if v is not p.A and v is not p.B and v.axis_names and v.axis_names[-1] == p.c and p.a in v.axis_names
-            and v.dtype == p.dtype and p.out.depends_on(v)]
+    return [v for v in _epilogue_operands(diagram, p)
+            if v.axis_names and v.axis_names[-1] == p.c and p.a in v.axis_names and v.dtype == p.dtype]
 
 
 class ContractionFamily:
@@ -1077,13 +1095,12 @@ class ContractionFamily:
         sz = diagram.sizes
         if not all(isinstance(sz.get(n), int) for n in (p.a, p.c, p.b, *p.batch, *p.k_outer)):
             return []
-        batch = math.prod(sz[n] for n in p.batch)
-        tiles = math.ceil(sz[p.a] / cfg.BM) * math.ceil(sz[p.c] / cfg.BN) * batch
+        tiles = _output_tiles(diagram, p, cfg.BM, cfg.BN)
         chunks = _chunk_count(sz, p, cfg.BK)
         sms = _sm_count(gpu)
         if tiles * 2 > sms or chunks < 2 * MIN_SPLIT_CHUNKS:
             return []
-        if cfg.wgmma and cfg.BM * cfg.BN > 128 * 128 and math.ceil(sz[p.a] / 128) * math.ceil(sz[p.c] / 128) * batch * 2 > sms:
+        if cfg.wgmma and cfg.BM * cfg.BN > 128 * 128 and not _few_tiles(diagram, p, gpu):
             # a large tile is not split where 128 x 128 tiles fill half the SMs unsplit: the sum is
             # not too long for the output, the tile is too large. The model priced them alike; H200
             # (kernels, bf16, 2048 x 4096 x 1024 + a residual): 128 x 256 in 2 splits 52.0 us,
@@ -1139,12 +1156,9 @@ class ContractionFamily:
         elif cfg.splits > 1:
             # each block walks its share of the chunks; the partials go to HBM and come back once.
             # A step's fixed cost adds to the block's time where the warps that load a chunk also
-            # use it (mma.sync, SIMT); the wgmma kernel's producer warp runs STAGES chunks ahead of
-            # its consumers, so only the ring's fill remains (H100, 256 x 131072 x 256 bf16: 64 x
-            # 64 tiles x 8 splits, 256 steps a block, 59.0 us, and 128 x 64 x 16, 128 steps, 56.8;
-            # the step costs had priced them 14.8 and 7.8 us of latency)
-            steps = math.ceil(_chunk_count(sz, p, cfg.BK) / cfg.splits)
-            est.update(stream_steps=0 if cfg.wgmma else steps)
+            # use it (mma.sync, SIMT; the wgmma kernels have none: below)
+            if not cfg.wgmma:
+                est.update(stream_steps=math.ceil(_chunk_count(sz, p, cfg.BK) / cfg.splits))
             launches, moved = 1, 2 * 4 * cfg.splits * sz[p.a] * sz[p.c] * nbatch
         for name, row in padded_rows(diagram, p).items():
             # the padding copy: the operand read, its padded copy written (and read again by the tiles)
@@ -1178,10 +1192,12 @@ class ContractionFamily:
             # the persistent grid (a block an SM) walks those tiles in the same waves
             est.update(tensor_path="peak", overlap_operands=p.norm is None)
             # the producer warp runs STAGES chunks ahead of the consumers, split or not: no step
-            # of the loop waits on its own load, only the ring's fill remains (as for the split
-            # sums, above). bf16, 1024 x 4096 x 1024: 64 x 128 unsplit, 64 steps a block, ranked
-            # behind 128 x 128 in 2 splits and a combine, its steps priced 3.5 us on top of the
-            # L2-bound body; kernels 21.2 -> 15.6 us on an H200 (cuBLAS 13.0), 21.3 -> 15.2 H100
+            # of the loop waits on its own load, only the ring's fill remains. Split (H100, 256 x
+            # 131072 x 256 bf16): 64 x 64 tiles x 8 splits, 256 steps a block, 59.0 us, and 128 x
+            # 64 x 16, 128 steps, 56.8, where step costs had priced 14.8 and 7.8 us of latency.
+            # Unsplit (bf16, 1024 x 4096 x 1024): 64 x 128, 64 steps a block, ranked behind 128 x
+            # 128 in 2 splits and a combine, its steps priced 3.5 us on top of the L2-bound body;
+            # kernels 21.2 -> 15.6 us on an H200 (cuBLAS 13.0), 21.3 -> 15.2 H100
             est.update(stream_steps=0)
             if p.rowred is not None:
                 est.update(epilogue_hbm_bytes=epilogue_bytes(diagram, p))
@@ -1582,15 +1598,7 @@ class ContractionFamily:
                             tile_reads={v.name: f"napkin::to_float(tE{k}[tile_r * C_LD + tile_c])"
                                         for k, v in enumerate(staged)})
         params += epi.params
-        tiles = []
-        for k, v in enumerate(staged):  # the operands the mma template copies tile by tile
-            sv = contiguous_strides(v)
-            params += [tensor_param(v, f"E{k}", T), stride_param(f"ldE{k}", sv[p.a], f"row stride of {v.label()}")]
-            batch_strides = []
-            for ax in (ax for ax in p.batch if ax in sv):
-                params.append(stride_param(f"bE{k}_{ax}", sv[ax], f"stride of {v.label()} along {ax}"))
-                batch_strides.append(dict(idx=index_vars[ax], stride=ident(f"bE{k}_{ax}")))
-            tiles.append(dict(ptr=ident(f"E{k}"), ld=ident(f"ldE{k}"), batch=batch_strides, name=ident(v.name)))
+        tiles = _staged_tiles(staged, p, index_vars, T, params)  # the operands copied tile by tile
 
         smem = cfg.smem_bytes(p, elem)
         limit = _smem_limit(None, arch)
@@ -1711,16 +1719,7 @@ class ContractionFamily:
             epi = epilogue_code(d, p.contraction, p.out, index_vars=index_vars, ctype_name=T, start2=p.contraction2,
                                 tile_reads={v.name: "napkin::to_float(sE[tile_r * E_LD + tile_c])" for v in staged})
             params += epi.params
-            for k, v in enumerate(staged):
-                sv = contiguous_strides(v)
-                params += [tensor_param(v, f"E{k}", T),
-                           stride_param(f"ldE{k}", sv[p.a], f"row stride of {v.label()}")]
-                tile_batch = []
-                for ax in (ax for ax in p.batch if ax in sv):
-                    params.append(stride_param(f"bE{k}_{ax}", sv[ax], f"stride of {v.label()} along {ax}"))
-                    tile_batch.append(dict(idx=index_vars[ax], stride=ident(f"bE{k}_{ax}")))
-                staged_tiles.append(dict(ptr=ident(f"E{k}"), ld=ident(f"ldE{k}"), batch=tile_batch,
-                                         name=ident(v.name)))
+            staged_tiles = _staged_tiles(staged, p, index_vars, T, params)
         layout = ("k" if p.a_kmajor else "m") + ("k" if p.b_kmajor else "n")
         eps = p.norm.op.eps if p.norm is not None else None
         tag = short_hash(T, layout, [str(x) for x in epi.lines], p.batch, p.k_outer, cfg,
