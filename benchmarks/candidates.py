@@ -56,9 +56,12 @@ def main() -> int:
               for v in d.inputs}
     ref = {k: v.double() for k, v in d.reference({k: x.double() for k, x in inputs.items()}).items()}
     te = time_fn(lambda: d.reference(inputs), warmup=3, reps=30, max_time_s=1.0)
-    rows = [dict(candidate="eager", us=te.median_s * 1e6)]
-    print(f"{d.name} {d.sizes} {args.dtype} on {torch.cuda.get_device_name()}: eager {te.median_s * 1e6:.1f} us",
-          flush=True)
+    eager_kernels = kernel_times(lambda: d.reference(inputs))
+    rows = [dict(candidate="eager", us=te.median_s * 1e6, kernels=eager_kernels,
+                 kernel_us=sum(eager_kernels.values()))]
+    listed = ", ".join(f"{n[:40]} {us:.1f}" for n, us in eager_kernels.items())
+    print(f"{d.name} {d.sizes} {args.dtype} on {torch.cuda.get_device_name()}: eager {te.median_s * 1e6:.1f} us, "
+          f"kernels {sum(eager_kernels.values()):.1f} ({listed})", flush=True)
     for i, r in enumerate(ranked):
         if only is not None and i not in only:
             continue
