@@ -330,7 +330,9 @@ def extra_pass_seconds(est: dict | None, gpu) -> float:
     as one read per array but that a kernel without tiles issues per thread and per iteration (one
     32-byte sector each where a warp's lanes touch different lines), at the L2 rate, and
     ``extra_smem_bytes`` of operand loads from shared memory that the schedule's tiles do not
-    describe, at the SMEM rate."""
+    describe, at the SMEM rate, and ``extra_round_trips`` memory latencies a kernel's tail waits
+    for one after another (a combine folded into the last block to arrive: its stores, fence,
+    arrival and batches of partial loads)."""
     from ..perfmodel.roofline import launch_overhead_of
 
     if not est:
@@ -341,13 +343,15 @@ def extra_pass_seconds(est: dict | None, gpu) -> float:
     # operand loads SMEM -> registers the schedule's tiles do not say (attention's backward: every
     # warp reads the whole Q and dO tiles), issued between the mma (not overlapped), at the SMEM rate
     operands = float(est.get("extra_smem_bytes") or 0.0)
-    if not launches and not moved and not sectors and not operands:
+    trips = float(est.get("extra_round_trips") or 0)
+    if not launches and not moved and not sectors and not operands and not trips:
         return 0.0
     g = _gpu(gpu)
     names = [lv.name for lv in g.levels]
     l2 = g.level("L2").bandwidth if "L2" in names else g.level("HBM").bandwidth
     smem = operands / g.level("SMEM").bandwidth if operands and "SMEM" in names else 0.0
-    return launches * launch_overhead_of(g) + moved / g.level("HBM").bandwidth + sectors / l2 + smem
+    return (launches * launch_overhead_of(g) + trips * g.memory_latency_s + moved / g.level("HBM").bandwidth
+            + sectors / l2 + smem)
 
 
 def predict_schedule(diagram: Diagram, family, schedule: Schedule, gpu, *, efficiency=None) -> Ranked:

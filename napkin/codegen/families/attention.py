@@ -56,6 +56,7 @@ from dataclasses import dataclass, replace
 from ...diagrams.axes import is_name
 from ...diagrams.diagram import Diagram
 from ...diagrams.ops import Contract, Map, Softmax, Value
+from ...dtypes import dtype as lookup_dtype
 from ...errors import CodegenError
 from ...perfmodel.schedule import KernelOptions, Schedule
 from ..program import Arg, Buffer, KernelLaunch, Program
@@ -66,7 +67,8 @@ from .epilogue import (Param, check_index_size, contiguous_strides, ctype, float
                        int_param, render, score_chain, short_hash, signature, stride_param, tensor_param)
 
 __all__ = ["AttentionFamily", "AttentionProblem", "AttentionConfig", "analyze", "FAMILY", "CONFIGS",
-           "PLAIN_CONFIGS", "DECODE_CONFIGS", "HEAD_DIMS", "MAX_SPLITS", "COMBINE_BATCH", "combine_batch"]
+           "PLAIN_CONFIGS", "DECODE_CONFIGS", "HEAD_DIMS", "MAX_SPLITS", "COMBINE_BATCH", "combine_batch",
+           "combine_tail_round_trips"]
 
 LOG2E = 1.4426950408889634
 PAD = 8
@@ -104,10 +106,15 @@ PLAIN_CONFIGS = {d: () for d in CONFIGS}
 #: its loads with. Offered beside CONFIGS, with and without packing and splits; the model picks.
 #: Keys as in CONFIGS. At d = 256 a 16-row tile takes four warps along x (two, each holding a
 #: 16 x 256 output beside its 16-key scores, spill when the merge writes O itself).
+#: At d = 128 the 16-row tile runs 64-key chunks three deep: two sweeps of GQA decode on an H200
+#: (8 K/V heads, x = 4k-128k, L2 flushed; benchmarks/decode_sweep.py, its results in
+#: benchmarks/results/nvidia-h200/decode_sweep.json) measured it faster at every x than the same
+#: tile two deep (3-12 % at that tile's best split count, 3 blocks an SM; 10-21 % at 16 splits),
+#: 128-key chunks two deep (3-14 %) and 64-key chunks four deep (1-5 %), where the model ties the
+#: depths or prefers the fewer, larger steps. Those tiles are not offered at d = 128.
 DECODE_CONFIGS = {
     64: ((16, 64, 16, 3, 2, 4), (16, 128, 16, 2, 2, 4), (32, 64, 16, 3, 2, 2), (64, 64, 16, 3, 2, 1)),
-    128: ((16, 64, 16, 3, 2, 4), (16, 64, 16, 2, 3, 4), (16, 128, 16, 2, 1, 4), (32, 64, 16, 3, 2, 2),
-          (64, 64, 16, 2, 2, 1)),
+    128: ((16, 64, 16, 3, 2, 4), (32, 64, 16, 3, 2, 2), (64, 64, 16, 2, 2, 1)),
     192: ((16, 64, 16, 2, 2, 4), (16, 32, 16, 3, 2, 2), (32, 32, 16, 3, 2, 2), (64, 32, 16, 2, 2, 1)),
     256: ((16, 64, 16, 2, 1, 4), (32, 32, 16, 3, 2, 2), (64, 32, 16, 2, 2, 1)),
 }
@@ -124,6 +131,25 @@ MIN_SPLIT_CHUNKS = 2
 #: The most splits one thread of a tile's combine (in the last split block to arrive) loads at
 #: once (registers: a float4 and a float each; the loop's registers are free by then).
 COMBINE_BATCH = 16
+
+
+#: Memory round trips a split tile's last block waits for besides the combine's loads: its rows'
+#: partials stored, the fence, the arrival on the tile's counter. With one round trip a batch of
+#: COMBINE_BATCH partials (:func:`combine_tail_round_trips`) this is the measured tail, from a
+#: block's loop end to O written (H200, GQA decode at d = 128, per-block %globaltimer stamps of
+#: benchmarks/decode_timeline.py: 3.2 us at 16 splits, one batch; 4.3-5.4 us at 32, two; 6.0-8.9
+#: us at 49, four), against the profile's 0.8 us memory latency: 3.2, 4.0 and 5.6 us.
+SPLIT_TAIL_ROUND_TRIPS = 3
+
+
+def combine_tail_round_trips(splits: int) -> int:
+    """Memory round trips from a split block's loop end to the tile's O: the partials' stores,
+    fence and arrival, then one a batch of :func:`combine_batch` partials the last block loads.
+
+    >>> combine_tail_round_trips(16), combine_tail_round_trips(49)
+    (4, 7)
+    """
+    return SPLIT_TAIL_ROUND_TRIPS + math.ceil(splits / combine_batch(splits))
 
 
 def combine_batch(splits: int) -> int:
@@ -483,24 +509,36 @@ class AttentionFamily:
 
     def split_choices(self, p: AttentionProblem, sz, cfg: AttentionConfig, sms: int) -> list[int]:
         """The splits offered for a configuration: 1, and where its tiles give fewer blocks than
-        the SMs, enough to fill them about 1, 2 and 4 times over, and the most that still run as
-        one wave (every block resident at once: ``SMs · blocks_per_sm`` blocks, so no split waits
-        for another's SM), each split keeping at least MIN_SPLIT_CHUNKS chunks of keys. The model
-        ranks them: more splits stream more bytes at once but write more partials for the
-        combining launch to read.
+        the SMs, enough to fill them about 1, 2 and 4 times over (the fewest splits that cover
+        those rounds; for decode tiles the most that fit in them, where those leave at most a
+        tenth of the SMs idle), and the most that still run as one wave
+        (every block resident at once: ``SMs · blocks_per_sm`` blocks, so no split waits for
+        another's SM), each split keeping at least MIN_SPLIT_CHUNKS chunks of keys. The model
+        ranks them: more splits stream more bytes at once but write more partials, which the
+        last block of a tile to arrive reads back in more batches.
 
         >>> from napkin.diagrams import library
         >>> d = library.get("gqa").bind(h=8, j=4, q=1, x=32768, d=128)
         >>> cfg = AttentionConfig(16, 64, 16, 2, 128, 3, packed=True, wx=4)
-        >>> FAMILY.split_choices(analyze(d), d.sizes, cfg, 132)  # 8 blocks: 17, 33, 49 (3 a SM), 66
-        [1, 17, 33, 49, 66]
+        >>> FAMILY.split_choices(analyze(d), d.sizes, cfg, 132)  # 8 blocks: 16, 33, 49 (3 a SM), 66
+        [1, 16, 33, 49, 66]
         """
         base = self._base_blocks(p, sz, cfg)
         chunks = math.ceil(sz[p.x] / cfg.BX)
         room = min(MAX_SPLITS, chunks // MIN_SPLIT_CHUNKS)
         out = {1}
         if base < sms and room >= 2:
-            out |= {max(2, min(room, math.ceil(k * sms / base))) for k in (1, 2, 4)}
+            # k rounds of the SMs: the fewest splits that cover them; for decode tiles (a few query
+            # rows streaming K and V) the most whose blocks fit in them instead, where those leave
+            # at most a tenth of the SMs idle (8 heads on 132 SMs: 16 splits, 4 SMs idle, ran GQA
+            # decode at x = 16k in 25.8 us on an H200, and 17, whose 4 extra blocks double up on 4
+            # SMs, in 29.9). A prefill tile keeps the covering count: one 4096-query head on 4
+            # splits, a block an SM, ran 63.6 us against 61.1 on 8 (two an SM)
+            decode = sz[p.q] <= DECODE_ROWS
+            for k in (1, 2, 4):
+                fit, cover = math.floor(k * sms / base), math.ceil(k * sms / base)
+                n = fit if decode and fit * base >= 0.9 * k * sms else cover
+                out.add(max(2, min(room, n)))
             wave = sms * max(1, cfg.blocks_per_sm) // base
             if wave >= 2:
                 out.add(min(room, wave))
@@ -629,10 +667,11 @@ class AttentionFamily:
         """Blocks (tiles x woven combinations x splits), threads, register budget, shared memory
         and bytes in flight per thread (the K and V chunks loaded STAGES - 1 ahead); with splits,
         the steps of one split's loop, the workspace the splits write and the last of each tile's
-        splits reads back (``extra_hbm_bytes``), and that combine's tail, priced as one launch
-        (``extra_launches``): after the slowest split it fences, arrives and waits for batches of
-        L2 loads, which an H100 measured as long as the combining launch it replaced (GQA decode,
-        x = 4096: 16.6 us folded, 16.1 us with the second launch)."""
+        splits reads back (``extra_hbm_bytes``), and that combine's tail as the memory round trips
+        it waits for (``extra_round_trips``, :func:`combine_tail_round_trips`): after the slowest
+        split it stores its partials, fences, arrives and loads the partials in batches, so the
+        tail grows with the splits (it was priced as one launch whatever the splits, and the
+        planner took 49 splits where 16 measured 30.1 against 25.3 us: H200, GQA decode, x = 16384)."""
         if analyze(diagram).dtype == "fp8":
             from . import attention_fp8
 
@@ -653,8 +692,16 @@ class AttentionFamily:
         if cfg.splits > 1:
             rows = sz[p.q] * math.prod(sz[a] for a in p.woven)
             est["stream_steps"] = math.ceil(math.ceil(sz[p.x] / cfg.BX) / cfg.splits)
-            est["extra_launches"] = 1  # the combine's tail in the last split block (measured, see above)
+            est["extra_round_trips"] = combine_tail_round_trips(cfg.splits)  # the tail (see above)
             est["extra_hbm_bytes"] = 2 * 4 * cfg.splits * rows * (cfg.D + 1)
+        shared = math.prod(sz[a] for a in self.packed_axes(p))
+        if sz[p.q] <= DECODE_ROWS and not cfg.packed and shared > 1 and 2 * sz[p.q] <= cfg.BQ:
+            # a tile that could pack two query heads or more but does not: every query head's
+            # blocks load the K and V chunks of its key/value head themselves, (shared - 1) of the
+            # loads from L2 at best, which the cost model (a few query rows padded to the tile)
+            # does not count; the same tile packed reads them once
+            kv = sum(math.prod(sz[a] for a in t.axis_names) for t in (p.K, p.V)) * lookup_dtype(p.dtype).bytes
+            est["extra_l2_bytes"] = (shared - 1) * kv
         return est
 
     def config_of(self, p: AttentionProblem, diagram: Diagram, schedule: Schedule) -> AttentionConfig:
