@@ -17,7 +17,6 @@ schedule is beside it. The H200's run is ``benchmarks/results/nvidia-h200/decode
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -28,15 +27,21 @@ sys.path.insert(0, str(ROOT))
 DIAGRAM = f"{ROOT / 'benchmarks' / 'attention_decode.py'}:gqa_decode"
 
 
+def config(chunk: int, stages: int, blocks: int, splits: int):
+    """The packed 16-row decode tile (four warps sharing a chunk's keys) with these keys a chunk,
+    stages, blocks an SM (its register budget) and splits."""
+    from napkin.codegen.families.attention import AttentionConfig
+
+    return AttentionConfig(16, chunk, 16, stages, 128, blocks, splits=splits, packed=True, wx=4)
+
+
 def grid(sms: int, tiles: int, smem_limit: int):
-    """(chunk, stages, blocks an SM, splits) of every point: the tile's shared memory (Q and the
-    K/V ring, rows padded by 8) times its blocks must fit an SM."""
+    """(chunk, stages, blocks an SM, splits) of every point whose blocks' shared memory fits an SM."""
     out = []
     for bx in (64, 128):
         for stages in (2, 3, 4):
-            smem = (16 + 2 * stages * bx) * (128 + 8) * 2
             for blocks in (1, 2, 3):
-                if smem * blocks > smem_limit:
+                if config(bx, stages, blocks, 1).smem_bytes() * blocks > smem_limit:
                     continue
                 for splits in sorted({8, 16, sms * blocks // tiles // 2, sms * blocks // tiles}):
                     out.append((bx, stages, blocks, splits))
@@ -51,18 +56,10 @@ def diagram(x: int):
 
 
 def schedule_for(d, gpu, chunk: int, stages: int, blocks: int, splits: int):
-    """The family's packed 16-row decode schedule of ``d`` with these keys a chunk, stages, blocks
-    an SM (its register budget) and splits."""
-    from napkin.codegen import select
-    from napkin.codegen.families import get
+    """The attention family's schedule of :func:`config` for ``d``."""
+    from napkin.codegen.families.attention import FAMILY
 
-    base = next(r.schedule for r in select.rank(d, get("attention"), gpu, "bf16")
-                if r.schedule.kernels[0].options.engine == "mma.sync" and r.schedule.kernels[0].options.splits)
-    k0 = base.kernels[0]
-    relabels = tuple(dataclasses.replace(r, size=chunk) if r.kind == "stream" else r for r in k0.relabels)
-    opts = dataclasses.replace(k0.options, stages=stages, blocks_per_sm=blocks, splits=splits,
-                               regs_per_thread=min(255, 65536 // (128 * blocks) // 8 * 8))
-    return base.replace(kernels=(k0.replace(relabels=relabels, options=opts),))
+    return FAMILY.schedule(d, config(chunk, stages, blocks, splits), gpu=gpu)
 
 
 def main() -> int:
@@ -92,7 +89,7 @@ def main() -> int:
             row = dict(x=x, chunk=bx, stages=stages, blocks_per_sm=blocks, splits=splits)
             try:
                 c = compile_diagram(d, schedule=s)
-                args = [ins[n] for n in c.input_names] if isinstance(ins, dict) else list(ins)
+                args = list(ins)
                 o = c(*args)
                 o = (o["O"] if isinstance(o, dict) else o[0] if isinstance(o, (tuple, list)) else o).float()
                 first = o if first is None else first

@@ -16,7 +16,7 @@ stop the script with the line it looked for.
 
 The H200's run (``benchmarks/results/nvidia-h200/decode_timeline.json``) is the evidence behind
 ``napkin.codegen.families.attention.SPLIT_TAIL_ROUND_TRIPS``: from the loop's end to O written
-3.1 us at 16 splits, 4.3 at 32, 5.9 at 49.
+3.2 us at 16 splits, 4.3-5.4 at 32, 6.0-8.9 at 49.
 """
 
 from __future__ import annotations
@@ -116,7 +116,7 @@ def main() -> int:
         for chunk, stages, blocks, splits in configs:
             c = compile_diagram(d, schedule=schedule_for(d, gpu, chunk, stages, blocks, splits))
             ins = diagram_inputs(d, "bf16", "cuda", seed=1)
-            args = [ins[n] for n in c.input_names] if isinstance(ins, dict) else list(ins)
+            args = list(ins)
             for _ in range(5):
                 c(*args)
             torch.cuda.synchronize()
