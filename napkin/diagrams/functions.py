@@ -353,8 +353,8 @@ for _fn in [
                   "log1pf(expf(-fabsf({x0} * {p0})))) / {p0}))",
                   n_params=2, flops=7, sfu=2, param_names=("beta", "threshold"), nonzero_params=(0,),
                   positive_params=(0,),
-                  cuda_half="((({x0} * {p0}) > {p1}) ? {x0} : ((fmaxf({x0} * {p0}, 0.0f) + "
-                            "napkin::hm_log1p(__expf(-fabsf({x0} * {p0})))) / {p0}))",
+                  cuda_half="napkin::hm_select(({x0} * {p0}) > {p1}, {x0}, (fmaxf({x0} * {p0}, 0.0f) + "
+                            "napkin::hm_log1p(__expf(-fabsf({x0} * {p0})))) / {p0})",
                   doc="log(1 + e^(beta·x))/beta, and x where beta·x > threshold, as "
                       "torch.nn.functional.softplus; computed as (max(z, 0) + log1p(e^-|z|))/beta "
                       "(z = beta·x), which never overflows (where torch's exp would, a threshold above "
@@ -363,8 +363,8 @@ for _fn in [
                   "(({x0} > 20.0f) ? {x0} : ({x0} * ((expf({x0}) * (expf({x0}) + 2.0f)) / "
                   "(expf({x0}) * (expf({x0}) + 2.0f) + 2.0f))))",
                   flops=6, sfu=1,
-                  cuda_half="(({x0} > 20.0f) ? {x0} : ({x0} * __fdividef(__expf({x0}) * (__expf({x0}) + 2.0f), "
-                            "__expf({x0}) * (__expf({x0}) + 2.0f) + 2.0f)))",
+                  cuda_half="napkin::hm_select({x0} > 20.0f, {x0}, {x0} * __fdividef(__expf({x0}) * (__expf({x0}) + 2.0f), "
+                            "__expf({x0}) * (__expf({x0}) + 2.0f) + 2.0f))",
                   doc="x·tanh(softplus(x)) as torch.nn.functional.mish, computed with one exponential: "
                       "tanh(log(1 + n)) = n(n + 2)/(n(n + 2) + 2) for n = eˣ (exact algebra, where "
                       "tanh, log1p and exp would each cost a libm call), and x itself past 20, where "
@@ -374,14 +374,14 @@ for _fn in [
                   "(({x0} < 0.0f) ? (" + _lit(_SELU_SA) + " * expm1f({x0})) : (" + _lit(SELU_SCALE)
                   + " * {x0}))",
                   flops=2, sfu=1,
-                  cuda_half="(({x0} < 0.0f) ? (" + _lit(_SELU_SA) + " * napkin::hm_expm1({x0})) : ("
-                            + _lit(SELU_SCALE) + " * {x0}))",
+                  cuda_half="napkin::hm_select({x0} < 0.0f, " + _lit(_SELU_SA) + " * napkin::hm_expm1({x0}), "
+                            + _lit(SELU_SCALE) + " * {x0})",
                   doc="scale·x for x >= 0, scale·alpha·(eˣ - 1) below, as torch.nn.functional.selu "
                       "(alpha = 1.6732632423543772848, scale = 1.0507009873554804934): selu(-inf) = "
                       "-scale·alpha, selu(-0.0) = -0.0"),
     ElementwiseFn("elu", 1, _elu, "(({x0} < 0.0f) ? ({p0} * expm1f({x0})) : {x0})",
                   n_params=1, flops=2, sfu=1, param_names=("alpha",),
-                  cuda_half="(({x0} < 0.0f) ? ({p0} * napkin::hm_expm1({x0})) : {x0})",
+                  cuda_half="napkin::hm_select({x0} < 0.0f, {p0} * napkin::hm_expm1({x0}), {x0})",
                   doc="x for x >= 0, alpha·(eˣ - 1) below, as torch.nn.functional.elu: elu(-inf) = "
                       "-alpha, elu(-0.0) = -0.0"),
     ElementwiseFn("leaky_relu", 1, _leaky_relu, "(({x0} > 0.0f) ? {x0} : ({x0} * {p0}))",
