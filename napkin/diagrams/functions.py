@@ -113,6 +113,7 @@ class ArrayOps:
 
             self.m = torch
             self.erf = torch.erf
+            self.erfc = torch.erfc
             self.maximum = torch.maximum
             self.fmax = torch.fmax
             self.where = torch.where
@@ -122,6 +123,7 @@ class ArrayOps:
 
             self.m = np
             self.erf = _numpy_erf
+            self.erfc = _numpy_erfc
             self.maximum = np.maximum
             self.fmax = np.fmax
             self.where = np.where
@@ -214,6 +216,12 @@ def _numpy_erf(x):
 
     # numpy has no erf; math.erf per element is exact and the interpreter's arrays are small.
     return np.vectorize(math.erf, otypes=[x.dtype])(x)
+
+
+def _numpy_erfc(x):
+    import numpy as np
+
+    return np.vectorize(math.erfc, otypes=[x.dtype])(x)
 
 
 def _alibi_slope(h, n_heads, m):
@@ -410,9 +418,13 @@ for _fn in [
                       "backward diagrams Diagram.grad writes"),
     ElementwiseFn(
         "gelu", 1,
-        lambda m, xs, p, i, n: 0.5 * xs[0] * (1.0 + m.erf(xs[0] * _INV_SQRT2)),
+        lambda m, xs, p, i, n: 0.5 * xs[0] * m.erfc(xs[0] * -_INV_SQRT2),
         "(0.5f * {x0} * (1.0f + erff({x0} * 0.70710678118654752f)))",
-        flops=4, sfu=1, doc="x·Φ(x) (exact, erf form, as torch.nn.functional.gelu)",
+        flops=4, sfu=1,
+        doc="x·Φ(x) (exact, erf form, as torch.nn.functional.gelu); the reference computes "
+            "x·erfc(-x/√2)/2, which 1 + erf(x/√2) equals but loses to cancellation below x = -5 "
+            "(torch's own form gives -0.0 there, where the value is about -e^(-x²/2)/√(2π))",
+        cuda_half="napkin::hm_gelu({x0})",
     ),
     ElementwiseFn(
         "silu", 1,

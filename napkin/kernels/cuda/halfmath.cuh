@@ -20,7 +20,7 @@
 // log(softplus(x) + 1) 47.9 us with the branches and 37.6 without, selu then hardtanh 39.1 and 35.1,
 // mish 36.7 and 34.5. hm_silu alone keeps its branch (see there).
 //
-// Provides: hm_select, hm_log, hm_log1p, hm_expm1, hm_sigmoid, hm_silu, hm_div.
+// Provides: hm_select, hm_log, hm_log1p, hm_expm1, hm_sigmoid, hm_silu, hm_gelu, hm_div.
 // napkin.diagrams.functions' half forms (ElementwiseFn.cuda_half) call them; tests/diagrams/
 // test_functions_edges.py checks them on the host (exact libm in place of the approximations) and
 // test_functions_gpu.py on the GPU.
@@ -81,6 +81,24 @@ NAPKIN_DEVICE float hm_sigmoid(float x) {
 // of spills on sm_90a, where the accumulators hold 255 registers.
 NAPKIN_DEVICE float hm_silu(float x) {
   return x < -80.0f ? x * __expf(x) : __fdividef(x, 1.0f + __expf(-x));
+}
+
+// x·Φ(x) = x·(1 + erf(x/√2))/2, the erf form of GELU, from erfc(z) for z = |x|/√2 as
+// t·exp(-z² + P(t)), t = 1/(1 + z/2), with P the degree-9 Chebyshev fit of Numerical Recipes'
+// erfcc (relative error under 1.2e-7 for every z >= 0): x·erfc(z)/2 below 0, where 1 + erf would
+// cancel, and x·(2 - erfc(z))/2 from 0 (2 - erfc lies in [1, 2]). No branch (libm's erff has
+// several); about 15 instructions and one exponential. __expf's error grows with its argument
+// (2 + 1.17·|a| ULP) and reaches 2^-16 relative where the result leaves the normal numbers
+// (x near -13.2); z² rounds within 2^-24 relative. gelu(-inf) = -inf·0 = NaN as the fp32 form's
+// erff gives; gelu(inf) = inf, gelu(-0.0) = -0.0.
+NAPKIN_DEVICE float hm_gelu(float x) {
+  const float z = fabsf(x) * 0.707106781f;
+  const float t = __fdividef(1.0f, 1.0f + 0.5f * z);
+  const float p = -1.26551223f + t * (1.00002368f + t * (0.37409196f + t * (0.09678418f +
+                  t * (-0.18628806f + t * (0.27886807f + t * (-1.13520398f + t * (1.48851587f +
+                  t * (-0.82215223f + t * 0.17087277f))))))));
+  const float c = t * __expf(p - z * z);
+  return 0.5f * x * hm_select(x < 0.0f, c, 2.0f - c);
 }
 
 // x / y: __fdividef (2 ULP), both scaled by 1/4 where |y| > 2^126, the range where it returns 0
