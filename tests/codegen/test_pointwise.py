@@ -428,18 +428,50 @@ def test_maps_prefer_eight_vectors_in_flight_in_128_thread_blocks():
 
 def test_a_map_of_many_arrays_prefers_fewer_vectors_in_flight_over_a_register_heavy_block():
     """exp(X − m) / s with m and s broadcast (an outer softmax's output): eight vectors of three
-    arrays need 144 registers (measured 26.4 µs at 4096² bf16 on an H100, four vectors 22.2):
-    the family prefers the most vectors within MAP_REGS."""
+    arrays need 144 registers (measured 26.4 µs at 4096² bf16 on an H100, four vectors 22.2, two
+    22.0): the family prefers the most vectors within MAP_REGS, and every heavier block after."""
     a, b = axes("a b")
     X, m, s = array("X", a, b), array("m", b), array("s", b)
     d = prepare(Diagram("smap", map_fn("div", exp(map_fn("sub", X, m, name="d"), name="e"), s, name="Y")),
                 sizes=dict(a=4096, b=4096), dtype="bf16")
-    cands = FAMILY.candidates(d, "h100", "bf16")
-    cfg = FAMILY.config(d, cands[0])
-    assert pw.regs_estimate(pw.analyse(d), cfg) <= pw.MAP_REGS
-    assert (cfg.threads, cfg.unroll) == (128, 4)
-    heavy = [FAMILY.config(d, c) for c in cands if pw.regs_estimate(pw.analyse(d), FAMILY.config(d, c)) > pw.MAP_REGS]
-    assert heavy and all(c.unroll == 8 for c in heavy)
+    shape = pw.analyse(d)
+    cfgs = [FAMILY.config(d, c) for c in FAMILY.candidates(d, "h100", "bf16")]
+    regs = [pw.regs_estimate(shape, c) for c in cfgs]
+    light = [c for c, r in zip(cfgs, regs) if r <= pw.MAP_REGS]
+    deepest = max(c.unroll for c in light if c.threads == 128)
+    assert regs[0] <= pw.MAP_REGS and (cfgs[0].threads, cfgs[0].unroll) == (128, deepest)
+    first_heavy = next(i for i, r in enumerate(regs) if r > pw.MAP_REGS)
+    assert all(r > pw.MAP_REGS for r in regs[first_heavy:])
+    assert any(c.unroll == 8 for c in cfgs[first_heavy:])
+
+
+def test_a_map_block_keeps_28_warps_an_sm():
+    """gelu(X)·sigmoid(Y) over 8192 x 4096 bf16: eight vectors of two arrays take 96 registers, 20
+    warps an SM in 128-thread blocks (H200, kernels' time 56.4 µs), four take 64 (49.9 µs). The
+    tanh-form GELU of one array keeps its eight vectors at 72 registers (35.2 µs, four 36.9)."""
+    a, b = axes("a b")
+    X, Y = array("X", a, b), array("Y", a, b)
+    d = prepare(Diagram("gs", map_fn("mul", map_fn("gelu", X), map_fn("sigmoid", Y), name="Z")), sizes=dict(a=8192, b=4096),
+                dtype="bf16")
+    cfg = FAMILY.config(d, FAMILY.candidates(d, "h200", "bf16")[0])
+    assert (cfg.threads, cfg.unroll) == (128, 4) and pw.regs_estimate(pw.analyse(d), cfg) <= pw.MAP_REGS
+    assert pw.regs_estimate(pw.analyse(d), pw.Config("map", 128, 8)) > pw.MAP_REGS
+
+
+def test_a_map_whose_every_block_is_heavy_takes_the_fewest_registers():
+    """Where no block fits MAP_REGS (the sum of ten arrays), the lightest goes first, not the
+    deepest (eight vectors of ten arrays would take 255 registers): the preference orders by the
+    registers over the limit."""
+    a, b = axes("a b")
+    arrays = [array(f"X{i}", a, b) for i in range(10)]
+    y = arrays[0]
+    for i, x in enumerate(arrays[1:]):
+        y = map_fn("add", y, x, name=f"s{i}")
+    d = prepare(Diagram("many", y), sizes=dict(a=4096, b=4096), dtype="bf16")
+    shape = pw.analyse(d)
+    cfgs = [FAMILY.config(d, c) for c in FAMILY.candidates(d, "h200", "bf16")]
+    regs = [pw.regs_estimate(shape, c) for c in cfgs]
+    assert min(regs) > pw.MAP_REGS and regs[0] == min(regs) and cfgs[0].threads == 128
 
 
 def test_indices_are_64_bit_past_2_to_the_30():

@@ -86,10 +86,13 @@ COL_TX = (8, 16, 32, 64, 128)
 MAX_SPLITS = 1024
 #: Indices are 64-bit when any array, or the iteration space, passes this many elements.
 INT32_LIMIT = 2 ** 30
-#: The most registers a thread of a map kernel the family prefers: more leave under 16 warps an SM
-#: with 128-thread blocks (H100, bf16 4096², exp(x - m) / s with m and s broadcast: eight vectors
-#: in flight at 144 registers 26.4 us, four at 88 registers 22.2 us, two 22.0 us).
-MAP_REGS = 128
+#: The most registers a thread of a map kernel the family prefers: more leave under 28 warps an SM
+#: with 128-thread blocks (7 blocks). H100, bf16 4096², exp(x - m) / s with m and s broadcast: eight
+#: vectors in flight at 144 registers 26.4 us, four at 88 registers 22.2 us, two 22.0 us. H200, bf16
+#: 8192 x 4096, gelu(x)·sigmoid(y) (kernels' time): eight vectors at 96 registers (20 warps) 56.4
+#: us, four at 64 registers 49.9 us; the tanh-form GELU's eight at 72 registers (28 warps) 35.2 us,
+#: four 36.9 us.
+MAP_REGS = 72
 #: Registers of the footprint formula beside the values in flight: indices, offsets, loop state.
 BASE_REGS = 16
 MAX_REGS = 255
@@ -671,7 +674,7 @@ def preference(shape: PointwiseShape, cfg: Config, sms: int = 132) -> tuple:
     model times alike: in the map kernel 128-thread blocks with eight vectors in flight per thread
     (measured on an H200, bf16 at 8192 x 8192, L2 flushed clean: tanh-form GELU 67 us, against 70
     with four and 76 for 256 threads with two; sigmoid as three maps 66 us for all three), unless
-    that needs more than ``MAP_REGS`` registers a thread; in a
+    that needs more than ``MAP_REGS`` registers a thread (then the fewest registers); in a
     reduction 256-thread blocks, four vectors
     in flight, a row kernel whose threads get about 64 bytes of R each, column rows of 32 lanes
     (512 contiguous bytes), about four blocks per SM (the split that gives them)."""
@@ -681,7 +684,7 @@ def preference(shape: PointwiseShape, cfg: Config, sms: int = 132) -> tuple:
     small = shape.vec * shape.bytes < 8   # scalar accesses: more of them in flight
     if shape.mode == "map":
         unroll = {8: 0, 4: 1, 2: 2, 1: 3}[cfg.unroll]
-        return (regs_estimate(shape, cfg) > MAP_REGS, dist(cfg.threads, 128), cfg.threads > 128, unroll)
+        return (max(0, regs_estimate(shape, cfg) - MAP_REGS), dist(cfg.threads, 128), cfg.threads > 128, unroll)
     blocks = base_blocks(shape, cfg) * cfg.splits
     fill = dist(min(blocks, 4 * sms), 4 * sms)
     unroll = {4: 0, 8: 1, 2: 2, 1: 3}[cfg.unroll] if small else {4: 0, 2: 1, 1: 2, 8: 3}[cfg.unroll]
