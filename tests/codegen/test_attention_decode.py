@@ -189,6 +189,40 @@ def test_unpacked_decode_tiles_state_the_key_value_loads_the_cost_model_does_not
     assert "extra_l2_bytes" not in est  # q tiles re-read K and V anyway: the cost model counts those
 
 
+def test_packed_tiles_too_small_for_their_heads_rows_state_the_reloads():
+    """Seven query rows of four query heads are 28 rows: two 16-row packed tiles stream each key/
+    value head's chunks twice, where one 32-row tile streams them once (H200, x = 131072, d = 128:
+    201.6 us against 160.9; the model, which counts the second pass from L2 under the HBM time,
+    had tied them). The planner packs a head's rows into one tile there."""
+    d = gqa_decode().bind(h=8, j=4, q=7, x=131072, d=128)
+    kv = 2 * 8 * 131072 * 128 * 2
+    p = analyze(d)
+    two = AttentionConfig(16, 64, 16, 3, 128, 2, splits=16, packed=True, wx=4)
+    one = AttentionConfig(32, 64, 16, 3, 128, 2, splits=16, packed=True, wx=2)
+    assert FAMILY.kv_reloads(p, d.sizes, two) == 1 and FAMILY.kv_reloads(p, d.sizes, one) == 0
+    assert FAMILY.launch_estimate(d, FAMILY.schedule(d, two))["extra_l2_bytes"] == kv
+    assert "extra_l2_bytes" not in FAMILY.launch_estimate(d, FAMILY.schedule(d, one))
+    # an unpacked 16-row tile that could hold two heads' 7 rows: each query head apart, 3 more
+    # passes; 64 query rows fill 64-row tiles whatever the packing
+    assert FAMILY.kv_reloads(p, d.sizes, AttentionConfig(16, 64, 16, 3, 128, 2, splits=16, wx=4)) == 3
+    one_row = gqa_decode().bind(h=8, j=4, q=1, x=8192, d=128)
+    assert FAMILY.kv_reloads(analyze(one_row), one_row.sizes, AttentionConfig(16, 64, 16, 3, 128, 2, wx=4)) == 3
+    long_q = gqa_decode().bind(h=8, j=4, q=64, x=8192, d=128)
+    assert FAMILY.kv_reloads(analyze(long_q), long_q.sizes, AttentionConfig(64, 64, 16, 2, 128, 2)) == 0
+    for gpu in ("h100", "h200"):
+        k = plan_of(d, gpu).kernels[0].kernel
+        assert {r.axis: r.size for r in k.relabels if r.kind == "group" and r.level == "SMEM"}["j"] == 4, k
+
+
+def test_long_decode_splits_fit_one_round_of_the_sms():
+    """GQA decode at d = 128, x = 32k-128k on the H200 profile: 16 splits of 8 packed tiles (a block
+    an SM), not 33 (two an SM). The loop's per-step gaps pass under its memory time, which made the
+    33 splits' shorter loops look faster (measured 38.8 against 41.2 us of kernels at 32k)."""
+    for x in (32768, 131072):
+        d = gqa_decode().bind(h=8, j=4, q=1, x=x, d=128)
+        assert plan_of(d, "h200").kernels[0].kernel.options.splits == 16
+
+
 def test_split_choices_fill_the_sms_and_keep_chunks():
     d = library.get("mha").bind(h=32, q=1, x=8192, d=128)
     p = analyze(d)

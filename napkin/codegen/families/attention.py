@@ -695,14 +695,33 @@ class AttentionFamily:
             est["extra_round_trips"] = combine_tail_round_trips(cfg.splits)  # the tail (see above)
             est["extra_hbm_bytes"] = 2 * 4 * cfg.splits * rows * (cfg.D + 1)
         shared = math.prod(sz[a] for a in self.packed_axes(p))
-        if sz[p.q] <= DECODE_ROWS and not cfg.packed and shared > 1 and 2 * sz[p.q] <= cfg.BQ:
-            # a tile that could pack two query heads or more but does not: every query head's
-            # blocks load the K and V chunks of its key/value head themselves, (shared - 1) of the
-            # loads from L2 at best, which the cost model (a few query rows padded to the tile)
-            # does not count; the same tile packed reads them once
+        reloads = self.kv_reloads(p, sz, cfg)
+        if reloads:
+            # tiles that stream the same key/value head's chunks apart, where one packed tile could
+            # stream them for all its query heads: an unpacked tile that could pack two query heads
+            # or more, whose blocks each load the K and V chunks (the cost model, a few query rows
+            # padded to the tile, does not count it); or a packed tile too small for its heads'
+            # rows, whose re-reads the cost model counts from L2 and under the HBM time. Measured
+            # on an H200 at q = 7, x = 131072, d = 128 (8 K/V heads of 4): two 16-row tiles a head
+            # and 16 splits 201.6 us, one 32-row tile and 33 splits 160.9, where the model tied them
             kv = sum(math.prod(sz[a] for a in t.axis_names) for t in (p.K, p.V)) * lookup_dtype(p.dtype).bytes
-            est["extra_l2_bytes"] = (shared - 1) * kv
+            est["extra_l2_bytes"] = reloads * kv
         return est
+
+    def kv_reloads(self, p: AttentionProblem, sz, cfg: AttentionConfig) -> int:
+        """How many more times than needed the decode tiles of ``cfg`` stream one key/value head's
+        chunks: the tiles a head's query rows take (each query head apart when unpacked) less the
+        fewest that the largest packing tile of :data:`DECODE_CONFIGS` would take. 0 outside decode,
+        without packed axes, and for an unpacked tile too small to pack two query heads."""
+        shared = math.prod(sz[a] for a in self.packed_axes(p))
+        q = sz[p.q]
+        if q > DECODE_ROWS or shared <= 1:
+            return 0
+        if not cfg.packed and 2 * q > cfg.BQ:
+            return 0
+        tiles = math.ceil(q * shared / cfg.BQ) if cfg.packed else shared * math.ceil(q / cfg.BQ)
+        widest = max(c[0] for cs in DECODE_CONFIGS.values() for c in cs if c[2] == 16)
+        return max(0, tiles - math.ceil(q * shared / widest))
 
     def config_of(self, p: AttentionProblem, diagram: Diagram, schedule: Schedule) -> AttentionConfig:
         if len(schedule.kernels) != 1:
