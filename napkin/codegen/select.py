@@ -316,6 +316,8 @@ def _shape_of(est: dict | None, fam, schedule: Schedule):
         facts["tf32x3_flops"] = float(est["tf32x3_flops"])
     if est.get("tail_factor"):  # the per-SM tail the kernel's own order of unequal tiles gives
         facts["tail_factor"] = float(est["tail_factor"])
+    if est.get("issue_overlaps_memory"):  # loads that run ahead of the loop's per-step gaps
+        facts["issue_overlaps_memory"] = True
     return LaunchShape(blocks=int(est["blocks"]), threads=int(est["threads"]), regs_per_thread=int(est["regs"]),
                        smem_bytes=int(est.get("smem") or 0),
                        in_flight_bytes_per_thread=est.get("in_flight_bytes_per_thread") or None,

@@ -170,6 +170,9 @@ class LaunchShape:
     tail_factor: the busiest SM's work over the even share where the kernel's own order of
         unequal tiles sets it (a persistent kernel walking tiles, a causal grid), in place of the
         roofline's ``ceil(blocks / SMs) / (blocks / SMs)`` (None: that).
+    issue_overlaps_memory: the kernel's loads run ahead of its per-step gaps (a deep cp.async ring
+        whose chunks are large beside a step's overhead), so the gaps count on the compute side of
+        the roofline (:func:`~napkin.perfmodel.roofline.predict`); False: they add.
     """
 
     blocks: int
@@ -192,6 +195,7 @@ class LaunchShape:
     fma_flops_per_exp: float = 0.0
     tf32x3_flops: float = 0.0
     tail_factor: float | None = None
+    issue_overlaps_memory: bool = False
 
     def __post_init__(self) -> None:
         if int(self.blocks) < 1 or int(self.threads) < 1:
@@ -515,7 +519,8 @@ def predict_kernel(gpu: GPU, work: Work, launch: LaunchShape | None = None, *, n
     rp = predict(gpu, loop, blocks=int(launch.blocks), blocks_per_sm=bps, efficiency=eff,
                  launch_overhead_s=launch_overhead_s, tensor_path=launch.tensor_path,
                  block_latency_s=(chain.fill_s + chain.reduce_s) if chain is not None else 0.0,
-                 block_issue_s=chain.steps_s if chain is not None else 0.0, tail_factor=launch.tail_factor)
+                 block_issue_s=chain.steps_s if chain is not None else 0.0, tail_factor=launch.tail_factor,
+                 issue_overlaps_memory=launch.issue_overlaps_memory)
     ep = None
     if epi is not None:
         # the epilogue's roofline, its compute stretched by the tail like the loop's; its maps run

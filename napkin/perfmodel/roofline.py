@@ -37,9 +37,9 @@ parameter:
   block_latency_s + body / blocks_per_sm − body)``: all of it with one block per SM, nothing
   when enough blocks share the SM; the per-step overheads of a streamed loop
   (``block_issue_s``: barriers, pipeline restarts, time the block's warps issue none of the
-  body) are added for every generation, ``rounds × block_issue_s``, to the compute side where
-  memory overlaps compute: they cost what they push ``compute + rounds × block_issue_s`` past the
-  memory time (a memory-bound loop's gaps pass while its loads are in flight);
+  body) are added for every generation, ``rounds × block_issue_s``; for a kernel whose loads run
+  ahead of those gaps (``issue_overlaps_memory``) they count on the compute side instead: they cost
+  what they push ``compute + rounds × block_issue_s`` past the memory time;
 * a fixed launch overhead is added: ``launch_overhead_s``, by default the profile's
   ``GPU.launch_overhead_s`` (an estimate; :data:`LAUNCH_OVERHEAD_S` for a profile without one).
 
@@ -310,6 +310,7 @@ def predict(
     block_latency_s: float = 0.0,
     block_issue_s: float = 0.0,
     tail_factor: float | None = None,
+    issue_overlaps_memory: bool = False,
 ) -> Prediction:
     """Predicted runtime of ``work`` on ``gpu`` (see the module docstring for the assumptions).
 
@@ -321,6 +322,8 @@ def predict(
     None takes the profile's ``launch_overhead_s``. ``tail_factor`` (with ``blocks``): the
     busiest SM's work over the even share where the launch's own order of unequal tiles sets it
     (a persistent kernel's, or a causal grid's), instead of ``ceil(blocks / sms) / (blocks / sms)``.
+    ``issue_overlaps_memory``: the kernel's loads run ahead of its per-step gaps, so the gaps
+    (``block_issue_s``) count on the compute side (see the module docstring).
     """
     if launch_overhead_s is None:
         launch_overhead_s = launch_overhead_of(gpu)
@@ -384,16 +387,18 @@ def predict(
     # others keep the SM's pipes busy. Over the rounds, what the chain adds beyond the body is
     # max(0, rounds·chain + body/blocks_per_sm − body); with one block per SM it simply adds.
     # A block's per-step overheads (barrier, pipeline restart) are time its warps issue nothing of
-    # the body, ``block_issue_s`` every generation. Where memory overlaps compute, the loads already
-    # in flight keep moving through those gaps, so they cost only what they push the SM's issue
-    # time (compute plus gaps) past the memory time: all of it in a compute-bound loop, nothing in
-    # a memory-bound one with that much slack (an H200 GQA decode at x = 32k: 16 splits of 32
-    # steps measured 38.8 us of kernels, 33 splits of 16 steps 41.2, where adding the gaps ranked
-    # 33 first).
+    # the body, ``block_issue_s`` every generation, added. A kernel whose loads run ahead of those
+    # gaps (``issue_overlaps_memory``: its loads in flight keep moving through them) pays only what
+    # they push the SM's issue time (compute plus gaps) past the memory time: all of it in a
+    # compute-bound loop, nothing in a memory-bound one with that much slack. Measured on an H200:
+    # the split-KV decode kernel at x = 32k, 16 splits of 32 steps 38.8 us of kernels against 41.2
+    # for 33 splits of 16 steps (adding the gaps ranked 33 first); but the mma.sync contraction's
+    # 64 x 64 tiles over a tall, narrow product ran 1.5-2.1x slower than the wgmma tiles when its
+    # gaps were taken as hidden (8192 x 2097153 x 64 in 2 batches: 3556.6 against 2102.6 us).
     n_rounds = rounds if rounds is not None else 1
     resident = max(1, min(bps or 1, busiest or 1))
     issue = block_issue_s * n_rounds
-    if eff.overlap_memory:
+    if issue_overlaps_memory and eff.overlap_memory:
         issue = max(0.0, compute_time + issue - tail_body)
     latency = issue + max(0.0, block_latency_s * n_rounds + tail_body / resident - tail_body)
 
