@@ -739,6 +739,10 @@ def explain_assumptions(gpu: GPU | str, prediction: SchedulePrediction | None = 
         for f in ("overlap_compute", "overlap_operands"):
             if getattr(ls, f) is not None:
                 rows.append((f"{pre}.{f}", getattr(ls, f), who))
+        if ls.issue_overlaps_memory:
+            rows.append((f"{pre}.issue_overlaps_memory", True,
+                         f"{who}: its loads run ahead of the loop's step overheads, which count on the "
+                         "compute side"))
         if kp.chain is not None:
             rows.append((f"{pre}.latency_chain_s", kp.chain.total_s,
                          "derived: fill + step overheads + reductions from the fields above"))

@@ -212,6 +212,10 @@ def test_explain_assumptions_lists_every_named_constant(h100):
     assert got["efficiency[attention].tensor"] == 0.8 and got["Efficiency.tensor"] == 0.8
     assert got["kernel[fused].stream_steps"] == 16 and got["kernel[fused].threads_per_row"] == 4
     assert "kernel[fused].latency_chain_s" in got
+    assert "kernel[fused].issue_overlaps_memory" not in got
+    ahead = LaunchShape(blocks=256, threads=128, regs_per_thread=128, smem_bytes=32 * 1024, issue_overlaps_memory=True)
+    q = predict_schedule(Schedule.fused(d, groups={"q": 64}, streams={"x": 64}), h100, launch=ahead)
+    assert dict((n, v) for n, v, _ in explain_assumptions(h100, q))["kernel[fused].issue_overlaps_memory"] is True
 
 
 def test_step_overheads_pass_under_a_memory_bound_loop_whose_loads_run_ahead(h100):
