@@ -141,3 +141,28 @@ def test_unfused_chain_cost_and_prediction_are_numeric_and_linear(monkeypatch):
     assert isinstance(c.H_bytes("HBM"), int) and isinstance(c.M_bytes("HBM"), int)
     # every weight and X0 live throughout; one intermediate written and the next read at a time
     assert c.M("HBM") == 256 * 256 * 41 + 2 * 256 * 256
+
+
+def test_concurrent_split_breakpoints_are_every_least_factor_within_the_budget():
+    """``cost._breakpoints(n, budget)``: every f ≤ budget that is the least factor giving its
+    quotient ceil(n / f), checked against the definition, and for an axis of 2^48 (the CLI's
+    largest size), whose walk now starts at the budget (from k = 1 it took 2·√n steps a call, and a
+    fuzzed ``napkin cost`` line sat in it for over ten minutes)."""
+    import random
+
+    from napkin.perfmodel.cost import _breakpoints
+
+    def by_definition(n, budget):
+        least = {}
+        for f in range(1, min(n, budget) + 1):
+            least.setdefault(-(-n // f), f)
+        return sorted(set(least.values()) | {1})
+
+    rng = random.Random(7)
+    cases = [(n, b) for n in (1, 2, 3, 7, 64, 100, 1000) for b in (1, 2, 3, 5, 64, 5000)]
+    cases += [(rng.randint(1, 3000), rng.randint(1, 3500)) for _ in range(300)]
+    for n, b in cases:
+        assert _breakpoints(n, b) == by_definition(n, b), (n, b)
+    assert _breakpoints(2 ** 48, 64) == list(range(1, 65))
+    big = _breakpoints(2 ** 48 + 1, 4096)
+    assert big[0] == 1 and big[-1] == 4096 and len(big) == 4096
