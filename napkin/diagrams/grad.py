@@ -474,7 +474,16 @@ class _Backward:
             return g
         if op.how == "mean":
             return g * _inverse_size(_size_of(v.args[0], op.over))
-        x, m = self.fwd(v.args[0]), self.fwd(v)
+        src = v.args[0]
+        x = self.fwd(src)
+        if self.d.name_of(src) in self.save or any(src is i for i in self.d.inputs):
+            m = self.fwd(v)
+        else:
+            # x is recomputed here, and may differ from the forward's in its last bits (a softmax
+            # rebuilt from its saved log-sum-exp is exp(S − lse), not exp(S − max)/sum): a tie test
+            # against a saved max could find no maximum in a row and divide 0 by 0, so the max is
+            # taken again over the values the test reads
+            m = apply(op, (x,), None)
         ones = _ones(x)
         below = (m - x) if op.how == "max" else (x - m)
         hit = ones - _gate(ones, below)             # 1 where x attains the max (min), else 0
