@@ -698,7 +698,6 @@ class AttentionFamily:
             est["stream_steps"] = math.ceil(math.ceil(sz[p.x] / cfg.BX) / cfg.splits)
             est["extra_round_trips"] = combine_tail_round_trips(cfg.splits)  # the tail (see above)
             est["extra_hbm_bytes"] = 2 * 4 * cfg.splits * rows * (cfg.D + 1)
-        shared = math.prod(sz[a] for a in self.packed_axes(p))
         reloads = self.kv_reloads(p, sz, cfg)
         if reloads:
             # tiles that stream the same key/value head's chunks apart, where one packed tile could
@@ -715,8 +714,9 @@ class AttentionFamily:
     def kv_reloads(self, p: AttentionProblem, sz, cfg: AttentionConfig) -> int:
         """How many more times than needed the decode tiles of ``cfg`` stream one key/value head's
         chunks: the tiles a head's query rows take (each query head apart when unpacked) less the
-        fewest that the largest packing tile of :data:`DECODE_CONFIGS` would take. 0 outside decode,
-        without packed axes, and for an unpacked tile too small to pack two query heads."""
+        fewest that the largest packing tile of :data:`DECODE_CONFIGS` at its head dimension would
+        take. 0 outside decode, without packed axes, and for an unpacked tile too small to pack two
+        query heads."""
         shared = math.prod(sz[a] for a in self.packed_axes(p))
         q = sz[p.q]
         if q > DECODE_ROWS or shared <= 1:
@@ -724,7 +724,7 @@ class AttentionFamily:
         if not cfg.packed and 2 * q > cfg.BQ:
             return 0
         tiles = math.ceil(q * shared / cfg.BQ) if cfg.packed else shared * math.ceil(q / cfg.BQ)
-        widest = max(c[0] for cs in DECODE_CONFIGS.values() for c in cs if c[2] == 16)
+        widest = max(c[0] for c in DECODE_CONFIGS[_dbound(cfg.D, DECODE_CONFIGS)] if c[2] == 16)
         return max(0, tiles - math.ceil(q * shared / widest))
 
     def config_of(self, p: AttentionProblem, diagram: Diagram, schedule: Schedule) -> AttentionConfig:
