@@ -1,7 +1,7 @@
 """The sanitizer cases (benchmarks/sanitize.py) cover every kernel template, on Hopper and Ampere.
 
 compute-sanitizer runs only on the GPU machine, so what it covers is decided here, without a GPU:
-each case is planned for an H100 (sm_90a) and an A100 (sm_80) and must use the template it names,
+each case is planned for an H100 and an H200 (sm_90a) and an A100 (sm_80) and must use the template it names,
 and the cases together must name every template in ``napkin/codegen/templates``. A new template
 without a sanitizer case fails this test.
 """
@@ -16,7 +16,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 TEMPLATES = sorted(p.name for p in (ROOT / "napkin" / "codegen" / "templates").glob("*.cu.jinja"))
-GPU_OF_TARGET = {"sm_90a": "h100", "sm_80": "a100"}
+# every profile a target's machines plan with: the GPU machine plans for the GPU it finds
+GPUS_OF_TARGET = {"sm_90a": ("h100", "h200"), "sm_80": ("a100",)}
 
 
 def hopper_only(template: str) -> bool:
@@ -35,7 +36,7 @@ def _sanitize_module():
 SANITIZE = _sanitize_module()
 
 
-@pytest.mark.parametrize("target", sorted(GPU_OF_TARGET))
+@pytest.mark.parametrize("target", sorted(GPUS_OF_TARGET))
 def test_every_template_has_a_sanitizer_case(target):
     named = {c.template for c in SANITIZE.CASES if target in c.archs}
     # wgmma and fp8 tensor cores exist only on Hopper: Ampere needs every other template
@@ -46,8 +47,9 @@ def test_every_template_has_a_sanitizer_case(target):
 @pytest.mark.parametrize("case", SANITIZE.CASES, ids=lambda c: f"{c.template}-{c.name}-{c.dtype}")
 def test_each_case_plans_the_template_it_is_there_for(case):
     for target in case.archs:
-        k = case.compile(gpu=GPU_OF_TARGET[target])
-        assert case.template in SANITIZE.templates_of(k), (target, SANITIZE.templates_of(k))
+        for gpu in GPUS_OF_TARGET[target]:
+            k = case.compile(gpu=gpu)
+            assert case.template in SANITIZE.templates_of(k), (target, gpu, SANITIZE.templates_of(k))
 
 
 def test_the_target_of_a_device_arch():
