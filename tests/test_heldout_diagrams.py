@@ -4,7 +4,7 @@ The project is judged on diagrams nobody here wrote. This hypothesis test draws 
 space than ``test_reliability_properties.chains``: inputs with their axes in any order
 (transposed operands), contractions over one or two axes with batch axes and a permuted result
 (``out=``), reductions (sum, max, min, mean) over any non-empty set of axes (all of them: a 0-d
-array), softmax, logsumexp, layernorm and rmsnorm over any axis, elementwise maps with a fresh
+array), softmax, logsumexp, layernorm and rmsnorm over any axis or several, elementwise maps with a fresh
 operand broadcast by name (or an earlier array again), a causal mask, renames (an axis under a new
 name, two axes of one size swapped: views), and now and then an intermediate as a second output.
 Sizes are small (1..40, at most a few thousand elements an array), dtypes bf16/fp16/fp32, GPUs
@@ -96,6 +96,12 @@ def heldout(draw, max_steps: int = 5, sizes_from=(1, 2, 3, 5, 7, 8, 13, 16, 33, 
         return draw(st.lists(st.sampled_from(sorted(within)), min_size=lo, max_size=min(hi, len(within)),
                              unique=True))
 
+    def row(now):
+        """The axis a softmax, logsumexp or norm runs along: mostly one, now and then several."""
+        if len(now) >= 2 and draw(st.integers(0, 3)) == 0:
+            return tuple(some(now, 2, len(now)))
+        return draw(st.sampled_from(now))
+
     cur = new_input(some(AXIS_NAMES, 1, 3))
     values = [cur]
     zero_mean: set[str] = set()  # a sum over an axis a layernorm centred is 0 up to rounding: ill-posed
@@ -131,14 +137,14 @@ def heldout(draw, max_steps: int = 5, sizes_from=(1, 2, 3, 5, 7, 8, 13, 16, 33, 
             how = draw(st.sampled_from(["max", "min"] if zero_mean & set(over) else ["sum", "max", "min", "mean"]))
             cur = reduce(cur, over, how, name=name)
         elif kind == "softmax":
-            cur = softmax(cur, over=draw(st.sampled_from(now)), name=name)
+            cur = softmax(cur, over=row(now), name=name)
         elif kind == "logsumexp":
-            cur = logsumexp(cur, over=draw(st.sampled_from(now)), name=name)
+            cur = logsumexp(cur, over=row(now), name=name)
         elif kind == "norm":
-            over = draw(st.sampled_from(now))
+            over = row(now)
             how = draw(st.sampled_from([layernorm, rmsnorm]))
             if how is layernorm:
-                zero_mean.add(over)
+                zero_mean.update([over] if isinstance(over, str) else over)
             cur = how(cur, over=over, name=name)
         elif kind == "rename":  # a view: one axis under a new name, or two axes of one size swapped
             same = [(p, q) for p in now for q in now if p < q and sizes[p] == sizes[q]]
@@ -304,6 +310,11 @@ def _fixed_cases():
         "logsumexp_rows": logsumexp(A, over="j", name="Y"),
         "layernorm_first_axis": layernorm(A, over="i", name="Y"),
         "rmsnorm_inner_axis": rmsnorm(A, over="j", name="Y"),
+        # over a row of several axes (nn.LayerNorm((c, h, w)), a batch norm's (n, s)): written out
+        "layernorm_outer_and_inner": layernorm(array("T", i, j, k), over=("i", "k"), name="Y"),
+        "rmsnorm_all_axes": rmsnorm(A, over=("j", "i"), name="Y"),
+        "softmax_two_axes": softmax(array("T", i, j, k), over=("j", "k"), name="Y"),
+        "logsumexp_two_axes": logsumexp(array("T", i, j, k), over=("i", "j"), name="Y"),
         "matmul_then_softmax_then_sum": reduce(softmax(contract(A, B, over="j", name="S"), over="k", name="P"),
                                                ("i",), "sum", name="Y"),
         "causal_softmax": softmax(causal(array("S", i, Axis("x", 13)), "i", "x", name="M"), over="x", name="Y"),

@@ -673,13 +673,45 @@ def mean_over(x: Value, over, name: str | None = None) -> Value:
     return reduce(x, over, "mean", name)
 
 
+def _several_axes(over, x, how: str) -> tuple[str, ...] | None:
+    """The axis names of ``over`` when it lists several axes (a normalisation over a "row" of
+    several axes, as torch's ``nn.LayerNorm(normalized_shape=(c, h, w))``), None when it is one axis.
+
+    Several axes are checked as :func:`reduce` checks them: none twice, each carried by ``x``.
+    """
+    if isinstance(over, (Axis, str)):
+        return None
+    names = as_axis_names(over)
+    if not names:
+        raise DiagramError(f"{how} over no axes: give at least one axis")
+    if len(set(names)) != len(names):
+        raise DiagramError(f"{how} over {', '.join(names)}: an axis appears twice")
+    if isinstance(x, Value):
+        for n in names:
+            _require_axis(x, n, f"{how} over {', '.join(names)}")
+    return None if len(names) == 1 else names
+
+
 def softmax(x: Value, over, name: str | None = None) -> Value:
     """softmax along ``over``, woven over every other axis.
 
     A lone softmax cannot be streamed along ``over`` (it needs the whole row);
     a softmax followed by a contraction over the same axis can.
+
+    Over several axes (a list or tuple), the softmax of the flattened row is written out as
+    boxes: ``e = exp(x − max_over(x, over))``, ``e / sum_over(e, over)``; the row-wise family
+    runs the chain as one kernel.
+
+    >>> from napkin.diagrams import axes
+    >>> a, b, c = axes("a b c")
+    >>> softmax(array("X", a, b, c), (b, c), name="Y").axis_names
+    ('a', 'b', 'c')
     """
-    return apply(Softmax(as_axis_name(over)), (x,), name)
+    names = _several_axes(over, x, "softmax")
+    if names is None:
+        return apply(Softmax(as_axis_name(over if isinstance(over, (Axis, str)) else tuple(over)[0])), (x,), name)
+    e = exp(x - max_over(x, names))
+    return map_fn("div", e, sum_over(e, names), name=name)
 
 
 def _check_eps(how: str, eps) -> float:
@@ -693,14 +725,36 @@ def _check_eps(how: str, eps) -> float:
 def layernorm(x: Value, over, eps: float = 1e-5, name: str | None = None) -> Value:
     """(x − mean)/√(var + eps) along ``over`` (no affine: multiply and add a weight and bias).
 
-    ``eps`` must be a finite number > 0.
+    ``eps`` must be a finite number > 0. Over several axes (a list or tuple: torch's
+    ``nn.LayerNorm((c, h, w))``, a batch norm's statistics over ``(n, s)``), the norm of the
+    flattened row is written out as boxes, as the library's ``group_norm`` is: ``D = x − mean``,
+    ``D·rsqrt(mean(D²) + eps)`` (the biased variance, as torch).
+
+    >>> from napkin.diagrams import axes
+    >>> n, c, s = axes("n c s")
+    >>> layernorm(array("X", n, c, s), (c, s), name="Y").axis_names
+    ('n', 'c', 's')
     """
-    return apply(Norm("layernorm", as_axis_name(over), _check_eps("layernorm", eps)), (x,), name)
+    e = _check_eps("layernorm", eps)
+    names = _several_axes(over, x, "layernorm")
+    if names is None:
+        return apply(Norm("layernorm", as_axis_name(over if isinstance(over, (Axis, str)) else tuple(over)[0]), e),
+                     (x,), name)
+    d = x - mean_over(x, names)
+    return map_fn("mul", d, rsqrt(mean_over(square(d), names) + e), name=name)
 
 
 def rmsnorm(x: Value, over, eps: float = 1e-6, name: str | None = None) -> Value:
-    """x/√(mean(x²) + eps) along ``over``; ``eps`` must be a finite number > 0."""
-    return apply(Norm("rmsnorm", as_axis_name(over), _check_eps("rmsnorm", eps)), (x,), name)
+    """x/√(mean(x²) + eps) along ``over``; ``eps`` must be a finite number > 0.
+
+    Over several axes (a list or tuple), written out as boxes: ``x·rsqrt(mean(x²) + eps)``.
+    """
+    e = _check_eps("rmsnorm", eps)
+    names = _several_axes(over, x, "rmsnorm")
+    if names is None:
+        return apply(Norm("rmsnorm", as_axis_name(over if isinstance(over, (Axis, str)) else tuple(over)[0]), e),
+                     (x,), name)
+    return map_fn("mul", x, rsqrt(mean_over(square(x), names) + e), name=name)
 
 
 def rename(x: Value, mapping: Mapping | None = None, /, name: str | None = None, **more) -> Value:
@@ -802,7 +856,8 @@ def leaky_relu(x: Value, negative_slope: float = 0.01, name: str | None = None) 
 
 
 def logsumexp(x: Value, over, name: str | None = None) -> Value:
-    """log Σ_over eˣ, woven over every other axis, as torch.logsumexp: composed of existing boxes,
+    """log Σ_over eˣ, woven over every other axis (``over`` one axis or several), as
+    torch.logsumexp: composed of existing boxes,
     ``m = zero_inf(max_over(x))``, ``log(sum_over(exp(x − m))) + m``.
 
     Subtracting the row's max keeps every exponent <= 0 (no overflow). ``zero_inf`` replaces a max
@@ -813,7 +868,8 @@ def logsumexp(x: Value, over, name: str | None = None) -> Value:
     >>> logsumexp(array("X", Axis("r"), Axis("c")), over="c").axis_names
     ('r',)
     """
-    over = as_axis_name(over)
+    names = _several_axes(over, x, "logsumexp")
+    over = names if names is not None else as_axis_name(over if isinstance(over, (Axis, str)) else tuple(over)[0])
     m = map_fn("zero_inf", max_over(x, over))
     return map_fn("add", log(sum_over(exp(x - m), over)), m, name=name)
 
