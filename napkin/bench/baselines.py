@@ -573,7 +573,7 @@ def traceable_reference(diagram) -> Callable:
                 args = [env[i] for i in idx]
                 xs = [align(t, have, names) for t, have in zip(args, arg_axes)]
                 grids = index_grids(v, v.op.index_axes, xs[0])
-                return f.impl(ops, xs, params, grids, n_idx).expand(*shape).to(args[0].dtype)
+                return f.impl(ops, xs, params, grids, n_idx).expand(shape).to(args[0].dtype)  # a tuple: also 0 axes
         else:
             def step(env, v=v, idx=idx):
                 return _run_box(v, [env[i] for i in idx], ops, sizes)

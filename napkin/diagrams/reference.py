@@ -313,7 +313,7 @@ def contract_merged(args, ins: list[tuple[str, ...]], out: tuple[str, ...]):
         axis_order = [n for p in mine for n in grouped[p]]
         t = t.permute(*[names.index(n) for n in axis_order]) if axis_order != list(names) else t
         shape = [_prod(sizes[n] for n in grouped[p]) for p in mine]
-        merged.append(t.expand(*[sizes[n] for n in axis_order]).reshape(shape))
+        merged.append(t.expand([sizes[n] for n in axis_order]).reshape(shape))  # a list: also 0 axes
         specs.append("".join(letter[p] for p in mine))
     out_parts = [p for p in parts if p[1]]
     res = _torch().einsum(",".join(specs) + "->" + "".join(letter[p] for p in out_parts), *merged)

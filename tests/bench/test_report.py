@@ -445,6 +445,26 @@ def test_traceable_reference_is_one_graph():
     assert ex.graph_break_count == 0 and ex.graph_count == 1
 
 
+def test_traceable_reference_broadcasts_a_0d_value():
+    """A full reduction broadcast back over the array (x / ‖x‖_F, a loss's mean): the eager
+    baseline raised a TypeError on the 0-d map (``expand(*())``)."""
+    torch = pytest.importorskip("torch")
+    from napkin.bench.baselines import traceable_reference
+    from napkin.bench.timing import diagram_inputs
+    from napkin.diagrams import Diagram, array, axes, contract, sqrt, square, sum_over
+
+    a, b = axes("a b")
+    X = array("X", a, b, dtype="fp32")
+    n = sqrt(sum_over(square(X), (a, b)), name="n")
+    scaled = contract((n * 2.0).named("n2"), X, over=(), name="Y")  # a 0-d operand of a contraction
+    for y in ((X / n).named("Y"), scaled):
+        d = Diagram("frobenius", y).bind(a=5, b=7)
+        args = diagram_inputs(d, "fp32", "cpu", seed=0)
+        got = traceable_reference(d)(*args)
+        want = d.reference(dict(zip([v.name for v in d.inputs], args)))["Y"]
+        assert got.shape == (5, 7) and torch.allclose(got, want.to(got.dtype))
+
+
 def test_run_point_on_the_cpu_records_everything_and_never_raises():
     pytest.importorskip("torch")
     cfg = suite.SuiteConfig(device="cpu", compile_backend="eager", autotune=False, reps=3, warmup=1, max_time_s=0.1)
