@@ -54,7 +54,9 @@ class CompiledDiagram:
     def __init__(self, program: Program, *, arch: str | None = None, gpu=None, kernels=None):
         self.program = program
         self.plan = program.plan
-        self.diagram = program.diagram
+        # the caller's arrays: where the plan runs axes folded into one, their shapes are the
+        # diagram's own (the bytes are the same, so the kernels take the tensors as they are)
+        self.diagram = program.plan.interface if program.plan is not None else program.diagram
         self.schedule = program.schedule
         self.family = program.family
         self.gpu = gpu

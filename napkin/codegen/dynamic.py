@@ -166,7 +166,7 @@ def plan_for_range(diagram: Diagram, ranges: Mapping[str, tuple[int, int]], gpu,
                                  family=family, arch=arch)
             candidates = [(p, plan)]
             break
-        plan = derive_cached(d, gpu, dtype, arch=arch, family=family)
+        plan = derive_cached(d, gpu, dtype, arch=arch, family=family, fold_axes=False)  # re-bound below
         if all(_kernels(plan) != _kernels(c) for _, c in candidates):
             candidates.append((p, plan))
     ends = [points[0], points[-1]]

@@ -89,10 +89,12 @@ def plan_key(diagram, gpu, dtype: str | None, arch: str, families: Sequence[str]
 
 
 def derive_cached(diagram, gpu=None, dtype: str | None = None, *, arch: str | None = None,
-                  family: str | None = None, families: Sequence[str] | None = None, cache=None):
+                  family: str | None = None, families: Sequence[str] | None = None, cache=None,
+                  fold_axes: bool = True):
     """The plan :func:`~napkin.codegen.planner.derive` gives the bound ``diagram`` (a Diagram
     prepared by :func:`~napkin.codegen.prepare.prepare`), from the caches when it was derived
-    before. ``cache``: the disk cache (default :func:`plan_cache`)."""
+    before. ``cache``: the disk cache (default :func:`plan_cache`); ``fold_axes`` as
+    :func:`~napkin.codegen.planner.derive`'s."""
     from ..perfmodel.hardware import check_arch
     from .planner import derive
     from .select import resolve_gpu
@@ -100,7 +102,7 @@ def derive_cached(diagram, gpu=None, dtype: str | None = None, *, arch: str | No
     g = resolve_gpu(gpu)
     arch = check_arch(arch or g.arch)
     fams = [family] if family is not None else (list(families) if families else None)
-    text = plan_key(diagram, g, dtype, arch, fams)
+    text = plan_key(diagram, g, dtype, arch, fams, extra="" if fold_axes else "unfolded")
     cache = cache if cache is not None else plan_cache()
     key = entry_key(cache, text, arch)
     with _lock:
@@ -111,7 +113,7 @@ def derive_cached(diagram, gpu=None, dtype: str | None = None, *, arch: str | No
     if plan is None:
         cache.stats.misses += 1
         start = time.perf_counter()
-        plan = derive(diagram, g, dtype, arch=arch, explain=False, families=fams).plan
+        plan = derive(diagram, g, dtype, arch=arch, explain=False, families=fams, fold_axes=fold_axes).plan
         _log.info("%s: planned in %.3f s", diagram.name, time.perf_counter() - start)
         payload = json.dumps({"plan": plan.to_dict(), "notes": list(plan.notes)}).encode()
         cache.store(key, payload)
@@ -134,7 +136,7 @@ def _read(cache, key: str, diagram):
     try:
         data = json.loads(payload.decode("utf-8"))
         plan = Plan.from_dict(diagram, data["plan"])
-        if plan.diagram != diagram:
+        if plan.interface != diagram:
             raise ValueError("another diagram")
         return dataclasses.replace(plan, notes=tuple(str(n) for n in data.get("notes", ())))
     except (NapkinError, ValueError, KeyError, TypeError, UnicodeDecodeError) as e:

@@ -42,6 +42,7 @@ from typing import Callable, Mapping, Sequence
 
 from ..diagrams.diagram import Diagram
 from ..diagrams.expand import expand, expandable
+from ..diagrams.fold import fold, foldable
 from ..errors import CodegenError, NapkinError, ScheduleError
 from ..perfmodel.hardware import check_arch
 from ..perfmodel.plan import FALLBACK, Plan, PlannedKernel, describe_kernel, tiles_text
@@ -65,6 +66,10 @@ MAX_HEAVY_BOXES = 3
 #: 1000 matmuls on one core; a third order, where a family finds regions, re-uses most of the
 #: runs analysed). Larger diagrams are refused before anything is costed.
 MAX_PLANNED_BOXES = 1000
+
+#: A diagram with axes folded (:mod:`napkin.diagrams.fold`) is planned so only when the model
+#: predicts it at most this fraction of the plan with every axis its own.
+FOLD_GAIN = 0.98
 #: Diagrams with at least this many boxes say on stderr how the search goes.
 PROGRESS_BOXES = 24
 #: Fusion decisions printed (``--json`` has them all).
@@ -642,7 +647,7 @@ def _why_kernel(c: KernelChoice) -> str:
 def derive(diagram, gpu=None, dtype: str | None = None, sizes: Mapping[str, int] | None = None, *,
            arch: str | None = None, fixed: Mapping[str, tuple[int, str, str]] | None = None,
            families: Sequence | None = None, exclude_engines: Sequence[str] = (), top: int = 5,
-           progress: Callable[[str], None] | None = None, explain: bool = True) -> Derivation:
+           progress: Callable[[str], None] | None = None, explain: bool = True, fold_axes: bool = True) -> Derivation:
     """Derive the plan of ``diagram`` (a Diagram or library name) on ``gpu`` (a profile or name;
     default: the GPU at hand, else h100), for ``arch`` (default: the profile's).
 
@@ -650,6 +655,8 @@ def derive(diagram, gpu=None, dtype: str | None = None, sizes: Mapping[str, int]
     carry them are searched. ``families`` restricts the families (names or objects);
     ``exclude_engines`` drops configurations on those engines (``("wgmma",)``). ``explain=False``
     skips the method's steps and the fusion decisions (what :func:`napkin.codegen.compile` needs).
+    ``fold_axes=False`` keeps every axis its own (no :mod:`napkin.diagrams.fold`: a plan that is
+    re-bound to other sizes, as a dynamic diagram's is).
     """
     from . import families as fam_registry
     from .prepare import prepare
@@ -702,6 +709,25 @@ def derive(diagram, gpu=None, dtype: str | None = None, sizes: Mapping[str, int]
             planner, wide_plan, runs, names = chosen
             d = planner.d
             plan = dataclasses.replace(wide_plan, expanded=names)
+    folding = ()
+    folds = foldable(d) if fold_axes and not expansion else ()
+    if folds and not any(a in f.parts for f in folds for a in (fixed or {})):
+        # axes side by side in every array that no box treats apart ([b, s, e] activations of a
+        # linear layer) run as one: a tile of the contraction spans their product, not the
+        # innermost one alone. Kept where the model predicts it faster (by FOLD_GAIN): an equal
+        # plan keeps the diagram's own axes, so its kernels read as the user wrote them
+        folded = _Planner(fold(d, folds), g, arch, dt, fams, fixed, progress)
+        try:
+            fplan, fruns = folded.plan()
+        except ScheduleError:
+            fplan = None
+        if fplan is not None and (_slow_boxes(fplan), fplan.seconds) < (_slow_boxes(plan), plan.seconds * FOLD_GAIN):
+            runs_text = "; ".join(f"{', '.join(f.parts)} as {f.axis}" for f in folds)
+            folding = (f"ran the axes {runs_text}: they lie side by side in every array and no box treats them "
+                       f"apart, so a tile spans their product ({fplan.seconds * 1e6:.1f} µs against "
+                       f"{plan.seconds * 1e6:.1f} µs with each axis its own)",)
+            plan = dataclasses.replace(fplan, folds=folds, source=d)
+            planner, runs, d = folded, fruns, folded.d
     plan = _with_fallback_note(plan)
     if not explain:
         return Derivation(plan)
@@ -709,7 +735,7 @@ def derive(diagram, gpu=None, dtype: str | None = None, sizes: Mapping[str, int]
 
     costliest = max(runs, key=lambda c: c.seconds)
     alternatives = tuple(costliest.ranked[:max(1, top)])
-    return Derivation(plan, method_steps(plan), expansion + tuple(planner.decisions(runs)), alternatives,
+    return Derivation(plan, method_steps(plan), expansion + folding + tuple(planner.decisions(runs)), alternatives,
                       thresholds(g, dt), hardware_notes(d, g))
 
 

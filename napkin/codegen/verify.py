@@ -203,13 +203,17 @@ def boundary_reference(plan, inputs) -> dict:
     from .partition import kernel_problem
 
     d = plan.diagram
-    env = {n: t for n, t in inputs.items()}
+    # a plan that folds axes runs on arrays of the folded shapes (the same bytes)
+    shape = {v.name: tuple(a.bound_size for a in v.axes) for v in (*d.inputs, *d.outputs)}
+    env = {n: t.reshape(shape[n]) if n in shape else t for n, t in inputs.items()}
     for pk in plan.kernels:
         sub, _ = kernel_problem(d, pk.boxes, pk.name)
         got = sub.reference({n: env[n].to(torch.float64) for n in sub.input_names}, dtype=torch.float64)
         for n, v in zip(sub.output_names, sub.outputs):
             env[n] = got[n].to(torch_dtype(v.dtype))
-    return {n: env[n].to(torch.float64) for n in d.output_names}
+    out_shape = {n: tuple(a.bound_size for a in v.axes) for n, v in zip(plan.interface.output_names,
+                                                                       plan.interface.outputs)}
+    return {n: env[n].to(torch.float64).reshape(out_shape[n]) for n in d.output_names}
 
 
 def _schedule_text(compiled) -> str:

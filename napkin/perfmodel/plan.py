@@ -28,6 +28,7 @@ from typing import Mapping
 
 from ..diagrams.diagram import Diagram
 from ..diagrams.expand import expand
+from ..diagrams.fold import AxisFold, fold
 from ..errors import DiagramError, ScheduleError
 from .schedule import Kernel, KernelOptions, Relabel, Schedule
 
@@ -117,6 +118,9 @@ class Plan:
     one after another, so it is the sum of theirs. ``expanded`` names the softmax and norm boxes of
     the source diagram that the plan runs as their primitive boxes
     (:func:`napkin.diagrams.expand.expand`); ``diagram`` is then the expanded diagram.
+    ``folds`` lists the runs of axes the plan runs as one (:mod:`napkin.diagrams.fold`): the plan's
+    ``diagram`` is then the folded one and ``source`` the diagram it was folded from, whose
+    shapes a compiled diagram takes (:attr:`interface`; the bytes are the same).
     """
 
     diagram: Diagram
@@ -126,11 +130,23 @@ class Plan:
     kernels: tuple[PlannedKernel, ...]
     notes: tuple[str, ...] = field(default=(), compare=False)
     expanded: tuple[str, ...] = ()
+    folds: tuple[AxisFold, ...] = ()
+    source: Diagram | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self):
         object.__setattr__(self, "kernels", tuple(self.kernels))
         object.__setattr__(self, "expanded", tuple(self.expanded))
+        object.__setattr__(self, "folds", tuple(self.folds))
+        if self.folds and self.source is None:
+            raise ScheduleError(f"plan of {self.diagram.name!r}: folded axes {[f.axis for f in self.folds]} "
+                                "need the diagram they were folded from (source=)")
         self.schedule  # noqa: B018 - validates: every box in exactly one kernel, names unique
+
+    @property
+    def interface(self) -> Diagram:
+        """The diagram whose arrays a caller passes and gets: ``source`` where axes were folded,
+        else ``diagram``."""
+        return self.source if self.folds else self.diagram
 
     @property
     def schedule(self) -> Schedule:
@@ -161,10 +177,11 @@ class Plan:
         ``napkin generate --json``)."""
         return {
             "diagram": self.diagram.name, "gpu": self.gpu, "arch": self.arch, "dtype": self.dtype,
-            "sizes": {n: int(s) for n, s in self.diagram.sizes.items()},
+            "sizes": {n: int(s) for n, s in self.interface.sizes.items()},  # the axes a caller binds
             "predicted_seconds": self.seconds,
             "kernels": [k.to_dict() for k in self.kernels],
             **({"expanded": list(self.expanded)} if self.expanded else {}),
+            **({"folds": [f.to_dict() for f in self.folds]} if self.folds else {}),
         }
 
     @classmethod
@@ -177,8 +194,11 @@ class Plan:
             expanded = tuple(str(n) for n in data.get("expanded", ()))
             if expanded:
                 d = expand(d, expanded)
+            folds = tuple(AxisFold.from_dict(f) for f in data.get("folds", ()))
+            source, d = (d, fold(d, folds)) if folds else (None, d)
             kernels = tuple(PlannedKernel.from_dict(k) for k in data["kernels"])
-            return cls(d, str(data["gpu"]), str(data["arch"]), str(data["dtype"]), kernels, expanded=expanded)
+            return cls(d, str(data["gpu"]), str(data["arch"]), str(data["dtype"]), kernels, expanded=expanded,
+                       folds=folds, source=source)
         except DiagramError as e:
             raise ScheduleError(f"not a plan of {diagram.name!r}: {e}") from None
         except (KeyError, TypeError, ValueError) as e:
@@ -189,6 +209,8 @@ class Plan:
         n = len(self.kernels)
         lines = [f"plan of {self.diagram.name} on {self.gpu} ({self.arch}, {self.dtype}): {n} kernel"
                  f"{'s' if n != 1 else ''}, {self.seconds * 1e6:.1f} µs predicted"]
+        for f in self.folds:
+            lines.append(f"  axes {', '.join(f.parts)} run as one axis {f.axis} ({' x '.join(map(str, f.sizes))})")
         for k in self.kernels:
             lines.append(f"  {k.name:<12} {k.seconds * 1e6:9.1f} µs  {k.describe()}  [{' '.join(k.boxes)}]")
         return "\n".join(lines)
