@@ -15,7 +15,8 @@ and keeps it when the model predicts it faster; the plan records the folds
 the compiled diagram takes.
 
 Folding is offered only where it can pay: diagrams with a contraction, runs that leave every
-array's innermost axis alone (its rows, vector loads and TMA boxes are unchanged), bound sizes.
+array's innermost axis alone (its rows, vector loads and TMA boxes are unchanged), bound sizes,
+and runs of fewer than 2^31 indices (kernels index rows in 32 bits).
 
 >>> from napkin.diagrams import Diagram, array, axes, contract
 >>> b, s, e, f = axes("b s e f")
@@ -115,12 +116,16 @@ def foldable(diagram: Diagram) -> tuple[AxisFold, ...]:
             if p != q and together(p, q):
                 follows[p] = q
     heads = [p for p in follows if p not in follows.values()]
+    limit = 2 ** 31 - 1  # kernels index a row in 32 bits: a run longer than that stays apart
     taken = set(sizes)
     out = []
     for p in heads:
         run = [p]
-        while run[-1] in follows and follows[run[-1]] not in run:
+        while (run[-1] in follows and follows[run[-1]] not in run
+               and math.prod(int(sizes[a]) for a in run) * int(sizes[follows[run[-1]]]) <= limit):
             run.append(follows[run[-1]])
+        if len(run) < 2:
+            continue
         name = "_".join(run)
         while name in taken:
             name += "_"

@@ -90,3 +90,13 @@ def test_a_fold_that_does_not_fit_is_refused_and_folds_read_back():
     assert AxisFold.from_dict(f.to_dict()) == f
     with pytest.raises(ValueError):
         AxisFold.from_dict({"axis": "x", "parts": ["b"], "sizes": [6]})
+
+
+def test_runs_past_32_bit_indices_stay_apart_and_names_never_clash():
+    b_s = axes("b_s")[0]
+    X, W = array("X", B, S, E), array("W", F, E)
+    big = Diagram("big", contract(X, W, over=E, out=(B, S, F), name="Y")).bind(b=1 << 16, s=1 << 16, e=8, f=8)
+    assert foldable(big) == ()
+    d = Diagram("clash", (contract(X, W, over=E, out=(B, S, F), name="Y") + array("Z", b_s)).named("V"))
+    (f,) = foldable(d.bind(b=2, s=3, e=8, f=8, b_s=8))
+    assert f.axis == "b_s_" and f.parts == ("b", "s")
