@@ -35,7 +35,7 @@ import pytest
 from napkin.codegen.families import pointwise
 from napkin.codegen.lower import build
 from napkin.codegen.planner import derive
-from napkin.diagrams import (Diagram, array, axes, contract, exp, gelu, layernorm, logsumexp, max_over, mean_over,
+from napkin.diagrams import (Axis, Diagram, array, axes, contract, exp, gelu, layernorm, logsumexp, max_over, mean_over,
                              min_over, relu, rename, rmsnorm, sigmoid, softmax, sum_over, tanh)
 from napkin.perfmodel.plan import FALLBACK, Plan
 
@@ -212,6 +212,7 @@ def _launches():
         views = _views_as_outputs(dtype)
         plans += [derive(views[c], "h100", dtype, sizes={a: v for a, v in VIEW_SIZES[1].items() if a in views[c].axes},
                          explain=False).plan for c in ("input_renamed", "sum_view_output")]
+        plans += [derive(v, "h100", dtype, explain=False).plan for v in _beside_its_view(dtype, 33, 5).values()]
         for pi, plan in enumerate(plans):
             assert FALLBACK not in plan.families, str(plan)
             for launch in build(plan, arch="sm_90a").launches:
@@ -261,6 +262,35 @@ def _views_as_outputs(dtype: str) -> dict:
 
 
 VIEW_SIZES = (dict(i=2, j=2, k=3, l=5), dict(i=7, j=33, k=16, l=13))
+
+
+def _beside_its_view(dtype: str, side: int = 7, depth: int = 3) -> dict:
+    """A kernel that reads an array both as it is and through a view (``(X + Xᵀ)/2``): the
+    kernel's sub-diagram keeps the view as a rename box, which the pointwise family reads as the
+    array's tensor under the view's axes (it ran on the scalar fallback before). ``side`` is the
+    size of the two swapped axes, ``depth`` of the third."""
+    a, b, c = Axis("i", side), Axis("n", side), Axis("l", depth)
+    sq = array("S", a, b, dtype=dtype)
+    cube = array("C", a, b, c, dtype=dtype)
+    cq = array("Q", a, c, Axis("m", depth), dtype=dtype)  # the two inner axes swapped
+    return {
+        "symmetrize": Diagram("symmetrize", ((sq + rename(sq, i="n", n="i")) * 0.5).named("Y")),
+        "outer_axes_swapped": Diagram("outer_axes_swapped", (cube - rename(cube, i="n", n="i")).named("Y")),
+        "summed_with_view": Diagram("summed_with_view", sum_over(sq * rename(sq, i="n", n="i"), b, name="Y")),
+        "inner_axes_swapped": Diagram("inner_axes_swapped", (cq * rename(cq, l="m", m="l")).named("Y")),
+    }
+
+
+BESIDE_SIZES = ((7, 3), (64, 64), (33, 5))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", sorted(_beside_its_view("bf16")))
+def test_an_array_read_beside_its_view_runs_on_the_pointwise_family(case, dtype):
+    for side, depth in BESIDE_SIZES:
+        der = derive(_beside_its_view(dtype, side, depth)[case], "h100", dtype)
+        assert der.plan.families == ("pointwise",), str(der.plan)
+        build(der.plan)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

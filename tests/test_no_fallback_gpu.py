@@ -7,7 +7,9 @@
   out as reductions and maps (sizes where the model used to keep them on the fallback);
 - contractions in layouts the contraction family does not read (the batch axis innermost,
   contracted axes in different orders), run on copies in a layout it does;
-- renames written as outputs (views copied to HBM), alone or beside the box that makes them.
+- renames written as outputs (views copied to HBM), alone or beside the box that makes them;
+- an array read both as it is and through a view in one kernel (``(X + Xᵀ)/2``), the view read
+  through the array's tensor.
 
 Each is planned by derive (the test asserts no kernel on the fallback), compiled, run on fresh
 random inputs with NaN-poisoned outputs (an element a kernel does not write stays NaN and fails)
@@ -28,7 +30,7 @@ from napkin.perfmodel.plan import FALLBACK
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "codegen"))
 from test_pointwise_gpu import check  # noqa: E402  (tests/codegen is not a package)
-from test_no_fallback import _contractions, _views_as_outputs, reduction  # noqa: E402
+from test_no_fallback import BESIDE_SIZES, _beside_its_view, _contractions, _views_as_outputs, reduction  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
@@ -115,4 +117,13 @@ def test_views_written_as_outputs_verify(case, dtype):
     for seed, sizes in enumerate((dict(i=2, j=2, k=3, l=5), dict(i=7, j=33, k=16, l=13))):
         cd = _compiled(d, {a: v for a, v in sizes.items() if a in d.axes}, dtype)
         assert cd.plan.expanded, str(cd.plan)
+        check(cd, seed=seed)
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp32"])
+@pytest.mark.parametrize("case", sorted(_beside_its_view("bf16")))
+def test_an_array_read_beside_its_view_verifies(case, dtype):
+    for seed, (side, depth) in enumerate(BESIDE_SIZES + ((1000, 1),)):
+        cd = _compiled(_beside_its_view(dtype, side, depth)[case], {}, dtype)
+        assert cd.plan.families == ("pointwise",), str(cd.plan)
         check(cd, seed=seed)

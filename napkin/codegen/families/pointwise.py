@@ -61,7 +61,7 @@ from dataclasses import dataclass
 from ...diagrams.axes import NAME_RE
 from ...diagrams.diagram import Diagram
 from ...diagrams.functions import get_function
-from ...diagrams.ops import Contract, Map, Reduce, Value, shifted_exp
+from ...diagrams.ops import Contract, InputOp, Map, Reduce, Rename, Value, apply, shifted_exp
 from ...dtypes import dtype as lookup_dtype
 from ...errors import CodegenError
 from ...perfmodel.schedule import Kernel, KernelOptions, Relabel, Schedule
@@ -157,6 +157,9 @@ class PointwiseShape:
     aligned_rows: bool = False
     #: the sum of exp(x − max) beside the max chain (``how`` is :data:`PAIR`), else None
     pair: "PairSum | None" = None
+    #: (view, array) pairs: an input of ``diagram`` that is a view (a rename) of another input of
+    #: the kernel's diagram, read through the other one's tensor (see :func:`_views_as_inputs`)
+    aliases: tuple[tuple[str, str], ...] = ()
 
     @property
     def flat(self) -> bool:
@@ -292,9 +295,39 @@ def _how(v: Value) -> str:
     return "sum" if isinstance(v.op, Contract) else v.op.how
 
 
+def _views_as_inputs(d: Diagram) -> tuple[Diagram, tuple[tuple[str, str], ...]]:
+    """``d`` with each rename of one of its inputs (a kernel that reads an array both as it is and
+    through a view, ``X + Xᵀ``: the kernel's sub-diagram keeps such a view as a box) made an input
+    of its own, and the (view, array) pairs: the view is the same tensor under other axis names,
+    so the kernel reads it through the array's pointer with the view's strides. ``d`` unchanged
+    when it has a rename of anything else, or one that is an output (a copy: not a view).
+
+    >>> from napkin.diagrams import Axis, Diagram, array, map_fn, rename
+    >>> X = array("X", Axis("i", 4), Axis("j", 4))
+    >>> e, pairs = _views_as_inputs(Diagram("sym", map_fn("add", X, rename(X, i="j", j="i", name="Xt"), name="Y")))
+    >>> [v.label() for v in e.inputs], pairs
+    (['X[i,j]', 'Xt[j,i]'], (('Xt', 'X'),))
+    """
+    renames = [v for v in d.nodes if isinstance(v.op, Rename)]
+    outs = {id(v) for v in d.outputs}
+    if not renames or any(not v.args[0].is_input or id(v) in outs for v in renames):
+        return d, ()
+    memo: dict[int, Value] = {id(v): v for v in d.inputs}
+    views, pairs = [], []
+    for v in d.nodes:
+        n = d.name_of(v)
+        if isinstance(v.op, Rename):
+            memo[id(v)] = Value(InputOp(), (), v.axes, v.dtype, n)
+            views.append(memo[id(v)])
+            pairs.append((n, v.args[0].name))
+        else:
+            memo[id(v)] = apply(v.op, [memo[id(a)] for a in v.args], n)
+    return Diagram(d.name, tuple(memo[id(v)] for v in d.outputs), [*d.inputs, *views], d.description), tuple(pairs)
+
+
 def analyse(diagram: Diagram) -> PointwiseShape | str:
     """The pointwise structure of ``diagram``, or a sentence saying why it has none."""
-    d = diagram
+    d, aliases = _views_as_inputs(diagram)
     nodes = d.nodes
     if not nodes:
         return "has no boxes"
@@ -443,7 +476,7 @@ def analyse(diagram: Diagram) -> PointwiseShape | str:
     how = PAIR if pair else (_how(chain[0]) if chain else None)
     return PointwiseShape(d, dtype, sizes, mode, how, tuple(order),
                           tuple(a for a in order if a in red), tuple(a for a in order if a in K), tuple(chain),
-                          loop, post, tuple(full_out), tuple(kept_out), vec, tail, aligned_rows, pair)
+                          loop, post, tuple(full_out), tuple(kept_out), vec, tail, aligned_rows, pair, aliases)
 
 
 def _pair_of(d: Diagram, reduces: list[Value], consumers: dict, out_ids: set[int]) -> "PairSum | str | None":
@@ -1083,7 +1116,8 @@ def lower_shape(shape: PointwiseShape, cfg: Config, schedule: Schedule, arch: st
                       + (f" && (({same[3:]}) % {shape.vec * shape.bytes}ULL) == 0ULL" if same else ""))
 
     params = [Code(f"const {T}* __restrict__ {ident(name(v), 'in_')}") for v in used_inputs]
-    args = [Arg("tensor", name(v), dtype=shape.dtype, axes=v.axis_names) for v in used_inputs]
+    tensor_of = dict(shape.aliases)  # a view reads its array's tensor
+    args = [Arg("tensor", tensor_of.get(name(v), name(v)), dtype=shape.dtype, axes=v.axis_names) for v in used_inputs]
     full_names = {n for n, _ in shape.full_out}
     for n, v in outputs:
         params.append(Code(f"{T}* __restrict__ {ident(n, 'out_')}"))
