@@ -7,7 +7,7 @@ that plans a diagram it then computes wrongly (an index, a bound, a partial tile
 here. A NaN or infinity the reference has (a causal mask's -inf through a later box) must be the
 kernel's too; the finite values agree within the relative error bound (fp32: 1e-4; bf16 and fp16,
 whose every intermediate array is rounded: 3e-2). Several fixed seeds of a few diagrams each, so
-that pytest-xdist spreads them over workers.
+that pytest-xdist spreads them over workers (about a minute a seed: each diagram's kernels compile).
 """
 
 from __future__ import annotations
@@ -43,12 +43,15 @@ def run_and_compare(d, dtype: str, k: int) -> None:
     outs = outs if isinstance(outs, tuple) else (outs,)
     ref = cd.diagram.reference({n: t.double() for n, t in ins.items()}, dtype=torch.float64)
     for n, o in zip(cd.output_names, outs):
-        r, o = ref[n].to(o.device), o.double()
+        # the reference rounded to the output's dtype says where a NaN or an infinity belongs (a
+        # finite float64 value past the dtype's range is an infinity in it)
+        r = ref[n].to(o.device)
+        rq, o = r.to(o.dtype).double(), o.double()
         where = f"{d.summary(description=False)} ({dtype}) output {n} on {cd.plan.families}"
-        assert torch.equal(torch.isnan(o), torch.isnan(r)), f"{where}: NaN where the reference has none, or not written"
-        inf = torch.isinf(r)
-        assert torch.equal(torch.isinf(o), inf) and torch.equal(o[inf], r[inf]), f"{where}: infinities differ"
-        fin = torch.isfinite(r)
+        assert torch.equal(torch.isnan(o), torch.isnan(rq)), f"{where}: NaN where the reference has none, or not written"
+        inf = torch.isinf(rq)
+        assert torch.equal(torch.isinf(o), inf) and torch.equal(o[inf], rq[inf]), f"{where}: infinities differ"
+        fin = torch.isfinite(rq)
         err = float((o[fin] - r[fin]).norm() / max(float(r[fin].norm()), 1e-30))
         assert err <= BOUND[dtype], f"{where}: relative error {err:.2e} over {BOUND[dtype]:.0e}"
 
@@ -56,7 +59,7 @@ def run_and_compare(d, dtype: str, k: int) -> None:
 @pytest.mark.parametrize("k", range(8))
 def test_heldout_diagrams_run_as_their_reference(k):
     @seed(1000 + k)
-    @settings(max_examples=5, deadline=None, database=None,
+    @settings(max_examples=3, deadline=None, database=None,
               suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much])
     @given(case=heldout(sizes_from=SIZES, max_elements=300_000), fp32=st.booleans())
     def one(case, fp32):

@@ -710,7 +710,10 @@ def derive(diagram, gpu=None, dtype: str | None = None, sizes: Mapping[str, int]
             d = planner.d
             plan = dataclasses.replace(wide_plan, expanded=names)
     folding = ()
-    folds = foldable(d) if fold_axes and not expansion else ()
+    # (attention keeps its axes: its family packs the query heads that share a K/V head itself,
+    # and its kernels were measured on those tiles)
+    folds = (foldable(d) if fold_axes and not expansion
+             and not any(f.startswith("attention") for f in plan.families) else ())
     if folds and not any(a in f.parts for f in folds for a in (fixed or {})):
         # axes side by side in every array that no box treats apart ([b, s, e] activations of a
         # linear layer) run as one: a tile of the contraction spans their product, not the

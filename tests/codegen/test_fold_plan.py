@@ -66,3 +66,16 @@ def test_dynamic_sizes_keep_every_axis():
     cd = napkin_compile(linear(), sizes=SHORT, gpu="h100", dynamic={"b": (1, 256)})
     plan = getattr(cd, "plan", None) or cd.kept_plan
     assert not plan.folds
+
+
+def test_attention_keeps_its_axes():
+    """The query heads sharing a K/V head and the query rows (Q[h, j, q, d]) lie side by side and
+    no box treats them apart, but the attention family packs them itself (its decode tiles were
+    measured that way): the plan keeps them apart."""
+    from napkin.diagrams.fold import foldable
+    from test_attention_decode import gqa_decode
+
+    d = gqa_decode().bind(h=8, j=4, q=7, x=4096, d=128)
+    assert [f.parts for f in foldable(d)] == [("j", "q")]
+    plan = derive(d, "h100").plan
+    assert plan.folds == () and "attention" in plan.families
