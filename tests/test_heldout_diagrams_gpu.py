@@ -1,12 +1,14 @@
 """Held-out diagrams on a GPU: random composed diagrams (the strategy of test_heldout_diagrams.py,
-at sizes up to a few hundred thousand elements an array) derived for the GPU at hand, compiled,
+at sizes up to 100k elements an array) derived for the GPU at hand, compiled,
 and run on fresh random inputs with NaN-poisoned outputs against their float64 reference.
 
 The CPU test runs each plan on the interpreter; this one runs the generated kernels, so a family
 that plans a diagram it then computes wrongly (an index, a bound, a partial tile, a layout) fails
-here. A NaN or infinity the reference has (a causal mask's -inf through a later box) must be the
-kernel's too; the finite values agree within the relative error bound (fp32: 1e-4; bf16 and fp16,
-whose every intermediate array is rounded: 3e-2). Several fixed seeds of a few diagrams each, so
+here. The reference is the plan's boundary reference (each kernel's sub-diagram in float64, the
+arrays between kernels rounded to their dtype, :func:`napkin.codegen.verify.boundary_reference`);
+a NaN or infinity it has (a causal mask's -inf through a later box) must be the kernel's too; the
+finite values agree within the relative error bound (fp32: 1e-4; bf16: 3e-2). fp32 and bf16 only
+(fp16's range is passed between kernels by chains of products of random arrays). Several fixed seeds of a few diagrams each, so
 that pytest-xdist spreads them over workers (about a minute a seed: each diagram's kernels compile).
 """
 
@@ -17,6 +19,7 @@ from hypothesis import HealthCheck, given, seed, settings
 from hypothesis import strategies as st
 
 from napkin.codegen import compile as napkin_compile
+from napkin.codegen.verify import boundary_reference
 from napkin.diagrams.reference import random_inputs
 from napkin.errors import NapkinError
 
@@ -41,7 +44,9 @@ def run_and_compare(d, dtype: str, k: int) -> None:
     outs = cd(**ins, out=cd.empty_outputs("cuda", float("nan")))
     torch.cuda.synchronize()
     outs = outs if isinstance(outs, tuple) else (outs,)
-    ref = cd.diagram.reference({n: t.double() for n, t in ins.items()}, dtype=torch.float64)
+    # each kernel's sub-diagram in float64, the arrays between kernels rounded to their dtype, as
+    # the plan's HBM buffers hold them
+    ref = boundary_reference(cd.plan, ins)
     for n, o in zip(cd.output_names, outs):
         # the reference rounded to the output's dtype says where a NaN or an infinity belongs (a
         # finite float64 value past the dtype's range is an infinity in it)
@@ -56,15 +61,17 @@ def run_and_compare(d, dtype: str, k: int) -> None:
         assert err <= BOUND[dtype], f"{where}: relative error {err:.2e} over {BOUND[dtype]:.0e}"
 
 
-@pytest.mark.parametrize("k", range(6))
+@pytest.mark.parametrize("k", range(4))
 def test_heldout_diagrams_run_as_their_reference(k):
     @seed(1000 + k)
     @settings(max_examples=3, deadline=None, database=None,
               suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much])
-    @given(case=heldout(sizes_from=SIZES, max_elements=300_000), fp32=st.booleans())
+    @given(case=heldout(sizes_from=SIZES, max_elements=100_000), fp32=st.booleans())
     def one(case, fp32):
         d, dtype, _ = case
-        dtype = "fp32" if fp32 else dtype
+        # fp32 or bf16: a chain of products of random arrays passes fp16's range (65504) between
+        # kernels, where the float64 reference does not
+        dtype = "fp32" if fp32 or dtype == "fp32" else "bf16"
         run_and_compare(d.with_dtype(dtype), dtype, k)
 
     one()
