@@ -356,11 +356,13 @@ def library_problems() -> dict[str, tuple[str, dict[str, int]]]:
     return out
 
 
-def points(names, dtypes, library_dtypes=("bf16",), with_library: bool = False):
-    """The survey's points (every dtype), then the library's and the examples' (bf16)."""
+def points(names, dtypes, library_dtypes=("bf16",), with_library: bool = False, problems=None, here=None):
+    """The survey's points (every dtype), then the library's and the examples' (bf16).
+    ``problems`` and ``here`` (the file defining them) default to this survey's."""
     from napkin.bench.suite import Point
 
-    out = [Point("composed", f"{HERE}:{n}", dict(PROBLEMS[n]), dt, {"problem": n}) for dt in dtypes for n in names]
+    problems, here = problems or PROBLEMS, here or HERE
+    out = [Point("composed", f"{here}:{n}", dict(problems[n]), dt, {"problem": n}) for dt in dtypes for n in names]
     if with_library:
         out += [Point("composed", spec, sizes, dt, {"problem": label})
                 for dt in library_dtypes for label, (spec, sizes) in library_problems().items()]
@@ -397,8 +399,10 @@ def _is_library(rec) -> bool:
     return rec["labels"]["problem"].split(":", 1)[0] in ("library", "example")
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv=None, problems=None, here=None, description=None) -> int:
+    """Run the survey (``problems`` defined in the file ``here``: default this one's)."""
+    problems, here = problems or PROBLEMS, here or HERE
+    ap = argparse.ArgumentParser(description=description or __doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, default=None, help="JSON lines, one per point, then the summary")
     ap.add_argument("--dtypes", default="bf16,fp32")
     ap.add_argument("--only", default=None, help="comma-separated problem names")
@@ -408,10 +412,10 @@ def main(argv=None) -> int:
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--budget-s", type=float, default=None, help="stop starting new points after this")
     a = ap.parse_args(argv)
-    names = list(PROBLEMS) if not a.only else [n.strip() for n in a.only.split(",") if n.strip()]
-    unknown = [n for n in names if n not in PROBLEMS]
+    names = list(problems) if not a.only else [n.strip() for n in a.only.split(",") if n.strip()]
+    unknown = [n for n in names if n not in problems]
     if unknown:
-        print(f"error: unknown problem(s) {', '.join(unknown)}; known: {', '.join(PROBLEMS)}", file=sys.stderr)
+        print(f"error: unknown problem(s) {', '.join(unknown)}; known: {', '.join(problems)}", file=sys.stderr)
         return 2
     from napkin.bench.suite import SuiteConfig, device_header, run_point
 
@@ -424,7 +428,8 @@ def main(argv=None) -> int:
     sink = a.out.open("w") if a.out else None
     if sink:
         sink.write(json.dumps({"header": header}, default=str) + "\n")
-    for p in points(names, [d.strip() for d in a.dtypes.split(",") if d.strip()], with_library=a.library):
+    for p in points(names, [d.strip() for d in a.dtypes.split(",") if d.strip()], with_library=a.library,
+                    problems=problems, here=here):
         if a.budget_s is not None and time.time() - start > a.budget_s:
             print(f"budget of {a.budget_s:.0f} s spent: {p.labels['problem']} ({p.dtype}) and later not run",
                   file=sys.stderr)
