@@ -640,14 +640,7 @@ def reduce(x: Value, over, how: str = "sum", name: str | None = None) -> Value:
     """
     if isinstance(over, (Axis, str)):
         return apply(Reduce(how, as_axis_name(over)), (x,), name)
-    names = as_axis_names(over)
-    if not names:
-        raise DiagramError(f"{_short(how)} over no axes: give at least one axis to reduce")
-    if len(set(names)) != len(names):
-        raise DiagramError(f"{_short(how)} over {', '.join(names)}: an axis appears twice")
-    if isinstance(x, Value):
-        for n in names:
-            _require_axis(x, n, f"{_short(how)} over {', '.join(names)}")
+    names = _checked_axes(over, x, _short(how))
     for n in names[:-1]:
         x = apply(Reduce(how, n), (x,), None)
     return apply(Reduce(how, names[-1]), (x,), name)
@@ -673,14 +666,9 @@ def mean_over(x: Value, over, name: str | None = None) -> Value:
     return reduce(x, over, "mean", name)
 
 
-def _several_axes(over, x, how: str) -> tuple[str, ...] | None:
-    """The axis names of ``over`` when it lists several axes (a normalisation over a "row" of
-    several axes, as torch's ``nn.LayerNorm(normalized_shape=(c, h, w))``), None when it is one axis.
-
-    Several axes are checked as :func:`reduce` checks them: none twice, each carried by ``x``.
-    """
-    if isinstance(over, (Axis, str)):
-        return None
+def _checked_axes(over, x, how: str) -> tuple[str, ...]:
+    """The axis names of the sequence ``over``: at least one, none twice, each carried by ``x``
+    (else a DiagramError naming ``how``)."""
     names = as_axis_names(over)
     if not names:
         raise DiagramError(f"{how} over no axes: give at least one axis")
@@ -689,6 +677,16 @@ def _several_axes(over, x, how: str) -> tuple[str, ...] | None:
     if isinstance(x, Value):
         for n in names:
             _require_axis(x, n, f"{how} over {', '.join(names)}")
+    return names
+
+
+def _several_axes(over, x, how: str) -> tuple[str, ...] | None:
+    """The axis names of ``over`` when it lists several axes (a normalisation over a "row" of
+    several axes, as torch's ``nn.LayerNorm(normalized_shape=(c, h, w))``), None when it is one
+    axis; checked as :func:`reduce` checks them."""
+    if isinstance(over, (Axis, str)):
+        return None
+    names = _checked_axes(over, x, how)
     return None if len(names) == 1 else names
 
 
