@@ -67,6 +67,11 @@ def _rename_then_map():
     return Diagram("rn", relu(rename(array("X", r, x), r="q"), name="Y"))
 
 
+def _rename_of_a_computed_value():
+    r, x = axes("r x")
+    return Diagram("rnc", relu(rename(relu(array("X", r, x), name="R"), r="q"), name="Y"))
+
+
 def _mixed_kinds():
     r, x = axes("r x")
     return Diagram("mixed", max_over(sum_over(array("X", r, x), r, name="S"), x, name="M"))
@@ -126,7 +131,7 @@ REFUSED = [
     (_pair_of_another_value, "only for the x it takes the max of"),
     (_softmax_then_map, "softmax"),
     (_matmul_then_map, "contract"),
-    (_rename_then_map, "rename"),
+    (_rename_of_a_computed_value, "rename"),
     (_layernorm, "norm"),
     (_mixed_kinds, "mixes reductions"),
     (_two_reductions, "not one chain"),
@@ -141,6 +146,15 @@ def test_explain_refuses_with_a_reason(build, why):
     reason = FAMILY.explain(d)
     assert reason is not None and why in reason, reason
     assert not FAMILY.matches(d)
+
+
+def test_a_view_of_an_input_is_read_through_its_array():
+    """A rename of an input (the kernel's sub-diagram keeps one where the array is also read as it
+    is) is an input of its own in the analysis, whose tensor is the array's."""
+    d = prepare(_rename_then_map(), sizes={"r": 8, "x": 8}, dtype="bf16")
+    assert FAMILY.matches(d)
+    launch = FAMILY.lower(d, FAMILY.candidates(d, "h100")[0], "sm_90a").launches[0]
+    assert [a.name for a in launch.args if a.kind == "tensor"] == ["X", "Y"]
 
 
 def test_explain_refuses_unbound_sizes():
