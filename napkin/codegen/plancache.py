@@ -128,6 +128,7 @@ def derive_cached(diagram, gpu=None, dtype: str | None = None, *, arch: str | No
 def _read(cache, key: str, diagram):
     import dataclasses
 
+    from ..diagrams.expand import expand
     from ..perfmodel.plan import Plan
 
     payload = cache.load(key)
@@ -136,7 +137,9 @@ def _read(cache, key: str, diagram):
     try:
         data = json.loads(payload.decode("utf-8"))
         plan = Plan.from_dict(diagram, data["plan"])
-        if plan.interface != diagram:
+        # the plan's own diagram is the caller's, written out where boxes were expanded
+        want = expand(diagram, plan.expanded) if plan.expanded else diagram
+        if (plan.interface if plan.folds else plan.diagram) != want:
             raise ValueError("another diagram")
         return dataclasses.replace(plan, notes=tuple(str(n) for n in data.get("notes", ())))
     except (NapkinError, ValueError, KeyError, TypeError, UnicodeDecodeError) as e:
