@@ -160,8 +160,10 @@ def _fmt_bytes(b: float) -> str:
 def format_steps(plan: Plan, steps) -> str:
     """The steps as the method prints them."""
     d = plan.diagram
-    lines = [f"derive {d.name} on {get_gpu(plan.gpu).name} ({plan.dtype}, {plan.arch}); sizes "
-             + ", ".join(f"{k}={v}" for k, v in d.sizes.items())]
+    # the sizes the caller bound, then the axes the plan runs as one (the steps' formulas use those)
+    sizes = ", ".join(f"{k}={v}" for k, v in plan.interface.sizes.items())
+    runs = "".join(f"; {' x '.join(f.parts)} run as {f.axis}={f.size}" for f in plan.folds)
+    lines = [f"derive {d.name} on {get_gpu(plan.gpu).name} ({plan.dtype}, {plan.arch}); sizes {sizes}{runs}"]
     for i, s in enumerate(steps, 1):
         lines.append(f"{i}. {s.title}: {s.note}")
         if s.H is not None:

@@ -79,3 +79,11 @@ def test_attention_keeps_its_axes():
     assert [f.parts for f in foldable(d)] == [("j", "q")]
     plan = derive(d, "h100").plan
     assert plan.folds == () and "attention" in plan.families
+
+
+def test_derive_prints_the_callers_sizes_and_the_run():
+    from napkin.perfmodel.method import format_steps
+
+    r = derive(linear(), "h200", sizes=SHORT)
+    head = format_steps(r.plan, r.steps).splitlines()[0]
+    assert head.endswith("sizes b=256, s=50, e=768, f=3072; b x s run as b_s=12800"), head
