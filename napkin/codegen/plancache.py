@@ -139,7 +139,7 @@ def _read(cache, key: str, diagram):
         plan = Plan.from_dict(diagram, data["plan"])
         # the plan's own diagram is the caller's, written out where boxes were expanded
         want = expand(diagram, plan.expanded) if plan.expanded else diagram
-        if (plan.interface if plan.folds else plan.diagram) != want:
+        if plan.interface != want:
             raise ValueError("another diagram")
         return dataclasses.replace(plan, notes=tuple(str(n) for n in data.get("notes", ())))
     except (NapkinError, ValueError, KeyError, TypeError, UnicodeDecodeError) as e:

@@ -154,7 +154,7 @@ def fold(diagram: Diagram, folds: Sequence[AxisFold]) -> Diagram:
         return diagram
     sizes = diagram.sizes
     for f in folds:
-        if tuple(int(sizes.get(a, -1)) if isinstance(sizes.get(a), int) else -1 for a in f.parts) != f.sizes:
+        if tuple(sizes.get(a) for a in f.parts) != f.sizes:
             raise DiagramError(f"fold {f.axis}: the axes {list(f.parts)} of {diagram.name!r} are not of sizes "
                                f"{list(f.sizes)}")
     axis_of = {f.axis: Axis(f.axis, f.size) for f in folds}

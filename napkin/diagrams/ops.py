@@ -680,14 +680,12 @@ def _checked_axes(over, x, how: str) -> tuple[str, ...]:
     return names
 
 
-def _several_axes(over, x, how: str) -> tuple[str, ...] | None:
-    """The axis names of ``over`` when it lists several axes (a normalisation over a "row" of
-    several axes, as torch's ``nn.LayerNorm(normalized_shape=(c, h, w))``), None when it is one
-    axis; checked as :func:`reduce` checks them."""
+def _row_axes(over, x, how: str) -> tuple[str, ...]:
+    """The axis names of the row a softmax, logsumexp or norm runs along: one axis, or several (a
+    list or tuple, checked as :func:`reduce` checks them: torch's ``nn.LayerNorm((c, h, w))``)."""
     if isinstance(over, (Axis, str)):
-        return None
-    names = _checked_axes(over, x, how)
-    return None if len(names) == 1 else names
+        return (as_axis_name(over),)
+    return _checked_axes(over, x, how)
 
 
 def softmax(x: Value, over, name: str | None = None) -> Value:
@@ -705,9 +703,9 @@ def softmax(x: Value, over, name: str | None = None) -> Value:
     >>> softmax(array("X", a, b, c), (b, c), name="Y").axis_names
     ('a', 'b', 'c')
     """
-    names = _several_axes(over, x, "softmax")
-    if names is None:
-        return apply(Softmax(as_axis_name(over if isinstance(over, (Axis, str)) else tuple(over)[0])), (x,), name)
+    names = _row_axes(over, x, "softmax")
+    if len(names) == 1:
+        return apply(Softmax(names[0]), (x,), name)
     e = exp(x - max_over(x, names))
     return map_fn("div", e, sum_over(e, names), name=name)
 
@@ -734,10 +732,9 @@ def layernorm(x: Value, over, eps: float = 1e-5, name: str | None = None) -> Val
     ('n', 'c', 's')
     """
     e = _check_eps("layernorm", eps)
-    names = _several_axes(over, x, "layernorm")
-    if names is None:
-        return apply(Norm("layernorm", as_axis_name(over if isinstance(over, (Axis, str)) else tuple(over)[0]), e),
-                     (x,), name)
+    names = _row_axes(over, x, "layernorm")
+    if len(names) == 1:
+        return apply(Norm("layernorm", names[0], e), (x,), name)
     d = x - mean_over(x, names)
     return map_fn("mul", d, rsqrt(mean_over(square(d), names) + e), name=name)
 
@@ -748,10 +745,9 @@ def rmsnorm(x: Value, over, eps: float = 1e-6, name: str | None = None) -> Value
     Over several axes (a list or tuple), written out as boxes: ``x·rsqrt(mean(x²) + eps)``.
     """
     e = _check_eps("rmsnorm", eps)
-    names = _several_axes(over, x, "rmsnorm")
-    if names is None:
-        return apply(Norm("rmsnorm", as_axis_name(over if isinstance(over, (Axis, str)) else tuple(over)[0]), e),
-                     (x,), name)
+    names = _row_axes(over, x, "rmsnorm")
+    if len(names) == 1:
+        return apply(Norm("rmsnorm", names[0], e), (x,), name)
     return map_fn("mul", x, rsqrt(mean_over(square(x), names) + e), name=name)
 
 
@@ -866,8 +862,8 @@ def logsumexp(x: Value, over, name: str | None = None) -> Value:
     >>> logsumexp(array("X", Axis("r"), Axis("c")), over="c").axis_names
     ('r',)
     """
-    names = _several_axes(over, x, "logsumexp")
-    over = names if names is not None else as_axis_name(over if isinstance(over, (Axis, str)) else tuple(over)[0])
+    names = _row_axes(over, x, "logsumexp")
+    over = names[0] if len(names) == 1 else names
     m = map_fn("zero_inf", max_over(x, over))
     return map_fn("add", log(sum_over(exp(x - m), over)), m, name=name)
 
