@@ -164,7 +164,8 @@ def test_candidates_are_schedules_with_the_tiles():
         assert k.template == "matmul_wgmma.cu.jinja" and (k.grid, k.block) == (
             (min(132, (rows + cfg.BM - 1) // cfg.BM * ((cols + cfg.BN - 1) // cfg.BN)), 1, 1),
             (128 * (consumers + 1), 1, 1))  # (the persistent grid: a block an SM of the H100's 132 at most)
-        assert [a.kind for a in k.args[:3]] == ["tmap", "tmap", "tensor"]
+        # the operands' tensor maps, then the output's (its rows are 16-byte multiples: TMA stores)
+        assert [a.kind for a in k.args[:4]] == ["tmap", "tmap", "tmap", "tensor"]
         assert "wgmma.mma_async.sync.aligned.m64n%dk16" % cfg.BN in k.source
         assert (f"PINGPONG = {'true' if cfg.pingpong else 'false'};" in k.source)
         assert dict(k.tunables).get("pingpong", False) == cfg.pingpong
@@ -417,9 +418,13 @@ def test_builds_without_spills(builds, i):
     assert k.registers <= launch.model_regs_per_thread
     assert k.shared_bytes == 0  # all shared memory is the dynamic amount the launch asks for
     assert launch.shared_bytes <= SMEM_LIMIT[arch]
-    if cfg.wgmma:  # the ring plus 1 KB of alignment slack, 128 B of barriers and (persistent) the staging blocks
-        staging = cfg.consumers * 64 * 72 * 2 if dict(launch.tunables).get("persistent") else 0
-        assert launch.shared_bytes == launch.model_smem_bytes + 1024 + 128 + staging
+    if cfg.wgmma:  # the ring plus 1 KB of alignment slack, 128 B of barriers and (persistent) the
+        # padded staging blocks, or 1 KB for the barriers and the swizzled blocks of TMA stores
+        staging = 128
+        if dict(launch.tunables).get("persistent"):
+            swizzled = 1024 + cfg.consumers * cfg.staging_blocks(2) * 64 * 64 * 2
+            staging = max(128 + cfg.consumers * 64 * 72 * 2, swizzled)
+        assert launch.shared_bytes == launch.model_smem_bytes + 1024 + staging
         return
     assert launch.shared_bytes <= launch.model_smem_bytes * 1.25 or launch.shared_bytes <= \
         cfg.BM * (cfg.BN + 8) * (4 if cfg.simt else 2)  # padding of 8 per row, or the staging tile
@@ -463,7 +468,7 @@ def test_a_dual_contraction_shares_its_rows_operand():
     cands = FAMILY.candidates(d, "h100", "bf16")
     assert cands and {s.kernels[0].options.engine for s in cands} == {"wgmma"}
     launch = FAMILY.lower(d, cands[0], "sm_90a").launches[0]
-    assert [a.name for a in launch.args if a.kind == "tmap"] == ["X", "Wg", "Wu"]
+    assert [a.name for a in launch.args if a.kind == "tmap"] == ["X", "Wg", "Wu", "H"]  # H leaves by TMA
     assert "acc2" in launch.source and "m64n256k16" in launch.source and "napkin_mm_wgmma_dual" in launch.name
     with pytest.raises(CodegenError, match="wgmma template only"):
         FAMILY.candidates(d, "a100-80gb", "bf16")
@@ -498,5 +503,6 @@ def test_dual_contraction_builds_without_spills(b_kmajor):
         launch = FAMILY.lower(d, FAMILY.schedule(d, cfg), "sm_90a").launches[0]
         k = nvcc_compile(launch.source, "sm_90a")[launch.name]
         assert not k.spills and k.stack_bytes == 0 and k.registers <= launch.model_regs_per_thread
-        staging = 2 * 64 * 72 * 2  # the two consumers' staging blocks beside the ring (persistent)
-        assert launch.shared_bytes == launch.model_smem_bytes + 1024 + 128 + staging <= SMEM_LIMIT["sm_90a"]
+        # the two consumers' staging blocks beside the ring (persistent): padded, or swizzled for TMA stores
+        staging = max(128 + 2 * 64 * 72 * 2, 1024 + 2 * cfg.staging_blocks(2) * 64 * 64 * 2)
+        assert launch.shared_bytes == launch.model_smem_bytes + 1024 + staging <= SMEM_LIMIT["sm_90a"]

@@ -57,15 +57,19 @@ def test_batch_and_splits_are_work_items_not_grid_rows():
 
 
 def test_shared_memory_counts_the_staging_blocks():
-    """A persistent kernel's consumers stage their rows beside the ring (64 x 72 elements each);
-    the prologue and row-reduction kernels stage the tile in the ring and ask for nothing more."""
+    """A persistent kernel's consumers stage their rows beside the ring (64 x 72 elements each, or
+    one or two swizzled 64 x 64 blocks each behind a kilobyte for the barriers, whichever is
+    larger); the prologue and row-reduction kernels stage the tile in the ring and ask for nothing
+    more."""
     d = library.get("matmul").with_dtype("bf16").bind(a=4096, b=512, c=4096)
     p = analyze(d)
     assert wgmma_persistent(p)
     for c in WGMMA_CONFIGS:
         cfg = MatmulConfig(False, *c, wgmma=True)
-        ring = cfg.stages * (cfg.BM + cfg.BN) * 64 * 2 + 1024 + 128
-        assert cfg.smem_bytes(p, 2) == ring + (cfg.BM // cfg.WM) * 64 * 72 * 2
+        ring = cfg.stages * (cfg.BM + cfg.BN) * 64 * 2 + 1024
+        consumers = cfg.BM // cfg.WM
+        staging = max(128 + consumers * 64 * 72 * 2, 1024 + consumers * cfg.staging_blocks(2) * 64 * 64 * 2)
+        assert cfg.smem_bytes(p, 2) == ring + staging
         assert cfg.smem_bytes(p, 2) <= 227 * 1024
     for c in DUAL_CONFIGS:
         dd = gate_up(True).with_dtype("bf16").bind(a=1000, b=512, f=776)
@@ -120,7 +124,8 @@ def test_pingpong_schedule_source_and_launch(cfg):
     assert "PINGPONG = true;" in k.source and "_pp_" in k.name and dict(k.tunables)["pingpong"] is True
     assert k.block == (384, 1, 1) and k.grid == (132, 1, 1) and "__cluster_dims__" not in k.source
     ring = cfg.stages * (cfg.BM + cfg.BN * (2 if cfg.dual else 1)) * 64 * 2
-    assert k.shared_bytes == cfg.smem_bytes(p, 2) == ring + 1024 + 128 + 2 * 64 * 72 * 2 <= 227 * 1024
+    staging = max(128 + 2 * 64 * 72 * 2, 1024 + 2 * cfg.staging_blocks(2) * 64 * 64 * 2)
+    assert k.shared_bytes == cfg.smem_bytes(p, 2) == ring + 1024 + staging <= 227 * 1024
     # the launch estimate counts the tiles of one consumer (what the grid walks)
     est = FAMILY.launch_estimate(d, s, "h100")
     assert est["blocks"] == math.ceil(4096 / cfg.BM) * math.ceil(4096 / cfg.BN) and est["threads"] == 384
@@ -172,9 +177,10 @@ def test_variants_source_and_launch(variant):
     assert k.grid[0] % cluster == 0 and k.grid[0] == 132 // cluster * cluster
     assert ("__cluster_dims__(2, 1, 1)" in k.source) == (cluster == 2)
     assert dict(k.tunables).get("cluster", 1) == cluster
-    assert k.shared_bytes == 4 * (128 + 256) * 64 * 2 + 1024 + 128 + 2 * 64 * 72 * 2
+    assert k.shared_bytes == 4 * (128 + 256) * 64 * 2 + 1024 + 1024 + 2 * 2 * 64 * 64 * 2
     maps = {a.name: a.value for a in k.args if a.kind == "tmap"}
-    assert maps == {"A": (64, 128), "B": (64, 256 // cluster)}  # the cluster's blocks copy B in parts
+    # the cluster's blocks copy B in parts; each stores its own output blocks
+    assert maps == {"A": (64, 128), "B": (64, 256 // cluster), "C": (64, 64)}
     g = library.get("gemm_softmax").with_dtype("bf16").bind(a=1000, b=256, c=200)
     s = FAMILY.lower(g, FAMILY.candidates(g, "h100", "bf16")[0], "sm_90a").launches[0].source
     assert "__cluster_dims__" not in s and "PERSISTENT = false" in s

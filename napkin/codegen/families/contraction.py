@@ -255,12 +255,34 @@ class MatmulConfig:
                              blocks_per_sm=self.blocks_per_sm, regs_per_thread=self.model_regs(),
                              splits=self.splits if self.splits > 1 else None)
 
+    def wgmma_ring_bytes(self, elem: int) -> int:
+        """The wgmma template's ring of A and B chunks."""
+        return self.stages * (self.BM + self.BN * (2 if self.dual else 1)) * self.BK * elem
+
+    def staging_blocks(self, elem: int) -> int:
+        """Swizzled 64 x 64 staging blocks each consumer of a persistent wgmma kernel keeps for its
+        TMA stores: two (a block is written while the one before leaves) where they fit in the
+        227 KB beside the ring, else one.
+
+        >>> MatmulConfig(False, 128, 256, 64, 64, 256, 4, wgmma=True).staging_blocks(2)
+        2
+        >>> MatmulConfig(False, 128, 192, 64, 64, 192, 5, wgmma=True).staging_blocks(2)
+        1
+        """
+        two = self.wgmma_ring_bytes(elem) + 2048 + self.consumers * 2 * 64 * 64 * elem
+        return 2 if two <= 227 * 1024 else 1
+
     def smem_bytes(self, p: MatmulProblem, elem: int) -> int:
         """Dynamic shared memory the kernel asks for (padded tiles)."""
-        if self.wgmma:  # the ring, 1 KB to align it on a swizzle atom, 128 B of mbarriers, and the
-            # consumers' 64 x (64 + 8) staging blocks of a persistent kernel
-            ring = self.stages * (self.BM + self.BN * (2 if self.dual else 1)) * self.BK * elem + 1024 + 128
-            return ring + (self.consumers * 64 * 72 * elem if wgmma_persistent(p) else 0)
+        if self.wgmma:  # the ring, 1 KB to align it on a swizzle atom, then 128 B of mbarriers and
+            # the consumers' 64 x (64 + 8) staging blocks of a persistent kernel, or (TMA stores)
+            # 1 KB holding the mbarriers and their swizzled 64 x 64 blocks
+            ring = self.wgmma_ring_bytes(elem) + 1024
+            if not wgmma_persistent(p):
+                return ring + 128
+            padded = 128 + self.consumers * 64 * 72 * elem
+            swizzled = 1024 + self.consumers * self.staging_blocks(elem) * 64 * 64 * elem
+            return ring + max(padded, swizzled)
         if self.simt and self.tf32x3:  # tiles as stored: [rows][BK + 4] K-major, [BK][cols + 8] else
             a = self.BM * (self.BK + 4) if p.a_kmajor else self.BK * (self.BM + 8)
             b = self.BN * (self.BK + 4) if p.b_kmajor else self.BK * (self.BN + 8)
@@ -589,6 +611,45 @@ WGMMA_CLUSTER = 1
 #: 1504) and swiglu's down projection (482 / 474 against 489) ran faster by less than the spread
 #: between runs; the GPU tests and racecheck passed with it on.
 WGMMA_STAGGER = False
+
+
+#: Whether a persistent wgmma kernel's consumers send their 64 x 64 output blocks to HBM with TMA
+#: copies (:func:`wgmma_tma_store`) rather than 16-byte stores from registers read back from the
+#: staging block (the consumer then waits until its stores have left, and the tensor cores with
+#: it: a cooperative kernel's two consumers store at once). H200, bf16, kernels (profiler), the
+#: planner's 128 x 256 tile off / on, cuBLAS: 12800 x 768 x 3072 98.7 / 94.0 (77.5), with bias +
+#: GELU 146.4 / 139.1; 16384 x 32 x 16384 182.8 / 156.2 (166.7); K = 16 186.2 / 154.7 (156.0);
+#: 4096 x 512 x 4096 30.7 / 28.9 (28.8); 8192 x 1024 x 8192 196.9 / 191.6 (187.0); 4096^3
+#: 175.3 / 173.7 (170.0); 6144^3 590.6 / 583.4; 8192^3 1384.8 / 1390.8 (clocks drifting 10 % over
+#: the run). The ping-pong 128 x 128 at 12800 x 768 x 3072: 91.5 / 90.1
+#: (``benchmarks/results/nvidia-h200/tma_store_ab*.json``).
+WGMMA_TMA_STORE = True
+
+
+def wgmma_tma_store(diagram: Diagram, p: MatmulProblem, cfg: MatmulConfig, staged: Sequence[Value]) -> bool:
+    """Whether the wgmma kernel of ``p`` stores its output with TMA copies: a persistent kernel of
+    one share of the sum, with no operand staged like the output (a residual is read in the
+    staging block), whose output rows are a multiple of 16 bytes, and whose batch axes (if any)
+    lie in front of its row axis with whole 64-row blocks in each batch element, so that the
+    output's flattened rows hold each block (the tensor map is 2-D; the copy is clipped to it).
+
+    >>> from napkin.diagrams import Axis, Diagram, array, contract
+    >>> a, b, c = Axis("a"), Axis("b"), Axis("c")
+    >>> Y = contract(array("A", a, b), array("B", c, b), over=b, out=(a, c), name="Y")
+    >>> d = Diagram("mm", Y).with_dtype("bf16").bind(a=1000, b=64, c=200)
+    >>> cfg = MatmulConfig(False, 128, 256, 64, 64, 256, 4, wgmma=True)
+    >>> wgmma_tma_store(d, analyze(d), cfg, []), wgmma_tma_store(d.bind(c=201), analyze(d), cfg, [])
+    (True, False)
+    """
+    if not (WGMMA_TMA_STORE and wgmma_persistent(p) and cfg.splits == 1 and not staged):
+        return False
+    sz = diagram.sizes
+    if not all(isinstance(sz.get(n), int) for n in p.out.axis_names):
+        return False
+    if (sz[p.c] * _elem(p.dtype)) % 16 or tuple(p.out.axis_names) != (*p.batch, p.a, p.c):
+        return False
+    rows = math.prod(sz[n] for n in p.out.axis_names[:-1])
+    return (not p.batch or sz[p.a] % 64 == 0) and rows < 2 ** 31
 
 
 def wgmma_cluster(p: MatmulProblem) -> int:
@@ -1663,6 +1724,9 @@ class ContractionFamily:
         if p.dual:
             pb2 = padded.get(p.B2.name)
             params.append(tensormap_param(p.B2, "tmB2", box_b, name=pb2[0] if pb2 else None))
+        # an output stored by TMA copies (decided below, once the staged operands are known) takes
+        # its tensor map after the operands'
+        tmy_at = len(params)
         if p.G is not None:
             params.append(tensor_param(p.G, "G", T))
         params += [
@@ -1720,10 +1784,15 @@ class ContractionFamily:
                                 tile_reads={v.name: "napkin::to_float(sE[tile_r * E_LD + tile_c])" for v in staged})
             params += epi.params
             staged_tiles = _staged_tiles(staged, p, index_vars, T, params)
+        tma_store = p.rowred is None and wgmma_tma_store(d, p, cfg, staged)
+        ebuf = cfg.staging_blocks(2) if tma_store else 1
+        if tma_store:
+            params.insert(tmy_at, tensormap_param(p.out, "tmY", (64, 64), name=out_name))
         layout = ("k" if p.a_kmajor else "m") + ("k" if p.b_kmajor else "n")
         eps = p.norm.op.eps if p.norm is not None else None
         tag = short_hash(T, layout, [str(x) for x in epi.lines], p.batch, p.k_outer, cfg,
                          *(() if not wgmma_persistent(p) else ("persistent", cluster, WGMMA_STAGGER)),
+                         *(() if not tma_store else ("tma_store", ebuf)),
                          *(() if eps is None else ("rmsnorm", eps, p.G is not None)),
                          *(() if red is None else (red, [str(x) for x in post.lines])))
         dual = "_dual" if p.dual else "_rmsnorm" if p.norm is not None else f"_{red}" if red else ""
@@ -1737,7 +1806,7 @@ class ContractionFamily:
             kname=kname, T=ctype(T), AB=Code("bf16" if T == "bf16" else "f16"), BM=cfg.BM, BN=wn, DUAL=p.dual,
             SPLITS=1 if p.rowred is not None else cfg.splits, ROWSPLIT=rowsplit,
             PERSISTENT=wgmma_persistent(p), CLUSTER=cluster, PINGPONG=cfg.pingpong,
-            STAGGER=bool(WGMMA_STAGGER),
+            STAGGER=bool(WGMMA_STAGGER), TMA_STORE=tma_store, EBUF=ebuf,
             WM=cfg.WM, STAGES=cfg.stages, GROUP_M=GROUP_M, A_KMAJOR=p.a_kmajor, B_KMAJOR=p.b_kmajor,
             CONSUMER_REGS=cfg.consumer_regs(), NACC=nacc,
             PROLOGUE=p.norm is not None, PROLOGUE_GAMMA=p.G is not None,
@@ -1746,7 +1815,7 @@ class ContractionFamily:
             EPS=cuda_float(eps) if eps is not None else None,
             acc_operands=Code("{" + ", ".join(f"%{i}" for i in range(nacc)) + "}"),
             acc_constraints=Code(", ".join(f'"+f"(d[{i}])' for i in range(nacc))),
-            params=signature(params), legend=comment_lines(self._legend(d, p, cfg, epi.boxes, staged)),
+            params=signature(params), legend=comment_lines(self._legend(d, p, cfg, epi.boxes, staged, ebuf if tma_store else 0)),
             batch=batch, kouter=kouter,
             idx_a=index_vars[p.a], idx_c=index_vars[p.c],
             epi_body=epi.body("      "), epi_result=epi.result, epi_identity=epi.is_identity, tiles=staged_tiles,
@@ -1773,6 +1842,8 @@ class ContractionFamily:
             extra += (("cluster", cluster),)
         if cfg.pingpong:
             extra += (("pingpong", True),)
+        if tma_store:
+            extra += (("tma_store", ebuf),)
         return KernelLaunch(
             name=str(kname), source=source, grid=(blocks, 1, 1), block=(cfg.threads, 1, 1),
             shared_bytes=cfg.smem_bytes(p, 2), args=tuple(x.arg for x in params),
@@ -1782,7 +1853,7 @@ class ContractionFamily:
         )
 
     @staticmethod
-    def _legend(d: Diagram, p: MatmulProblem, cfg: MatmulConfig, boxes, staged=()) -> list[str]:
+    def _legend(d: Diagram, p: MatmulProblem, cfg: MatmulConfig, boxes, staged=(), tma_blocks: int = 0) -> list[str]:
         lines = [
             "(sizes are kernel arguments: one kernel serves every shape)",
             f"diagram {d.name}: {p.A.label()} x {p.B.label()}"
@@ -1810,6 +1881,9 @@ class ContractionFamily:
         lines.append("  epilogue: " + (", ".join(boxes) if boxes else "none")
                      + "".join(f"; {v.label()} copied 64 x 64 into each consumer's staging block (E{k})"
                                for k, v in enumerate(staged)))
+        if tma_blocks:
+            lines.append(f"  output: 64 x 64 blocks through {tma_blocks} swizzled staging block(s) a consumer, "
+                         "each sent to HBM by a TMA copy (tmY)")
         return lines
 
 

@@ -28,6 +28,10 @@
 //   tma_load_2d(smem, map, x, y, bar)   TMA tensor copy of the box at element coordinates (x
 //                                       innermost, y) into shared memory, completing on bar; parts
 //                                       of the box outside the tensor read as zero
+//   tma_store_2d(map, smem, x, y)       TMA tensor copy of a shared-memory box to element
+//                                       coordinates (x, y) of the map's tensor, in this thread's
+//                                       bulk group (bulk_commit / bulk_wait_read); parts of the box
+//                                       outside the tensor are not written
 //   named_barrier_sync(id, threads)     a barrier among `threads` threads (bar.sync id; id 0 is
 //                                       __syncthreads), for warp-specialised kernels
 // Provides (sm_90a):
@@ -156,6 +160,13 @@ NAPKIN_DEVICE void tma_load_2d(void* smem, const TensorMap* map, int x, int y, u
       "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
       " [%0], [%1, {%2, %3}], [%4];\n"
       ::"r"(smem_addr(smem)), "l"(reinterpret_cast<u64>(map)), "r"(x), "r"(y), "r"(smem_addr(bar))
+      : "memory");
+}
+
+NAPKIN_DEVICE void tma_store_2d(const TensorMap* map, const void* smem, int x, int y) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%2, %3}], [%1];\n"
+      ::"l"(reinterpret_cast<u64>(map)), "r"(smem_addr(smem)), "r"(x), "r"(y)
       : "memory");
 }
 
