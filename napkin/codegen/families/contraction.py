@@ -598,8 +598,11 @@ def _reason_or_problem(diagram: Diagram) -> MatmulProblem | str:
 #: consecutive block rows and share one copy of their B tile (each block copies its part to all of
 #: them through TMA multicast). Off: on an H100, 66 clusters of 2 ran 4096^3 at 325 TFLOP/s
 #: against 760 for 132 single blocks (every configuration; the kernel is right, its GPU tests pass).
-#: That run released each slot with cluster-scope arrivals (mbarrier.arrive.release.cluster); the
-#: plain remote arrival it makes now passed the GPU tests but was not timed.
+#: That run released each slot with cluster-scope arrivals (mbarrier.arrive.release.cluster). With
+#: the plain remote arrival it makes now (and TMA stores), H200, bf16, kernels, 1 / 2 blocks a
+#: cluster: 128 x 256 at 12800 x 768 x 3072 94.1 / 92.9 us, 4096^3 173.5 / 172.8, 8192 x 1024 x
+#: 8192 191.6 / 188.9, 16384 x 32 x 16384 154.5 / 161.6, 4096 x 512 x 4096 28.8 / 29.2; 256 x 128
+#: slower with clusters at all five (``cluster_ab.json``): still off.
 WGMMA_CLUSTER = 1
 
 
