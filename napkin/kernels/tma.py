@@ -29,7 +29,7 @@ from typing import Any
 
 from napkin.errors import LaunchError
 
-__all__ = ["TensorMap", "TensorMapSlot", "tensor_map", "launch_raw", "SWIZZLE_128B"]
+__all__ = ["TensorMap", "TensorMapSlot", "tensor_map", "map_dims", "launch_raw", "SWIZZLE_128B"]
 
 #: cuda.h enumerations used here.
 _DATA_TYPES = {"bf16": 9, "fp16": 6, "fp32": 7, "fp8": 0}  # fp8 (e4m3): copied as UINT8 bytes
@@ -79,9 +79,33 @@ class TensorMap:
         return f"TensorMap({self.description})"
 
 
+def map_dims(shape: Sequence[int], rank: int) -> tuple[int, ...]:
+    """The sizes, innermost first, of the ``rank``-dimensional view a tensor map takes of a
+    contiguous array of ``shape``: its last ``rank - 1`` axes as they are, every axis before them
+    flattened into the outermost (a box of ``rank`` sizes picks the rank).
+
+    >>> map_dims((4, 1000, 128), 2), map_dims((4, 3, 1000, 128), 3), map_dims((128,), 3)
+    ((128, 4000), (128, 1000, 12), (128, 1, 1))
+    """
+    shape = tuple(int(s) for s in shape)
+    if rank not in (2, 3):
+        raise LaunchError(f"tensor maps here are 2-D or 3-D, not {rank}-D")
+    kept = shape[len(shape) - (rank - 1):] if len(shape) >= rank - 1 else (1,) * (rank - 1 - len(shape)) + shape
+    outer = 1
+    for n in shape[: max(0, len(shape) - (rank - 1))]:
+        outer *= n
+    return (*reversed(kept), outer)
+
+
+def _describe(dtype: str, dims: Sequence[int], box: Sequence[int]) -> str:
+    return f"{dtype} " + "".join(f"[{n}]" for n in reversed(dims)) + f", box {tuple(box)}"
+
+
 def tensor_map(t, box: Sequence[int], *, swizzle: int = SWIZZLE_128B) -> TensorMap:
     """The tensor map of a contiguous 2-D view of torch tensor ``t`` (its last axis innermost,
-    every other axis flattened into rows) for copies of ``box = (inner, outer)`` elements.
+    every other axis flattened into rows) for copies of ``box = (inner, outer)`` elements; a box of
+    three sizes ``(inner, middle, 1)`` takes the 3-D view ``[outer][middle][inner]`` instead
+    (:func:`map_dims`: the copies then stop at the end of each outer index).
 
     Raises :class:`LaunchError` when the tensor breaks a TMA rule (16-byte aligned data pointer,
     row stride a multiple of 16 bytes) or the driver refuses the map.
@@ -105,12 +129,13 @@ def tensor_map(t, box: Sequence[int], *, swizzle: int = SWIZZLE_128B) -> TensorM
     if (inner * elem) % 16:
         raise LaunchError(f"the TMA copy needs rows of a multiple of 16 bytes; the last axis has {inner} "
                           f"elements of {elem} bytes")
-    key = (t.data_ptr(), inner, outer, name, tuple(int(b) for b in box), swizzle, t.device.index)
+    dims = map_dims(t.shape, len(box))
+    key = (t.data_ptr(), dims, name, tuple(int(b) for b in box), swizzle, t.device.index)
     with _lock:
         m = _cache.get(key)
         if m is not None:
             return m
-    m = _encode(t.data_ptr(), name, inner, outer, elem, box, swizzle)
+    m = _encode(t.data_ptr(), name, dims, elem, box, swizzle)
     with _lock:
         if len(_cache) >= _CACHE_LIMIT:
             _cache.clear()
@@ -118,18 +143,26 @@ def tensor_map(t, box: Sequence[int], *, swizzle: int = SWIZZLE_128B) -> TensorM
     return m
 
 
-def _encode(pointer: int, dtype: str, inner: int, outer: int, elem: int, box: Sequence[int],
+def _encode(pointer: int, dtype: str, dims: Sequence[int], elem: int, box: Sequence[int],
             swizzle: int) -> TensorMap:
-    """``cuTensorMapEncodeTiled`` of a contiguous ``[outer][inner]`` array of ``dtype`` at ``pointer``."""
-    m = TensorMap(f"{dtype} [{outer}][{inner}], box {tuple(box)}")
+    """``cuTensorMapEncodeTiled`` of a contiguous array of ``dtype`` at ``pointer`` with sizes
+    ``dims``, innermost first (2 or 3 of them, as many as ``box`` has)."""
+    m = TensorMap(_describe(dtype, dims, box))
     u64, u32 = ctypes.c_uint64, ctypes.c_uint32
-    dims = (u64 * 2)(inner, outer)
-    strides = (u64 * 1)(inner * elem)
-    boxd = (u32 * 2)(*[int(b) for b in box])
-    estr = (u32 * 2)(1, 1)
+    rank = len(dims)
+    if len(box) != rank:
+        raise LaunchError(f"a {len(box)}-D box {tuple(box)} for the {rank}-D tensor map of {m.description}")
+    gdims = (u64 * rank)(*[int(n) for n in dims])
+    pitch, steps = elem, []
+    for n in dims[:-1]:  # the byte stride of each axis past the innermost
+        pitch *= int(n)
+        steps.append(pitch)
+    strides = (u64 * (rank - 1))(*steps)
+    boxd = (u32 * rank)(*[int(b) for b in box])
+    estr = (u32 * rank)(*([1] * rank))
     rc = _driver().cuTensorMapEncodeTiled(
-        ctypes.c_void_p(m.address), ctypes.c_int(_DATA_TYPES[dtype]), u32(2), ctypes.c_void_p(pointer),
-        dims, strides, boxd, estr, ctypes.c_int(_INTERLEAVE_NONE), ctypes.c_int(swizzle),
+        ctypes.c_void_p(m.address), ctypes.c_int(_DATA_TYPES[dtype]), u32(rank), ctypes.c_void_p(pointer),
+        gdims, strides, boxd, estr, ctypes.c_int(_INTERLEAVE_NONE), ctypes.c_int(swizzle),
         ctypes.c_int(_L2_PROMOTION_256B), ctypes.c_int(_OOB_FILL_ZERO))
     if rc != 0:
         raise LaunchError(f"cuTensorMapEncodeTiled refused {m.description}: {_error_name(rc)}")
@@ -150,13 +183,15 @@ class TensorMapSlot:
 
     >>> TensorMapSlot("bf16", (1000, 1000), (64, 128)).description
     'bf16 [1000][1000], box (64, 128)'
+    >>> TensorMapSlot("bf16", (3, 5, 200, 64), (64, 64, 1)).description  # 3-D: rows end with each outer index
+    'bf16 [15][200][64], box (64, 64, 1)'
     >>> TensorMapSlot("bf16", (4, 7), (8, 4))
     Traceback (most recent call last):
     ...
     napkin.errors.LaunchError: the TMA copy needs rows of a multiple of 16 bytes; the last axis has 7 elements of 2 bytes
     """
 
-    __slots__ = ("dtype", "inner", "outer", "box", "swizzle", "limit", "_maps", "description")
+    __slots__ = ("dtype", "inner", "outer", "box", "dims", "swizzle", "limit", "_maps", "description")
 
     def __init__(self, dtype: str, shape: Sequence[int], box: Sequence[int], *, swizzle: int = SWIZZLE_128B,
                  limit: int = 64):
@@ -176,9 +211,10 @@ class TensorMapSlot:
                               f"elements of {elem} bytes")
         self.dtype, self.inner, self.outer = dtype, inner, outer
         self.box = tuple(int(b) for b in box)
+        self.dims = map_dims(shape, len(self.box))
         self.swizzle, self.limit = int(swizzle), max(2, int(limit))
         self._maps: dict[int, TensorMap] = {}
-        self.description = f"{dtype} [{outer}][{inner}], box {self.box}"
+        self.description = _describe(dtype, self.dims, self.box)
 
     def get(self, pointer: int) -> TensorMap:
         """The tensor map of this slot's array at ``pointer`` (encoded the first time it is seen)."""
@@ -188,8 +224,7 @@ class TensorMapSlot:
         if pointer % 16:
             raise LaunchError(f"the TMA copy needs a 16-byte aligned data pointer; this {self.dtype} "
                               f"[{self.outer}][{self.inner}] tensor starts at an offset (pass a .clone())")
-        m = _encode(pointer, self.dtype, self.inner, self.outer, _ELEMENT_BYTES[self.dtype], self.box,
-                    self.swizzle)
+        m = _encode(pointer, self.dtype, self.dims, _ELEMENT_BYTES[self.dtype], self.box, self.swizzle)
         with _lock:
             if len(self._maps) >= self.limit:
                 for old in list(self._maps)[: self.limit // 2]:

@@ -633,8 +633,9 @@ def wgmma_tma_store(diagram: Diagram, p: MatmulProblem, cfg: MatmulConfig, stage
     """Whether the wgmma kernel of ``p`` stores its output with TMA copies: a persistent kernel of
     one share of the sum, with no operand staged like the output (a residual is read in the
     staging block), whose output rows are a multiple of 16 bytes, and whose batch axes (if any)
-    lie in front of its row axis with whole 64-row blocks in each batch element, so that the
-    output's flattened rows hold each block (the tensor map is 2-D; the copy is clipped to it).
+    lie in front of its row axis, so that the output is ``[batch][M][N]`` with the batch axes
+    flattened (the tensor map is 3-D with a batch, else 2-D; the engine clips each copy to M x N).
+    Nothing here depends on M: a dynamic row count keeps one kernel.
 
     >>> from napkin.diagrams import Axis, Diagram, array, contract
     >>> a, b, c = Axis("a"), Axis("b"), Axis("c")
@@ -651,8 +652,7 @@ def wgmma_tma_store(diagram: Diagram, p: MatmulProblem, cfg: MatmulConfig, stage
         return False
     if (sz[p.c] * _elem(p.dtype)) % 16 or tuple(p.out.axis_names) != (*p.batch, p.a, p.c):
         return False
-    rows = math.prod(sz[n] for n in p.out.axis_names[:-1])
-    return (not p.batch or sz[p.a] % 64 == 0) and rows < 2 ** 31
+    return True
 
 
 def wgmma_cluster(p: MatmulProblem) -> int:
@@ -1790,7 +1790,7 @@ class ContractionFamily:
         tma_store = p.rowred is None and wgmma_tma_store(d, p, cfg, staged)
         ebuf = cfg.staging_blocks(2) if tma_store else 1
         if tma_store:
-            params.insert(tmy_at, tensormap_param(p.out, "tmY", (64, 64), name=out_name))
+            params.insert(tmy_at, tensormap_param(p.out, "tmY", (64, 64, 1) if p.batch else (64, 64), name=out_name))
         layout = ("k" if p.a_kmajor else "m") + ("k" if p.b_kmajor else "n")
         eps = p.norm.op.eps if p.norm is not None else None
         tag = short_hash(T, layout, [str(x) for x in epi.lines], p.batch, p.k_outer, cfg,

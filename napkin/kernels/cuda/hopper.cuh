@@ -28,10 +28,11 @@
 //   tma_load_2d(smem, map, x, y, bar)   TMA tensor copy of the box at element coordinates (x
 //                                       innermost, y) into shared memory, completing on bar; parts
 //                                       of the box outside the tensor read as zero
-//   tma_store_2d(map, smem, x, y)       TMA tensor copy of a shared-memory box to element
-//                                       coordinates (x, y) of the map's tensor, in this thread's
-//                                       bulk group (bulk_commit / bulk_wait_read); parts of the box
-//                                       outside the tensor are not written
+//   tma_store_2d(map, smem, x, y), tma_store_3d(map, smem, x, y, z)
+//                                       TMA tensor copy of a shared-memory box to element
+//                                       coordinates (x innermost, y, z) of the map's tensor, in this
+//                                       thread's bulk group (bulk_commit / bulk_wait_read); parts of
+//                                       the box outside the tensor are not written
 //   named_barrier_sync(id, threads)     a barrier among `threads` threads (bar.sync id; id 0 is
 //                                       __syncthreads), for warp-specialised kernels
 // Provides (sm_90a):
@@ -167,6 +168,13 @@ NAPKIN_DEVICE void tma_store_2d(const TensorMap* map, const void* smem, int x, i
   asm volatile(
       "cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%2, %3}], [%1];\n"
       ::"l"(reinterpret_cast<u64>(map)), "r"(smem_addr(smem)), "r"(x), "r"(y)
+      : "memory");
+}
+
+NAPKIN_DEVICE void tma_store_3d(const TensorMap* map, const void* smem, int x, int y, int z) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.global.shared::cta.bulk_group [%0, {%2, %3, %4}], [%1];\n"
+      ::"l"(reinterpret_cast<u64>(map)), "r"(smem_addr(smem)), "r"(x), "r"(y), "r"(z)
       : "memory");
 }
 
