@@ -87,14 +87,13 @@ def map_dims(shape: Sequence[int], rank: int) -> tuple[int, ...]:
     >>> map_dims((4, 1000, 128), 2), map_dims((4, 3, 1000, 128), 3), map_dims((128,), 3)
     ((128, 4000), (128, 1000, 12), (128, 1, 1))
     """
-    shape = tuple(int(s) for s in shape)
     if rank not in (2, 3):
         raise LaunchError(f"tensor maps here are 2-D or 3-D, not {rank}-D")
-    kept = shape[len(shape) - (rank - 1):] if len(shape) >= rank - 1 else (1,) * (rank - 1 - len(shape)) + shape
+    shape = (1,) * max(0, rank - 1 - len(shape)) + tuple(int(s) for s in shape)  # at least rank - 1 axes
     outer = 1
-    for n in shape[: max(0, len(shape) - (rank - 1))]:
+    for n in shape[: len(shape) - (rank - 1)]:
         outer *= n
-    return (*reversed(kept), outer)
+    return (*reversed(shape[len(shape) - (rank - 1):]), outer)
 
 
 def _describe(dtype: str, dims: Sequence[int], box: Sequence[int]) -> str:

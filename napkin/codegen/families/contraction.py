@@ -269,6 +269,7 @@ class MatmulConfig:
         >>> MatmulConfig(False, 128, 192, 64, 64, 192, 5, wgmma=True).staging_blocks(2)
         1
         """
+        # (wgmma runs on sm_90a only: its 227 KB of shared memory a block)
         two = self.wgmma_ring_bytes(elem) + 2048 + self.consumers * 2 * 64 * 64 * elem
         return 2 if two <= 227 * 1024 else 1
 
@@ -647,12 +648,9 @@ def wgmma_tma_store(diagram: Diagram, p: MatmulProblem, cfg: MatmulConfig, stage
     """
     if not (WGMMA_TMA_STORE and wgmma_persistent(p) and cfg.splits == 1 and not staged):
         return False
-    sz = diagram.sizes
-    if not all(isinstance(sz.get(n), int) for n in p.out.axis_names):
-        return False
-    if (sz[p.c] * _elem(p.dtype)) % 16 or tuple(p.out.axis_names) != (*p.batch, p.a, p.c):
-        return False
-    return True
+    n = diagram.sizes.get(p.c)
+    return (isinstance(n, int) and (n * _elem(p.dtype)) % 16 == 0
+            and tuple(p.out.axis_names) == (*p.batch, p.a, p.c))
 
 
 def wgmma_cluster(p: MatmulProblem) -> int:
