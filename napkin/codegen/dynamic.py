@@ -18,9 +18,9 @@ returns a :class:`DynamicDiagram` instead:
    that kernel. A family that writes a size into its source as a constant (row-wise: the row
    count; pointwise: the element count and the rows per split) gets a kernel per size, compiled
    once and then read from the disk cache. Which kernels of a diagram do so is found when it is
-   made, by building the plan at both ends of the range and comparing the sources: they are
-   :attr:`DynamicDiagram.specialized`, and a warning in the ``napkin.codegen.dynamic`` log
-   says so.
+   made, by building the plan at a few sizes of the range (its ends, its middle and two odd sizes:
+   :func:`probe_points`) and comparing the sources: they are :attr:`DynamicDiagram.specialized`,
+   and a warning in the ``napkin.codegen.dynamic`` log says so.
 3. **Per size, a compiled diagram.** Each size seen keeps its
    :class:`~napkin.codegen.api.CompiledDiagram` (prepared launches and all), so a repeated size
    costs one dictionary lookup on top of the fixed-size call.
@@ -48,7 +48,7 @@ from ..diagrams.diagram import Diagram
 from ..errors import CodegenError, LaunchError, NapkinError
 
 __all__ = ["DynamicDiagram", "compile_dynamic", "parse_dynamic", "sample_points", "plan_for_range",
-           "specialized_kernels"]
+           "probe_points", "specialized_kernels"]
 
 _log = logging.getLogger(__name__)
 
@@ -206,21 +206,46 @@ def _kernels(plan) -> tuple:
     return tuple(pk.kernel for pk in plan.kernels)
 
 
+def probe_points(ranges: Mapping[str, tuple[int, int]]) -> list[dict]:
+    """The sizes :func:`specialized_kernels` builds a plan at: the ends of the ranges, the
+    geometric middle, and two odd sizes (one past the middle, one short of the high end), since a
+    family may choose by a size's residue (a row of 16-byte multiples, whole blocks) as well as by
+    its magnitude.
+
+    >>> probe_points({"q": (1, 4096)})
+    [{'q': 1}, {'q': 4096}, {'q': 64}, {'q': 65}, {'q': 4095}]
+    >>> probe_points({"q": (8, 8)})
+    [{'q': 8}]
+    """
+    def at(f):
+        return {n: max(lo, min(hi, int(f(lo, hi)))) for n, (lo, hi) in ranges.items()}
+
+    mid = lambda lo, hi: round(math.sqrt(lo * hi))  # noqa: E731 - one expression, named for the reader
+    points = [at(lambda lo, hi: lo), at(lambda lo, hi: hi), at(mid), at(lambda lo, hi: mid(lo, hi) | 1),
+              at(lambda lo, hi: (hi - 1) | 1)]
+    out = []
+    for p in points:
+        if p not in out:
+            out.append(p)
+    return out
+
+
 def specialized_kernels(plan, diagram: Diagram, ranges: Mapping[str, tuple[int, int]]) -> tuple[tuple[str, str], ...]:
-    """``(kernel, family)`` of each launch whose source differs between the two ends of the
-    ranges: a family that writes a dynamic size into the source (it compiles per size)."""
+    """``(kernel, family)`` of each launch whose source differs between sizes of the ranges
+    (:func:`probe_points`): a family that writes a dynamic size into the source, or chooses its
+    code by one (it compiles per size, or per kind of size)."""
     from .lower import build
 
-    lo = build(_at(plan, diagram, {n: r[0] for n, r in ranges.items()}))
-    hi = build(_at(plan, diagram, {n: r[1] for n, r in ranges.items()}))
-    if len(lo.launches) != len(hi.launches):
-        return tuple((k.name, lo.family) for k in lo.launches)
+    first, *rest = [build(_at(plan, diagram, p)) for p in probe_points(ranges)]
     fam = {pk.name: pk.family for pk in plan.kernels}
     out = []
-    for a, b in zip(lo.launches, hi.launches):
-        if a.source != b.source or a.name != b.name:
-            owner = next((f for n, f in fam.items() if a.name.endswith(n) or n in a.name), lo.family)
-            out.append((a.name, owner))
+    for other in rest:
+        if len(other.launches) != len(first.launches):
+            return tuple((k.name, first.family) for k in first.launches)
+        for a, b in zip(first.launches, other.launches):
+            if (a.source != b.source or a.name != b.name) and a.name not in {n for n, _ in out}:
+                owner = next((f for n, f in fam.items() if a.name.endswith(n) or n in a.name), first.family)
+                out.append((a.name, owner))
     return tuple(out)
 
 
@@ -410,10 +435,10 @@ def compile_dynamic(diagram, dynamic, *, compiled_type, arch: str | None, gpu=No
     seconds = time.perf_counter() - start
     special = specialized_kernels(plan, base, ranges)
     if special:
-        _log.warning("%s: %s write%s the size of %s into the source: compiled once per size (then read from the "
-                     "kernel cache)", base.name,
+        _log.warning("%s: %s write%s the size of %s into the source, or choose%s the code by it: compiled once "
+                     "per size or kind of size (then read from the kernel cache)", base.name,
                      ", ".join(f"kernel {k} ({f})" for k, f in special), "s" if len(special) == 1 else "",
-                     ", ".join(ranges))
+                     ", ".join(ranges), "s" if len(special) == 1 else "")
     _log.info("%s: plan for %s chosen in %.3f s from %d candidate(s)", base.name,
               ", ".join(f"{n}={lo}..{hi}" for n, (lo, hi) in ranges.items()), seconds, max(1, len(table)))
     return DynamicDiagram(base, ranges, plan, gpu=g, arch=arch, compiled_type=compiled_type, candidates=table,

@@ -92,6 +92,16 @@ def test_a_family_that_writes_sizes_into_its_source_is_named_aloud(caplog):
     assert sources(sm, {"r": 3}) != sources(sm, {"r": 300})
 
 
+def test_a_source_that_changes_inside_the_range_is_named_aloud():
+    """Both ends of 8..4096 columns are 16-byte rows; 65 is not (its operand is padded first and
+    its output leaves without TMA): the contraction builds other code there, which the ends alone
+    did not show."""
+    assert dyn.probe_points({"c": (8, 4096)}) == [{"c": 8}, {"c": 4096}, {"c": 181}, {"c": 4095}]
+    mm = cg.compile("matmul", sizes={"a": 4096, "b": 512}, dynamic={"c": (8, 4096)}, gpu="h200")
+    assert [f for _, f in mm.specialized] == ["contraction"]
+    assert sources(mm, {"c": 8}) == sources(mm, {"c": 4096}) != sources(mm, {"c": 65})
+
+
 def test_sizes_outside_the_range_are_refused():
     mm = cg.compile("matmul", sizes={"b": 64, "c": 64}, dynamic={"a": (8, 128)}, gpu=GPU)
     with pytest.raises(LaunchError, match="axis a has size 129, outside the dynamic range 8..128"):
