@@ -603,7 +603,7 @@ def _reason_or_problem(diagram: Diagram) -> MatmulProblem | str:
 #: the plain remote arrival it makes now (and TMA stores), H200, bf16, kernels, 1 / 2 blocks a
 #: cluster: 128 x 256 at 12800 x 768 x 3072 94.1 / 92.9 us, 4096^3 173.5 / 172.8, 8192 x 1024 x
 #: 8192 191.6 / 188.9, 16384 x 32 x 16384 154.5 / 161.6, 4096 x 512 x 4096 28.8 / 29.2; 256 x 128
-#: slower with clusters at all five (``cluster_ab.json``): still off.
+#: slower with clusters at four of the five, 0.2 % faster at the fifth (``cluster_ab.json``): still off.
 WGMMA_CLUSTER = 1
 
 
