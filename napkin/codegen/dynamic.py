@@ -108,6 +108,11 @@ def parse_dynamic(diagram: Diagram, dynamic, sizes: Mapping[str, int] | None) ->
     return out
 
 
+def _middle(lo: int, hi: int) -> int:
+    """The geometric middle of a range, rounded into it."""
+    return max(lo, min(hi, round(math.sqrt(lo * hi))))
+
+
 def sample_points(ranges: Mapping[str, tuple[int, int]], typical: Mapping[str, int] | None = None) -> list[dict]:
     """The sizes a range is planned at: every axis at its low end, at the geometric middle, at
     the high end, and ``typical`` when given (distinct points, the least work first).
@@ -116,7 +121,7 @@ def sample_points(ranges: Mapping[str, tuple[int, int]], typical: Mapping[str, i
     [{'q': 1}, {'q': 64}, {'q': 4096}]
     """
     points = [{n: lo for n, (lo, hi) in ranges.items()},
-              {n: max(lo, min(hi, round(math.sqrt(lo * hi)))) for n, (lo, hi) in ranges.items()},
+              {n: _middle(lo, hi) for n, (lo, hi) in ranges.items()},
               {n: hi for n, (lo, hi) in ranges.items()}]
     if typical:
         points.append({n: int(typical[n]) for n in ranges if n in typical} | {
@@ -217,11 +222,10 @@ def probe_points(ranges: Mapping[str, tuple[int, int]]) -> list[dict]:
     >>> probe_points({"q": (8, 8)})
     [{'q': 8}]
     """
-    def at(f):
-        return {n: max(lo, min(hi, int(f(lo, hi)))) for n, (lo, hi) in ranges.items()}
+    def at(f):  # every axis at f(lo, hi), kept in its range
+        return {n: max(lo, min(hi, f(lo, hi))) for n, (lo, hi) in ranges.items()}
 
-    mid = lambda lo, hi: round(math.sqrt(lo * hi))  # noqa: E731 - one expression, named for the reader
-    points = [at(lambda lo, hi: lo), at(lambda lo, hi: hi), at(mid), at(lambda lo, hi: mid(lo, hi) | 1),
+    points = [at(lambda lo, hi: lo), at(lambda lo, hi: hi), at(_middle), at(lambda lo, hi: _middle(lo, hi) | 1),
               at(lambda lo, hi: (hi - 1) | 1)]
     out = []
     for p in points:

@@ -269,9 +269,8 @@ class MatmulConfig:
         >>> MatmulConfig(False, 128, 192, 64, 64, 192, 5, wgmma=True).staging_blocks(2)
         1
         """
-        # (wgmma runs on sm_90a only: its 227 KB of shared memory a block)
         two = self.wgmma_ring_bytes(elem) + 2048 + self.consumers * 2 * 64 * 64 * elem
-        return 2 if two <= 227 * 1024 else 1
+        return 2 if two <= _smem_limit(None, "sm_90a") else 1  # (wgmma runs on sm_90a only)
 
     def smem_bytes(self, p: MatmulProblem, elem: int) -> int:
         """Dynamic shared memory the kernel asks for (padded tiles)."""
@@ -1785,7 +1784,7 @@ class ContractionFamily:
                                 tile_reads={v.name: "napkin::to_float(sE[tile_r * E_LD + tile_c])" for v in staged})
             params += epi.params
             staged_tiles = _staged_tiles(staged, p, index_vars, T, params)
-        tma_store = p.rowred is None and wgmma_tma_store(d, p, cfg, staged)
+        tma_store = wgmma_tma_store(d, p, cfg, staged)
         ebuf = cfg.staging_blocks(2) if tma_store else 1
         if tma_store:
             params.insert(tmy_at, tensormap_param(p.out, "tmY", (64, 64, 1) if p.batch else (64, 64), name=out_name))
