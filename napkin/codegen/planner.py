@@ -42,7 +42,7 @@ from typing import Callable, Mapping, Sequence
 
 from ..diagrams.diagram import Diagram
 from ..diagrams.expand import expand, expandable
-from ..diagrams.fold import fold, foldable
+from ..diagrams.fold import fold, foldable, summed_folds
 from ..errors import CodegenError, NapkinError, ScheduleError
 from ..perfmodel.hardware import check_arch
 from ..perfmodel.plan import FALLBACK, Plan, PlannedKernel, describe_kernel, tiles_text
@@ -724,7 +724,12 @@ def derive(diagram, gpu=None, dtype: str | None = None, sizes: Mapping[str, int]
             fplan, fruns = folded.plan()
         except ScheduleError:
             fplan = None
-        if fplan is not None and (_slow_boxes(fplan), fplan.seconds) < (_slow_boxes(plan), plan.seconds * FOLD_GAIN):
+        # a sum over a run of axes becomes one loop over one axis: never slower to walk (no
+        # partial chunk at the end of each inner index, one alignment to check), so a tie folds
+        summed = bool(summed_folds(d, folds))
+        own = (_slow_boxes(plan), plan.seconds * (1.0 if summed else FOLD_GAIN))
+        if fplan is not None and ((_slow_boxes(fplan), fplan.seconds) <= own if summed
+                                  else (_slow_boxes(fplan), fplan.seconds) < own):
             runs_text = "; ".join(f"{', '.join(f.parts)} as {f.axis}" for f in folds)
             folding = (f"ran the axes {runs_text}: they lie side by side in every array and no box treats them "
                        f"apart, so a tile spans their product ({fplan.seconds * 1e6:.1f} µs against "

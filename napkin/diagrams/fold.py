@@ -7,16 +7,20 @@ renames it). The contraction family tiles one row axis and walks the others one 
 time, so at ``s = 50`` a 128-row tile would hold 50 rows. :func:`foldable` finds such runs of
 axes and :func:`fold` rewrites the diagram with each run as one axis (``b_s`` of size
 ``b·s``); every array keeps its bytes in the same order, so a kernel of the folded diagram reads
-and writes the caller's tensors as they are (only their shapes are written differently).
+and writes the caller's tensors as they are (only their shapes are written differently). A run
+summed over as a whole is one axis too: a contraction of ``A[a, h, d]`` with ``B[n, h, d]`` over
+``(h, d)`` is one matrix product with ``K = h·d``, where a tile would otherwise take ``d`` at a
+time and walk ``h`` one index at a time.
 
 The planner (:func:`napkin.codegen.planner.derive`) plans the folded diagram beside the diagram
 and keeps it when the model predicts it faster; the plan records the folds
 (:attr:`napkin.perfmodel.plan.Plan.folds`) and the diagram it was folded from, whose shapes
 the compiled diagram takes.
 
-Folding is offered only where it can pay: diagrams with a contraction, runs that leave every
-array's innermost axis alone (its rows, vector loads and TMA boxes are unchanged), bound sizes,
-and runs of fewer than 2^31 indices (kernels index rows in 32 bits).
+Folding is offered only where it can pay: diagrams with a contraction, bound sizes, and runs of
+fewer than 2^31 indices (kernels index rows in 32 bits). A run may end at an array's innermost
+axis: the folded innermost axis is the same contiguous bytes, only longer, so a row that was a
+16-byte multiple still is one.
 
 >>> from napkin.diagrams import Diagram, array, axes, contract
 >>> b, s, e, f = axes("b s e f")
@@ -39,7 +43,7 @@ from .axes import Axis
 from .diagram import Diagram
 from .ops import Contract, InputOp, Map, Norm, Reduce, Rename, Softmax, Value, apply
 
-__all__ = ["AxisFold", "foldable", "fold", "unfolded_shape"]
+__all__ = ["AxisFold", "foldable", "fold", "summed_folds", "unfolded_shape"]
 
 
 @dataclass(frozen=True)
@@ -66,11 +70,13 @@ class AxisFold:
 
 
 def _named_axes(v: Value) -> set[str] | None:
-    """The axes box ``v`` refers to by name (those it sums over, masks by, renames); None for a
-    box of a kind this module does not know (nothing is folded then)."""
+    """The axes box ``v`` refers to by name one at a time (those it reduces along, masks by,
+    renames); None for a box of a kind this module does not know (nothing is folded then). A
+    contraction names none here: it sums over a set of axes, which a whole run may join
+    (:func:`foldable` checks that no run is split by it)."""
     op = v.op
     if isinstance(op, Contract):
-        return set(op.over)
+        return set()
     if isinstance(op, Map):
         return set(op.index_axes)
     if isinstance(op, (Reduce, Softmax, Norm)):
@@ -96,11 +102,17 @@ def foldable(diagram: Diagram) -> tuple[AxisFold, ...]:
             return ()
         named |= got
     values = [*diagram.inputs, *nodes]
-    innermost = {v.axis_names[-1] for v in values if v.axes}
-    free = [a for a in sizes if a not in named and a not in innermost]
+    free = [a for a in sizes if a not in named]
+    # the contractions summing over each axis: a run's axes are summed over by the same ones
+    # (all of the run or none of it), so the run is one axis of each sum
+    summed_by = {a: frozenset(i for i, v in enumerate(nodes) if isinstance(v.op, Contract) and a in v.op.over)
+                 for a in free}
 
     def together(p: str, q: str) -> bool:
-        """Whether every array carrying p or q carries both, q right after p."""
+        """Whether every array carrying p or q carries both, q right after p, and every
+        contraction sums over both or neither."""
+        if summed_by[p] != summed_by[q]:
+            return False
         seen = False
         for v in values:
             names = v.axis_names
@@ -146,6 +158,22 @@ def _rewrite(names: Sequence[str], folds: Iterable[AxisFold]) -> tuple[str, ...]
     return tuple(out)
 
 
+def _rewrite_over(over: Sequence[str], folds: Iterable[AxisFold]) -> tuple[str, ...]:
+    """The axes a contraction sums over, with each fold whose parts it sums over replaced by the
+    fold's axis (where its first part stood); a DiagramError for a fold it sums in part."""
+    out = list(over)
+    for f in folds:
+        hit = [a for a in f.parts if a in out]
+        if not hit:
+            continue
+        if len(hit) != len(f.parts):
+            raise DiagramError(f"fold {f.axis}: a contraction sums over {hit} but not over all of {list(f.parts)}")
+        at = min(out.index(a) for a in f.parts)
+        out = [a for a in out if a not in f.parts]
+        out.insert(at, f.axis)
+    return tuple(out)
+
+
 def fold(diagram: Diagram, folds: Sequence[AxisFold]) -> Diagram:
     """``diagram`` with each fold's parts run as its one axis (the module docstring). A
     DiagramError when a fold does not fit the diagram (its parts are not side by side in every
@@ -169,8 +197,8 @@ def fold(diagram: Diagram, folds: Sequence[AxisFold]) -> Diagram:
         memo[id(v)] = Value(InputOp(), (), axes_of(v), v.dtype, v.name)
     for v in diagram.nodes:
         op = v.op
-        if isinstance(op, Contract) and op.out is not None:
-            op = Contract(op.over, _rewrite(op.out, folds))
+        if isinstance(op, Contract):
+            op = Contract(_rewrite_over(op.over, folds), None if op.out is None else _rewrite(op.out, folds))
         nv = apply(op, [memo[id(a)] for a in v.args], v.name)
         if nv.axis_names != _rewrite(v.axis_names, folds):
             raise DiagramError(f"fold: box {diagram.name_of(v)!r} of {diagram.name!r} would carry "
@@ -179,6 +207,21 @@ def fold(diagram: Diagram, folds: Sequence[AxisFold]) -> Diagram:
     outs = tuple(memo[id(v)] for v in diagram.outputs)
     outs = tuple(o if o.name or o.is_input else o.named(n) for o, n in zip(outs, diagram.output_names))
     return Diagram(diagram.name, outs, [memo[id(v)] for v in diagram.inputs], diagram.description)
+
+
+def summed_folds(diagram: Diagram, folds: Sequence[AxisFold]) -> tuple[AxisFold, ...]:
+    """The folds of ``diagram`` (unfolded) whose parts a contraction sums over: each becomes the
+    one axis a kernel's loop walks, where the diagram's own axes are a loop nested in another.
+
+    >>> from napkin.diagrams import array, axes, contract
+    >>> a, h, d, n = axes("a h d n")
+    >>> dg = Diagram("c", contract(array("A", a, h, d), array("B", n, h, d), over=(h, d), name="C"))
+    >>> dg = dg.bind(a=8, h=4, d=16, n=8)
+    >>> [f.axis for f in summed_folds(dg, foldable(dg))]
+    ['h_d']
+    """
+    over = {a for v in diagram.nodes if isinstance(v.op, Contract) for a in v.op.over}
+    return tuple(f for f in folds if f.parts[0] in over)
 
 
 def unfolded_shape(value: Value, folds: Sequence[AxisFold]) -> tuple[int, ...]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from napkin.diagrams import Diagram, array, axes, causal, contract, gelu, rename, softmax, sum_over
-from napkin.diagrams.fold import AxisFold, fold, foldable, unfolded_shape
+from napkin.diagrams.fold import AxisFold, fold, foldable, summed_folds, unfolded_shape
 from napkin.errors import DiagramError
 
 B, S, E, F = axes("b s e f")
@@ -100,3 +100,47 @@ def test_runs_past_32_bit_indices_stay_apart_and_names_never_clash():
     d = Diagram("clash", (contract(X, W, over=E, out=(B, S, F), name="Y") + array("Z", b_s)).named("V"))
     (f,) = foldable(d.bind(b=2, s=3, e=8, f=8, b_s=8))
     assert f.axis == "b_s_" and f.parts == ("b", "s")
+
+
+def heads_contraction(b_axes=None, over=None) -> Diagram:
+    """C[a, n] = Σ_{h, d} A[a, h, d]·B[n, h, d]: a sum over two axes that lie side by side."""
+    a, h, d, n = axes("a h d n")
+    B = array("B", *(b_axes or (n, h, d)))
+    return Diagram("heads", contract(array("A", a, h, d), B, over=over or (h, d), name="C"))
+
+
+def test_a_sum_over_a_run_folds_into_one_summed_axis():
+    d = heads_contraction().bind(a=6, h=4, d=8, n=5)
+    folds = foldable(d)
+    assert folds == (AxisFold("h_d", ("h", "d"), (4, 8)),) and summed_folds(d, folds) == folds
+    fd = fold(d, folds)
+    assert [v.label() for v in fd.inputs] == ["A[a,h_d]", "B[n,h_d]"]
+    assert fd.outputs[0].op.over == ("h_d",) and fd.outputs[0].label() == "C[a,n]"
+    # the sum written in the other order is the same sum
+    d2 = heads_contraction(over=("d", "h")).bind(a=6, h=4, d=8, n=5)
+    assert fold(d2, foldable(d2)).outputs[0].op.over == ("h_d",)
+    # the linear layer's b, s fold is not a summed one
+    lin = linear().bind(**SIZES)
+    assert summed_folds(lin, foldable(lin)) == ()
+
+
+def test_a_run_summed_in_part_or_stored_apart_stays_apart():
+    a, h, d, n = axes("a h d n")
+    # B stores d before h: no run
+    assert foldable(heads_contraction(b_axes=(n, d, h)).bind(a=6, h=4, d=8, n=5)) == ()
+    # the sum is over d alone: h is an output axis of C, d is summed; no run
+    part = Diagram("part", contract(array("A", a, h, d), array("B", n, h, d), over=d, out=(a, h, n), name="C"))
+    assert foldable(part.bind(a=6, h=4, d=8, n=5)) == ()
+    with pytest.raises(DiagramError, match="sums over"):
+        fold(part.bind(a=6, h=4, d=8, n=5), (AxisFold("h_d", ("h", "d"), (4, 8)),))
+
+
+def test_a_folded_sum_computes_the_same_array():
+    torch = pytest.importorskip("torch")
+    d = heads_contraction().bind(a=6, h=4, d=8, n=5)
+    fd = fold(d, foldable(d))
+    g = torch.Generator().manual_seed(1)
+    ins = {v.name: torch.randn(*[a.bound_size for a in v.axes], generator=g, dtype=torch.float64) for v in d.inputs}
+    want = d.reference(ins, dtype=torch.float64)["C"]
+    flat = {v.name: ins[v.name].reshape([a.bound_size for a in v.axes]) for v in fd.inputs}
+    torch.testing.assert_close(fd.reference(flat, dtype=torch.float64)["C"], want, rtol=1e-12, atol=1e-12)
