@@ -340,6 +340,7 @@ for _fn in [
                   doc="|x|: abs(-0.0) = +0.0, abs(NaN) = NaN"),
     ElementwiseFn("pow", 1, lambda m, xs, p, i, n: m.pow(xs[0], p[0]), "powf({x0}, {p0})",
                   n_params=1, flops=8, sfu=2, param_names=("exponent",),
+                  cuda_half="napkin::hm_pow({x0}, {p0})",
                   doc="x^p for a scalar p, as C's powf (torch.pow with a tensor exponent): pow(x, 0) = 1 "
                       "(NaN included), a negative x with a non-integer p gives NaN, pow(-inf, 0.5) = inf, "
                       "pow(-0.0, 0.5) = +0.0, pow(±0, p < 0) = inf (-inf for -0.0 and odd integer p)"),

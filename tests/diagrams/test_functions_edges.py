@@ -77,6 +77,7 @@ UNARY_CASES: list[tuple[str, tuple]] = [
     ("leaky_relu", (0.01,)), ("leaky_relu", (0.2,)), ("leaky_relu", (-1.0,)), ("leaky_relu", (0.0,)),
     ("pow", (2.0,)), ("pow", (3.0,)), ("pow", (0.5,)), ("pow", (-0.5,)), ("pow", (-1.0,)), ("pow", (-2.0,)),
     ("pow", (0.0,)), ("pow", (1.5,)), ("pow", (1 / 3,)), ("pow", (7.0,)), ("pow", (-3.0,)), ("pow", (2.5,)),
+    ("pow", (-37.5,)), ("pow", (100.0,)),
 ]
 BINARY = ["add", "sub", "mul", "div", "maximum", "minimum", "gate"]
 
