@@ -68,6 +68,13 @@ class CompiledDiagram:
         self._out_shapes = {n: tuple(a.bound_size for a in v.axes)
                             for n, v in zip(self.diagram.output_names, self.diagram.outputs)}
         self._out_dtypes = {n: v.dtype for n, v in zip(self.diagram.output_names, self.diagram.outputs)}
+        # the arrays as the kernels see them: where the plan folds axes, the program's shapes (same
+        # bytes). A tensor map is made in these: a sum over (h, d) folded reads one K axis of h·d,
+        # not rows of d
+        folded = program.diagram
+        self._kernel_shapes = {n: tuple(a.bound_size for a in v.axes)
+                               for n, v in zip((*folded.input_names, *folded.output_names),
+                                               (*folded.inputs, *folded.outputs))}
         # a family may store an array in another dtype than the diagram's (attention's saved
         # log-sum-exp in fp32): the launches' tensor arguments say what the kernels read and write
         for a in (a for k in program.launches for a in k.args if a.kind == "tensor" and a.dtype):
@@ -419,6 +426,7 @@ class _Runner:
         index = {n: i for i, n in enumerate(names)}
         shapes = {**cd._shapes, **cd._out_shapes, **{b.name: tuple(b.shape) for b in program.buffers}}
         dtypes = {**cd._dtypes, **cd._out_dtypes, **{b.name: b.dtype for b in program.buffers}}
+        map_shapes = {**shapes, **cd._kernel_shapes}
         self.device, self.n_in = int(device), len(ins)
         self.in_specs = tuple((torch_dtype(dtypes[n]), torch.Size(shapes[n])) for n in ins)
         # each output's sizes as torch.empty's positional arguments: ``empty(*sizes)`` parses
@@ -439,7 +447,7 @@ class _Runner:
                     args.append(POINTER)
                     slots.append(index[a.name])
                 elif a.kind == "tmap":
-                    args.append(TensorMapSlot(dtypes[a.name], shapes[a.name], a.value))
+                    args.append(TensorMapSlot(dtypes[a.name], map_shapes[a.name], a.value))
                     slots.append(index[a.name])
                     tma.add(index[a.name])
                 else:

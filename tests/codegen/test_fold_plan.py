@@ -124,3 +124,13 @@ def test_a_folded_sum_runs_as_the_reference_on_the_interpreter():
     torch = pytest.importorskip("torch")
     want = src.reference({n: torch.from_numpy(x) for n, x in ins.items()}, dtype=torch.float64)["C"].numpy()
     np.testing.assert_allclose(np.asarray(got).reshape(want.shape), want, rtol=1e-9, atol=1e-9)
+
+
+def test_a_compiled_folded_sum_makes_its_tensor_maps_in_the_folded_shapes():
+    """The caller passes A[a, h, d]; the wgmma kernel's tensor map must describe A[a, h·d] (made in
+    the caller's shapes it described rows of d: every sum came out wrong on the GPU)."""
+    cd = napkin_compile(heads(), sizes=dict(a=256, h=8, d=64, n=384), gpu="h200", dtype="bf16")
+    assert cd.plan.folds and cd._shapes["A"] == (256, 8, 64)
+    assert cd._kernel_shapes["A"] == (256, 512) and cd._kernel_shapes["B"] == (384, 512)
+    assert cd._kernel_shapes["C"] == cd._out_shapes["C"] == (256, 384)
+    assert any(a.kind == "tmap" and a.name == "A" for k in cd.launches for a in k.args)
