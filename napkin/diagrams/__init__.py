@@ -18,7 +18,7 @@ from .ops import (Contract, InputOp, Map, Norm, Reduce, Rename, Softmax, Value, 
                   clamp, contract, elu, erf, exp, gelu, hardsigmoid, hardswish, hardtanh, layernorm, leaky_relu,
                   log, logsumexp, map_fn, max_over, maximum, mean_over, min_over, minimum, mish, power, reduce, relu,
                   rename, rmsnorm, rsqrt, scale, selu, sigmoid, silu, sliding_window, softcap, softmax, softplus, sqrt,
-                  square, sum_over, tanh)
+                  square, sum_over, tanh, tril, triu)
 from .userfile import load_diagram
 
 __all__ = [
@@ -28,4 +28,5 @@ __all__ = [
     "hardswish", "hardtanh", "layernorm", "leaky_relu", "log", "logsumexp", "map_fn", "max_over", "maximum",
     "mean_over", "min_over", "minimum", "mish", "power", "reduce", "relu", "rename", "rmsnorm", "rsqrt", "scale", "selu",
     "sigmoid", "silu", "sliding_window", "softcap", "softmax", "softplus", "sqrt", "square", "sum_over", "tanh",
+    "tril", "triu",
 ]

@@ -456,6 +456,20 @@ for _fn in [
         doc="causal and keep only the last w keys: q − w < x ≤ q",
     ),
     ElementwiseFn(
+        "tril", 1,
+        lambda m, xs, p, i, n: m.select(i[1] <= i[0] + p[0], xs[0], 0.0, xs[0]),
+        "(({i1} <= {i0} + {p0}) ? {x0} : 0.0f)",
+        n_params=1, index_arity=2, flops=1, param_names=("diagonal",), int_params=(IntParam(0),),
+        doc="x where column j ≤ row i + diagonal, +0.0 above (torch.tril: a NaN above is 0 too)",
+    ),
+    ElementwiseFn(
+        "triu", 1,
+        lambda m, xs, p, i, n: m.select(i[1] >= i[0] + p[0], xs[0], 0.0, xs[0]),
+        "(({i1} >= {i0} + {p0}) ? {x0} : 0.0f)",
+        n_params=1, index_arity=2, flops=1, param_names=("diagonal",), int_params=(IntParam(0),),
+        doc="x where column j ≥ row i + diagonal, +0.0 below (torch.triu: a NaN below is 0 too)",
+    ),
+    ElementwiseFn(
         "alibi", 1,
         lambda m, xs, p, i, n: xs[0] - _alibi_slope(m.cast_like(i[0], xs[0]), n[0], m) * m.abs(i[1] - i[2]),
         "({x0} - exp2f(-8.0f * (float)({i0} + 1) / (float)({n0})) * fabsf((float)({i1} - {i2})))",

@@ -199,6 +199,12 @@ def _is_passthrough_index_map(fn: str) -> bool:
     return fn == "alibi"
 
 
+def _is_zeroing_index_map(fn: str) -> bool:
+    """An index map that keeps x or writes +0.0 by index (tril, triu): its derivative is 1 where it
+    keeps x and 0 elsewhere, as a -inf mask's is, but a softmax after it does not zero the rest."""
+    return fn in ("tril", "triu")
+
+
 # ----------------------------------------------------------------------------- the builder
 
 
@@ -446,13 +452,14 @@ class _Backward:
         op: Map = v.op
         if _is_passthrough_index_map(op.fn):
             return g
-        if not get_function(op.fn).is_mask:
+        zeroing = _is_zeroing_index_map(op.fn)
+        if not (get_function(op.fn).is_mask or zeroing):
             raise DiagramError(f"grad of {self.d.name!r}: the index map {op.fn!r} (box {self.d.name_of(v)}) "
                                "has no derivative rule")
-        if self._feeds_only_softmax(v):
+        if not zeroing and self._feeds_only_softmax(v):
             return g  # the softmax's gradient is already 0 where the mask put -inf
         src = g if set(op.index_axes) <= set(g.axis_names) else self.fwd(v.args[0])
-        kept = apply(op, [_ones(src)])  # 1 where the mask keeps the score, -inf where it masks it
+        kept = apply(op, [_ones(src)])  # 1 where the map keeps x, -inf (a mask) or 0 (tril) elsewhere
         return _gate(g, kept)
 
     def _feeds_only_softmax(self, v: Value) -> bool:

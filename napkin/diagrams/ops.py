@@ -923,6 +923,26 @@ def sliding_window(scores: Value, q, x, window: int, name: str | None = None) ->
     return map_fn("sliding_window", scores, params=(window,), index_axes=(q, x), name=name)
 
 
+def tril(x: Value, i, j, diagonal: int = 0, name: str | None = None) -> Value:
+    """The lower triangle of ``x`` over its axes ``i`` (rows) and ``j`` (columns), as torch.tril:
+    ``x`` where ``j ≤ i + diagonal``, +0.0 above (a NaN there too). ``diagonal`` is an integer as
+    :func:`causal`'s offset is. A triangular matrix product is ``tril(contract(A, B, over=k), a, n)``:
+    the zeros are written by the product's own epilogue.
+
+    >>> from napkin.diagrams import axes
+    >>> a, n = axes("a n")
+    >>> tril(array("C", a, n), a, n, diagonal=-1).op.label()
+    'tril(-1)'
+    """
+    return map_fn("tril", x, params=(diagonal,), index_axes=(i, j), name=name)
+
+
+def triu(x: Value, i, j, diagonal: int = 0, name: str | None = None) -> Value:
+    """The upper triangle of ``x`` over its axes ``i`` (rows) and ``j`` (columns), as torch.triu:
+    ``x`` where ``j ≥ i + diagonal``, +0.0 below (a NaN there too)."""
+    return map_fn("triu", x, params=(diagonal,), index_axes=(i, j), name=name)
+
+
 def alibi(scores: Value, h, q, x, name: str | None = None) -> Value:
     """ALiBi bias: ``s − m_h·|q − x|`` with per-head slopes ``m_h = 2^(−8(h+1)/H)``."""
     return map_fn("alibi", scores, index_axes=(h, q, x), name=name)
