@@ -70,6 +70,14 @@ def _gemm_residual():
     return Diagram("gemm_residual", (H + array("R", a, c)).named("Y"))
 
 
+def _merge_heads():
+    from napkin.diagrams import Diagram, array, axes, contract
+
+    s, h, d, e = axes("s h d e")
+    return Diagram("merge_heads", contract(array("O", h, s, d), array("W", e, h, d), over=(h, d), out=(s, e),
+                                           name="Y"))
+
+
 def _gemm_row_col():
     from napkin.diagrams import Diagram, array, axes, contract
 
@@ -282,6 +290,10 @@ CASES = [
     # and overwritten by the results (rows of 264 and 333: partial blocks, zero-filled copies)
     Case("matmul_wgmma.cu.jinja", _gemm_residual, {"a": 333, "b": 520, "c": 264}, family="contraction",
          archs=("sm_90a",)),
+    # a sum over (h, d) with W[e, h, d] read through a 3-D tensor map of its own axes ([h][e][d]):
+    # the head index is a copy coordinate, and chunks past d = 40 read zeros
+    Case("matmul_wgmma.cu.jinja", _merge_heads, {"s": 300, "h": 3, "d": 40, "e": 200}, family="contraction",
+         archs=("sm_90a",)),
     # row and column operands read at indices clamped into the output (rows of 1333 and columns
     # of 2600 end inside a tile: the elements past them compute at the last row's and column's)
     Case("matmul_wgmma.cu.jinja", _gemm_row_col, {"a": 1333, "b": 520, "c": 2600}, family="contraction",
@@ -306,10 +318,14 @@ CASES = [
          family="contraction", archs=("sm_90a",)),
     Case("matmul_wgmma_rowcombine.cu.jinja", _gemm_row_softmax, {"a": 77, "b": 72, "c": 1001},
          family="contraction", archs=("sm_90a",)),
-    # batched with a sum of 72 (not whole 64-deep chunks of B[n,b,c]): mma.sync on Hopper too
-    Case("matmul_mma.cu.jinja", "batched_matmul", {"n": 2, "a": 77, "b": 72, "c": 40}, family="contraction"),
+    # batched with a sum of 72 (not whole 64-deep chunks of B[n,b,c]): the mma.sync template (built
+    # as such: Hopper's planner takes wgmma, B read through a 3-D map of its own axes), and wgmma
+    Case("matmul_mma.cu.jinja", "batched_matmul", {"n": 2, "a": 77, "b": 72, "c": 40}, family="contraction",
+         program=_mma_sync_64x64),
     Case("matmul_mma.cu.jinja", "batched_matmul", {"n": 2, "a": 77, "b": 72, "c": 42},
-         family="contraction"),  # 84-byte rows, padded first
+         family="contraction", program=_mma_sync_64x64),  # 84-byte rows, padded first
+    Case("matmul_wgmma.cu.jinja", "batched_matmul", {"n": 2, "a": 77, "b": 72, "c": 40}, family="contraction",
+         archs=("sm_90a",), label="batched_k72_views"),
     Case("pad_rows.cu.jinja", "matmul", {"a": 77, "b": 71, "c": 42}, family="contraction"),  # copied padded
     Case("matmul_mma.cu.jinja", "mlp", {"a": 65, "b": 72, "c": 136}, family="contraction", program=_mma_sync_64x64),
     # the same on a small wgmma tile (64 x 128, one consumer, unsplit): Hopper's planner's pick
@@ -317,8 +333,10 @@ CASES = [
          label="mlp_small_tile"),
     # an epilogue operand tiled like the output (attention's dS = (dP - D) * P), copied into shared
     # memory a tile at a time after the loop; rows of 200 and 77 that are not tile multiples
-    Case("matmul_mma.cu.jinja", _staged_epilogue, {"n": 2, "a": 77, "b": 72, "c": 200}, family="contraction"),
-    Case("matmul_mma.cu.jinja", _sum_over_h_d, {"h": 3, "a": 77, "d": 72, "c": 40}, family="contraction"),
+    Case("matmul_mma.cu.jinja", _staged_epilogue, {"n": 2, "a": 77, "b": 72, "c": 200}, family="contraction",
+         program=_mma_sync_64x64),
+    Case("matmul_mma.cu.jinja", _sum_over_h_d, {"h": 3, "a": 77, "d": 72, "c": 40}, family="contraction",
+         program=_mma_sync_64x64),
     Case("matmul_simt.cu.jinja", _sum_over_h_d, {"h": 2, "a": 33, "d": 20, "c": 40}, dtype="fp32",
          family="contraction"),
     Case("matmul_combine.cu.jinja", "mlp", {"a": 33, "b": 8192, "c": 40}, family="contraction"),

@@ -447,7 +447,7 @@ class _Runner:
                     args.append(POINTER)
                     slots.append(index[a.name])
                 elif a.kind == "tmap":
-                    args.append(TensorMapSlot(dtypes[a.name], map_shapes[a.name], a.value))
+                    args.append(TensorMapSlot(dtypes[a.name], map_shapes[a.name], a.value, view=a.view))
                     slots.append(index[a.name])
                     tma.add(index[a.name])
                 else:

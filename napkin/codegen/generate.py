@@ -54,7 +54,8 @@ def program_header(program, *, gpu_name: str = "", arch: str = "") -> str:
             if a.kind == "tensor":
                 args.append(f"{a.name}: {a.dtype}[{','.join(a.axes)}]")
             elif a.kind == "tmap":
-                args.append(f"tensor map of {a.name}: {a.dtype}[{','.join(a.axes)}], box {a.value}")
+                seen = f", as [{']['.join(a.axes[i] for i in reversed(a.view))}]" if a.view else ""
+                args.append(f"tensor map of {a.name}: {a.dtype}[{','.join(a.axes)}]{seen}, box {a.value}")
             else:
                 args.append(f"{a.name}: {a.kind} = {a.value}")
         lines.append(f"     args: {', '.join(args)}")

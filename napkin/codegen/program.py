@@ -29,6 +29,9 @@ class Arg:
     value: int | float | tuple[int, ...] | None = None  # a tensor map's box (inner, outer)
     dtype: str | None = None  # napkin dtype name of a tensor argument
     axes: tuple[str, ...] = ()  # axis names of a tensor argument, in memory order (contiguous)
+    # a tensor map's dimensions as positions in ``axes``, innermost first (the first is the last
+    # axis); empty: the packed view (the last axis, then every other flattened: tma.map_dims)
+    view: tuple[int, ...] = ()
 
     def scalar(self):
         """The launch value of a scalar argument, typed as the kernel declares it: a 64-bit integer

@@ -23,6 +23,7 @@ the first encoding or launch.
 from __future__ import annotations
 
 import ctypes
+import math
 import threading
 from collections.abc import Sequence
 from typing import Any
@@ -142,20 +143,48 @@ def tensor_map(t, box: Sequence[int], *, swizzle: int = SWIZZLE_128B) -> TensorM
     return m
 
 
+def view_dims(shape: Sequence[int], view: Sequence[int], elem: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """The sizes (innermost first) and byte strides (of every dimension past the innermost) of the
+    tensor map whose dimensions are the axes ``view`` (positions in ``shape``, innermost first) of
+    a contiguous array: a map may take an array's axes in another order than memory's, so a tile's
+    rows need not be the axis next to the innermost (``W[e, h, d]`` read as ``[h][e][d]``).
+
+    >>> view_dims((512, 32, 128), (2, 0, 1), 2)
+    ((128, 512, 32), (8192, 256))
+    """
+    shape = tuple(int(s) for s in shape)
+    view = tuple(int(i) for i in view)
+    if len(view) < 2 or len(view) > 5 or sorted(view) != sorted(set(view)) or view[0] != len(shape) - 1 \
+            or not all(0 <= i < len(shape) for i in view):
+        raise LaunchError(f"a tensor map view {view} of a {len(shape)}-axis array: 2 to 5 distinct axes, "
+                          "the innermost first")
+    dims = tuple(shape[i] for i in view)
+    strides = tuple(elem * math.prod(shape[i + 1:]) for i in view[1:])
+    for s in strides:
+        if s % 16:
+            raise LaunchError(f"the TMA copy needs strides of a multiple of 16 bytes; {shape} read as {dims} "
+                              f"has a stride of {s} bytes")
+    return dims, strides
+
+
 def _encode(pointer: int, dtype: str, dims: Sequence[int], elem: int, box: Sequence[int],
-            swizzle: int) -> TensorMap:
+            swizzle: int, byte_strides: Sequence[int] | None = None) -> TensorMap:
     """``cuTensorMapEncodeTiled`` of a contiguous array of ``dtype`` at ``pointer`` with sizes
-    ``dims``, innermost first (2 or 3 of them, as many as ``box`` has)."""
+    ``dims``, innermost first (as many as ``box`` has), packed unless ``byte_strides`` gives the
+    stride of each dimension past the innermost."""
     m = TensorMap(_describe(dtype, dims, box))
     u64, u32 = ctypes.c_uint64, ctypes.c_uint32
     rank = len(dims)
     if len(box) != rank:
         raise LaunchError(f"a {len(box)}-D box {tuple(box)} for the {rank}-D tensor map of {m.description}")
     gdims = (u64 * rank)(*[int(n) for n in dims])
-    pitch, steps = elem, []
-    for n in dims[:-1]:  # the byte stride of each axis past the innermost
-        pitch *= int(n)
-        steps.append(pitch)
+    if byte_strides is None:
+        pitch, steps = elem, []
+        for n in dims[:-1]:  # the byte stride of each axis past the innermost
+            pitch *= int(n)
+            steps.append(pitch)
+    else:
+        steps = [int(s) for s in byte_strides]
     strides = (u64 * (rank - 1))(*steps)
     boxd = (u32 * rank)(*[int(b) for b in box])
     estr = (u32 * rank)(*([1] * rank))
@@ -190,10 +219,10 @@ class TensorMapSlot:
     napkin.errors.LaunchError: the TMA copy needs rows of a multiple of 16 bytes; the last axis has 7 elements of 2 bytes
     """
 
-    __slots__ = ("dtype", "inner", "outer", "box", "dims", "swizzle", "limit", "_maps", "description")
+    __slots__ = ("dtype", "inner", "outer", "box", "dims", "strides", "swizzle", "limit", "_maps", "description")
 
     def __init__(self, dtype: str, shape: Sequence[int], box: Sequence[int], *, swizzle: int = SWIZZLE_128B,
-                 limit: int = 64):
+                 limit: int = 64, view: Sequence[int] = ()):
         if dtype not in _DATA_TYPES:
             raise LaunchError(f"TMA tensor maps here take bf16, fp16, fp32 or fp8 tensors, not {dtype}")
         shape = tuple(int(s) for s in shape)
@@ -210,10 +239,16 @@ class TensorMapSlot:
                               f"elements of {elem} bytes")
         self.dtype, self.inner, self.outer = dtype, inner, outer
         self.box = tuple(int(b) for b in box)
-        self.dims = map_dims(shape, len(self.box))
+        if view:
+            # the array's axes in the view's order (view_dims); the box has one size a dimension
+            self.dims, self.strides = view_dims(shape, view, elem)
+            if len(self.box) != len(self.dims):
+                raise LaunchError(f"a {len(self.box)}-D box {self.box} for a {len(self.dims)}-D view {tuple(view)}")
+        else:
+            self.dims, self.strides = map_dims(shape, len(self.box)), None
         self.swizzle, self.limit = int(swizzle), max(2, int(limit))
         self._maps: dict[int, TensorMap] = {}
-        self.description = _describe(dtype, self.dims, self.box)
+        self.description = _describe(dtype, self.dims, self.box) + (f", axes {tuple(view)}" if view else "")
 
     def get(self, pointer: int) -> TensorMap:
         """The tensor map of this slot's array at ``pointer`` (encoded the first time it is seen)."""
@@ -223,7 +258,7 @@ class TensorMapSlot:
         if pointer % 16:
             raise LaunchError(f"the TMA copy needs a 16-byte aligned data pointer; this {self.dtype} "
                               f"[{self.outer}][{self.inner}] tensor starts at an offset (pass a .clone())")
-        m = _encode(pointer, self.dtype, self.dims, _ELEMENT_BYTES[self.dtype], self.box, self.swizzle)
+        m = _encode(pointer, self.dtype, self.dims, _ELEMENT_BYTES[self.dtype], self.box, self.swizzle, self.strides)
         with _lock:
             if len(self._maps) >= self.limit:
                 for old in list(self._maps)[: self.limit // 2]:

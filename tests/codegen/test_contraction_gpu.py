@@ -239,9 +239,12 @@ def test_wgmma_batched(cfg):
             check(d, "bf16", [shape], schedule=wgmma_schedule(d, "bf16", shape, cfg))
 
 
-def test_wgmma_batched_refusals_and_planning():
+def test_wgmma_batched_planning():
+    # B[n, b, c] stored K by rows with a sum of 200 (no whole 64-deep chunks): a 2-D map's last
+    # chunk would read the next element's rows, so B's map takes n, b and c as dimensions of their
+    # own (zeros past b = 200)
     d = library.get("batched_matmul").with_dtype("bf16").bind(n=3, a=300, b=200, c=136)
-    assert "multiple of 64" in FAMILY.wgmma_reason(d, "h100")
+    assert FAMILY.wgmma_reason(d, "h100") is None
     _hopper()
     from napkin.codegen.api import compile as compile_diagram
 

@@ -780,34 +780,75 @@ def _tile_rows_axis(p: MatmulProblem, v: Value) -> str:
     return p.c if p.b_kmajor else p.b
 
 
-def _flat_rows_reason(diagram: Diagram, p: MatmulProblem) -> str | None:
-    """Why the wgmma template cannot copy this problem's tiles through two-dimensional tensor maps.
+#: The most dimensions a TMA tensor map has.
+TMA_MAX_RANK = 5
 
-    Each operand is seen as ``[rows][last axis]`` (every axis but the last flattened into rows); a
+
+def _flat_rows_reason_of(diagram: Diagram, p: MatmulProblem, v: Value) -> str | None:
+    """Why operand ``v``'s tiles cannot be copied through a two-dimensional tensor map, or None.
+
+    The operand is seen as ``[rows][last axis]`` (every axis but the last flattened into rows); a
     batch or outer-sum index moves a tile down by its stride in rows. That needs the tile's row
     axis to be the operand's second-to-last axis (one row apart). A tile past the end of the M or N
     rows reads the next batch element's rows, whose results are never stored; but the rows of a
     sum are summed, so an operand that is stored K by rows (MN-major) and has batch or outer-sum
     axes needs K to be a multiple of the 64-deep chunk (its rows past K are not zeros)."""
     sz = diagram.sizes
+    rows = math.prod(sz[n] for n in v.axis_names[:-1]) if all(isinstance(sz.get(n), int)
+                                                              for n in v.axis_names) else 0
+    if rows + 256 > 2 ** 31 - 1:
+        return (f"operand {v.label()} has {rows} rows: TMA coordinates are 32-bit (the mma.sync template "
+                "offsets in 64 bits)")
+    extra = [n for n in v.axis_names[:-1] if n != _tile_rows_axis(p, v)]
+    if not extra:
+        return None
+    if len(v.axis_names) < 2 or v.axis_names[-2] != _tile_rows_axis(p, v):
+        return (f"operand {v.label()}: its tiles' rows ({_tile_rows_axis(p, v)!r}) are not its second-to-last "
+                "axis, so a tile is not a box of its flattened rows")
+    kmajor = p.a_kmajor if v is p.A else p.b_kmajor
+    k = sz.get(p.b)
+    if not kmajor and isinstance(k, int) and k % 64:
+        return (f"operand {v.label()} is stored with {p.b!r} in rows and has batch or outer-sum axes "
+                f"{extra}: the sum's length {k} must be a multiple of 64 (a chunk past it would read "
+                "the next rows, not zeros)")
+    return None
+
+
+def operand_view(diagram: Diagram, p: MatmulProblem, v: Value) -> tuple[int, ...] | str:
+    """How the wgmma template's tensor map sees operand ``v``: ``()`` for the two-dimensional
+    ``[rows][last axis]`` view (:func:`_flat_rows_reason_of`), else its axes as dimensions of their
+    own, innermost first (positions in ``v.axis_names``: the last axis, the tiles' rows, then every
+    other axis from the inside out; a batch or outer-sum index is a coordinate, and a chunk past an
+    axis's end reads zeros), or why neither serves (a string).
+
+    >>> from napkin.diagrams import Diagram, array, axes, contract
+    >>> s, h, d, e = axes("s h d e")
+    >>> dg = Diagram("merge", contract(array("O", h, s, d), array("W", e, h, d), over=(h, d), out=(s, e),
+    ...                                name="Y")).bind(s=256, h=4, d=64, e=128)
+    >>> p = analyze(dg)
+    >>> operand_view(dg, p, p.A), operand_view(dg, p, p.B)
+    ((2, 1, 0), (2, 0, 1))
+    """
+    flat = _flat_rows_reason_of(diagram, p, v)
+    if flat is None:
+        return ()
+    names, sz = v.axis_names, diagram.sizes
+    if not all(isinstance(sz.get(n), int) and sz[n] + 256 <= 2 ** 31 - 1 for n in names):
+        return f"operand {v.label()}: an axis past 2^31 - 256 (TMA coordinates are 32-bit)"
+    rows = names.index(_tile_rows_axis(p, v))
+    view = (len(names) - 1, rows, *(i for i in reversed(range(len(names) - 1)) if i != rows))
+    if len(view) > TMA_MAX_RANK:
+        return (f"{flat}; as a tensor map of its own axes it needs {len(view)} dimensions (TMA takes at most "
+                f"{TMA_MAX_RANK})")
+    return view
+
+
+def _operand_views_reason(diagram: Diagram, p: MatmulProblem) -> str | None:
+    """Why the wgmma template cannot copy this problem's tiles with TMA (:func:`operand_view`)."""
     for v in (p.A, p.B, *([p.B2] if p.dual else [])):
-        rows = math.prod(sz[n] for n in v.axis_names[:-1]) if all(isinstance(sz.get(n), int)
-                                                                  for n in v.axis_names) else 0
-        if rows + 256 > 2 ** 31 - 1:
-            return (f"operand {v.label()} has {rows} rows: TMA coordinates are 32-bit (the mma.sync template "
-                    "offsets in 64 bits)")
-        extra = [n for n in v.axis_names[:-1] if n != _tile_rows_axis(p, v)]
-        if not extra:
-            continue
-        if len(v.axis_names) < 2 or v.axis_names[-2] != _tile_rows_axis(p, v):
-            return (f"operand {v.label()}: its tiles' rows ({_tile_rows_axis(p, v)!r}) are not its second-to-last "
-                    "axis, so a tile is not a box of its rows (the tensor maps are two-dimensional)")
-        kmajor = p.a_kmajor if v is p.A else p.b_kmajor
-        k = sz.get(p.b)
-        if not kmajor and isinstance(k, int) and k % 64:
-            return (f"operand {v.label()} is stored with {p.b!r} in rows and has batch or outer-sum axes "
-                    f"{extra}: the sum's length {k} must be a multiple of 64 (a chunk past it would read "
-                    "the next rows, not zeros)")
+        view = operand_view(diagram, p, v)
+        if isinstance(view, str):
+            return view
     return None
 
 
@@ -1026,7 +1067,7 @@ class ContractionFamily:
         p = _reason_or_problem(diagram)
         if isinstance(p, str):
             return p
-        why = wgmma_target_reason(dtype or p.dtype, gpu, arch) or _flat_rows_reason(diagram, p)
+        why = wgmma_target_reason(dtype or p.dtype, gpu, arch) or _operand_views_reason(diagram, p)
         if why:
             return why
         return None
@@ -1711,19 +1752,31 @@ class ContractionFamily:
                          "contraction")
         # TMA boxes (innermost first): a K-major operand moves as one [rows][64] box per chunk, an
         # MN-major one as [64 k][64 mn] boxes side by side
-        cluster = 1 if cfg.pingpong else wgmma_cluster(p)  # a ping-pong block's consumers own whole tiles
+        # each operand's tensor map: 2-D over its flattened rows, or its axes as dimensions of their
+        # own (operand_view; batch and outer-sum indices are then coordinates, not row offsets)
+        views = {k: operand_view(d, p, v) for k, v in (("A", p.A), ("B", p.B), *((("B2", p.B2),) if p.dual else ()))}
+        for v in views.values():
+            if isinstance(v, str):
+                raise CodegenError(f"contraction family: {v}")
+        # a ping-pong block's consumers own whole tiles; a cluster multicasts 2-D boxes only
+        cluster = 1 if cfg.pingpong or any(views.values()) else wgmma_cluster(p)
         box_a = (64, cfg.BM) if p.a_kmajor else (64, 64)
         box_b = (64, cfg.BN // cluster) if p.b_kmajor else (64, 64)  # a cluster's blocks copy B in parts
+
+        def boxed(box, view):
+            return (*box, *([1] * (len(view) - 2))) if view else box
+
         padded = padded or {}
         (pa, sA), (pb, sB) = (_operand_layout(v, sz, padded) for v in (p.A, p.B))
         sY = contiguous_strides(p.out)
         params: list[Param] = [
-            tensormap_param(p.A, "tmA", box_a, name=pa[0] if pa else None),
-            tensormap_param(p.B, "tmB", box_b, name=pb[0] if pb else None),
+            tensormap_param(p.A, "tmA", boxed(box_a, views["A"]), name=pa[0] if pa else None, view=views["A"]),
+            tensormap_param(p.B, "tmB", boxed(box_b, views["B"]), name=pb[0] if pb else None, view=views["B"]),
         ]
         if p.dual:
             pb2 = padded.get(p.B2.name)
-            params.append(tensormap_param(p.B2, "tmB2", box_b, name=pb2[0] if pb2 else None))
+            params.append(tensormap_param(p.B2, "tmB2", boxed(box_b, views["B2"]), name=pb2[0] if pb2 else None,
+                                          view=views["B2"]))
         # an output stored by TMA copies (decided below, once the staged operands are known) takes
         # its tensor map after the operands'
         tmy_at = len(params)
@@ -1736,26 +1789,40 @@ class ContractionFamily:
         ]
         if ws is not None:
             params.append(Param(Arg("tensor", ws, dtype="fp32", axes=()), Code("float* __restrict__ WS")))
-        # batch and outer-sum indices move each operand's tiles down its flattened rows
+        # batch and outer-sum indices move each operand's tiles down its flattened rows (0 rows for
+        # an operand whose map has the axis as a dimension: the index is a coordinate there)
         row_a, row_b = sA[_tile_rows_axis(p, p.A)], sB[_tile_rows_axis(p, p.B)]
+        flat_a, flat_b = not views["A"], not views["B"]
         batch, kouter, nbatch = [], [], 1
         for ax in p.batch:
             nbatch *= sz[ax]
             names = dict(idx=ident(ax, "i_"), size=ident(ax, "n_"), rA=ident(ax, "rA_"), rB=ident(ax, "rB_"),
                          sY=ident(ax, "sY_"))
             params += [int_param(names["size"], sz[ax]),
-                       int_param(names["rA"], sA.get(ax, 0) // row_a, f"rows of {p.A.label()} per index of {ax}"),
-                       int_param(names["rB"], sB.get(ax, 0) // row_b, f"rows of {p.B.label()} per index of {ax}"),
+                       int_param(names["rA"], sA.get(ax, 0) // row_a if flat_a else 0,
+                                 f"rows of {p.A.label()} per index of {ax}"),
+                       int_param(names["rB"], sB.get(ax, 0) // row_b if flat_b else 0,
+                                 f"rows of {p.B.label()} per index of {ax}"),
                        stride_param(names["sY"], sY[ax], f"stride of the output along {ax}")]
             batch.append(names)
         if nbatch > 65535:
             raise CodegenError(f"contraction family: {nbatch} batch elements; at most 65535")
         for ax in p.k_outer:
-            names = dict(size=ident(ax, "n_"), rA=ident(ax, "rA_"), rB=ident(ax, "rB_"))
+            names = dict(size=ident(ax, "n_"), rA=ident(ax, "rA_"), rB=ident(ax, "rB_"), oidx=ident(ax, "o_"))
             params += [int_param(names["size"], sz[ax]),
-                       int_param(names["rA"], sA[ax] // row_a, f"rows of {p.A.label()} per index of {ax}"),
-                       int_param(names["rB"], sB[ax] // row_b, f"rows of {p.B.label()} per index of {ax}")]
+                       int_param(names["rA"], sA[ax] // row_a if flat_a else 0,
+                                 f"rows of {p.A.label()} per index of {ax}"),
+                       int_param(names["rB"], sB[ax] // row_b if flat_b else 0,
+                                 f"rows of {p.B.label()} per index of {ax}")]
             kouter.append(names)
+        # each operand's copy coordinates past (inner, rows): a row offset, or one index a dimension
+        coord = {**{ax: ident(ax, "i_") for ax in p.batch}, **{ax: ident(ax, "o_") for ax in p.k_outer}}
+        load_views = {}
+        for key, v in (("A", p.A), ("B", p.B), *((("B2", p.B2),) if p.dual else ())):
+            view = views[key]
+            load_views[key] = dict(
+                rank=len(view) if view else 2, row=Code("" if view else ("ra + " if key == "A" else "rb + ")),
+                more=Code("".join(f", {coord[v.axis_names[i]]}" for i in view[2:])))
         index_vars = {ax: ident(ax, "i_") for ax in (p.a, p.c, *p.batch)}
         red, post = None, None
         staged_tiles: list[dict] = []
@@ -1791,6 +1858,7 @@ class ContractionFamily:
         layout = ("k" if p.a_kmajor else "m") + ("k" if p.b_kmajor else "n")
         eps = p.norm.op.eps if p.norm is not None else None
         tag = short_hash(T, layout, [str(x) for x in epi.lines], p.batch, p.k_outer, cfg,
+                         *(() if not any(views.values()) else ("views", sorted(views.items()))),
                          *(() if not wgmma_persistent(p) else ("persistent", cluster, WGMMA_STAGGER)),
                          *(() if not tma_store else ("tma_store", ebuf)),
                          *(() if eps is None else ("rmsnorm", eps, p.G is not None)),
@@ -1816,7 +1884,7 @@ class ContractionFamily:
             acc_operands=Code("{" + ", ".join(f"%{i}" for i in range(nacc)) + "}"),
             acc_constraints=Code(", ".join(f'"+f"(d[{i}])' for i in range(nacc))),
             params=signature(params), legend=comment_lines(self._legend(d, p, cfg, epi.boxes, staged, ebuf if tma_store else 0)),
-            batch=batch, kouter=kouter,
+            batch=batch, kouter=kouter, views=load_views,
             idx_a=index_vars[p.a], idx_c=index_vars[p.c],
             epi_body=epi.body("      "), epi_result=epi.result, epi_identity=epi.is_identity, tiles=staged_tiles,
             CLAMPED=_clamped_epilogue(d, p, cfg, staged),

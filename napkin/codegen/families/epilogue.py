@@ -110,13 +110,16 @@ def tensor_param(v: Value, cname: str, ctype_name: str, *, const: bool = True,
                  Code(f"{q}{ctype(ctype_name)}* __restrict__ {ident(cname)}"))
 
 
-def tensormap_param(v: Value, cname: str, box: tuple[int, ...], *, name: str | None = None) -> Param:
+def tensormap_param(v: Value, cname: str, box: tuple[int, ...], *, name: str | None = None,
+                    view: tuple[int, ...] = ()) -> Param:
     """A TMA tensor map of the diagram input ``v`` passed by value (``const __grid_constant__``);
     the launch encodes it from the tensor called ``name`` (default ``v.name``; a buffer holding a
     copy of it) with copies of ``box = (inner, outer)`` elements, or ``(inner, middle, 1)`` for
     the 3-D view that keeps the array's last two axes, and a 128-byte swizzle
-    (:func:`napkin.kernels.tma.tensor_map`)."""
-    return Param(Arg("tmap", name or v.name, value=tuple(int(b) for b in box), dtype=v.dtype, axes=v.axis_names),
+    (:func:`napkin.kernels.tma.tensor_map`). ``view``: the map's dimensions as positions of ``v``'s
+    axes, innermost first, one box size each (:func:`napkin.kernels.tma.view_dims`)."""
+    return Param(Arg("tmap", name or v.name, value=tuple(int(b) for b in box), dtype=v.dtype, axes=v.axis_names,
+                     view=tuple(int(i) for i in view)),
                  Code(f"const __grid_constant__ napkin::TensorMap {ident(cname)}"))
 
 

@@ -28,6 +28,7 @@
 //   tma_load_2d(smem, map, x, y, bar)   TMA tensor copy of the box at element coordinates (x
 //                                       innermost, y) into shared memory, completing on bar; parts
 //                                       of the box outside the tensor read as zero
+//   tma_load_3d / 4d / 5d(smem, map, x, y, z[, w[, v]], bar)  the same for 3- to 5-D maps
 //   tma_store_2d(map, smem, x, y), tma_store_3d(map, smem, x, y, z)
 //                                       TMA tensor copy of a shared-memory box to element
 //                                       coordinates (x innermost, y, z) of the map's tensor, in this
@@ -161,6 +162,34 @@ NAPKIN_DEVICE void tma_load_2d(void* smem, const TensorMap* map, int x, int y, u
       "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
       " [%0], [%1, {%2, %3}], [%4];\n"
       ::"r"(smem_addr(smem)), "l"(reinterpret_cast<u64>(map)), "r"(x), "r"(y), "r"(smem_addr(bar))
+      : "memory");
+}
+
+// 3-, 4- and 5-D boxes (a tensor map whose dimensions are some of an array's axes in another order
+// than memory's: the innermost, the tile's rows, then one per batch or outer-sum axis)
+NAPKIN_DEVICE void tma_load_3d(void* smem, const TensorMap* map, int x, int y, int z, u64* bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+      " [%0], [%1, {%2, %3, %4}], [%5];\n"
+      ::"r"(smem_addr(smem)), "l"(reinterpret_cast<u64>(map)), "r"(x), "r"(y), "r"(z), "r"(smem_addr(bar))
+      : "memory");
+}
+
+NAPKIN_DEVICE void tma_load_4d(void* smem, const TensorMap* map, int x, int y, int z, int w, u64* bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+      " [%0], [%1, {%2, %3, %4, %5}], [%6];\n"
+      ::"r"(smem_addr(smem)), "l"(reinterpret_cast<u64>(map)), "r"(x), "r"(y), "r"(z), "r"(w),
+        "r"(smem_addr(bar))
+      : "memory");
+}
+
+NAPKIN_DEVICE void tma_load_5d(void* smem, const TensorMap* map, int x, int y, int z, int w, int v, u64* bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.5d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+      " [%0], [%1, {%2, %3, %4, %5, %6}], [%7];\n"
+      ::"r"(smem_addr(smem)), "l"(reinterpret_cast<u64>(map)), "r"(x), "r"(y), "r"(z), "r"(w), "r"(v),
+        "r"(smem_addr(bar))
       : "memory");
 }
 
