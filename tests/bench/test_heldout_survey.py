@@ -1,5 +1,5 @@
-"""benchmarks/heldout_survey.py: every problem builds under its name, plans without the scalar
-fallback, and the survey's runner takes its problems."""
+"""benchmarks/heldout_survey.py and heldout_survey2.py: every problem builds under its name, plans
+without the scalar fallback, and the survey's runner takes its problems."""
 
 from __future__ import annotations
 
@@ -12,16 +12,24 @@ from napkin.codegen.planner import derive
 from napkin.perfmodel.plan import FALLBACK
 
 ROOT = Path(__file__).resolve().parents[2]
-spec = importlib.util.spec_from_file_location("heldout_survey", ROOT / "benchmarks" / "heldout_survey.py")
-heldout = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(heldout)
 
 
-@pytest.mark.parametrize("name", sorted(heldout.PROBLEMS))
-def test_every_problem_plans_on_fast_families(name):
-    d = getattr(heldout, name)()
+def _load(stem: str):
+    spec = importlib.util.spec_from_file_location(stem, ROOT / "benchmarks" / f"{stem}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+heldout, heldout2 = _load("heldout_survey"), _load("heldout_survey2")
+ALL = [(m, n) for m in (heldout, heldout2) for n in sorted(m.PROBLEMS)]
+
+
+@pytest.mark.parametrize("module, name", ALL, ids=[f"{m.__name__}:{n}" for m, n in ALL])
+def test_every_problem_plans_on_fast_families(module, name):
+    d = getattr(module, name)()
     assert d.name == name
-    plan = derive(d, "h100", "bf16", sizes=heldout.PROBLEMS[name], explain=False).plan
+    plan = derive(d, "h100", "bf16", sizes=module.PROBLEMS[name], explain=False).plan
     assert FALLBACK not in plan.families, plan
 
 
@@ -29,3 +37,14 @@ def test_the_survey_runner_takes_these_problems():
     pts = heldout._runner().points(["mse_loss", "linear3d"], ["bf16"], problems=heldout.PROBLEMS, here=heldout.HERE)
     assert [p.labels["problem"] for p in pts] == ["mse_loss", "linear3d"]
     assert all(p.diagram.startswith(str(heldout.HERE)) and p.bound_diagram().is_bound for p in pts)
+    pts = heldout2._runner().points(["merge_heads"], ["fp32"], problems=heldout2.PROBLEMS, here=heldout2.HERE)
+    assert pts[0].labels["problem"] == "merge_heads" and pts[0].bound_diagram().is_bound
+
+
+def test_the_problems_that_were_slow_take_their_fast_plans():
+    """What this survey found (on an H200, bf16): the sum over two axes side by side folded onto
+    wgmma, attention's output projection on wgmma through W's own-axes tensor map."""
+    plan = derive(heldout2.contract_two_axes(), "h200", "bf16", sizes=heldout2.PROBLEMS["contract_two_axes"]).plan
+    assert plan.folds and plan.kernels[0].kernel.options.engine == "wgmma"
+    plan = derive(heldout2.merge_heads(), "h200", "bf16", sizes=heldout2.PROBLEMS["merge_heads"]).plan
+    assert plan.kernels[0].kernel.options.engine == "wgmma"
