@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""A third operator survey, written as the previous ones were being met: problems as kernel
-engineers write them that napkin's tests and surveys did not hold. It found a product summed over
+"""A third operator survey: problems as kernel engineers write them, held by no test or survey before.
+
+Written as the previous surveys were being met. It found a product summed over
 two axes (``Σ_{h,d} A[a,h,d]·B[n,h,d]``) at 0.44x eager, attention's output projection
 (``O[h,s,d]·W[e,h,d]``) at 0.57x, ``|x|^1.5`` at 29 % of the copy rate, and no way to write a
 triangular product (``tril``/``triu`` now).
