@@ -99,18 +99,19 @@ HEADS = dict(a=4096, h=32, d=128, n=4096)
 
 @pytest.mark.parametrize("dtype", ["bf16", "fp32"])
 def test_a_sum_over_a_run_of_axes_runs_as_one_depth(dtype):
-    """Unfolded, the kernel streams d and walks h one index at a time (on Hopper not on wgmma, which
-    takes one summed axis); folded it is one 4096-deep product. fp32 (mma.sync either way) is a model
-    tie, which a summed run takes: one loop, no partial chunk at each h."""
+    """Unfolded, the kernel streams d and walks h one index at a time; folded it is one 4096-deep
+    product. The model prices both alike (a tie), which a summed run takes: one loop, no partial
+    chunk at each h (unfolded, wgmma took it only once the outer-sum walk had tensor maps of the
+    operands' own axes; before, it ran on mma.sync at 0.44x eager)."""
     plan = derive(heads(), "h200", dtype, sizes=HEADS).plan
     assert [f.parts for f in plan.folds] == [("h", "d")], plan.summary()
     assert plan.diagram.inputs[0].label() == "A[a,h_d]" and plan.interface.inputs[0].label() == "A[a,h,d]"
     unfolded = derive(heads(), "h200", dtype, sizes=HEADS, fold_axes=False).plan
     assert plan.seconds <= unfolded.seconds
+    assert [s.axis for s in plan.kernels[0].kernel.streams] == ["h_d"]
+    assert {s.axis for s in unfolded.kernels[0].kernel.streams} == {"h", "d"}
     if dtype == "bf16":
         assert plan.kernels[0].kernel.options.engine == "wgmma", plan.summary()
-        assert unfolded.kernels[0].kernel.options.engine != "wgmma"
-        assert plan.seconds < 0.5 * unfolded.seconds
 
 
 def test_a_folded_sum_runs_as_the_reference_on_the_interpreter():

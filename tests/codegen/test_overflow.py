@@ -195,8 +195,13 @@ def test_batched_contraction_strides_past_2_31_become_long_long():
     hp = lower(d, gpu="h100")
     hargs = {a.name: a for k in hp.launches for a in k.args}
     assert hp.launches[0].template == "matmul_wgmma.cu.jinja" and hargs["rA_n"].value == 2 ** 21 + 1
+    # 2^31 rows of A flattened: past TMA's 32-bit coordinates, so A's map takes n, a and b as
+    # dimensions of their own (each index fits)
     big = library.get("batched_matmul").bind(n=1024, a=2 ** 21 + 1, b=64, c=64)
-    assert "32-bit" in FAMILY.wgmma_reason(big, "h100")
+    from napkin.codegen.families.contraction import analyze, operand_view
+    assert FAMILY.wgmma_reason(big, "h100") is None and operand_view(big, analyze(big), analyze(big).A) == (2, 1, 0)
+    huge = library.get("batched_matmul").bind(n=4, a=2 ** 31 - 100, b=64, c=64)
+    assert "32-bit" in FAMILY.wgmma_reason(huge, "h100")
     p = lower(d, gpu="a100-80gb")  # mma.sync: strides in elements
     assert p.family == "contraction", p.notes
     src = p.launches[0].source
