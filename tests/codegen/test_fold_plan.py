@@ -45,13 +45,19 @@ def test_a_folded_plan_reads_back_and_runs_as_the_reference():
     assert plan.folds, "small s: the fold is the faster plan"
     back = Plan.from_dict(linear(), plan.to_dict())
     assert back == plan and back.interface == plan.interface and back.diagram == plan.diagram
-    rng = np.random.default_rng(0)
+    assert_interpreted_as_the_reference(plan, "Y", seed=0)
+
+
+def assert_interpreted_as_the_reference(plan: Plan, out: str, seed: int) -> None:
+    """The folded plan run by the CPU interpreter on arrays of the folded shapes (the same values)
+    gives the diagram's float64 reference, reshaped."""
+    rng = np.random.default_rng(seed)
     src = plan.interface
     ins = {v.name: rng.standard_normal([a.bound_size for a in v.axes]) for v in src.inputs}
     flat = {v.name: ins[v.name].reshape([a.bound_size for a in v.axes]) for v in plan.diagram.inputs}
-    got = interpret(plan.schedule, flat).outputs["Y"]
+    got = interpret(plan.schedule, flat).outputs[out]
     torch = pytest.importorskip("torch")
-    want = src.reference({n: torch.from_numpy(x) for n, x in ins.items()}, dtype=torch.float64)["Y"].numpy()
+    want = src.reference({n: torch.from_numpy(x) for n, x in ins.items()}, dtype=torch.float64)[out].numpy()
     np.testing.assert_allclose(np.asarray(got).reshape(want.shape), want, rtol=1e-9, atol=1e-9)
 
 
@@ -117,14 +123,7 @@ def test_a_sum_over_a_run_of_axes_runs_as_one_depth(dtype):
 def test_a_folded_sum_runs_as_the_reference_on_the_interpreter():
     plan = derive(heads(), "h100", sizes=dict(a=300, h=3, d=40, n=300)).plan
     assert plan.folds
-    rng = np.random.default_rng(3)
-    src = plan.interface
-    ins = {v.name: rng.standard_normal([a.bound_size for a in v.axes]) for v in src.inputs}
-    flat = {v.name: ins[v.name].reshape([a.bound_size for a in v.axes]) for v in plan.diagram.inputs}
-    got = interpret(plan.schedule, flat).outputs["C"]
-    torch = pytest.importorskip("torch")
-    want = src.reference({n: torch.from_numpy(x) for n, x in ins.items()}, dtype=torch.float64)["C"].numpy()
-    np.testing.assert_allclose(np.asarray(got).reshape(want.shape), want, rtol=1e-9, atol=1e-9)
+    assert_interpreted_as_the_reference(plan, "C", seed=3)
 
 
 def test_a_compiled_folded_sum_makes_its_tensor_maps_in_the_folded_shapes():
