@@ -42,6 +42,31 @@ CASES = [(merge_heads, dict(s=300, h=3, d=40, e=200)), (batch_behind_rows, dict(
          (mn_major_middle_batch, dict(b=2, i=192, j=128, k=100))]
 
 
+def random_layout(seed: int) -> tuple[Diagram, dict]:
+    """C[(n,) a, c] = Σ_{b(, h)} A·B with each operand's axes in a random order: an optional outer
+    sum axis h and an optional batch n (which B may not carry), sizes that are mostly not tile
+    multiples."""
+    import random
+
+    rng = random.Random(seed)
+    has_h, has_n = rng.random() < 0.6, rng.random() < 0.6
+    sizes = {"a": rng.choice([64, 77, 128, 200, 256]), "c": rng.choice([64, 72, 136, 256]),
+             "b": rng.choice([32, 40, 64, 72, 96, 128]), "h": rng.choice([2, 3, 4]), "n": rng.choice([1, 2, 3])}
+    a_axes = ["a", "b"] + ["h"] * has_h + ["n"] * has_n
+    b_axes = ["c", "b"] + ["h"] * has_h + ["n"] * (has_n and rng.random() < 0.8)
+    rng.shuffle(a_axes)
+    rng.shuffle(b_axes)
+    ax = {k: axes(k)[0] for k in "abchn"}
+    d = Diagram(f"layout_{seed}", contract(array("A", *[ax[k] for k in a_axes]), array("B", *[ax[k] for k in b_axes]),
+                                            over=("b", *["h"] * has_h), out=(*["n"] * has_n, "a", "c"), name="C"))
+    return d, {k: v for k, v in sizes.items() if k in set(a_axes) | set(b_axes)}
+
+
+#: Seeds of random_layout whose plans copy an operand through a map of its own axes (h200, bf16;
+#: test_random_layouts_take_own_axes_maps holds it).
+RANDOM_SEEDS = [1, 3, 4, 7, 8, 11, 12, 13, 14, 16]
+
+
 def test_each_operand_gets_the_view_its_layout_needs():
     d = merge_heads().bind(s=300, h=3, d=40, e=200)
     p = analyze(d)
@@ -107,3 +132,31 @@ def test_the_kernels_build_for_sm_90a(build, sizes, tmp_path):
     r = subprocess.run([NVCC, "-cubin", "-std=c++17", "-arch=sm_90a", "-O3", "-o", str(tmp_path / "k.cubin"), str(src)],
                        capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
+
+
+def test_random_layouts_take_own_axes_maps():
+    from napkin.codegen import compile as napkin_compile
+
+    for seed in RANDOM_SEEDS:
+        d, sizes = random_layout(seed)
+        cd = napkin_compile(d, sizes=sizes, dtype="bf16", gpu="h200")
+        assert any(a.view for k in cd.launches for a in k.args if a.kind == "tmap"), (seed, cd.plan.summary())
+
+
+@pytest.mark.skipif(NVCC is None, reason="nvcc is not on the PATH")
+def test_random_layouts_build_for_sm_90a(tmp_path):
+    from concurrent.futures import ThreadPoolExecutor
+
+    from napkin.codegen import compile as napkin_compile
+
+    def build(seed):
+        d, sizes = random_layout(seed)
+        src = tmp_path / f"k{seed}.cu"
+        src.write_text(napkin_compile(d, sizes=sizes, dtype="bf16", gpu="h200").source)
+        r = subprocess.run([NVCC, "-cubin", "-std=c++17", "-arch=sm_90a", "-O3", "-o", str(src) + ".cubin", str(src)],
+                           capture_output=True, text=True, timeout=600)
+        return seed, r.returncode, r.stderr[-2000:]
+
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        bad = [(seed, err) for seed, rc, err in pool.map(build, RANDOM_SEEDS) if rc]
+    assert not bad, bad

@@ -10,7 +10,7 @@ import pytest
 from napkin.codegen import compile as napkin_compile
 
 from test_pointwise_gpu import check
-from test_wgmma_views import CASES, batch_behind_rows, merge_heads, mn_major_middle_batch
+from test_wgmma_views import CASES, RANDOM_SEEDS, batch_behind_rows, merge_heads, mn_major_middle_batch, random_layout
 
 pytestmark = pytest.mark.gpu
 
@@ -26,3 +26,10 @@ def test_views_verify(build, sizes, dtype):
     assert any(a.view for k in cd.launches for a in k.args if a.kind == "tmap"), cd.plan.summary()
     check(cd, seed=10)
     check(cd, seed=11, offset=1)
+
+
+@pytest.mark.parametrize("seed", RANDOM_SEEDS)
+def test_random_layouts_verify(seed):
+    d, sizes = random_layout(seed)
+    cd = napkin_compile(d, sizes=sizes, dtype="bf16")
+    check(cd, seed=seed)
