@@ -104,6 +104,7 @@ def test_the_planner_takes_wgmma_and_the_launch_carries_the_views(build, sizes):
         assert maps[v.name].view == view and len(maps[v.name].value) == (len(view) or 2)
         if view:
             assert f"tma_load_{len(view)}d" in launch.source
+            assert f"{v.label()} copied through a {len(view)}-D tensor map of its own axes" in launch.source
 
 
 def test_a_view_describes_the_arrays_axes_in_its_order():

@@ -1883,7 +1883,8 @@ class ContractionFamily:
             EPS=cuda_float(eps) if eps is not None else None,
             acc_operands=Code("{" + ", ".join(f"%{i}" for i in range(nacc)) + "}"),
             acc_constraints=Code(", ".join(f'"+f"(d[{i}])' for i in range(nacc))),
-            params=signature(params), legend=comment_lines(self._legend(d, p, cfg, epi.boxes, staged, ebuf if tma_store else 0)),
+            params=signature(params),
+            legend=comment_lines(self._legend(d, p, cfg, epi.boxes, staged, ebuf if tma_store else 0, views)),
             batch=batch, kouter=kouter, views=load_views,
             idx_a=index_vars[p.a], idx_c=index_vars[p.c],
             epi_body=epi.body("      "), epi_result=epi.result, epi_identity=epi.is_identity, tiles=staged_tiles,
@@ -1921,7 +1922,8 @@ class ContractionFamily:
         )
 
     @staticmethod
-    def _legend(d: Diagram, p: MatmulProblem, cfg: MatmulConfig, boxes, staged=(), tma_blocks: int = 0) -> list[str]:
+    def _legend(d: Diagram, p: MatmulProblem, cfg: MatmulConfig, boxes, staged=(), tma_blocks: int = 0,
+                views=None) -> list[str]:
         lines = [
             "(sizes are kernel arguments: one kernel serves every shape)",
             f"diagram {d.name}: {p.A.label()} x {p.B.label()}"
@@ -1946,6 +1948,11 @@ class ContractionFamily:
             lines.append(f"  {ax} -> outer sum (one index at a time: s_{ax} = 1, every chunk of {p.b} per index)")
         for ax in p.batch:
             lines.append(f"  {ax} -> batch (grid.y)")
+        for key, v in (("A", p.A), ("B", p.B), ("B2", p.B2)):
+            view = (views or {}).get(key)
+            if view:
+                seen = "][".join(v.axis_names[i] for i in reversed(view))
+                lines.append(f"  {v.label()} copied through a {len(view)}-D tensor map of its own axes, [{seen}]")
         lines.append("  epilogue: " + (", ".join(boxes) if boxes else "none")
                      + "".join(f"; {v.label()} copied 64 x 64 into each consumer's staging block (E{k})"
                                for k, v in enumerate(staged)))
