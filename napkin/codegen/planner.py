@@ -718,18 +718,21 @@ def derive(diagram, gpu=None, dtype: str | None = None, sizes: Mapping[str, int]
         # axes side by side in every array that no box treats apart ([b, s, e] activations of a
         # linear layer) run as one: a tile of the contraction spans their product, not the
         # innermost one alone. Kept where the model predicts it faster (by FOLD_GAIN): an equal
-        # plan keeps the diagram's own axes, so its kernels read as the user wrote them
+        # plan keeps the diagram's own axes, so its kernels read as the user wrote them. But a sum
+        # over a run of axes folded is one loop over one axis, never slower to walk (no partial
+        # chunk at the end of each inner index, one alignment to check): there a tie folds
         folded = _Planner(fold(d, folds), g, arch, dt, fams, fixed, progress)
         try:
             fplan, fruns = folded.plan()
         except ScheduleError:
             fplan = None
-        # a sum over a run of axes becomes one loop over one axis: never slower to walk (no
-        # partial chunk at the end of each inner index, one alignment to check), so a tie folds
-        summed = bool(summed_folds(d, folds))
-        own = (_slow_boxes(plan), plan.seconds * (1.0 if summed else FOLD_GAIN))
-        if fplan is not None and ((_slow_boxes(fplan), fplan.seconds) <= own if summed
-                                  else (_slow_boxes(fplan), fplan.seconds) < own):
+        better = False
+        if fplan is not None:
+            summed = bool(summed_folds(d, folds))
+            mine = (_slow_boxes(fplan), fplan.seconds)
+            own = (_slow_boxes(plan), plan.seconds * (1.0 if summed else FOLD_GAIN))
+            better = mine <= own if summed else mine < own
+        if better:
             runs_text = "; ".join(f"{', '.join(f.parts)} as {f.axis}" for f in folds)
             folding = (f"ran the axes {runs_text}: they lie side by side in every array and no box treats them "
                        f"apart, so a tile spans their product ({fplan.seconds * 1e6:.1f} µs against "
