@@ -7,7 +7,9 @@ tensor's pointer, sizes and strides (``cuTensorMapEncodeTiled``), so it is made 
 the actual tensor; :func:`tensor_map` caches the encoding per (pointer, shape, box). A
 :class:`TensorMapSlot` is the prepared form for one kernel argument whose shape, dtype and box
 are fixed: it keeps the encodings per data pointer, so a launch that sees the same tensor again
-(a training loop, a CUDA graph's static inputs) only looks the pointer up.
+(a training loop, a CUDA graph's static inputs) only looks the pointer up. A slot's map is the
+packed view of the array (its last axis, then the others flattened: :func:`map_dims`) or, given
+a ``view``, its axes as dimensions of their own in another order (:func:`view_dims`).
 
 CuPy passes only scalars and pointers to kernels, so a launch with a tensor map in its arguments
 goes through the driver's ``cuLaunchKernel`` directly (:func:`launch_raw`; the prepared launches of
@@ -154,10 +156,9 @@ def view_dims(shape: Sequence[int], view: Sequence[int], elem: int) -> tuple[tup
     """
     shape = tuple(int(s) for s in shape)
     view = tuple(int(i) for i in view)
-    if len(view) < 2 or len(view) > 5 or sorted(view) != sorted(set(view)) or view[0] != len(shape) - 1 \
-            or not all(0 <= i < len(shape) for i in view):
-        raise LaunchError(f"a tensor map view {view} of a {len(shape)}-axis array: 2 to 5 distinct axes, "
-                          "the innermost first")
+    if not 2 <= len(view) <= 5 or sorted(view) != list(range(len(shape))) or view[0] != len(shape) - 1:
+        raise LaunchError(f"a tensor map view {view} of a {len(shape)}-axis array: every axis once (2 to 5 of "
+                          "them), the innermost first")
     dims = tuple(shape[i] for i in view)
     strides = tuple(elem * math.prod(shape[i + 1:]) for i in view[1:])
     for s in strides:

@@ -115,6 +115,8 @@ def test_a_view_describes_the_arrays_axes_in_its_order():
     from napkin.errors import LaunchError
     with pytest.raises(LaunchError, match="innermost first"):
         view_dims((200, 3, 40), (0, 2, 1), 2)
+    with pytest.raises(LaunchError, match="every axis once"):
+        view_dims((200, 3, 40), (2, 0), 2)  # an axis left out would leave its data out
     with pytest.raises(LaunchError, match="multiple of 16"):
         view_dims((200, 3, 12), (2, 0, 1), 2)  # a 24-byte stride
 
