@@ -1754,7 +1754,8 @@ class ContractionFamily:
         # MN-major one as [64 k][64 mn] boxes side by side
         # each operand's tensor map: 2-D over its flattened rows, or its axes as dimensions of their
         # own (operand_view; batch and outer-sum indices are then coordinates, not row offsets)
-        views = {k: operand_view(d, p, v) for k, v in (("A", p.A), ("B", p.B), *((("B2", p.B2),) if p.dual else ()))}
+        operands = (("A", p.A), ("B", p.B), *((("B2", p.B2),) if p.dual else ()))
+        views = {k: operand_view(d, p, v) for k, v in operands}
         for v in views.values():
             if isinstance(v, str):
                 raise CodegenError(f"contraction family: {v}")
@@ -1818,7 +1819,7 @@ class ContractionFamily:
         # each operand's copy coordinates past (inner, rows): a row offset, or one index a dimension
         coord = {**{ax: ident(ax, "i_") for ax in p.batch}, **{ax: ident(ax, "o_") for ax in p.k_outer}}
         load_views = {}
-        for key, v in (("A", p.A), ("B", p.B), *((("B2", p.B2),) if p.dual else ())):
+        for key, v in operands:
             view = views[key]
             load_views[key] = dict(
                 rank=len(view) if view else 2, row=Code("" if view else ("ra + " if key == "A" else "rb + ")),
@@ -1884,7 +1885,8 @@ class ContractionFamily:
             acc_operands=Code("{" + ", ".join(f"%{i}" for i in range(nacc)) + "}"),
             acc_constraints=Code(", ".join(f'"+f"(d[{i}])' for i in range(nacc))),
             params=signature(params),
-            legend=comment_lines(self._legend(d, p, cfg, epi.boxes, staged, ebuf if tma_store else 0, views)),
+            legend=comment_lines(self._legend(d, p, cfg, epi.boxes, staged, ebuf if tma_store else 0,
+                                              [(v, views[k]) for k, v in operands])),
             batch=batch, kouter=kouter, views=load_views,
             idx_a=index_vars[p.a], idx_c=index_vars[p.c],
             epi_body=epi.body("      "), epi_result=epi.result, epi_identity=epi.is_identity, tiles=staged_tiles,
@@ -1923,7 +1925,7 @@ class ContractionFamily:
 
     @staticmethod
     def _legend(d: Diagram, p: MatmulProblem, cfg: MatmulConfig, boxes, staged=(), tma_blocks: int = 0,
-                views=None) -> list[str]:
+                views=()) -> list[str]:
         lines = [
             "(sizes are kernel arguments: one kernel serves every shape)",
             f"diagram {d.name}: {p.A.label()} x {p.B.label()}"
@@ -1948,8 +1950,7 @@ class ContractionFamily:
             lines.append(f"  {ax} -> outer sum (one index at a time: s_{ax} = 1, every chunk of {p.b} per index)")
         for ax in p.batch:
             lines.append(f"  {ax} -> batch (grid.y)")
-        for key, v in (("A", p.A), ("B", p.B), ("B2", p.B2)):
-            view = (views or {}).get(key)
+        for v, view in views:  # (operand, its tensor map's view) pairs
             if view:
                 seen = "][".join(v.axis_names[i] for i in reversed(view))
                 lines.append(f"  {v.label()} copied through a {len(view)}-D tensor map of its own axes, [{seen}]")
