@@ -225,6 +225,15 @@ def _mma_sync_64x64(d):
     return FAMILY.lower(d, FAMILY.schedule(d, MatmulConfig(False, *MMA_CONFIGS[-1])), local_arch() or "sm_90a")
 
 
+def _tf32x3_small(d):
+    """The fp32 template's 32 x 32 tile (3xTF32): the small tiles a batch of small products takes."""
+    from napkin.codegen.api import local_arch
+    from napkin.codegen.families.contraction import FAMILY, TF32X3_SMALL_CONFIGS, MatmulConfig
+
+    cfg = MatmulConfig(True, *TF32X3_SMALL_CONFIGS[0], tf32x3=True)
+    return FAMILY.lower(d, FAMILY.schedule(d, cfg), local_arch() or "sm_90a")
+
+
 @dataclass(frozen=True)
 class Case:
     """One sanitizer run: a diagram (a library name or a builder), sizes, dtype and the planner's
@@ -345,6 +354,12 @@ CASES = [
          archs=("sm_90a",)),  # (a 64 x 128 tile of one consumer, 14 splits)
     Case("matmul_wgmma.cu.jinja", "matmul", {"a": 200, "b": 20000, "c": 136}, family="contraction",
          archs=("sm_90a",), label="matmul_split_128x64"),  # (two consumers of 64 rows, 22 splits)
+    # small tiles (32 rows) for a batch of small products, as the planner takes them: 29 x 40 outputs
+    # end inside the tiles, a sum of 72 inside the last chunk
+    Case("matmul_mma.cu.jinja", "batched_matmul", {"n": 300, "a": 29, "b": 72, "c": 40}, family="contraction",
+         label="batched_small_tiles"),
+    Case("matmul_simt.cu.jinja", "batched_matmul", {"n": 300, "a": 29, "b": 72, "c": 40}, dtype="fp32",
+         family="contraction", program=_tf32x3_small, label="batched_small_tiles_fp32"),
     Case("matmul_simt.cu.jinja", "mlp", {"a": 65, "b": 20000, "c": 72}, dtype="fp32", family="contraction"),
     Case("matmul_simt.cu.jinja", "matmul", {"a": 77, "b": 72, "c": 40}, dtype="fp32", family="contraction"),
     Case("attention_fwd.cu.jinja", "attention_causal", {"h": 2, "q": 77, "x": 77, "d": 64}, family="attention"),

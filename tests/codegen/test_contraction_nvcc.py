@@ -12,7 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from napkin.codegen.families.contraction import (FAMILY, MMA_CONFIGS, SIMT_CONFIGS, WGMMA_CONFIGS,
+from napkin.codegen.families.contraction import (FAMILY, MMA_CONFIGS, MMA_SMALL_CONFIGS, SIMT_CONFIGS, WGMMA_CONFIGS,
                                                  WGMMA_PINGPONG_CONFIGS, WGMMA_SPLIT_CONFIGS, MatmulConfig, analyze,
                                                  padded_rows)
 from napkin.diagrams import Axis, Diagram, array, contract, library
@@ -75,7 +75,10 @@ def case(name: str, d: Diagram, dtype: str, cfg: tuple, arch: str, wgmma: bool =
 
 
 CASES = (
-    [case(f"mlp-bf16-{c[0]}x{c[1]}x{c[2]}", library.get("mlp"), "bf16", c, "sm_90a") for c in MMA_CONFIGS]
+    [case(f"mlp-bf16-{c[0]}x{c[1]}x{c[2]}", library.get("mlp"), "bf16", c, "sm_90a")
+     for c in (*MMA_CONFIGS, *MMA_SMALL_CONFIGS)]
+    + [case(f"batched-small-{c[0]}x{c[1]}-{arch}", bmm_t(), "bf16", c, arch)
+       for c in MMA_SMALL_CONFIGS for arch in ("sm_80", "sm_90a")]
     + [case(f"mlp-bf16-{c[0]}x{c[1]}x{c[2]}", library.get("mlp"), "bf16", c, "sm_80")
        for c in (MMA_CONFIGS[0], MMA_CONFIGS[4], MMA_CONFIGS[6])]
     + [

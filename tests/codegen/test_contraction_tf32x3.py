@@ -18,7 +18,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from napkin.codegen.families.contraction import FAMILY, TF32X3_CONFIGS, TF32X3_NARROW_CONFIGS, MatmulConfig
+from napkin.codegen.families.contraction import (FAMILY, TF32X3_CONFIGS, TF32X3_NARROW_CONFIGS, TF32X3_SMALL_CONFIGS,
+                                                 MatmulConfig)
 from napkin.diagrams import Diagram, array, axes, contract, library
 from napkin.errors import CodegenError
 
@@ -139,7 +140,7 @@ def test_launch_shape_rejects_negative_tf32x3_flops():
 
 # ---------------------------------------------------------------------------- nvcc builds
 
-BUILDS = [(c, name, d, arch) for c in (*TF32X3_CONFIGS, *TF32X3_NARROW_CONFIGS)
+BUILDS = [(c, name, d, arch) for c in (*TF32X3_CONFIGS, *TF32X3_NARROW_CONFIGS, *TF32X3_SMALL_CONFIGS)
           for name, d in (("matmul", library.get("matmul")), ("A[b,a]B[c,b]", None))
           for arch in ("sm_80", "sm_90a")]
 

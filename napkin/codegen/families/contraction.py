@@ -148,6 +148,21 @@ TF32X3_NARROW_CONFIGS = (
 #: 0.96x cuBLAS against 0.88x with 8 on an H100).
 TF32X3_KSUM = 16
 
+#: Small block tiles for products whose output per batch element is small (an output axis of at
+#: most :data:`SMALL_OUTPUT` elements: attention-like batches of 32 x 32 tiles, a few columns):
+#: the 64-row tiles above would leave most of each block's multiplies on zero rows, and one tile a
+#: block with only a few blocks resident leaves each SM waiting on one block's loads at a time.
+#: Many small blocks a SM keep the loads of several batch elements in flight.
+SMALL_OUTPUT = 32
+MMA_SMALL_CONFIGS = (
+    (32, 64, 32, 16, 32, 2, 6),
+    (32, 32, 32, 16, 32, 2, 12),
+)
+TF32X3_SMALL_CONFIGS = (
+    (32, 32, 16, 16, 32, 2, 10),
+    (32, 32, 32, 16, 32, 2, 8),
+)
+
 GROUP_M = 8
 #: Split sums: at most this many blocks share one output tile, each walking at least this many
 #: chunks (fewer would spend more on the partials than the split gains).
@@ -238,6 +253,10 @@ class MatmulConfig:
         if self.wgmma:
             return 128 * (self.consumers + 1)  # a producer warpgroup and the consumers
         return (self.BM // self.WM) * (self.BN // self.WN) * 32
+
+    def key(self) -> tuple[int, int, int, int, int]:
+        """The tile shape (BM, BN, BK, WM, WN), as the configuration tables list it."""
+        return self.BM, self.BN, self.BK, self.WM, self.WN
 
     @property
     def engine(self) -> str:
@@ -701,6 +720,14 @@ def _few_tiles(diagram: Diagram, p: MatmulProblem, gpu) -> bool:
     return tiles is not None and tiles * 2 <= _sm_count(gpu)
 
 
+def _small_output(diagram: Diagram, p: MatmulProblem) -> bool:
+    """Whether an output axis (rows or columns, per batch element) has at most
+    :data:`SMALL_OUTPUT` elements: then the small block tiles are offered (a 64-row tile would
+    multiply mostly zero rows)."""
+    sz = diagram.sizes
+    return any(isinstance(sz.get(n), int) and sz[n] <= SMALL_OUTPUT for n in (p.a, p.c))
+
+
 def _pingpong_idles(diagram: Diagram, p: MatmulProblem, cfg: MatmulConfig, gpu) -> bool:
     """Whether a ping-pong configuration would leave a consumer warpgroup without a tile: its
     work items (tiles, times the batch and the splits) fit one a block on the persistent grid, so
@@ -1051,8 +1078,9 @@ class ContractionFamily:
             return _pingpong_first([MatmulConfig(False, *c, wgmma=True) for c in WGMMA_CONFIGS],
                                    [MatmulConfig(False, *c, wgmma=True, pingpong=True) for c in WGMMA_PINGPONG_CONFIGS])
         if dtype == "fp32" and engine == "mma.sync":  # fp32 on mma.sync: the 3xTF32 configurations
-            return [MatmulConfig(True, *c, tf32x3=True) for c in (*TF32X3_CONFIGS, *TF32X3_NARROW_CONFIGS)]
-        table = SIMT_CONFIGS if dtype == "fp32" else MMA_CONFIGS
+            return [MatmulConfig(True, *c, tf32x3=True)
+                    for c in (*TF32X3_CONFIGS, *TF32X3_NARROW_CONFIGS, *TF32X3_SMALL_CONFIGS)]
+        table = SIMT_CONFIGS if dtype == "fp32" else (*MMA_CONFIGS, *MMA_SMALL_CONFIGS)
         return [MatmulConfig(dtype == "fp32", *c) for c in table]
 
     def wgmma_reason(self, diagram: Diagram, gpu=None, arch: str | None = None,
@@ -1155,12 +1183,14 @@ class ContractionFamily:
                 if cfg.smem_bytes(p, _elem(dtype)) <= limit and not _pingpong_idles(diagram, p, cfg, gpu):
                     out.append(self.schedule(diagram, cfg, gpu=gpu, dtype=dtype))
             return out
-        cfgs = self.configs(dtype)
+        small = _small_output(diagram, p)
+        cfgs = [c for c in self.configs(dtype) if small or c.key() not in {x[:5] for x in MMA_SMALL_CONFIGS}]
         if dtype == "fp32":  # both fp32 engines: 3xTF32 on the tensor cores and FMA on the CUDA cores
             n = diagram.sizes.get(p.c)
             narrow = isinstance(n, int) and n < min(c[1] for c in TF32X3_CONFIGS)
-            cfgs = [c for c in self.configs(dtype, "mma.sync")
-                    if narrow or (c.BM, c.BN, c.BK, c.WM, c.WN) not in {x[:5] for x in TF32X3_NARROW_CONFIGS}] + cfgs
+            offered = {x[:5] for x in (*TF32X3_CONFIGS, *(TF32X3_NARROW_CONFIGS if narrow else ()),
+                                       *(TF32X3_SMALL_CONFIGS if small else ()))}
+            cfgs = [c for c in self.configs(dtype, "mma.sync") if c.key() in offered] + cfgs
         wgmma = self.wgmma_reason(diagram, gpu, dtype=dtype) is None
         if wgmma:
             cfgs = [_narrowed(c, diagram.sizes.get(p.c)) for c in self.configs(dtype, "wgmma")] + cfgs
