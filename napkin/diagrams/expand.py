@@ -120,16 +120,27 @@ def _relaid(v: Value, args: list[Value], name: str, used: set[str]) -> Value:
     free_a = tuple(x for x in out if x in in_a and x not in in_b)
     free_b = tuple(x for x in out if x in in_b and x not in in_a)
     # an axis summed over that only one operand holds stays that operand's alone
-    want_a = batch + free_a + tuple(x for x in over if x in in_a)
-    want_b = batch + tuple(x for x in over if x in in_b) + free_b
-    if a.axis_names != want_a:
+    over_a, over_b = tuple(x for x in over if x in in_a), tuple(x for x in over if x in in_b)
+    want_a = _target(a, batch + free_a + over_a, batch + over_a + free_a)
+    want_b = _target(b, batch + over_b + free_b, batch + free_b + over_b)
+    if a.axis_names != want_a or isinstance(a.op, Rename):
         a = _copy(a, want_a, _fresh(f"{name}_a", used))
-    if b.axis_names != want_b:
+    if b.axis_names != want_b or isinstance(b.op, Rename):
         b = _copy(b, want_b, _fresh(f"{name}_b", used))
     made = batch + free_a + free_b
     if made == out:
         return apply(Contract(over, out), (a, b), name)
     return _copy(apply(Contract(over, made), (a, b), _fresh(f"{name}_c", used)), out, name)
+
+
+def _target(x: Value, usual: tuple[str, ...], other: tuple[str, ...]) -> tuple[str, ...]:
+    """The layout an operand of a relaid contraction is copied into: ``usual`` (rows ``[free][over]``
+    for A, ``[over][free]`` for B), except for a view (a rename: the kernel would read one tensor
+    under two sets of axes, ``X·Xᵀ``), copied into whichever of the two layouts the contraction
+    family reads keeps its innermost axis innermost: a copy row by row, not a transpose."""
+    if isinstance(x.op, Rename) and other[-1:] == x.axis_names[-1:] and usual[-1:] != x.axis_names[-1:]:
+        return other
+    return usual
 
 
 def _written_out(op, x: Value, name: str, used: set[str]) -> Value:

@@ -62,3 +62,23 @@ def test_only_softmax_and_norm_boxes_can_be_written_out():
     with pytest.raises(DiagramError, match="those are: P"):
         expand(d, ["nope"])
     assert expand(d, []) is d
+
+
+def test_a_product_of_an_array_with_a_view_of_itself_copies_the_view_row_by_row():
+    """G = X·Xᵀ (X[a,d] and its rename X[b,d]): one kernel cannot read X under both sets of axes,
+    so the view is copied, into the layout the contraction family reads that keeps d innermost
+    (G_b[b,d], a copy row by row, where [d,b] would be a transpose); the plan runs it off the
+    fallback, and the written-out diagram computes the same."""
+    from napkin.codegen.planner import derive
+    from napkin.diagrams import contract, rename
+
+    _, n, d = axes("a n d")
+    X = array("X", a, d)
+    g = Diagram("gram", contract(X, rename(X, a="n"), over=d, out=(a, n), name="G")).bind(a=300, n=300, d=72)
+    e = expand(g, ["G"])
+    copies = {e.name_of(v): v.axis_names for v in e.nodes if v.op.kind == "contract" and not v.op.over}
+    assert copies == {"G_b": ("n", "d")}
+    x = torch.randn(300, 72, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    torch.testing.assert_close(e.reference({"X": x})["G"], x @ x.T, rtol=1e-12, atol=1e-12)
+    plan = derive(g, "h200", "bf16", explain=False).plan
+    assert [k.kernel.family for k in plan.kernels] == ["pointwise", "contraction"], plan.summary()
