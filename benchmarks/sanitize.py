@@ -46,6 +46,14 @@ def _column_sum():
     return Diagram("column_sum", sum_over(array("X", r, x), r, name="Y"))
 
 
+def _logsumexp_all():
+    from napkin.diagrams import Diagram, array, axes
+    from napkin.diagrams.ops import logsumexp
+
+    r, x = axes("r x")
+    return Diagram("logsumexp_all", logsumexp(array("X", r, x), (r, x), name="L"))
+
+
 def _sum_over_h_d():
     from napkin.diagrams import Diagram, array, axes, contract
 
@@ -414,6 +422,8 @@ CASES = [
     Case("pointwise.cu.jinja", _column_logsumexp, {"r": 4096, "x": 1000}, family="pointwise"),
     Case("pointwise.cu.jinja", _outer_softmax, {"r": 300, "x": 72}),
     Case("pointwise.cu.jinja", _logsumexp_bs, {"b": 9, "h": 5, "s": 1000}, family="pointwise"),
+    # a reduction to one value split over many blocks: the last combines the partials a warp at a time
+    Case("pointwise.cu.jinja", _logsumexp_all, {"r": 64, "x": 100003}, family="pointwise"),
     # the planner's own choice: several kernels of several families, HBM buffers between them
     Case("rowwise.cu.jinja", "transformer_block", {"q": 77, "e": 72, "h": 2, "d": 64, "f": 136}),
 ]

@@ -231,3 +231,32 @@ def test_a_pair_reduction_at_infinities_and_nan(case, dtype):
             fin = ok & torch.isfinite(r)
             err = float((o[fin] - r[fin]).norm() / r[fin].norm())
             assert err < TOLERANCE[dtype], (name, i, err)
+
+
+def max_all():
+    from napkin.diagrams import Diagram, array, axes, max_over
+
+    r, x = axes("r x")
+    return Diagram("max_all", max_over(array("X", r, x), (r, x), name="M"))
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp32"])
+@pytest.mark.parametrize("build, sizes", [(total, dict(r=64, x=(1 << 16) + 3)), (max_all, dict(r=64, x=(1 << 16) + 3)),
+                                          (row_logsumexp, dict(r=2, h=8, x=(1 << 16) + 1))],
+                         ids=["sum", "max", "logsumexp"])
+def test_few_kept_elements_combine_their_splits_a_warp_each(build, sizes, dtype):
+    """A reduction to one value or a few, split over hundreds of blocks: the last block combines
+    each kept element's partials a warp at a time (lane j takes splits j, j + 32, ..., then a
+    butterfly). Every split count offered, each against the float64 reference with NaN-poisoned
+    outputs, and the same bits on a second run."""
+    import torch
+
+    d = prepare(build(), sizes=sizes, dtype=dtype)
+    cands = [s for s in pw.FAMILY.candidates(d, "h100", dtype) if (s.kernels[0].options.splits or 1) > 32]
+    assert cands, "no split of more than 32 blocks offered"
+    for n in sorted({s.kernels[0].options.splits for s in cands}):
+        cd = napkin_compile(d, schedule=next(s for s in cands if s.kernels[0].options.splits == n), family="pointwise")
+        check(cd, seed=n)
+        ins = random_inputs(d, device="cuda", seed=1)
+        first = cd(**ins)
+        assert torch.equal(cd(**ins), first)
