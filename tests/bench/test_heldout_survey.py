@@ -1,5 +1,5 @@
-"""benchmarks/heldout_survey.py and heldout_survey2.py: every problem builds under its name, plans
-without the scalar fallback, and the survey's runner takes its problems."""
+"""benchmarks/heldout_survey.py, heldout_survey2.py and heldout_survey3.py: every problem builds under
+its name, plans without the scalar fallback, and the survey's runner takes its problems."""
 
 from __future__ import annotations
 
@@ -21,8 +21,8 @@ def _load(stem: str):
     return mod
 
 
-heldout, heldout2 = _load("heldout_survey"), _load("heldout_survey2")
-ALL = [(m, n) for m in (heldout, heldout2) for n in sorted(m.PROBLEMS)]
+heldout, heldout2, heldout3 = _load("heldout_survey"), _load("heldout_survey2"), _load("heldout_survey3")
+ALL = [(m, n) for m in (heldout, heldout2, heldout3) for n in sorted(m.PROBLEMS)]
 
 
 @pytest.mark.parametrize("module, name", ALL, ids=[f"{m.__name__}:{n}" for m, n in ALL])
@@ -48,3 +48,19 @@ def test_the_problems_that_were_slow_take_their_fast_plans():
     assert plan.folds and plan.kernels[0].kernel.options.engine == "wgmma"
     plan = derive(heldout2.merge_heads(), "h200", "bf16", sizes=heldout2.PROBLEMS["merge_heads"]).plan
     assert plan.kernels[0].kernel.options.engine == "wgmma"
+
+
+def test_what_the_fourth_survey_found_takes_its_fast_plans():
+    """What heldout_survey3 found (on an H200): a batch of 32 x 32 products on 32-row tiles (bf16
+    and fp32), X·Xᵀ with the view copied row by row (no transpose), and a sum of everything split
+    over hundreds of blocks (their partials combined a warp at a time in the template)."""
+    for dtype in ("bf16", "fp32"):
+        plan = derive(heldout2.small_bmm(), "h200", dtype, sizes=heldout2.PROBLEMS["small_bmm"], explain=False).plan
+        groups = {(r.axis, r.level): r.size for r in plan.kernels[0].kernel.relabels if r.kind == "group"}
+        assert (groups[("i", "SMEM")], groups[("j", "SMEM")]) == (32, 32), plan.summary()
+    plan = derive(heldout3.gram(), "h200", "bf16", sizes=heldout3.PROBLEMS["gram"], explain=False).plan
+    copy = next(k for k in plan.kernels if k.kernel.family == "pointwise")
+    assert [k.kernel.family for k in plan.kernels] == ["pointwise", "contraction"]
+    assert any(r.axis == "d" and r.size > 1 for r in copy.kernel.relabels), plan.summary()  # rows of d copied whole
+    plan = derive(heldout3.sum_1d(), "h200", "bf16", sizes=heldout3.PROBLEMS["sum_1d"], explain=False).plan
+    assert plan.families == ("pointwise",) and (plan.kernels[0].kernel.options.splits or 1) > 32
