@@ -19,7 +19,9 @@ pointwise family reduces over any axis, with coalesced reads) and elementwise ma
   (``<name>_a``, ``<name>_b``), the contraction in that layout, ``C'[batch…, freeA…, freeB…]``
   (``<name>_c``, where the result's own order differs, then copied into it), batch and free axes
   in the result's order; the copies are products of one factor, as above, and the sum is the
-  same sum;
+  same sum; an operand that is a view of the array the other operand reads (``X·Xᵀ``, written
+  with a rename) is copied in any case, into whichever layout the family reads keeps its
+  innermost axis (a copy row by row, not a transpose);
 
 (the output recomputes ``exp(x − m)`` and ``x − μ`` from ``x``: the kernel that reduces cannot
 write the output, so a value it passed on would be written to HBM and read back), each exactly
@@ -123,14 +125,24 @@ def _relaid(v: Value, args: list[Value], name: str, used: set[str]) -> Value:
     over_a, over_b = tuple(x for x in over if x in in_a), tuple(x for x in over if x in in_b)
     want_a = _target(a, batch + free_a + over_a, batch + over_a + free_a)
     want_b = _target(b, batch + over_b + free_b, batch + free_b + over_b)
-    if a.axis_names != want_a or isinstance(a.op, Rename):
+    # a view of the array the other operand reads (X·Xᵀ) is copied whatever its layout: one kernel
+    # cannot read a tensor under two sets of axes
+    shared = _viewed(a) is _viewed(b)
+    if a.axis_names != want_a or (shared and isinstance(a.op, Rename)):
         a = _copy(a, want_a, _fresh(f"{name}_a", used))
-    if b.axis_names != want_b or isinstance(b.op, Rename):
+    if b.axis_names != want_b or (shared and isinstance(b.op, Rename)):
         b = _copy(b, want_b, _fresh(f"{name}_b", used))
     made = batch + free_a + free_b
     if made == out:
         return apply(Contract(over, out), (a, b), name)
     return _copy(apply(Contract(over, made), (a, b), _fresh(f"{name}_c", used)), out, name)
+
+
+def _viewed(x: Value) -> Value:
+    """The array ``x`` is a view of (``x`` itself when it is no rename)."""
+    while isinstance(x.op, Rename):
+        x = x.args[0]
+    return x
 
 
 def _target(x: Value, usual: tuple[str, ...], other: tuple[str, ...]) -> tuple[str, ...]:

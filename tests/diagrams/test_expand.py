@@ -82,3 +82,8 @@ def test_a_product_of_an_array_with_a_view_of_itself_copies_the_view_row_by_row(
     torch.testing.assert_close(e.reference({"X": x})["G"], x @ x.T, rtol=1e-12, atol=1e-12)
     plan = derive(g, "h200", "bf16", explain=False).plan
     assert [k.kernel.family for k in plan.kernels] == ["pointwise", "contraction"], plan.summary()
+    # a view of another array in a layout the family reads is read where it is, not copied
+    m = axes("m")[0]
+    other = Diagram("t", contract(X, rename(array("B", m, d), m="n"), over=d, out=(a, n), name="G"))
+    e = expand(other, ["G"])
+    assert [v.op.kind for v in e.nodes] == ["rename", "contract"]
