@@ -127,3 +127,36 @@ def test_an_array_read_beside_its_view_verifies(case, dtype):
         cd = _compiled(_beside_its_view(dtype, side, depth)[case], {}, dtype)
         assert cd.plan.families == ("pointwise",), str(cd.plan)
         check(cd, seed=seed)
+
+
+def _gram(dtype: str) -> Diagram:
+    from napkin.diagrams import rename
+
+    a, d = axes("a d")
+    X = array("X", a, d, dtype=dtype)
+    return Diagram("gram", contract(X, rename(X, a="n"), over=d, out=(a, n), name="G"))
+
+
+def _view_of_another(dtype: str) -> Diagram:
+    """Σ_{h,d} A[a,d,h]·view(B)[n,h,d]: the contracted axes in different orders, so A is copied
+    into the order of the sum (relaid), while the B operand, a view of another array already in a
+    layout the contraction family reads, is read where it is."""
+    from napkin.diagrams import rename
+
+    a, h, d, m = axes("a h d m")
+    A, B = array("A", a, d, h, dtype=dtype), array("B", m, h, d, dtype=dtype)
+    return Diagram("view_of_another", contract(A, rename(B, m="n"), over=(h, d), out=(a, n), name="C"))
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp32"])
+def test_a_product_with_a_view_verifies(dtype):
+    """X·Xᵀ (the view copied row by row, one kernel cannot read X under both sets of axes) and a
+    relaid product whose operand is a view of another array, at sizes that are no tile multiples."""
+    for seed, sizes in enumerate((dict(a=37, d=72), dict(a=300, d=1000))):
+        cd = _compiled(_gram(dtype), sizes, dtype)
+        assert cd.plan.families == ("pointwise", "contraction"), str(cd.plan)
+        check(cd, seed=seed)
+    for seed, sizes in enumerate((dict(a=37, h=3, d=40, m=45), dict(a=256, h=4, d=64, m=200))):
+        cd = _compiled(_view_of_another(dtype), sizes, dtype)
+        assert [k.kernel.name for k in cd.plan.kernels] == ["C_a", "C"], str(cd.plan)  # B not copied
+        check(cd, seed=seed)
