@@ -224,22 +224,28 @@ def _persistent_walk(d):
     return dataclasses.replace(program, launches=(dataclasses.replace(launch, grid=(5, 1, 1)),))
 
 
+def _lowered(d, cfg):
+    """The program of contraction configuration ``cfg`` for ``d`` (a tile the planner would not
+    take at sizes small enough for the sanitizers)."""
+    from napkin.codegen.api import local_arch
+    from napkin.codegen.families.contraction import FAMILY
+
+    return FAMILY.lower(d, FAMILY.schedule(d, cfg), local_arch() or "sm_90a")
+
+
 def _mma_sync_64x64(d):
     """The mma.sync template's 64 x 64 tile at sizes where Hopper's planner takes a small wgmma
     tile: the epilogue of one tile a block, clamped reads at the edges."""
-    from napkin.codegen.api import local_arch
-    from napkin.codegen.families.contraction import FAMILY, MMA_CONFIGS, MatmulConfig
+    from napkin.codegen.families.contraction import MMA_CONFIGS, MatmulConfig
 
-    return FAMILY.lower(d, FAMILY.schedule(d, MatmulConfig(False, *MMA_CONFIGS[-1])), local_arch() or "sm_90a")
+    return _lowered(d, MatmulConfig(False, *MMA_CONFIGS[-1]))
 
 
 def _tf32x3_small(d):
     """The fp32 template's 32 x 32 tile (3xTF32): the small tiles a batch of small products takes."""
-    from napkin.codegen.api import local_arch
-    from napkin.codegen.families.contraction import FAMILY, TF32X3_SMALL_CONFIGS, MatmulConfig
+    from napkin.codegen.families.contraction import TF32X3_SMALL_CONFIGS, MatmulConfig
 
-    cfg = MatmulConfig(True, *TF32X3_SMALL_CONFIGS[0], tf32x3=True)
-    return FAMILY.lower(d, FAMILY.schedule(d, cfg), local_arch() or "sm_90a")
+    return _lowered(d, MatmulConfig(True, *TF32X3_SMALL_CONFIGS[0], tf32x3=True))
 
 
 @dataclass(frozen=True)

@@ -1184,7 +1184,8 @@ class ContractionFamily:
                     out.append(self.schedule(diagram, cfg, gpu=gpu, dtype=dtype))
             return out
         small = _small_output(diagram, p)
-        cfgs = [c for c in self.configs(dtype) if small or c.key() not in {x[:5] for x in MMA_SMALL_CONFIGS}]
+        withheld = set() if small else {x[:5] for x in MMA_SMALL_CONFIGS}
+        cfgs = [c for c in self.configs(dtype) if c.key() not in withheld]
         if dtype == "fp32":  # both fp32 engines: 3xTF32 on the tensor cores and FMA on the CUDA cores
             n = diagram.sizes.get(p.c)
             narrow = isinstance(n, int) and n < min(c[1] for c in TF32X3_CONFIGS)
@@ -1403,7 +1404,7 @@ class ContractionFamily:
             BM, BN, BK = sizes["BM"] or default.BM, sizes["BN"] or default.BN, sizes["BK"] or default.BK
             WM, WN = sizes["WM"] or min(default.WM, BM), sizes["WN"] or min(default.WN, BN)
         known = [c for c in self.configs(p.dtype, engine if tf32x3 else None)
-                 if (c.BM, c.BN, c.BK, c.WM, c.WN) == (BM, BN, BK, WM, WN)]
+                 if c.key() == (BM, BN, BK, WM, WN)]
         if blocks is None:
             blocks = known[0].blocks_per_sm if known else 1
         if stages is None:
