@@ -233,6 +233,50 @@ def test_a_pair_reduction_at_infinities_and_nan(case, dtype):
             assert err < TOLERANCE[dtype], (name, i, err)
 
 
+@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
+@pytest.mark.parametrize("build, sizes", [(column_logsumexp, dict(r=1000, x=64)), (softmax_stats, dict(r=777, x=64)),
+                                          (row_logsumexp, dict(r=12, h=3, x=600))],
+                         ids=["column_logsumexp", "softmax_stats", "row_logsumexp"])
+def test_a_16bit_pair_far_from_zero_with_infinities_in_some_rows(build, sizes, dtype):
+    """A 16-bit pair reduction takes its fast form (one FMA and one flushed exp2 a value, no select
+    for infinities) wherever its new max is finite, and the exact form elsewhere, so one kernel
+    mixes both on a line. Lines offset by -3e4, -1e3, +1e3 and +3e4 (fp16: ±6e4 is its edge; the
+    shift's rounding grows with the magnitude), lines whose later rows alone hold a +inf or a NaN
+    (the fast form on the rows before), lines of -inf with a finite tail (the sum starts at a max of
+    -inf), and every configuration kind, against float64 on the same rounded inputs; NaN-poisoned
+    outputs."""
+    import torch
+
+    d = prepare(build(), sizes=sizes, dtype=dtype)
+    row = build is row_logsumexp
+    n = sizes["h"] * sizes["x"] if row else sizes["r"]
+    shape = [sizes[a] for a in d.inputs[0].axis_names]
+    X = torch.randn(*shape, dtype=torch.float64, generator=torch.Generator().manual_seed(11)) * 4
+    line = (lambda j: X[j].view(-1)) if row else (lambda j: X[:, j])
+    for j, off in enumerate((-3e4, -1e3, 1e3, 3e4)):
+        line(j).add_(off)
+    line(4)[n - 5] = math.inf
+    line(5)[n - 3] = math.nan
+    line(6)[: n - 7] = -math.inf
+    line(7)[n // 2:] = -math.inf
+    T = {"bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
+    X = X.to(T)
+    ref = d.reference({"X": X.double()}, dtype=torch.float64)
+    cands = pw.FAMILY.candidates(d, "h200", dtype)
+    for i in spread_and_split_picks(cands):
+        cd = napkin_compile(d, schedule=cands[i], family="pointwise")
+        outs = cd(X=X.cuda(), out=cd.empty_outputs("cuda", math.nan))
+        outs = outs if isinstance(outs, tuple) else (outs,)
+        for name, o in zip(cd.output_names, outs):
+            o, r = o.double().cpu(), ref[name]
+            assert torch.equal(torch.isnan(o), torch.isnan(r)), (name, i, o, r)
+            ok = ~torch.isnan(r)
+            assert torch.equal(torch.isinf(o[ok]), torch.isinf(r[ok])), (name, i)
+            fin = ok & torch.isfinite(r)
+            err = float(((o[fin] - r[fin]).abs() / r[fin].abs().clamp_min(1.0)).max())
+            assert err < TOLERANCE[dtype], (name, i, err)
+
+
 def max_all():
     from napkin.diagrams import Diagram, array, axes, max_over
 

@@ -709,7 +709,7 @@ def preference(shape: PointwiseShape, cfg: Config, sms: int = 132) -> tuple:
     with four and 76 for 256 threads with two; sigmoid as three maps 66 us for all three), unless
     that needs more than ``MAP_REGS`` registers a thread (then the fewest registers); in a
     reduction 256-thread blocks, four vectors
-    in flight, a row kernel whose threads get about 64 bytes of R each, column rows of 32 lanes
+    in flight (two in a 16-bit column pair), a row kernel whose threads get about 64 bytes of R each, column rows of 32 lanes
     (512 contiguous bytes), about four blocks per SM (the split that gives them)."""
     def dist(a: float, b: float) -> float:
         return abs(math.log2(max(a, 1e-9) / max(b, 1e-9)))
@@ -721,6 +721,11 @@ def preference(shape: PointwiseShape, cfg: Config, sms: int = 132) -> tuple:
     blocks = base_blocks(shape, cfg) * cfg.splits
     fill = dist(min(blocks, 4 * sms), 4 * sms)
     unroll = {4: 0, 8: 1, 2: 2, 1: 3}[cfg.unroll] if small else {4: 0, 2: 1, 1: 2, 8: 3}[cfg.unroll]
+    if shape.pair and shape.mode == "col" and shape.bytes == 2:
+        # a 16-bit column pair issues about nine instructions a value: two vectors in flight and
+        # more warps beat four (H200, logsumexp over the first axis of 8192 x 4096 bf16: 25.7 us
+        # of kernel against 29.9)
+        unroll = {2: 0, 4: 1, 1: 2, 8: 3}[cfg.unroll]
     if shape.mode == "row":
         # about 64 bytes of each kept element's R per thread (measured best on an H100: rows of
         # 8 KiB read by 128 threads)
@@ -759,6 +764,9 @@ def regs_need(shape: PointwiseShape, cfg: Config) -> int:
     # a reduction unrolled, or a sum of products (both factors converted before they multiply),
     # holds its vectors as fp32 values
     unpack = shape.mode != "map" and (cfg.unroll > 1 or len(shape.reduce_args) > 1)
+    # ... except a 16-bit column pair, whose two passes convert each value from the packed vector
+    # as they use it (sm_90a, bf16, 256 threads: 48 registers at two vectors in flight, 76 at four)
+    unpack = unpack and not (shape.pair and shape.mode == "col" and shape.bytes == 2)
     g = _Gen(shape)
 
     def held(v: Value) -> int:
@@ -1058,7 +1066,7 @@ def lower_shape(shape: PointwiseShape, cfg: Config, schedule: Schedule, arch: st
             else:
                 loads.append(Code(f"napkin_pwh::load_strided<T, VEC>({ld}[u], {ptr} + ({off}), "
                                   f"{g.lit(stride)});"))
-            elem_loads.append(Code(f"const float {ident(nm, 'a_')} = napkin::to_float({ld}[u].x[e]);"))
+            elem_loads.append(Code(f"const float {ident(nm, 'a_')} = napkin_pwh::value({ld}[u], e);"))
     full_stores_decl: list[Code] = []
     full_stores: list[Code] = []
     elem_stores: list[Code] = []
@@ -1195,6 +1203,7 @@ def lower_shape(shape: PointwiseShape, cfg: Config, schedule: Schedule, arch: st
         pair_out=ident(name(shape.pair.sums[-1]), "a_") if shape.pair else None,
         EXACT=Code("true" if shape.pair and shape.pair.exact else "false"),
         FAST=Code("false" if shape.dtype == "fp32" else "true"),
+        FAST_PAIR=shape.pair is not None and shape.dtype != "fp32",
         ws=ident(part, "ws_") if split else None, cnt=ident(arrivals, "cnt_") if split else None,
         KPB=cfg.rows_per_block if mode == "row" else cfg.tx * shape.vec,
         aligned_rows=shape.aligned_rows, head_ptr=head_ptr, one_loads=one_loads,

@@ -100,6 +100,18 @@ NAPKIN_DEVICE float block_max(float v, float* scratch) { return block_reduce<Max
 template <bool FAST>
 NAPKIN_DEVICE float exp_of(float x) { return FAST ? __expf(x) : expf(x); }
 
+// 2^x in one special-function op, subnormal results flushed to zero (ex2.approx.ftz): a term of
+// a sum of exps that is at least 1, where a term under 2^-126 changes nothing.
+NAPKIN_DEVICE float exp2_ftz(float x) {
+  float r;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));
+  return r;
+}
+
+// log2(e) and ln(2): e^(x - m) = 2^(x * LOG2E - m * LOG2E), one FMA and one exp2_ftz a value.
+constexpr float LOG2E = 1.4426950408889634f;
+constexpr float LN2 = 0.6931471805599453f;
+
 // (m, s) merged with (mb, sb), each the max of some values and the sum of exp(value - max): the
 // larger max, each sum rescaled to it. A side whose max is the merged one is not rescaled, so two
 // sides that saw only -inf (max -inf, sum 0) merge into the same, not into NaN. Symmetric: the
@@ -120,6 +132,19 @@ NAPKIN_DEVICE void fold_max_sumexp(float& m, float& s, const float (&x)[N]) {
   float mm = m;
 #pragma unroll
   for (int i = 0; i < N; ++i) mm = max_nan(mm, x[i]);
+  if (FAST && fabsf(mm) <= 3.4028234663852886e38f) {
+    // a finite new max (the usual case): every value is below it, equal to it or -inf, so no
+    // select for infinities; each exp one FMA and one exp2_ftz. The sum so far was taken against
+    // the old max's rounded shift, so it is rescaled by the difference of the two rounded shifts
+    // (0 when the old max was -inf)
+    const float shift = __fmul_rn(mm, LOG2E);
+    float t = s * exp2_ftz(__fmul_rn(m, LOG2E) - shift);
+#pragma unroll
+    for (int i = 0; i < N; ++i) t += exp2_ftz(fmaf(x[i], LOG2E, -shift));
+    m = mm;
+    s = t;
+    return;
+  }
   // every exp computed, then selected: no branch around it (x - mm is NaN where both are the
   // same infinity, and that exp is not the one kept)
   const float rescale = exp_of<FAST>(m - mm);

@@ -28,8 +28,7 @@
 
 namespace napkin {
 
-constexpr float LOG2E = 1.4426950408889634f;
-constexpr float LN2 = 0.6931471805599453f;
+// LOG2E and LN2: reduce.cuh
 
 // The factor that turns raw scores into base-2 exponents: softmax(scale * s) uses exp2(s * this).
 NAPKIN_DEVICE float softmax_scale_log2(float scale) { return scale * LOG2E; }
