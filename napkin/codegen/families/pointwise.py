@@ -1215,7 +1215,7 @@ def lower_shape(shape: PointwiseShape, cfg: Config, schedule: Schedule, arch: st
         pair_out=ident(name(shape.pair.sums[-1]), "a_") if shape.pair else None,
         EXACT=Code("true" if shape.pair and shape.pair.exact else "false"),
         FAST=Code("false" if shape.dtype == "fp32" else "true"),
-        FAST_PAIR=shape.pair is not None and shape.dtype != "fp32",
+        FAST_PAIR=shape.pair is not None, SPLIT_SHIFT=shape.dtype == "fp32",
         packed_max=_packed_max(shape) if mode == "col" else None,
         ws=ident(part, "ws_") if split else None, cnt=ident(arrivals, "cnt_") if split else None,
         KPB=cfg.rows_per_block if mode == "row" else cfg.tx * shape.vec,
