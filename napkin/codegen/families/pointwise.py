@@ -808,18 +808,6 @@ def regs_estimate(shape: PointwiseShape, cfg: Config) -> int:
     return min(MAX_REGS, budget, (65536 // cfg.threads) // 8 * 8)
 
 
-def _packed_max(shape: PointwiseShape) -> Code | None:
-    """The register vectors a 16-bit column pair can take its max over as packed pairs (``ld_X``):
-    the reduced value is one loaded array itself (no map before the reduction), read in vectors
-    of an even count; else None."""
-    if not shape.pair or shape.bytes != 2 or shape.vec % 2 or shape.loop or len(shape.reduce_args) != 1:
-        return None
-    (v,) = shape.reduce_args
-    if not any(v is u for u in shape.loop_inputs) or _Gen(shape).access(v)[0] != "vec":
-        return None
-    return ident(shape.name(v), "ld_")
-
-
 def smem_estimate(shape: PointwiseShape, cfg: Config) -> int:
     """Static shared memory: the column kernel's TY x TX*VEC fp32 partial vectors, a row
     kernel's block reduction scratch (32 floats); twice that for a pair reduction (the maxes and
@@ -1215,8 +1203,7 @@ def lower_shape(shape: PointwiseShape, cfg: Config, schedule: Schedule, arch: st
         pair_out=ident(name(shape.pair.sums[-1]), "a_") if shape.pair else None,
         EXACT=Code("true" if shape.pair and shape.pair.exact else "false"),
         FAST=Code("false" if shape.dtype == "fp32" else "true"),
-        FAST_PAIR=shape.pair is not None, SPLIT_SHIFT=shape.dtype == "fp32",
-        packed_max=_packed_max(shape) if mode == "col" else None,
+        FAST_PAIR=shape.pair is not None and shape.dtype != "fp32",
         ws=ident(part, "ws_") if split else None, cnt=ident(arrivals, "cnt_") if split else None,
         KPB=cfg.rows_per_block if mode == "row" else cfg.tx * shape.vec,
         aligned_rows=shape.aligned_rows, head_ptr=head_ptr, one_loads=one_loads,
