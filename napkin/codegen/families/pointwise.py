@@ -708,9 +708,9 @@ def preference(shape: PointwiseShape, cfg: Config, sms: int = 132) -> tuple:
     (measured on an H200, bf16 at 8192 x 8192, L2 flushed clean: tanh-form GELU 67 us, against 70
     with four and 76 for 256 threads with two; sigmoid as three maps 66 us for all three), unless
     that needs more than ``MAP_REGS`` registers a thread (then the fewest registers); in a
-    reduction 256-thread blocks, four vectors
-    in flight (two in a 16-bit column pair), a row kernel whose threads get about 64 bytes of R each, column rows of 32 lanes
-    (512 contiguous bytes), about four blocks per SM (the split that gives them)."""
+    reduction 256-thread blocks, four vectors in flight (two in a 16-bit column pair), a row
+    kernel whose threads get about 64 bytes of R each, column rows of 32 lanes (512 contiguous
+    bytes), about four blocks per SM (the split that gives them)."""
     def dist(a: float, b: float) -> float:
         return abs(math.log2(max(a, 1e-9) / max(b, 1e-9)))
 

@@ -13,6 +13,8 @@
 //                                         must be a multiple of 32 and every thread must call it
 //   merge_max_sumexp, fold_max_sumexp, xor_reduce_max_sumexp, block_reduce_max_sumexp
 //                                         the pair (max m, sum of exp(x - m)) of an online softmax
+//   exp2_ftz, LOG2E, LN2                  2^x in one special-function op (subnormals flushed),
+//                                         and the constants that turn e^x into 2^x and back
 //   last_to_arrive                        the handshake of a reduction split over the blocks of a
 //                                         launch: true in the last of `count` blocks to arrive
 //
@@ -124,9 +126,10 @@ NAPKIN_DEVICE void merge_max_sumexp(float& m, float& s, float mb, float sb) {
 }
 
 // (m, s) with the N values x[0 .. N) folded in (each a pair (x, 1)): the larger max first, so the
-// sum is rescaled once for the N values, not once per value. A value equal to the new max adds 1
-// without an exp, as merge_max_sumexp does, so a max of -inf or +inf counts the values equal to it
-// (merging them one by one gives the same). The N exps are independent.
+// sum is rescaled once for the N values, not once per value. Where FAST (16-bit values) and the
+// new max is finite, each exp is one FMA and one exp2_ftz. Otherwise a value equal to the new max
+// adds 1 without an exp, as merge_max_sumexp does, so a max of -inf or +inf counts the values
+// equal to it (merging them one by one gives the same). The N exps are independent.
 template <int N, bool FAST>
 NAPKIN_DEVICE void fold_max_sumexp(float& m, float& s, const float (&x)[N]) {
   float mm = m;
