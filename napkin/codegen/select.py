@@ -318,6 +318,8 @@ def _shape_of(est: dict | None, fam, schedule: Schedule):
         facts["tail_factor"] = float(est["tail_factor"])
     if est.get("issue_overlaps_memory"):  # loads that run ahead of the loop's per-step gaps
         facts["issue_overlaps_memory"] = True
+    if est.get("fill_share"):  # the ring's fill and drain, exposed in a loop of few steps
+        facts["fill_share"] = float(est["fill_share"])
     return LaunchShape(blocks=int(est["blocks"]), threads=int(est["threads"]), regs_per_thread=int(est["regs"]),
                        smem_bytes=int(est.get("smem") or 0),
                        in_flight_bytes_per_thread=est.get("in_flight_bytes_per_thread") or None,

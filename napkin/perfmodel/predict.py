@@ -173,6 +173,10 @@ class LaunchShape:
     issue_overlaps_memory: the kernel's loads run ahead of its per-step gaps (a deep cp.async ring
         whose chunks are large beside a step's overhead), so the gaps count on the compute side of
         the roofline (:func:`~napkin.perfmodel.roofline.predict`); False: they add.
+    fill_share: the share of the loop's smaller time (compute or memory) that its ring's fill and
+        drain leave exposed, in a kernel whose blocks run one tile each and start together
+        (``min(1, chunks loaded ahead / steps)``; 0: the roofline overlaps them whole). See
+        :func:`~napkin.perfmodel.roofline.predict`.
     """
 
     blocks: int
@@ -196,6 +200,7 @@ class LaunchShape:
     tf32x3_flops: float = 0.0
     tail_factor: float | None = None
     issue_overlaps_memory: bool = False
+    fill_share: float = 0.0
 
     def __post_init__(self) -> None:
         if int(self.blocks) < 1 or int(self.threads) < 1:
@@ -221,6 +226,8 @@ class LaunchShape:
             raise ScheduleError(f"tf32x3_flops must be non-negative, got {self.tf32x3_flops!r}")
         if int(self.row_iterations) < 1:
             raise ScheduleError(f"row_iterations must be at least 1, got {self.row_iterations!r}")
+        if not 0.0 <= float(self.fill_share) <= 1.0:
+            raise ScheduleError(f"fill_share must be a fraction in [0, 1], got {self.fill_share!r}")
         if not 0.0 <= float(self.exp_fma_share) <= 1.0 or not float(self.fma_flops_per_exp) >= 0.0:
             raise ScheduleError(f"exp_fma_share must be a fraction in [0, 1] and fma_flops_per_exp non-negative, "
                                 f"got {self.exp_fma_share!r} and {self.fma_flops_per_exp!r}")
@@ -520,7 +527,7 @@ def predict_kernel(gpu: GPU, work: Work, launch: LaunchShape | None = None, *, n
                  launch_overhead_s=launch_overhead_s, tensor_path=launch.tensor_path,
                  block_latency_s=(chain.fill_s + chain.reduce_s) if chain is not None else 0.0,
                  block_issue_s=chain.steps_s if chain is not None else 0.0, tail_factor=launch.tail_factor,
-                 issue_overlaps_memory=launch.issue_overlaps_memory)
+                 issue_overlaps_memory=launch.issue_overlaps_memory, fill_share=float(launch.fill_share))
     ep = None
     if epi is not None:
         # the epilogue's roofline, its compute stretched by the tail like the loop's; its maps run
@@ -743,6 +750,10 @@ def explain_assumptions(gpu: GPU | str, prediction: SchedulePrediction | None = 
             rows.append((f"{pre}.issue_overlaps_memory", True,
                          f"{who}: its loads run ahead of the loop's step overheads, which count on the "
                          "compute side"))
+        if ls.fill_share:
+            rows.append((f"{pre}.fill_share", ls.fill_share,
+                         f"{who}: the share of the loop's smaller time (compute or memory) its ring's fill "
+                         "and drain leave exposed"))
         if kp.chain is not None:
             rows.append((f"{pre}.latency_chain_s", kp.chain.total_s,
                          "derived: fill + step overheads + reductions from the fields above"))

@@ -242,6 +242,7 @@ class Prediction:
     block_latency_s: float = 0.0       # one block's latency chain (pipeline fill, step overheads, reductions)
     latency_s: float = 0.0             # what the chain adds: rounds*issue + max(0, rounds*latency + body/resident - body)
     tail_body_s: float | None = None   # the body with the tail applied (body_s without blocks)
+    fill_share: float = 0.0            # share of min(compute, memory) the ring's fill and drain expose
 
     @property
     def terms(self) -> dict[str, float]:
@@ -286,15 +287,20 @@ def per_sm_term(gpu: GPU, name: str) -> bool:
         return False
 
 
-def _body(compute: Mapping[str, float], transfer: Mapping[str, float], eff: Efficiency) -> tuple[float, float, float]:
-    """(compute time, memory time, body) of the terms under the overlap flags."""
+def _body(compute: Mapping[str, float], transfer: Mapping[str, float], eff: Efficiency,
+          fill_share: float = 0.0) -> tuple[float, float, float]:
+    """(compute time, memory time, body) of the terms under the overlap flags; ``fill_share`` of
+    the smaller of the two times does not overlap the larger (see :func:`predict`)."""
     compute_time = max(compute.values(), default=0.0) if eff.overlap_compute else sum(compute.values())
     if not eff.overlap_operands and "SMEM" in transfer:
         compute_time += transfer["SMEM"]
         memory_time = max((v for k, v in transfer.items() if k != "SMEM"), default=0.0)
     else:
         memory_time = max(transfer.values(), default=0.0)
-    body = max(compute_time, memory_time) if eff.overlap_memory else compute_time + memory_time
+    if eff.overlap_memory:
+        body = max(compute_time, memory_time) + fill_share * min(compute_time, memory_time)
+    else:
+        body = compute_time + memory_time
     return compute_time, memory_time, body
 
 
@@ -311,6 +317,7 @@ def predict(
     block_issue_s: float = 0.0,
     tail_factor: float | None = None,
     issue_overlaps_memory: bool = False,
+    fill_share: float = 0.0,
 ) -> Prediction:
     """Predicted runtime of ``work`` on ``gpu`` (see the module docstring for the assumptions).
 
@@ -324,7 +331,15 @@ def predict(
     (a persistent kernel's, or a causal grid's), instead of ``ceil(blocks / sms) / (blocks / sms)``.
     ``issue_overlaps_memory``: the kernel's loads run ahead of its per-step gaps, so the gaps
     (``block_issue_s``) count on the compute side (see the module docstring).
+    ``fill_share`` (0 to 1): the share of the smaller of the compute and memory times that does not
+    overlap the larger, because the loop waits on its ring's fill before its first step and drains
+    it after its last load. Blocks that run one tile each, started together, fill and drain
+    together, so nothing else on the chip hides it: a loop of ``n`` steps behind a ring that
+    loads ``r`` chunks ahead exposes ``min(1, r / n)`` (a loop no longer than its ring loads,
+    then multiplies, as if not overlapped at all).
     """
+    if not 0.0 <= fill_share <= 1.0:
+        raise HardwareError(f"fill_share must be a fraction in [0, 1], got {fill_share!r}")
     if launch_overhead_s is None:
         launch_overhead_s = launch_overhead_of(gpu)
     if launch_overhead_s < 0:
@@ -350,7 +365,7 @@ def predict(
     for name, b in work.bytes.items():
         lv = gpu.level(name)  # HardwareError for unknown level names
         transfer[lv.name] = b / (lv.bandwidth * eff.level(lv.name))
-    _, _, body = _body(compute, transfer, eff)
+    _, _, body = _body(compute, transfer, eff, fill_share)
 
     waves = ideal = busiest = rounds = None
     factor = 1.0
@@ -378,7 +393,7 @@ def predict(
     stretched = tuple(k for k in (*compute, *transfer) if per_sm_term(gpu, k)) if blocks is not None else ()
     s_compute = {k: v * (factor if k in stretched else 1.0) for k, v in compute.items()}
     s_transfer = {k: v * (factor if k in stretched else 1.0) for k, v in transfer.items()}
-    compute_time, memory_time, tail_body = _body(s_compute, s_transfer, eff)
+    compute_time, memory_time, tail_body = _body(s_compute, s_transfer, eff, fill_share)
     terms = {**s_compute, **s_transfer}
     bound = max(terms, key=lambda k: terms[k]) if any(v > 0 for v in terms.values()) else "none"
     tail_resource = bound if (factor > 1.0 + 1e-12 and bound in stretched) else "none"
@@ -415,7 +430,7 @@ def predict(
         gbps=(hbm_bytes / seconds / 1e9) if seconds > 0 else 0.0,
         efficiency=eff, tensor_path=tensor_path, tail_resource=tail_resource, tail_terms=stretched,
         busiest_sm_blocks=busiest, rounds=rounds, block_latency_s=float(block_latency_s), latency_s=latency,
-        tail_body_s=tail_body,
+        tail_body_s=tail_body, fill_share=float(fill_share),
     )
 
 

@@ -86,6 +86,32 @@ def test_wave_quantisation(h100):
         predict(h100, w, blocks=0)
 
 
+def test_a_ring_fill_exposes_its_share_of_the_smaller_time(h100):
+    """``fill_share``: a loop of few steps behind a ring that loads its chunks together waits on
+    them before its first product and multiplies its last ones after its last load; that share of
+    the smaller of the compute and memory times adds to the larger."""
+    mem = Work(flops={"tensor": 1e11}, bytes={"HBM": 1e9}, dtype="bf16")   # memory-bound
+    comp = Work(flops={"tensor": 1e12}, bytes={"HBM": 1e8}, dtype="bf16")  # compute-bound
+    for w in (mem, comp):
+        base = predict(h100, w, launch_overhead_s=0)
+        small, large = sorted((base.compute_time_s, base.memory_time_s))
+        assert base.body_s == pytest.approx(large) and base.fill_share == 0.0
+        for share in (0.25, 1.0):
+            p = predict(h100, w, launch_overhead_s=0, fill_share=share)
+            assert p.body_s == pytest.approx(large + share * small) and p.fill_share == share
+            assert p.seconds == pytest.approx(base.seconds + share * small)
+        # a whole fill exposed is the same as no overlap of memory with compute
+        serial = predict(h100, w, efficiency=Efficiency(overlap_memory=False), launch_overhead_s=0)
+        assert predict(h100, w, launch_overhead_s=0, fill_share=1.0).body_s == pytest.approx(serial.body_s)
+        # and with the per-SM tail: the tail body carries it too
+        t = predict(h100, w, blocks=200, blocks_per_sm=1, launch_overhead_s=0, fill_share=0.5)
+        tb = predict(h100, w, blocks=200, blocks_per_sm=1, launch_overhead_s=0)
+        assert t.tail_body_s > tb.tail_body_s
+    for bad in (-0.1, 1.5, float("nan")):
+        with pytest.raises(HardwareError, match="fill_share"):
+            predict(h100, mem, fill_share=bad)
+
+
 def test_reported_flops_and_errors(h100):
     w = Work(flops={"tensor": 2e12}, reported_flops=1e12)
     p = predict(h100, w, launch_overhead_s=0)
