@@ -80,7 +80,7 @@ from .roofline import LAUNCH_OVERHEAD_S, TENSOR_PATHS, Efficiency, Prediction, W
 
 __all__ = ["LaunchAssumptions", "LaunchShape", "KernelPrediction", "SchedulePrediction", "PreparedKernel",
            "PreparedSchedule", "MEMORY_LATENCY_S", "LatencyChain", "kernel_work", "residency", "launch_from_cost",
-           "family_efficiency", "latency_floor", "block_latency", "reduction_latency_clk", "predict_kernel",
+           "family_efficiency", "latency_floor", "exposed_fill_share", "FILL_LOCKED_BLOCKS", "block_latency", "reduction_latency_clk", "predict_kernel",
            "prepare_schedule", "predict_prepared", "predict_schedule", "explain_assumptions"]
 
 #: The default latency of an HBM access under load, seconds, for the bytes-in-flight floor when a
@@ -173,10 +173,11 @@ class LaunchShape:
     issue_overlaps_memory: the kernel's loads run ahead of its per-step gaps (a deep cp.async ring
         whose chunks are large beside a step's overhead), so the gaps count on the compute side of
         the roofline (:func:`~napkin.perfmodel.roofline.predict`); False: they add.
-    fill_share: the share of the loop's smaller time (compute or memory) that its ring's fill and
+    fill_share: the share of the loop's smaller time (compute or HBM) that its ring's fill and
         drain leave exposed, in a kernel whose blocks run one tile each and start together
-        (``min(1, chunks loaded ahead / steps)``; 0: the roofline overlaps them whole). See
-        :func:`~napkin.perfmodel.roofline.predict`.
+        (``min(1, chunks loaded ahead / steps)``; 0: the roofline overlaps them whole); an SM
+        holding more than :data:`FILL_LOCKED_BLOCKS` blocks hides part of it
+        (:func:`exposed_fill_share`). See :func:`~napkin.perfmodel.roofline.predict`.
     """
 
     blocks: int
@@ -527,7 +528,8 @@ def predict_kernel(gpu: GPU, work: Work, launch: LaunchShape | None = None, *, n
                  launch_overhead_s=launch_overhead_s, tensor_path=launch.tensor_path,
                  block_latency_s=(chain.fill_s + chain.reduce_s) if chain is not None else 0.0,
                  block_issue_s=chain.steps_s if chain is not None else 0.0, tail_factor=launch.tail_factor,
-                 issue_overlaps_memory=launch.issue_overlaps_memory, fill_share=float(launch.fill_share))
+                 issue_overlaps_memory=launch.issue_overlaps_memory,
+                 fill_share=exposed_fill_share(float(launch.fill_share), bps))
     ep = None
     if epi is not None:
         # the epilogue's roofline, its compute stretched by the tail like the loop's; its maps run
@@ -544,6 +546,26 @@ def predict_kernel(gpu: GPU, work: Work, launch: LaunchShape | None = None, *, n
     floor = latency_floor(gpu, float(work.bytes.get("HBM", 0.0)), launch, bps, memory_latency_s)
     return KernelPrediction(name, int(launch.blocks), bps or 1, regs, int(launch.smem_bytes), limit, rp,
                             floor, launch, chain, launch_assumed, ep, wait)
+
+
+#: Co-resident blocks an SM holds whose fills stay in step: beyond them, blocks that started together
+#: drift apart and hide part of each other's fill, in proportion. Fitted to three H200 measurements
+#: (bf16 mma.sync tiles, kernel time against the model with and without the fill): 512 products of
+#: 128^3 at 2 blocks an SM paid all of it (18.2 us of kernel), 2048 of 64^3 at 4 about half
+#: (14.7), 16384 of 16^3 at 12 about a sixth (24.1).
+FILL_LOCKED_BLOCKS = 2
+
+
+def exposed_fill_share(fill_share: float, blocks_per_sm: int | None) -> float:
+    """The share of a loop's smaller time its ring's fill exposes (:attr:`LaunchShape.fill_share`)
+    on an SM holding ``blocks_per_sm`` blocks: all of it up to :data:`FILL_LOCKED_BLOCKS` blocks,
+    then divided among them.
+
+    >>> exposed_fill_share(1.0, 2), exposed_fill_share(1.0, 4), exposed_fill_share(0.5, 8)
+    (1.0, 0.5, 0.125)
+    """
+    bps = max(1, int(blocks_per_sm or 1))
+    return fill_share * min(1.0, FILL_LOCKED_BLOCKS / bps)
 
 
 def _phases(work: Work, epilogue_bytes: float) -> tuple[Work, Work | None]:
@@ -752,7 +774,7 @@ def explain_assumptions(gpu: GPU | str, prediction: SchedulePrediction | None = 
                          "compute side"))
         if ls.fill_share:
             rows.append((f"{pre}.fill_share", ls.fill_share,
-                         f"{who}: the share of the loop's smaller time (compute or memory) its ring's fill "
+                         f"{who}: the share of the loop's smaller time (compute or HBM) its ring's fill "
                          "and drain leave exposed"))
         if kp.chain is not None:
             rows.append((f"{pre}.latency_chain_s", kp.chain.total_s,

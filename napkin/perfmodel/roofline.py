@@ -242,7 +242,7 @@ class Prediction:
     block_latency_s: float = 0.0       # one block's latency chain (pipeline fill, step overheads, reductions)
     latency_s: float = 0.0             # what the chain adds: rounds*issue + max(0, rounds*latency + body/resident - body)
     tail_body_s: float | None = None   # the body with the tail applied (body_s without blocks)
-    fill_share: float = 0.0            # share of min(compute, memory) the ring's fill and drain expose
+    fill_share: float = 0.0            # share of min(compute, HBM) the ring's fill and drain expose
 
     @property
     def terms(self) -> dict[str, float]:
@@ -290,7 +290,7 @@ def per_sm_term(gpu: GPU, name: str) -> bool:
 def _body(compute: Mapping[str, float], transfer: Mapping[str, float], eff: Efficiency,
           fill_share: float = 0.0) -> tuple[float, float, float]:
     """(compute time, memory time, body) of the terms under the overlap flags; ``fill_share`` of
-    the smaller of the two times does not overlap the larger (see :func:`predict`)."""
+    the smaller of the compute and HBM times does not overlap the larger (see :func:`predict`)."""
     compute_time = max(compute.values(), default=0.0) if eff.overlap_compute else sum(compute.values())
     if not eff.overlap_operands and "SMEM" in transfer:
         compute_time += transfer["SMEM"]
@@ -298,7 +298,9 @@ def _body(compute: Mapping[str, float], transfer: Mapping[str, float], eff: Effi
     else:
         memory_time = max(transfer.values(), default=0.0)
     if eff.overlap_memory:
-        body = max(compute_time, memory_time) + fill_share * min(compute_time, memory_time)
+        # the fill waits on HBM (an operand re-read from L2 by the blocks beside it arrives fast)
+        hbm = transfer.get("HBM", 0.0)
+        body = max(compute_time, memory_time) + fill_share * min(compute_time, hbm)
     else:
         body = compute_time + memory_time
     return compute_time, memory_time, body
@@ -331,7 +333,7 @@ def predict(
     (a persistent kernel's, or a causal grid's), instead of ``ceil(blocks / sms) / (blocks / sms)``.
     ``issue_overlaps_memory``: the kernel's loads run ahead of its per-step gaps, so the gaps
     (``block_issue_s``) count on the compute side (see the module docstring).
-    ``fill_share`` (0 to 1): the share of the smaller of the compute and memory times that does not
+    ``fill_share`` (0 to 1): the share of the smaller of the compute and HBM times that does not
     overlap the larger, because the loop waits on its ring's fill before its first step and drains
     it after its last load. Blocks that run one tile each, started together, fill and drain
     together, so nothing else on the chip hides it: a loop of ``n`` steps behind a ring that

@@ -1,8 +1,10 @@
-"""The mma.sync and SIMT contraction templates run one output tile a block: the block issues its
-first ``STAGES - 1`` chunks at once, waits for them, and multiplies its last chunks after its last
-load. Its neighbours on the SM started with it and do the same, so in a loop of few steps nothing
-hides the fill: the family states ``fill_share = min(1, (STAGES - 1) / steps)`` and the model adds
-that share of the loop's smaller time (compute or memory) to the larger.
+"""The mma.sync contraction template runs one output tile a block: the block issues its first
+``STAGES - 1`` chunks at once, waits for them, and multiplies its last chunks after its last load.
+Its neighbours on the SM started with it and do the same, so in a loop of few steps nothing hides
+the fill: the family states ``fill_share = min(1, (STAGES - 1) / steps)`` and the model adds that
+share of the smaller of the loop's compute and HBM times to the larger (all of it up to two blocks
+an SM, then divided among them). The fp32 template, which stages one chunk through registers, and
+the persistent wgmma template state none.
 
 Measured on an H200 (bf16, 512 products of 128 x 128 x 128): the mma.sync 128 x 128 tile (two
 steps of 64, three stages) ran 18.3 us of kernel where the overlapped roofline said 10.7; the
@@ -14,8 +16,10 @@ from __future__ import annotations
 import pytest
 
 from napkin.codegen import select
-from napkin.codegen.families.contraction import FAMILY, MMA_CONFIGS, WGMMA_CONFIGS, MatmulConfig
+from napkin.codegen.families.contraction import (FAMILY, MMA_CONFIGS, TF32X3_SMALL_CONFIGS, WGMMA_CONFIGS,
+                                                 MatmulConfig)
 from napkin.diagrams import library
+from napkin.perfmodel.predict import exposed_fill_share
 
 
 def _shape_and_kernel(bd, cfg, gpu="h200"):
@@ -36,8 +40,18 @@ def test_the_mma_sync_tile_states_the_share_of_its_fill(k, steps):
     shape, kp = _shape_and_kernel(_bmm(k), cfg)
     assert shape.fill_share == pytest.approx(min(1.0, 2 / steps))
     r = kp.roofline
-    small, large = sorted((r.compute_time_s, r.memory_time_s))
-    assert r.tail_body_s == pytest.approx(large + shape.fill_share * small)  # both after the tail
+    # two blocks an SM fill in step: the whole share is exposed
+    assert kp.blocks_per_sm == 2 and r.fill_share == pytest.approx(shape.fill_share)
+    small = min(r.compute_time_s, r.transfer_s["HBM"])  # the fill waits on HBM
+    assert r.tail_body_s == pytest.approx(max(r.compute_time_s, r.memory_time_s) + r.fill_share * small)
+
+
+def test_more_blocks_an_sm_hide_part_of_the_fill():
+    d = library.get("batched_matmul").with_dtype("bf16").bind(n=2048, a=64, b=64, c=64)
+    cfg = MatmulConfig(False, *MMA_CONFIGS[7])  # 64 x 64 x 32, four stages, four blocks an SM
+    shape, kp = _shape_and_kernel(d, cfg)
+    assert shape.fill_share == 1.0 and kp.blocks_per_sm == 4
+    assert kp.roofline.fill_share == pytest.approx(exposed_fill_share(1.0, 4)) == pytest.approx(0.5)
 
 
 def test_a_split_loop_counts_the_steps_of_one_split():
@@ -47,8 +61,11 @@ def test_a_split_loop_counts_the_steps_of_one_split():
     assert shape.fill_share == pytest.approx(3 / (65536 // 32 // 8))
 
 
-def test_the_persistent_wgmma_tile_states_none():
+def test_the_persistent_wgmma_tile_and_the_fp32_template_state_none():
     shape, kp = _shape_and_kernel(_bmm(128), MatmulConfig(False, *WGMMA_CONFIGS[3], wgmma=True))
+    assert shape.fill_share == 0.0 and kp.roofline.fill_share == 0.0
+    fp32 = library.get("batched_matmul").with_dtype("fp32").bind(n=4096, a=32, b=64, c=32)
+    shape, kp = _shape_and_kernel(fp32, MatmulConfig(True, *TF32X3_SMALL_CONFIGS[0], tf32x3=True))
     assert shape.fill_share == 0.0 and kp.roofline.fill_share == 0.0
 
 

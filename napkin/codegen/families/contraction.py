@@ -1308,14 +1308,17 @@ class ContractionFamily:
             # (operand tiles copied after the loop are waited for before the maps)
             est.update(epilogue_hbm_bytes=epilogue_bytes(diagram, p),
                        epilogue_waits=1 if epilogue_tiles(diagram, p, cfg, elem) else 0)
-        if not cfg.wgmma:
-            # the ring's fill: every block issues its first STAGES - 1 chunks at once and they land
-            # together (the chip's HBM serves all of them side by side), so its first product
-            # waits for all of them, and its last ones multiply after the last load; the blocks
-            # beside it started with it and wait alike. A loop of few steps therefore loads, then
-            # multiplies: 512 products of 128^3 bf16 (two steps of 64, three stages) took 18.3 us
-            # of kernel on an H200, the loads, products and stores of its two waves end to end,
-            # where the overlapped roofline said 10.7
+        if not cfg.wgmma and not cfg.simt:
+            # the cp.async ring's fill: every block issues its first STAGES - 1 chunks at once and
+            # they land together (the chip's HBM serves all of them side by side), so its first
+            # product waits for all of them, and its last ones multiply after the last load; the
+            # blocks beside it started with it and wait alike. A loop of few steps therefore
+            # loads, then multiplies: 512 products of 128^3 bf16 (two steps of 64, three stages)
+            # took 18.3 us of kernel on an H200, the loads, products and stores of its two waves
+            # end to end, where the overlapped roofline said 10.7. The fp32 template stages one
+            # chunk through registers instead, and is not given the share: with it, its four-step
+            # tile over a sum of 64 ranked ahead of its two-step tile, which ran faster (H200,
+            # 4096 products of 32 x 32 x 64: 30.4 against 28.5 us of kernel)
             steps = _chunk_count(sz, p, cfg.BK)
             if steps:
                 steps = math.ceil(steps / cfg.splits)
