@@ -53,6 +53,11 @@ The assumptions that are not datasheet facts are named, with where their numbers
   ~194 and the 512 MiB store at the HBM rate 160; with ``exp(S·c − lse)`` in the epilogue 491 us.
   An epilogue that first loads operand tiles (``epilogue_waits``) waits a memory latency every
   round of the busiest SM (the co-resident blocks wait at the same time);
+* **a ring's fill** (``fill_share``): a kernel whose blocks run one tile each, started together,
+  fills its ring and drains it in step with its neighbours, so that share of the loop's smaller
+  time (compute or HBM) adds to the larger; an SM holding more than ``FILL_LOCKED_BLOCKS`` (2)
+  blocks hides part of it, in proportion (:func:`exposed_fill_share`; the constant is fitted to
+  three H200 measurements, named there);
 * **calibrated factors**: ``family=`` applies the profile's ``efficiency[family]`` fractions
   (written by the calibration step; none on datasheet profiles).
 
@@ -80,8 +85,9 @@ from .roofline import LAUNCH_OVERHEAD_S, TENSOR_PATHS, Efficiency, Prediction, W
 
 __all__ = ["LaunchAssumptions", "LaunchShape", "KernelPrediction", "SchedulePrediction", "PreparedKernel",
            "PreparedSchedule", "MEMORY_LATENCY_S", "LatencyChain", "kernel_work", "residency", "launch_from_cost",
-           "family_efficiency", "latency_floor", "exposed_fill_share", "FILL_LOCKED_BLOCKS", "block_latency", "reduction_latency_clk", "predict_kernel",
-           "prepare_schedule", "predict_prepared", "predict_schedule", "explain_assumptions"]
+           "family_efficiency", "latency_floor", "exposed_fill_share", "FILL_LOCKED_BLOCKS", "block_latency",
+           "reduction_latency_clk", "predict_kernel", "prepare_schedule", "predict_prepared", "predict_schedule",
+           "explain_assumptions"]
 
 #: The default latency of an HBM access under load, seconds, for the bytes-in-flight floor when a
 #: profile does not say (an estimate: loaded HBM latency on A100/H100-class parts is several
