@@ -218,19 +218,26 @@ def test_a_pair_reduction_at_infinities_and_nan(case, dtype):
     T = {"bf16": torch.bfloat16, "fp32": torch.float32}[dtype]
     X = X.to(T)
     ref = d.reference({"X": X.double()}, dtype=torch.float64)
-    cands = pw.FAMILY.candidates(d, "h100", dtype)
+    for name, i, o, r in _each_pick(d, X, ref, "h100", dtype, poison=12345.0):
+        assert torch.equal(torch.isnan(o), torch.isnan(r)), (name, i, o, r)
+        ok = ~torch.isnan(r)
+        assert torch.equal(torch.isinf(o[ok]), torch.isinf(r[ok])) and torch.equal(o[ok].sign(), r[ok].sign())
+        fin = ok & torch.isfinite(r)
+        err = float((o[fin] - r[fin]).norm() / r[fin].norm())
+        assert err < TOLERANCE[dtype], (name, i, err)
+
+
+def _each_pick(d, X, ref, profile, dtype, *, poison):
+    """Every configuration kind of the pointwise family for ``d`` (:func:`spread_and_split_picks`
+    of the candidates ranked on ``profile``), run on ``X`` into outputs filled with ``poison``:
+    yields (output name, candidate index, the output as float64 on the CPU, its reference)."""
+    cands = pw.FAMILY.candidates(d, profile, dtype)
     for i in spread_and_split_picks(cands):
         cd = napkin_compile(d, schedule=cands[i], family="pointwise")
-        outs = cd(X=X.cuda(), out=cd.empty_outputs("cuda", 12345.0))
+        outs = cd(X=X.cuda(), out=cd.empty_outputs("cuda", poison))
         outs = outs if isinstance(outs, tuple) else (outs,)
         for name, o in zip(cd.output_names, outs):
-            o, r = o.double().cpu(), ref[name]
-            assert torch.equal(torch.isnan(o), torch.isnan(r)), (name, i, o, r)
-            ok = ~torch.isnan(r)
-            assert torch.equal(torch.isinf(o[ok]), torch.isinf(r[ok])) and torch.equal(o[ok].sign(), r[ok].sign())
-            fin = ok & torch.isfinite(r)
-            err = float((o[fin] - r[fin]).norm() / r[fin].norm())
-            assert err < TOLERANCE[dtype], (name, i, err)
+            yield name, i, o.double().cpu(), ref[name]
 
 
 @pytest.mark.parametrize("dtype", ["bf16", "fp16"])
@@ -262,19 +269,13 @@ def test_a_16bit_pair_far_from_zero_with_infinities_in_some_rows(build, sizes, d
     T = {"bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
     X = X.to(T)
     ref = d.reference({"X": X.double()}, dtype=torch.float64)
-    cands = pw.FAMILY.candidates(d, "h200", dtype)
-    for i in spread_and_split_picks(cands):
-        cd = napkin_compile(d, schedule=cands[i], family="pointwise")
-        outs = cd(X=X.cuda(), out=cd.empty_outputs("cuda", math.nan))
-        outs = outs if isinstance(outs, tuple) else (outs,)
-        for name, o in zip(cd.output_names, outs):
-            o, r = o.double().cpu(), ref[name]
-            assert torch.equal(torch.isnan(o), torch.isnan(r)), (name, i, o, r)
-            ok = ~torch.isnan(r)
-            assert torch.equal(torch.isinf(o[ok]), torch.isinf(r[ok])), (name, i)
-            fin = ok & torch.isfinite(r)
-            err = float(((o[fin] - r[fin]).abs() / r[fin].abs().clamp_min(1.0)).max())
-            assert err < TOLERANCE[dtype], (name, i, err)
+    for name, i, o, r in _each_pick(d, X, ref, "h200", dtype, poison=math.nan):
+        assert torch.equal(torch.isnan(o), torch.isnan(r)), (name, i, o, r)
+        ok = ~torch.isnan(r)
+        assert torch.equal(torch.isinf(o[ok]), torch.isinf(r[ok])), (name, i)
+        fin = ok & torch.isfinite(r)
+        err = float(((o[fin] - r[fin]).abs() / r[fin].abs().clamp_min(1.0)).max())
+        assert err < TOLERANCE[dtype], (name, i, err)
 
 
 def max_all():
