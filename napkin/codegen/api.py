@@ -68,6 +68,7 @@ class CompiledDiagram:
         self._out_shapes = {n: tuple(a.bound_size for a in v.axes)
                             for n, v in zip(self.diagram.output_names, self.diagram.outputs)}
         self._out_dtypes = {n: v.dtype for n, v in zip(self.diagram.output_names, self.diagram.outputs)}
+        self._input_order = self.diagram.input_names  # (the fast path orders inputs given by name)
         # the arrays as the kernels see them: where the plan folds axes, the program's shapes (same
         # bytes). A tensor map is made in these: a sum over (h, d) folded reads one K axis of h·d,
         # not rows of d
@@ -195,13 +196,25 @@ class CompiledDiagram:
     def __call__(self, *tensors, out=None, **by_name):
         """Run the diagram on torch CUDA tensors (by position in ``diagram.inputs`` order, or by
         name). Returns the output tensor, or a tuple of them in ``output_names`` order."""
-        if out is None and not by_name:
+        if out is None:
             r = self._last
             if r is not None:
-                res = r.fast(tensors)
+                args = tensors if not by_name else self._by_position(tensors, by_name)
+                res = r.fast(args) if args is not None else None
                 if res is not None:
                     return res
         return self._call_checked(tensors, out, by_name)
+
+    def _by_position(self, tensors, by_name):
+        """The inputs given by name, in the diagram's order, when every one is given that way and
+        nothing else is (None otherwise: the checked path binds them, or names what is wrong)."""
+        order = self._input_order
+        if tensors or len(by_name) != len(order):
+            return None
+        try:
+            return tuple(by_name[n] for n in order)
+        except KeyError:
+            return None
 
     def _call_checked(self, tensors, out, by_name):
         """Every check, each failure one LaunchError naming the argument; then the launches."""

@@ -7,7 +7,7 @@ call being captured into a CUDA graph given fresh buffers that are not kept. The
 (a transformer block at sizes that are no tile multiples, so its intermediates have odd byte
 counts, in bf16 and fp32) through the checked path (NaN-poisoned ``out`` tensors, against the
 float64 reference rounded at the kernels' boundaries) and through the fast path (positional
-inputs), and hold that the two give the same bits, call after call.
+inputs, and every input by name), and hold that the two give the same bits, call after call.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from napkin.codegen.api import ARENA_ALIGN, arena_layout
+from napkin.errors import LaunchError
 
 
 @given(st.lists(st.integers(min_value=0, max_value=10_000_000), max_size=40))
@@ -57,6 +58,33 @@ def test_gpu_programs_with_buffers_in_one_arena(dtype):
             for n, f in zip(k.output_names, fast):
                 c = checked[n]
                 assert torch.equal(f.view(torch.uint8), c.view(torch.uint8)), (dtype, seed, n)
+        # every input by name, no out: the fast path too (the checked path would raise here)
+        k._call_checked = _refuse
+        try:
+            named = k(**{n: ins[n] for n in reversed(d.input_names)})
+        finally:
+            del k._call_checked
+        named = named if isinstance(named, tuple) else (named,)
+        for n, f in zip(k.output_names, named):
+            assert torch.equal(f.view(torch.uint8), checked[n].view(torch.uint8)), (dtype, seed, n)
+    # a name that is not an input still gets the checked path's message
+    with pytest.raises(LaunchError, match="has no input 'nope'"):
+        k(**{**{n: ins[n] for n in d.input_names[1:]}, "nope": ins[d.input_names[0]]})
+
+
+def _refuse(*args, **kwargs):
+    raise AssertionError("the checked path ran for inputs the fast path takes")
+
+
+def test_inputs_given_by_name_are_put_in_order_only_when_every_one_is():
+    from napkin.codegen.api import CompiledDiagram
+
+    cd = object.__new__(CompiledDiagram)
+    cd._input_order = ("A", "B")
+    assert cd._by_position((), {"B": 2, "A": 1}) == (1, 2)
+    assert cd._by_position((1,), {"B": 2}) is None      # some by position: the checked path binds
+    assert cd._by_position((), {"A": 1}) is None         # one missing: the checked path names it
+    assert cd._by_position((), {"A": 1, "C": 3}) is None  # one unknown: the same
 
 
 @pytest.mark.gpu
