@@ -333,14 +333,16 @@ def cost(name: NameArg, size: SizesOpt = None, gpu: GpuOpt = DEFAULT_GPU, dtype:
 
 
 def _assumptions(plan) -> list[dict]:
-    """Every named assumption of the prediction (profile and family fields), JSON-safe."""
+    """Every named assumption of the prediction (profile fields, and each kernel's launch facts as
+    its family states them), JSON-safe."""
+    from .codegen.planner import kernel_predictions
     from .perfmodel.hardware import get_gpu
     from .perfmodel import predict
 
     explain_fn = getattr(predict, "explain_assumptions", None)
     if explain_fn is None:
         return []
-    rows = explain_fn(get_gpu(plan.gpu))
+    rows = explain_fn(get_gpu(plan.gpu), kernels=kernel_predictions(plan))
     return [{"name": str(n), "value": v if isinstance(v, (int, float, str)) else str(v), "source": str(src)}
             for n, v, src in rows]
 

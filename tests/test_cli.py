@@ -676,6 +676,22 @@ def test_user_file_prints_go_to_stderr_so_json_stays_json(tmp_path, command):
         assert "hello from import" in err and "hello from make" in err
 
 
+def test_cost_explain_lists_each_kernels_launch_facts():
+    """``--explain`` names, beside the profile's estimates, the launch facts each kernel's family
+    states (a short batched product on mma.sync tiles: its ring's fill share, its epilogue phase),
+    in text and in JSON."""
+    args = ["cost", "batched_matmul", "-s", "n=2048", "-s", "a=64", "-s", "b=64", "-s", "c=64", "--gpu", "h200"]
+    code, out, err = invoke(*args, "--explain")
+    assert code == 0, err
+    kernel = re.search(r"kernel\[(\w+)\]\.fill_share = ([\d.]+)", out)
+    assert kernel and 0 < float(kernel.group(2)) <= 1, out
+    assert f"kernel[{kernel.group(1)}].epilogue_hbm_bytes" in out and "FILL_LOCKED_BLOCKS = 2" in out
+    code, out, err = invoke(*args, "--explain", "--json")
+    assert code == 0, err
+    names = {a["name"] for a in json.loads(out)["assumptions"]}
+    assert f"kernel[{kernel.group(1)}].fill_share" in names and "memory_latency_s" in names
+
+
 def test_user_file_can_define_a_dataclass(tmp_path):
     """The file's module is in sys.modules while it runs (dataclasses look it up there)."""
     (tmp_path / "dc.py").write_text("import dataclasses\n@dataclasses.dataclass\nclass P:\n    n: int = 1\n" + GOOD)

@@ -849,9 +849,7 @@ def plan_schedule(diagram, schedule: Schedule, gpu=None, *, family=None, dtype: 
         if why is not None:
             raise CodegenError(f"family {fam.name} cannot generate kernel {k.name} of {d.name!r}: {why}")
         kernel = k.replace(family=fam.name)
-        arrays = {sub.name_of(v) for v in (*sub.inputs, *sub.nodes)}
-        one = Schedule(sub, (kernel.replace(boxes=kept, placement=tuple(p for p in k.placement if p[0] in arrays)),),
-                       g.key, dt)
+        one = _kernel_alone(sub, kept, kernel, g.key, dt)
         try:
             r = predict_schedule(sub, fam, one, g)
             seconds, bound = r.seconds, r.bound
@@ -859,6 +857,46 @@ def plan_schedule(diagram, schedule: Schedule, gpu=None, *, family=None, dtype: 
             seconds, bound = math.inf, f"refused by the model: {e}"
         kernels.append(PlannedKernel(kernel, seconds, bound, "as given"))
     return _with_fallback_note(Plan(d, g.key, arch, dt, tuple(kernels)))
+
+
+def _kernel_alone(sub: Diagram, kept, kernel, gpu_key: str, dtype: str) -> Schedule:
+    """The one-kernel schedule of ``kernel`` over its sub-diagram ``sub`` (its boxes as
+    :func:`~napkin.codegen.partition.kernel_problem` kept them, its placements of the arrays
+    ``sub`` holds): what the one prediction function ranks for that kernel."""
+    arrays = {sub.name_of(v) for v in (*sub.inputs, *sub.nodes)}
+    return Schedule(sub, (kernel.replace(boxes=kept, placement=tuple(p for p in kernel.placement if p[0] in arrays)),),
+                    gpu_key, dtype)
+
+
+def kernel_predictions(plan: Plan) -> list:
+    """The performance model's :class:`~napkin.perfmodel.predict.KernelPrediction` of each kernel of
+    ``plan`` with its family's launch (residency, roofline, latency chain, the launch facts the
+    family states), as the planner predicted it; a kernel the model refuses is left out. For
+    ``napkin cost --explain``.
+
+    >>> from napkin.diagrams import library
+    >>> plan = derive(library.get("softmax").with_dtype("bf16").bind(r=4096, x=4096), "h100").plan
+    >>> [k.name for k in kernel_predictions(plan)] == [k.name for k in plan.kernels]
+    True
+    """
+    from . import families as fam_registry
+    from .select import predict_schedule, resolve_gpu
+
+    g = resolve_gpu(plan.gpu)
+    out = []
+    for pk in plan.kernels:
+        sub, kept = kernel_problem(plan.diagram, pk.kernel.boxes, pk.name)
+        try:
+            r = predict_schedule(sub, fam_registry.get(pk.family), _kernel_alone(sub, kept, pk.kernel, g.key,
+                                                                                  plan.dtype), g)
+        except ScheduleError:
+            continue
+        if r.kernel is not None:
+            out.append(r.kernel)
+    return out
+
+
+__all__ += ["kernel_predictions"]
 
 
 def _with_fallback_note(plan: Plan) -> Plan:

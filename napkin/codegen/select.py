@@ -24,7 +24,7 @@ combine) states its extra launches and HBM bytes there too (:func:`extra_pass_se
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Mapping
 
 from ..diagrams.diagram import Diagram
@@ -47,13 +47,16 @@ last_cost_problem: str | None = None
 
 @dataclass(frozen=True)
 class Ranked:
-    """One candidate with its prediction (``source``: "cost" or "local")."""
+    """One candidate with its prediction (``source``: "cost" or "local"); ``kernel``: the model's
+    :class:`~napkin.perfmodel.predict.KernelPrediction` behind it (its launch, residency, roofline
+    and latency chain), for explaining it."""
 
     schedule: Schedule
     seconds: float
     source: str
     detail: str = ""
     bound: str = ""
+    kernel: object = field(default=None, compare=False, repr=False)
 
 
 def resolve_gpu(gpu=None):
@@ -385,14 +388,14 @@ def predict_schedule(diagram: Diagram, family, schedule: Schedule, gpu, *, effic
         k = p.kernels[0]
         if shape is not None:
             detail = f"blocks {k.blocks}, {k.blocks_per_sm} per SM, {p.bound}-bound"
-        return Ranked(schedule, p.seconds + extra, "cost", detail, p.bound)
+        return Ranked(schedule, p.seconds + extra, "cost", detail, p.bound, k)
     work = local_work(schedule, tensor_cores=name in ("contraction", "attention")
                       and schedule.dtype in MMA_SYNC_DTYPES)
     kp = predict_kernel(gpu, work, shape, name=name or "kernel", efficiency=family_efficiency(gpu, name, eff))
     if shape is not None:
         detail = f"blocks {kp.blocks}, {kp.blocks_per_sm} per SM, {kp.bound}-bound"
     extra += max(0, len(schedule.kernels) - 1) * LAUNCH_OVERHEAD_S
-    return Ranked(schedule, kp.seconds + extra, "local", detail, kp.bound)
+    return Ranked(schedule, kp.seconds + extra, "local", detail, kp.bound, kp)
 
 
 def rank(diagram: Diagram, family, gpu, dtype: str | None = None) -> list[Ranked]:

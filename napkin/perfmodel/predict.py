@@ -683,7 +683,8 @@ def predict_schedule(schedule, gpu: GPU | str | None = None, *, sizes=None, the_
 # ----------------------------------------------------------------------------- assumptions
 
 
-def explain_assumptions(gpu: GPU | str, prediction: SchedulePrediction | None = None) -> list[tuple[str, object, str]]:
+def explain_assumptions(gpu: GPU | str, prediction: SchedulePrediction | None = None, *,
+                        kernels: Sequence[KernelPrediction] = ()) -> list[tuple[str, object, str]]:
     """Every number the prediction uses that is not a datasheet fact, as ``(name, value,
     source)`` rows, for ``napkin cost --explain``.
 
@@ -702,7 +703,8 @@ def explain_assumptions(gpu: GPU | str, prediction: SchedulePrediction | None = 
     the :class:`LaunchShape` facts it used (threads per row, stream steps, reductions, bytes in
     flight, idle lanes, tensor path, overlap overrides), saying whether the launch was given
     by a family or assumed (:class:`LaunchAssumptions`) and whether a value was filled from the
-    cost model.
+    cost model. ``kernels``: the same per-kernel facts for kernels predicted one by one (a plan's,
+    each with its family's launch), where there is no one prediction of the whole schedule.
     """
     g = get_gpu(gpu) if not isinstance(gpu, GPU) else gpu
     rows: list[tuple[str, object, str]] = []
@@ -721,23 +723,27 @@ def explain_assumptions(gpu: GPU | str, prediction: SchedulePrediction | None = 
         rows.append((f"measured.{k}", v, g.sources.get(f"measured.{k}") or f"measured ({g.source})"))
     launch_s = launch_overhead_of(g)
     src = g.source_of("launch_overhead_s")
-    if prediction is not None and prediction.kernels:
-        used = prediction.kernels[0].roofline.launch_overhead_s
+    kernels = tuple(prediction.kernels) if prediction is not None else tuple(kernels)
+    if kernels:
+        used = kernels[0].roofline.launch_overhead_s
         if used != launch_s:
             launch_s, src = used, "given by the caller (launch_overhead_s=)"
     rows.append(("launch_overhead_s", launch_s, src))
     rows.append(("MMA_ROW_THREADS", MMA_ROW_THREADS,
                  "PTX ISA: an mma.m16n8 accumulator row is held by the 4 threads of a quad (the width of "
                  "a row reduction on tensor-core accumulators when a launch does not say)"))
+    rows.append(("FILL_LOCKED_BLOCKS", FILL_LOCKED_BLOCKS,
+                 "fitted: co-resident blocks an SM holds whose ring fills stay in step (more hide part of "
+                 "the fill, in proportion); three H200 bf16 mma.sync measurements at 2, 4 and 12 blocks an SM"))
     la = LaunchAssumptions()
     for f in ("threads_per_block", "max_threads_per_block", "target_regs_per_thread", "base_regs_per_thread"):
         rows.append((f"LaunchAssumptions.{f}", getattr(la, f),
                      "assumption: the launch the model stands in for a kernel no family describes"))
-    if prediction is None:
+    if not kernels:
         return rows
     base = Efficiency()
     seen_eff = set()
-    for kp in prediction.kernels:
+    for kp in kernels:
         eff = kp.roofline.efficiency
         for f in ("tensor", "cuda", "sfu", "hbm", "l2", "smem", "rf", "overlap_compute", "overlap_memory",
                   "overlap_operands"):

@@ -195,7 +195,7 @@ def test_explain_assumptions_lists_every_named_constant(h100):
     names = {n for n, _, _ in rows}
     for n in ("memory_latency_s", "step_overhead_clk", "shuffle_latency_clk", "sync_latency_clk",
               "mma_sync_fraction", "launch_overhead_s", "L2.bandwidth", "SMEM.bandwidth",
-              "LaunchAssumptions.threads_per_block"):
+              "LaunchAssumptions.threads_per_block", "FILL_LOCKED_BLOCKS"):
         assert n in names, n
     assert all(isinstance(src, str) and src for _, _, src in rows)
     assert dict((n, v) for n, v, _ in rows)["step_overhead_clk"] == h100.step_overhead_clk
