@@ -25,13 +25,16 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Mapping
+from typing import TYPE_CHECKING, Mapping
 
 from ..diagrams.diagram import Diagram
 from ..diagrams.functions import get_function
 from ..dtypes import dtype as lookup_dtype
 from ..errors import CodegenError, NapkinError, ScheduleError
 from ..perfmodel.schedule import Schedule
+
+if TYPE_CHECKING:  # the model's per-kernel prediction (napkin.perfmodel.predict imports the cost model)
+    from ..perfmodel.predict import KernelPrediction
 
 __all__ = ["rank_candidates", "predict_schedule", "launch_shape", "model_work", "local_work",
            "model_footprint", "resolve_gpu", "Ranked", "MEMORY_LATENCY_S", "FAMILY_EXECUTION",
@@ -56,7 +59,7 @@ class Ranked:
     source: str
     detail: str = ""
     bound: str = ""
-    kernel: object = field(default=None, compare=False, repr=False)
+    kernel: "KernelPrediction | None" = field(default=None, compare=False, repr=False)
 
 
 def resolve_gpu(gpu=None):
