@@ -90,3 +90,68 @@ def spread_and_split_picks(cands) -> list[int]:
     and last that split their reduction (``options.splits`` > 1)."""
     split = [i for i, sc in enumerate(cands) if (getattr(sc.kernels[0].options, "splits", 1) or 1) > 1]
     return sorted({0, len(cands) // 2, len(cands) - 1, *split[:1], *split[-1:]})
+
+
+def sanitize_module():
+    """``benchmarks/sanitize.py`` as a module: its ``CASES`` hold one planned kernel of every
+    template at edge shapes (each naming the template it is there for)."""
+    import importlib.util
+
+    name = "napkin_sanitize"
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / "sanitize.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod  # dataclasses look their module up while the class is built
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def nvrtc_library():
+    """NVRTC from the ``nvidia-cuda-nvrtc`` wheel (a test dependency) through ctypes, or None where
+    it is not installed. It is the compiler napkin's kernels meet at run time (through CuPy), whose
+    JIT mode refuses what nvcc takes, such as a function with no ``__device__`` annotation."""
+    import ctypes
+    import importlib.util
+
+    try:
+        spec = importlib.util.find_spec("nvidia")
+    except (ImportError, ValueError):
+        return None
+    for root in (spec.submodule_search_locations if spec is not None else None) or ():
+        for lib in sorted(Path(root).glob("cu*/lib/libnvrtc.so.*")):
+            if ".alt." in lib.name:
+                continue
+            try:
+                # NVRTC opens its builtins library by name at the first compile: loaded first,
+                # globally, it is found without LD_LIBRARY_PATH
+                for builtins in lib.parent.glob("libnvrtc-builtins.so.*"):
+                    if ".alt." not in builtins.name:
+                        ctypes.CDLL(str(builtins), mode=ctypes.RTLD_GLOBAL)
+                return ctypes.CDLL(str(lib))
+            except OSError:
+                continue
+    return None
+
+
+def nvrtc_errors(lib, source: str, filename: str, options: list[str]) -> str | None:
+    """Compile ``source`` with NVRTC ``lib`` (:func:`nvrtc_library`): None when it compiles, else the
+    compiler's log."""
+    import ctypes
+
+    prog = ctypes.c_void_p()
+    rc = lib.nvrtcCreateProgram(ctypes.byref(prog), source.encode(), filename.encode(), 0, None, None)
+    if rc != 0:
+        return f"nvrtcCreateProgram failed with code {rc}"
+    try:
+        opts = (ctypes.c_char_p * len(options))(*(o.encode() for o in options))
+        rc = lib.nvrtcCompileProgram(prog, len(options), opts)
+        if rc == 0:
+            return None
+        size = ctypes.c_size_t()
+        lib.nvrtcGetProgramLogSize(prog, ctypes.byref(size))
+        log = ctypes.create_string_buffer(size.value)
+        lib.nvrtcGetProgramLog(prog, log)
+        return log.value.decode(errors="replace") or f"nvrtcCompileProgram failed with code {rc}"
+    finally:
+        lib.nvrtcDestroyProgram(ctypes.byref(prog))

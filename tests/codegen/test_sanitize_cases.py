@@ -8,11 +8,10 @@ without a sanitizer case fails this test.
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
+from napkin_test_support import sanitize_module
 
 ROOT = Path(__file__).resolve().parents[2]
 TEMPLATES = sorted(p.name for p in (ROOT / "napkin" / "codegen" / "templates").glob("*.cu.jinja"))
@@ -25,15 +24,7 @@ def hopper_only(template: str) -> bool:
     return "wgmma" in template or "fp8" in template
 
 
-def _sanitize_module():
-    spec = importlib.util.spec_from_file_location("napkin_sanitize", ROOT / "benchmarks" / "sanitize.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod  # dataclasses look their module up while the class is built
-    spec.loader.exec_module(mod)
-    return mod
-
-
-SANITIZE = _sanitize_module()
+SANITIZE = sanitize_module()
 
 
 @pytest.mark.parametrize("target", sorted(GPUS_OF_TARGET))
