@@ -155,3 +155,15 @@ def nvrtc_errors(lib, source: str, filename: str, options: list[str]) -> str | N
         return log.value.decode(errors="replace") or f"nvrtcCompileProgram failed with code {rc}"
     finally:
         lib.nvrtcDestroyProgram(ctypes.byref(prog))
+
+
+def contraction_prediction(bd, cfg, gpu: str):
+    """The contraction family's launch for configuration ``cfg`` of the bound diagram ``bd``, and the
+    model's KernelPrediction of that kernel on profile ``gpu``: ``(LaunchShape, KernelPrediction)``."""
+    from napkin.codegen.families.contraction import FAMILY
+    from napkin.codegen.select import launch_shape
+    from napkin.perfmodel.predict import predict_schedule
+
+    s = FAMILY.schedule(bd, cfg, gpu=gpu).padded_view()
+    shape = launch_shape(bd, FAMILY, s, gpu)
+    return shape, predict_schedule(s, gpu, launch=shape, family="contraction").kernels[0]

@@ -18,6 +18,7 @@ float64 on shapes that are not tile multiples, NaN-poisoned outputs (``napkin.co
 from __future__ import annotations
 
 import pytest
+from napkin_test_support import contraction_prediction
 
 from napkin.codegen.families.contraction import (FAMILY, MMA_CONFIGS, WGMMA_CONFIGS, WGMMA_PINGPONG_CONFIGS,
                                                  MatmulConfig, analyze, epilogue_tiles)
@@ -98,13 +99,8 @@ def test_no_staging_on_the_simt_template_or_a_split_sum():
 
 # ---------------------------------------------------------------------------- CPU: the model
 
-def _kernel_prediction(bd, cfg, gpu="h100"):
-    from napkin.codegen.select import launch_shape
-    from napkin.perfmodel.predict import predict_schedule
-
-    s = FAMILY.schedule(bd, cfg, gpu=gpu).padded_view()
-    shape = launch_shape(bd, FAMILY, s, gpu)
-    return shape, predict_schedule(s, gpu, launch=shape, family="contraction").kernels[0]
+def _kernel_prediction(bd, cfg):
+    return contraction_prediction(bd, cfg, "h100")
 
 
 def _wgmma(cfg: tuple, pingpong: bool = False, splits: int = 1) -> MatmulConfig:

@@ -14,6 +14,7 @@ persistent wgmma tile, whose producer loads the next tile behind the current one
 from __future__ import annotations
 
 import pytest
+from napkin_test_support import contraction_prediction
 
 from napkin.codegen import select
 from napkin.codegen.families.contraction import (FAMILY, MMA_CONFIGS, TF32X3_SMALL_CONFIGS, WGMMA_CONFIGS,
@@ -22,12 +23,8 @@ from napkin.diagrams import library
 from napkin.perfmodel.predict import exposed_fill_share
 
 
-def _shape_and_kernel(bd, cfg, gpu="h200"):
-    from napkin.perfmodel.predict import predict_schedule
-
-    s = FAMILY.schedule(bd, cfg, gpu=gpu).padded_view()
-    shape = select.launch_shape(bd, FAMILY, s, gpu)
-    return shape, predict_schedule(s, gpu, launch=shape, family="contraction").kernels[0]
+def _shape_and_kernel(bd, cfg):
+    return contraction_prediction(bd, cfg, "h200")
 
 
 def _bmm(k: int, n: int = 512):
