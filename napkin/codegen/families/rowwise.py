@@ -469,6 +469,50 @@ def _is_plain_row(shape: RowwiseShape, v: Value) -> bool:
     return tuple(a for a in v.axis_names if a != shape.x) == shape.row_axes and shape.x in v.axis_names
 
 
+def rotation_source(shape: "RowwiseShape | ChainShape") -> Value | None:
+    """The input whose rows the chunk grid is rotated for, where a row is not a whole number of
+    16-byte vectors, else None. Row r of 4095 bf16 values starts ``r·8190`` bytes in, on a 16-byte
+    boundary only every eighth row, and on a grid starting at the row's first value all but those
+    rows load value by value (H200, softmax over 4096 x 4095 bf16: 62 us a call, four times the
+    copy time). On a rotated grid, position ``q`` holds column ``(q + rot) mod XSIZE`` with ``rot``
+    the row's values before its first 16-byte boundary: every whole chunk of this input (and of
+    each array laid out as it is) is one aligned access, and the row's tail and head share its last
+    chunk, read value by value; the grid keeps its number of chunks. The input is the first read
+    row after row (the norm's input where it is one). Reductions over the row and row-shaped
+    outputs do not mind where a column sits on the grid; a kernel with column reductions keeps
+    its grid (its threads own fixed columns across rows), and so do a row shorter than a vector
+    (no whole chunk to align) and a streamed chain (its lowering says why). 16-bit rows only: an
+    fp32 row's value-by-value loads still fill whole 32-byte sectors (the softmax above in fp32 ran
+    at 81 % of the copy rate unrotated), and the rotated grid's wrapped chunk cost its kernels
+    registers (nvcc, sm_90a: 68 bytes spilled at the fp32 softmax's budget of 72).
+
+    After (H200, bf16, a call, L2 flushed): that softmax 23.8 us (was 62.6), layernorm over 8191 x
+    1001 14.9 (33.2), an L2 normalisation over 1000 x 12347 17.2 (65.4)."""
+    if lookup_dtype(shape.dtype).bytes != 2 or shape.xsize % shape.vec == 0 or shape.xsize < shape.vec:
+        return None
+    d = shape.diagram
+    if isinstance(shape, ChainShape):
+        if shape.cols:
+            return None
+        rows = [v for v in d.inputs
+                if shape.access.get(id(v)) == "row" and v.axis_names == (*shape.row_axes, *shape.red)]
+    else:
+        used = {id(a) for b in d.nodes for a in b.args}
+        rows = [v for v in d.inputs if id(v) in used and _is_plain_row(shape, v)]
+        first = shape.norm.args[0]
+        rows.sort(key=lambda v: v is not first)
+    return rows[0] if rows else None
+
+
+def body_chunks(shape: "RowwiseShape | ChainShape", cfg: "Config | ChainConfig") -> int:
+    """On a rotated grid, the chunks ``c`` of every thread that lie inside the row whatever the
+    rotation (chunk ``c·TPR + lane`` ends at most ``VEC − 1`` values past its unrotated end): their
+    loads and stores need no wrap or bounds check, which keeps the kernel's registers (the check
+    on every chunk of a 64-value thread spilled 48 bytes)."""
+    inside = (shape.xsize - shape.vec + 1) // shape.vec
+    return inside // cfg.threads_per_row
+
+
 def lower_shape(shape: RowwiseShape, cfg: Config, schedule: Schedule, arch: str,
                 kernel_name: Code) -> KernelLaunch:
     d = shape.diagram
@@ -567,6 +611,12 @@ def lower_shape(shape: RowwiseShape, cfg: Config, schedule: Schedule, arch: str,
     threads = cfg.threads
     chunks = -(-shape.xsize // cfg.vec)
     even = chunks * cfg.vec == shape.xsize and chunks == cfg.chunks_per_thread * cfg.threads_per_row
+    rot = rotation_source(shape)
+
+    def rot_load(v: Value) -> Code:
+        """The rotated grid's load of ``v``: the rotation's own input is aligned by construction."""
+        return Code("load_vec_rot_own" if v is rot else "load_vec_rot")
+
     nrows = shape.nrows
     grid = (-(-nrows // cfg.rows_per_block), 1, 1)
     sched_lines = [f"rows ({legend_rows}) grouped per block: g = ROWS_PER_BLOCK = {cfg.rows_per_block} rows "
@@ -577,6 +627,9 @@ def lower_shape(shape: RowwiseShape, cfg: Config, schedule: Schedule, arch: str,
                    f"{x} (normalised) held whole in registers: {cfg.chunks_per_thread} x {cfg.vec} values "
                    "per thread, fp32",
                    "HBM: every input read once, every output written once (no SMEM round trip)"]
+    if rot is not None:
+        sched_lines.append(f"rows of {shape.xsize} values are not whole 16-byte vectors: each row's grid is "
+                           f"rotated to start where {name(rot)}'s row meets a 16-byte boundary")
     sched_lines += [f"schedule: {r}" for k in schedule.kernels for r in k.relabels]
     ctx = dict(
         kernel=kernel_name, T=T, dtype=shape.dtype, kind=shape.kind, eps=float(shape.eps),
@@ -590,9 +643,13 @@ def lower_shape(shape: RowwiseShape, cfg: Config, schedule: Schedule, arch: str,
         TPR=cfg.threads_per_row, RPB=cfg.rows_per_block, VEC=cfg.vec, CPT=cfg.chunks_per_thread,
         REGS=regs_estimate(shape, cfg), THREADS=threads, XSIZE=shape.xsize, NROWS=c_i64(nrows), EVEN=even, block_mode=cfg.block_mode,
         params=params, row_index=row_index, offsets=offsets, row_scalars=row_scalars,
-        pre_loads=[(ident(name(a), "ld_"), ident(name(a), "in_"), ident(name(a), "off_")) for a in pre_loads],
-        post_loads=[(ident(name(a), "ld_"), ident(name(a), "in_"), ident(name(a), "off_")) for a in post_inputs],
+        pre_loads=[(ident(name(a), "ld_"), ident(name(a), "in_"), ident(name(a), "off_"), rot_load(a))
+                   for a in pre_loads],
+        post_loads=[(ident(name(a), "ld_"), ident(name(a), "in_"), ident(name(a), "off_"), rot_load(a))
+                    for a in post_inputs],
         pre_elem=pre_elem, post_elem=post_elem, norm_in=ident(name(u), "a_"), kept=kept,
+        ROT=rot is not None, BODY=body_chunks(shape, cfg),
+        rot_src=None if rot is None else Code(f"{ident(name(rot), 'in_')} + {ident(name(rot), 'off_')}"),
         norm_out=ident(name(shape.norm), "a_"), stores=stores,
         schedule_lines=[comment(s) for s in sched_lines], arch=comment(arch),
         diagram=comment(d.name),
@@ -1519,6 +1576,9 @@ def lower_chain(shape: ChainShape, cfg: ChainConfig, schedule: Schedule, arch: s
                         half=half_math(shape.dtype))
         return Code(f"const float {ident(name(b), 'a_')} = {expr};")
 
+    # a streamed row keeps its grid: its loop over chunks is not unrolled, so no chunk's checks fold
+    # away (nvcc spilled 100-400 bytes on the rotated grid of a streamed log-softmax over 70001)
+    rot = rotation_source(shape) if not cfg.stream else None
     # with column reductions a block loops over row groups: the first pass's loads of the arrays laid
     # out row after row (and the per-row scalars) for the group ``prefetch`` groups ahead are issued
     # while this group is worked on (into registers), so a block keeps that many groups' loads in
@@ -1597,6 +1657,10 @@ def lower_chain(shape: ChainShape, cfg: ChainConfig, schedule: Schedule, arch: s
                 loads.append(Code(f"{buf}[u] = {ident(nm, 'pf_')}[d][u];"))
                 loads.append(Code(f"napkin::load_vec({ident(nm, 'pf_')}[d][u], {ident(nm, 'in_')} + next_row * "
                                   f"{c_i64(shape.xsize)}, col0, next_limit, napkin::zero<T>());"))
+            elif any(v is w for w in vecs) and rot is not None:
+                fn = "load_vec_rot_own" if v is rot else "load_vec_rot"
+                loads.append(Code(f"napkin::{fn}({buf}[u], {ident(nm, 'in_')} + {ident(nm, 'off_')}, "
+                                  "col0, rot, limit, napkin::zero<T>(), c0 + u < BODY_CHUNKS);"))
             elif any(v is w for w in vecs):
                 loads.append(Code(f"napkin::load_vec({buf}[u], {ident(nm, 'in_')} + {ident(nm, 'off_')}, col0, "
                                   "limit, napkin::zero<T>());"))
@@ -1642,6 +1706,9 @@ def lower_chain(shape: ChainShape, cfg: ChainConfig, schedule: Schedule, arch: s
                    f"the row ({', '.join(red)}), {shape.xsize} values, {shape.passes} pass(es) over it, {mode}",
                    "reductions in fp32: per-thread partials, then "
                    + ("block reductions" if cfg.block_mode else f"{cfg.threads_per_row}-lane shuffles")]
+    if rot is not None:
+        sched_lines.append(f"rows of {shape.xsize} values are not whole 16-byte vectors: each row's grid is "
+                           f"rotated to start where {name(rot)}'s row meets a 16-byte boundary")
     if shape.cols:
         sched_lines.append(f"column reductions ({', '.join(name(c.result) for c in shape.cols)}): SPLITS = "
                            f"{cfg.splits} blocks, {cfg.iterations(shape)} row group(s) each, PREFETCH = "
@@ -1662,6 +1729,8 @@ def lower_chain(shape: ChainShape, cfg: ChainConfig, schedule: Schedule, arch: s
         TPR=cfg.threads_per_row, RPB=cfg.rows_per_block, VEC=cfg.vec, CPT=cfg.chunks_per_thread,
         UNROLL=cfg.unroll, stream=cfg.stream, REGS=chain_regs_estimate(shape, cfg), THREADS=cfg.threads,
         XSIZE=shape.xsize, NROWS=c_i64(nrows), EVEN=_even(shape, cfg), block_mode=cfg.block_mode,
+        ROT=rot is not None, BODY=body_chunks(shape, cfg),
+        rot_src=None if rot is None else Code(f"{ident(name(rot), 'in_')} + {ident(name(rot), 'off_')}"),
         params=params, row_index=row_index, offsets=offsets, row_scalars=row_scalars,
         first_scalars=scalar_maps.get(0, []), kept_decl=kept_decl, passes=passes, row_stores=row_stores,
         schedule_lines=[comment(s) for s in sched_lines],

@@ -4,6 +4,9 @@
 //   Vec16<T>, load16 / store16           one 16-byte (uint4) access
 //   load_vec / store_vec                 16 bytes of a row with a bounds-checked scalar fallback
 //                                        for the row's tail and for unaligned addresses
+//   values_to_boundary / load_vec_rot /  a row that starts between two 16-byte boundaries: the
+//   store_vec_rot                        values before the first boundary, and 16 bytes of a grid
+//                                        rotated by them (whole chunks aligned; the head comes last)
 //   smem_addr                            a shared-memory pointer as the 32-bit address PTX wants
 //   cp_async16                           cp.async.cg 16-byte copy global -> shared; the bytes past
 //                                        src_bytes are zero-filled (src_bytes = 0: all zeros, and
@@ -50,6 +53,82 @@ NAPKIN_DEVICE void load_vec(Vec16<T>& v, const T* row, int col, int limit, T fil
   } else {
 #pragma unroll
     for (int i = 0; i < N; ++i) v.x[i] = (col + i < limit) ? p[i] : fill;
+  }
+}
+
+// Values of T from p up to the first 16-byte boundary at or after it (0 when p is aligned).
+template <typename T>
+NAPKIN_DEVICE int values_to_boundary(const T* p) {
+  return static_cast<int>(((16 - reinterpret_cast<unsigned long long>(p) % 16) % 16) / sizeof(T));
+}
+
+// A row of `limit` values read on a rotated grid: grid position q holds column (q + rot) mod limit,
+// so that where the row starts rot values before a 16-byte boundary, every whole chunk of the grid
+// is one aligned access and the values before the boundary come last, with the row's tail (one
+// chunk, loaded value by value). v = the columns of positions q .. q + size; positions at or past
+// limit read as `fill`. rot is in [0, limit) or the row is empty (limit = 0). `body`: the caller
+// knows the chunk lies inside the row wherever the row exists (q + rot + size <= limit, or
+// limit = 0), so no value wraps or leaves the row: cheaper code (fewer registers) when it folds.
+template <typename T>
+NAPKIN_DEVICE void load_vec_rot(Vec16<T>& v, const T* row, int q, int rot, int limit, T fill, bool body) {
+  constexpr int N = Vec16<T>::size;
+  const int col = q + rot;
+  if (body) {
+    if (limit > 0 && is_aligned(row + col, 16)) {
+      *reinterpret_cast<uint4*>(v.x) = load16(row + col);
+    } else {
+#pragma unroll
+      for (int i = 0; i < N; ++i) v.x[i] = limit > 0 ? row[col + i] : fill;
+    }
+  } else if (col + N <= limit && is_aligned(row + col, 16)) {
+    *reinterpret_cast<uint4*>(v.x) = load16(row + col);
+  } else {
+#pragma unroll
+    for (int i = 0; i < N; ++i) {
+      const int c = col + i >= limit ? col + i - limit : col + i;
+      v.x[i] = q + i < limit ? row[c] : fill;
+    }
+  }
+}
+
+// load_vec_rot of the array whose row fixed rot (it starts rot values before a 16-byte boundary,
+// values_to_boundary): a chunk inside the row (`body`) is one aligned load, with no check.
+template <typename T>
+NAPKIN_DEVICE void load_vec_rot_own(Vec16<T>& v, const T* row, int q, int rot, int limit, T fill, bool body) {
+  if (body) {
+    if (limit > 0) {
+      *reinterpret_cast<uint4*>(v.x) = load16(row + q + rot);
+    } else {
+#pragma unroll
+      for (int i = 0; i < Vec16<T>::size; ++i) v.x[i] = fill;
+    }
+  } else {
+    load_vec_rot(v, row, q, rot, limit, fill, false);
+  }
+}
+
+// store_vec on a rotated grid (see load_vec_rot): writes positions q .. q + size below limit.
+template <typename T>
+NAPKIN_DEVICE void store_vec_rot(T* row, int q, int rot, int limit, const Vec16<T>& v, bool body) {
+  constexpr int N = Vec16<T>::size;
+  const int col = q + rot;
+  if (body) {
+    if (limit > 0) {
+      if (is_aligned(row + col, 16)) {
+        store16(row + col, *reinterpret_cast<const uint4*>(v.x));
+      } else {
+#pragma unroll
+        for (int i = 0; i < N; ++i) row[col + i] = v.x[i];
+      }
+    }
+  } else if (col + N <= limit && is_aligned(row + col, 16)) {
+    store16(row + col, *reinterpret_cast<const uint4*>(v.x));
+  } else {
+#pragma unroll
+    for (int i = 0; i < N; ++i) {
+      const int c = col + i >= limit ? col + i - limit : col + i;
+      if (q + i < limit) row[c] = v.x[i];
+    }
   }
 }
 

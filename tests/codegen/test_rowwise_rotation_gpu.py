@@ -1,0 +1,74 @@
+"""The row-wise family's rotated grid on a GPU (16-bit rows that are not whole 16-byte vectors):
+softmax, the norms and chains of maps and reductions against the float64 reference with outputs
+poisoned with NaN, rows of 9 to 12347 values, one row to many a warp, a mask that reads the column
+index; and tensors whose rows start anywhere (a view one or three values into its storage), where
+the rotation comes from the tensor itself and the other arrays fall back to value-by-value access."""
+
+from __future__ import annotations
+
+import pytest
+
+from napkin.codegen.api import compile
+from napkin.codegen.verify import verify
+from napkin.diagrams import Axis, Diagram, array, causal, layernorm, library, scale, softmax
+
+pytestmark = pytest.mark.gpu
+
+ODD_ROWS = [dict(r=33, x=4095), dict(r=9, x=1001), dict(r=300, x=9), dict(r=77, x=37), dict(r=3, x=12347)]
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
+@pytest.mark.parametrize("name", ["softmax", "layernorm", "rmsnorm", "log_softmax", "l2_normalize",
+                                  "logsumexp_rows", "row_range"])
+def test_odd_rows_verify(name, dtype):
+    rep = verify(library.get(name), dtype=dtype, shapes=ODD_ROWS, seed=11)
+    assert rep.ok, str(rep)
+    assert {r.family for r in rep.rows} == {"rowwise"}, str(rep)
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
+def test_group_norm_with_an_odd_group_verifies(dtype):
+    shapes = [dict(n=4, g=8, c=30, s=301), dict(n=2, g=3, c=5, s=999), dict(n=3, g=2, c=1, s=13)]
+    rep = verify(library.get("group_norm"), dtype=dtype, shapes=shapes, seed=12)
+    assert rep.ok, str(rep)
+
+
+def _masked_softmax() -> Diagram:
+    h, q, x = Axis("h"), Axis("q"), Axis("x")
+    return Diagram("masked_softmax", softmax(causal(scale(array("S", h, q, x), 0.125), "q", "x"), over="x",
+                                             name="P"))
+
+
+def _affine_layernorm() -> Diagram:
+    r, x = Axis("r"), Axis("x")
+    X, g, b = array("X", r, x), array("g", x), array("b", x)
+    return Diagram("affine_ln", (layernorm(X, over=x, name="N") * g + b).named("Y"))
+
+
+def test_a_mask_on_the_column_index_and_broadcast_vectors_verify():
+    # the causal mask reads the rotated column; gamma and beta start at column 0, not where X's rows do
+    rep = verify(_masked_softmax(), dtype="bf16", shapes=[dict(h=3, q=37, x=37), dict(h=2, q=130, x=1001)], seed=13)
+    assert rep.ok, str(rep)
+    rep = verify(_affine_layernorm(), dtype="bf16", shapes=[dict(r=65, x=1001), dict(r=8, x=4093)], seed=14)
+    assert rep.ok, str(rep)
+
+
+@pytest.mark.parametrize("offset", [1, 3])
+def test_rows_of_a_misaligned_view(offset):
+    import torch
+
+    torch.manual_seed(offset)
+    r, x = 40, 1001
+    cd = compile(_affine_layernorm(), sizes={"r": r, "x": x}, dtype="bf16")
+    assert cd.family == "rowwise" and "load_vec_rot" in cd.program.launches[0].source
+    store = torch.randn(r * x + offset, device="cuda", dtype=torch.bfloat16)
+    X = store[offset:].view(r, x)                       # rows start `offset` values off the usual boundary
+    g = torch.randn(x + offset, device="cuda", dtype=torch.bfloat16)[offset:]
+    b = torch.randn(x, device="cuda", dtype=torch.bfloat16)
+    out = torch.full((r * x + 2,), float("nan"), device="cuda", dtype=torch.bfloat16)[2:].view(r, x)
+    got = cd(X, g, b, out=out)
+    want = torch.nn.functional.layer_norm(X.double(), (x,), eps=1e-5) * g.double() + b.double()
+    assert got.data_ptr() == out.data_ptr()
+    assert torch.isfinite(got).all()
+    err = ((got.double() - want).abs().max() / want.abs().max()).item()
+    assert err < 2e-2, err
