@@ -167,3 +167,13 @@ def contraction_prediction(bd, cfg, gpu: str):
     s = FAMILY.schedule(bd, cfg, gpu=gpu).padded_view()
     shape = launch_shape(bd, FAMILY, s, gpu)
     return shape, predict_schedule(s, gpu, launch=shape, family="contraction").kernels[0]
+
+
+def masked_softmax():
+    """softmax over x of the scores S[h,q,x]·0.125 under a causal mask: a row-wise kernel whose
+    prologue reads the column index (several test files' row-wise case)."""
+    from napkin.diagrams import Axis, Diagram, array, causal, scale, softmax
+
+    h, q, x = Axis("h"), Axis("q"), Axis("x")
+    return Diagram("masked_softmax", softmax(causal(scale(array("S", h, q, x), 0.125), "q", "x"), over="x",
+                                             name="P"))

@@ -11,7 +11,8 @@ import pytest
 
 from napkin.codegen.api import CompiledDiagram, compile
 from napkin.codegen.verify import verify, verify_compiled
-from napkin.diagrams import Axis, Diagram, array, causal, layernorm, library, scale, softmax
+from napkin.diagrams import Axis, Diagram, array, layernorm, library
+from napkin_test_support import masked_softmax
 from napkin.errors import LaunchError
 
 pytestmark = pytest.mark.gpu
@@ -31,12 +32,6 @@ def test_rowwise_library_ops_verify(name, dtype):
         assert row.family == expected, str(rep)
 
 
-def _masked_softmax() -> Diagram:
-    h, q, x = Axis("h"), Axis("q"), Axis("x")
-    return Diagram("masked_softmax", softmax(causal(scale(array("S", h, q, x), 0.125), "q", "x"), over="x",
-                                             name="P"))
-
-
 def _residual_layernorm() -> Diagram:
     r, x = Axis("r"), Axis("x")
     X, R, g, b, s = array("X", r, x), array("R", r, x), array("g", x), array("b", x), array("s", r)
@@ -46,7 +41,7 @@ def _residual_layernorm() -> Diagram:
 
 @pytest.mark.parametrize("dtype", ["bf16", "fp32"])
 def test_rowwise_prologue_epilogue_variants_verify(dtype):
-    rep = verify(_masked_softmax(), dtype=dtype, shapes=[dict(h=3, q=37, x=37), dict(h=2, q=130, x=1000)], seed=2)
+    rep = verify(masked_softmax(), dtype=dtype, shapes=[dict(h=3, q=37, x=37), dict(h=2, q=130, x=1000)], seed=2)
     assert rep.ok, str(rep)
     assert {r.family for r in rep.rows} == {"rowwise"}
     rep = verify(_residual_layernorm(), dtype=dtype, shapes=[dict(r=5, x=300), dict(r=64, x=4096)], seed=3)

@@ -10,7 +10,8 @@ import pytest
 
 from napkin.codegen.api import compile
 from napkin.codegen.verify import verify
-from napkin.diagrams import Axis, Diagram, array, causal, layernorm, library, scale, softmax
+from napkin.diagrams import Axis, Diagram, array, layernorm, library
+from napkin_test_support import masked_softmax
 
 pytestmark = pytest.mark.gpu
 
@@ -33,12 +34,6 @@ def test_group_norm_with_an_odd_group_verifies(dtype):
     assert rep.ok, str(rep)
 
 
-def _masked_softmax() -> Diagram:
-    h, q, x = Axis("h"), Axis("q"), Axis("x")
-    return Diagram("masked_softmax", softmax(causal(scale(array("S", h, q, x), 0.125), "q", "x"), over="x",
-                                             name="P"))
-
-
 def _affine_layernorm() -> Diagram:
     r, x = Axis("r"), Axis("x")
     X, g, b = array("X", r, x), array("g", x), array("b", x)
@@ -47,7 +42,7 @@ def _affine_layernorm() -> Diagram:
 
 def test_a_mask_on_the_column_index_and_broadcast_vectors_verify():
     # the causal mask reads the rotated column; gamma and beta start at column 0, not where X's rows do
-    rep = verify(_masked_softmax(), dtype="bf16", shapes=[dict(h=3, q=37, x=37), dict(h=2, q=130, x=1001)], seed=13)
+    rep = verify(masked_softmax(), dtype="bf16", shapes=[dict(h=3, q=37, x=37), dict(h=2, q=130, x=1001)], seed=13)
     assert rep.ok, str(rep)
     rep = verify(_affine_layernorm(), dtype="bf16", shapes=[dict(r=65, x=1001), dict(r=8, x=4093)], seed=14)
     assert rep.ok, str(rep)

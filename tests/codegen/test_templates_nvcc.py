@@ -25,18 +25,13 @@ import pytest
 from napkin.codegen.families import rowwise
 from napkin.codegen.generate import generate_source
 from napkin.codegen.lower import SMEM_TOLERANCE, lower, prepare
-from napkin.diagrams import Axis, Diagram, array, causal, layernorm, library, reduce, scale, softmax
+from napkin.diagrams import Axis, Diagram, array, layernorm, library, reduce
+from napkin_test_support import masked_softmax
 
 pytestmark = pytest.mark.nvcc
 
 ARCHS = ("sm_80", "sm_90a")
 DTYPES = ("bf16", "fp16", "fp32")
-
-
-def _masked_softmax() -> Diagram:
-    h, q, x = Axis("h"), Axis("q"), Axis("x")
-    return Diagram("masked_softmax", softmax(causal(scale(array("S", h, q, x), 0.125), "q", "x"), over="x",
-                                             name="P"))
 
 
 def _residual_layernorm() -> Diagram:
@@ -51,7 +46,7 @@ ROWWISE_CASES = [
     ("layernorm", lambda: library.get("layernorm"), dict(r=16, x=32768)),
     ("rmsnorm", lambda: library.get("rmsnorm"), dict(r=100, x=1000)),
     ("rmsnorm_long", lambda: library.get("rmsnorm"), dict(r=8, x=32768)),
-    ("masked", _masked_softmax, dict(h=3, q=37, x=37)),
+    ("masked", masked_softmax, dict(h=3, q=37, x=37)),
     ("resid", _residual_layernorm, dict(r=5, x=300)),
     # chains of maps and reductions: several passes from registers, a row of two axes with gathered
     # gamma/beta (per element: s = 999 is not a multiple of VEC), a streamed row (65536 values)
