@@ -5,7 +5,7 @@
 //   load_vec / store_vec                 16 bytes of a row with a bounds-checked scalar fallback
 //                                        for the row's tail and for unaligned addresses
 //   values_to_boundary / load_vec_rot /  a row that starts between two 16-byte boundaries: the
-//   store_vec_rot                        values before the first boundary, and 16 bytes of a grid
+//   load_vec_rot_own / store_vec_rot     values before the first boundary, and 16 bytes of a grid
 //                                        rotated by them (whole chunks aligned; the head comes last)
 //   smem_addr                            a shared-memory pointer as the 32-bit address PTX wants
 //   cp_async16                           cp.async.cg 16-byte copy global -> shared; the bytes past
