@@ -423,6 +423,8 @@ CASES = [
     Case("pointwise.cu.jinja", _broadcast_chain, {"r": 33, "x": 1024}, dtype="fp32", family="pointwise"),
     Case("pointwise.cu.jinja", _column_sum, {"r": 4096, "x": 1000}, family="pointwise"),
     Case("pointwise.cu.jinja", _row_l2, {"r": 3, "x": 100003}, family="pointwise"),
+    # a matrix-vector product over rows of odd length: W's rows aligned, x read value by value
+    Case("pointwise.cu.jinja", "matvec", {"a": 37, "b": 1001}, family="pointwise", label="matvec_odd_rows"),
     Case("pointwise.cu.jinja", _sum_bh, {"b": 9, "h": 37, "s": 96}, family="pointwise"),
     # the pair (max, sum of exp(x − max)) in one pass: over columns split over blocks (a pair of
     # partials), a softmax over the outer axis (the pair, then the output's map), over two axes

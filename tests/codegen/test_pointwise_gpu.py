@@ -146,8 +146,9 @@ def test_every_kind_of_configuration_verifies(case, dtype):
 @pytest.mark.parametrize("build, sizes", [(sigmoid_chain, dict(r=33, x=1000)), (sigmoid_chain, dict(r=33, x=999)),
                                           (column_sum, dict(r=1000, x=72)), (row_sum, dict(r=9, x=3000)),
                                           (row_sum, dict(r=9, x=3001)), (dot_all, dict(r=7, x=999)),
-                                          (sum_bh, dict(b=7, h=9, s=40))],
-                         ids=["chain", "chain_flat", "column_sum", "row_sum", "row_sum_odd", "dot_odd", "sum_bh"])
+                                          (sum_bh, dict(b=7, h=9, s=40)), (matvec, dict(a=33, b=1001))],
+                         ids=["chain", "chain_flat", "column_sum", "row_sum", "row_sum_odd", "dot_odd", "sum_bh",
+                              "matvec_odd"])
 def test_inputs_that_start_unaligned(build, sizes):
     """A contiguous view one element into its storage: the vector accesses fall back to scalars, or
     (rows of odd length) each row finds its own first 16-byte boundary."""

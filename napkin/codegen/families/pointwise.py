@@ -535,15 +535,20 @@ def _flat_vectors(order: tuple[str, ...], loop, full_out) -> bool:
 
 
 def _row_runs(order: tuple[str, ...], red: set, loop, chain, full_out) -> bool:
-    """Whether the row kernel's rows are contiguous runs of every array it reads: the reduced axes
+    """Whether the row kernel's rows are contiguous runs of the arrays it reads: the reduced axes
     are the innermost of the space, every input read holds the whole space in its order (so a row
-    starts at ``row * NR`` in each), no map reads an axis index, and no output is written in the
-    pass. Such rows keep 16-byte vectors where their length is odd: each starts misaligned by its
-    own amount, read value by value up to the first 16-byte boundary."""
+    starts at ``row * NR`` in each) or the reduced axes alone in that order (the same values for
+    every row: a matrix-vector product's ``x[k]``), at least one holds the whole space, no map
+    reads an axis index, and no output is written in the pass. Such rows keep 16-byte vectors
+    where their length is odd: each starts misaligned by its own amount, read value by value up
+    to the first 16-byte boundary; an input of the reduced axes alone is then read value by value
+    (its values sit at another offset in their 16-byte lines than the row's)."""
     if tuple(order[len(order) - len(red):]) != tuple(a for a in order if a in red) or full_out:
         return False
     arrays = [a for b in loop for a in b.args if a.is_input] + [a for a in chain[0].args if a.is_input]
-    return (all(tuple(v.axis_names) == tuple(order) for v in arrays)
+    row = tuple(order[len(order) - len(red):])
+    return (all(tuple(v.axis_names) in (tuple(order), row) for v in arrays)
+            and any(tuple(v.axis_names) == tuple(order) for v in arrays)
             and not any(_index_axes(b) for b in loop))
 
 
@@ -1048,9 +1053,13 @@ def lower_shape(shape: PointwiseShape, cfg: Config, schedule: Schedule, arch: st
         nm = name(v)
         ptr, ld = ident(nm, "in_"), ident(nm, "ld_")
         kind, stride, off = placed(nm, v)
+        # aligned rows: an input of the reduced axes alone (the same values in every row) is not where
+        # the row's vectors are in its 16-byte lines; it is read value by value
+        row_only = shape.aligned_rows and tuple(v.axis_names) != tuple(shape.order)
         if shape.aligned_rows:
             one_loads.append(Code(f"{ld}[0].x[0] = {ptr}[{off}];"))
-            head_ptr = head_ptr or Code(f"{ptr} + {ident(nm, 'koff_')}")
+            if not row_only:
+                head_ptr = head_ptr or Code(f"{ptr} + {ident(nm, 'koff_')}")
         if kind == "bcast":
             loads_decl.append(Code(f"T {ld}[UNROLL];"))
             loads.append(Code(f"{ld}[u] = {ptr}[{off}];"))
@@ -1060,6 +1069,8 @@ def lower_shape(shape: PointwiseShape, cfg: Config, schedule: Schedule, arch: st
             if kind == "vec" and shape.tail:   # the last vector may be partial: NU - flat values left
                 vec_ptrs.append(ptr)
                 loads.append(Code(f"napkin_pwh::load_n<T, VEC>({ld}[u], {ptr} + ({off}), vec_ok, NU - flat);"))
+            elif kind == "vec" and row_only:
+                loads.append(Code(f"napkin_pwh::load<T, VEC>({ld}[u], {ptr} + ({off}), false);"))
             elif kind == "vec":
                 vec_ptrs.append(ptr)
                 loads.append(Code(f"napkin_pwh::load<T, VEC>({ld}[u], {ptr} + ({off}), vec_ok);"))
