@@ -30,8 +30,9 @@ from napkin.diagrams import (Diagram, array, axes, contract, exp, layernorm, map
 from napkin.perfmodel.plan import Plan
 from test_pointwise_diagrams import (ACCEPTED, alibi_map, batched_matvec_gelu, broadcast_chain, column_logsumexp,
                                      column_mean, column_sum, dot_all, full_and_reduced, l2_norm, logsumexp_bh,
-                                     logsumexp_bs, masked_rowmax, matvec, post_maps, row_logsumexp, row_sum,
-                                     sigmoid_chain, softmax_stats, sum_bh, sum_bs, total, transposed_add, vecmat)
+                                     logsumexp_bs, masked_rowmax, matvec, max_middle, post_maps, row_logsumexp,
+                                     row_sum, sigmoid_chain, softmax_stats, sum_bh, sum_bs, sum_middle, total,
+                                     transposed_add, vecmat)
 
 FAMILY = pw.FAMILY
 
@@ -362,12 +363,17 @@ def test_vector_access_kinds():
     assert "napkin_pwh::load_strided<T, VEC>(ld_Z[u]" in src
 
 
-@pytest.mark.parametrize("x, vec", [(4096, 8), (4092, 4), (4094, 2), (4095, 1), (1, 1)])
-def test_the_vector_width_divides_the_vector_axis(x, vec):
-    """Where an array is read per row (a reduction, a broadcast input), a vector stays inside the
-    vector axis: its width divides the axis' size."""
-    assert pw.analyse(bound(column_sum, dict(r=3, x=x))).vec == vec
-    assert pw.analyse(bound(column_sum, dict(r=3, x=x), "fp32")).vec == min(vec, 4)
+@pytest.mark.parametrize("x, vec, col_bf16, col_fp32", [
+    (4096, 8, (8, False), (4, False)), (4092, 4, (8, True), (4, False)), (4094, 2, (8, True), (2, False)),
+    (4095, 1, (8, True), (1, False)), (1, 1, (1, False), (1, False))])
+def test_the_vector_width_divides_the_vector_axis(x, vec, col_bf16, col_fp32):
+    """Where an array is read per row (a broadcast input), a vector stays inside the vector axis: its
+    width divides the axis' size. A 16-bit column reduction keeps whole 16-byte vectors instead, the
+    last of each line partial (``padded``), where the axis holds more than one vector."""
+    for dtype, want in (("bf16", col_bf16), ("fp32", col_fp32)):
+        shape = pw.analyse(bound(column_sum, dict(r=3, x=x), dtype))
+        assert (shape.vec, shape.padded) == want
+        assert shape.nkv == -(-x // shape.vec)
     assert pw.analyse(bound(broadcast_chain, dict(r=3, x=x))).vec == vec
 
 
@@ -423,6 +429,34 @@ def test_rows_of_odd_length_keep_whole_vectors(build_, sizes, aligned):
     # two inputs: their vectors align together only when they start at the same place in a line
     assert ("(reinterpret_cast<unsigned long long>(in_X) ^ reinterpret_cast<unsigned long long>(in_Y))) % 16ULL"
             in two)
+
+
+@pytest.mark.parametrize("build_, sizes, dtype", [
+    (sum_middle, dict(b=16, m=1024, n=4095), "bf16"), (sum_middle, dict(b=3, m=77, n=1001), "fp16"),
+    (column_sum, dict(r=4096, x=1001), "bf16"), (post_maps, dict(r=300, x=1001), "fp16")])
+def test_a_column_reduction_along_an_odd_axis_keeps_whole_vectors(build_, sizes, dtype):
+    """A column kernel whose kept vector axis is no multiple of VEC keeps 16-byte vectors: each line of
+    the axis holds ceil(n / VEC) of them, the last partial; every vector is read from the lines it
+    straddles and shifted into place, and a tile position past a line's end maps to no kept index."""
+    d = bound(build_, sizes, dtype)
+    shape = pw.analyse(d)
+    n = shape.sizes[shape.inner]
+    assert shape.mode == "col" and shape.padded and shape.vec == 16 // shape.bytes
+    assert shape.nkv == (shape.nk // n) * -(-n // shape.vec)
+    for s in FAMILY.candidates(d, "h100", dtype):
+        (k,) = FAMILY.lower(d, s, "sm_90a").launches
+        assert "napkin_pwh::load_shifted<T, VEC>(ld_" in k.source and "napkin_pwh::load<T, VEC>(ld_X" not in k.source
+        assert f"constexpr idx_t NVN = {-(-n // shape.vec)};" in k.source and "kept_at(blockIdx.x, c)" in k.source
+        cfg = FAMILY.config(d, s)
+        assert k.grid[0] * cfg.tx >= shape.nkv
+
+
+def test_other_column_reductions_keep_the_vector_dividing_the_axis():
+    # fp32 values, a pair (logsumexp), a pass that also writes the whole space, a whole number of vectors
+    assert not pw.analyse(bound(sum_middle, dict(b=3, m=77, n=1001), "fp32")).padded
+    assert not pw.analyse(bound(column_logsumexp, dict(r=4096, x=1001))).padded
+    assert not pw.analyse(bound(full_and_reduced, dict(r=4, x=1001))).padded
+    assert not pw.analyse(bound(column_sum, dict(r=4, x=4096))).padded
 
 
 def test_a_vector_every_row_reads_is_read_value_by_value_beside_aligned_rows():
@@ -538,7 +572,8 @@ def test_random_shapes_lower_and_cover_the_space(which, dtype, data):
     d = bound(build_, sizes, dtype)
     assert FAMILY.explain(d) is None
     shape = pw.analyse(d)
-    assert shape.sizes[shape.inner] % shape.vec == 0 or (shape.mode == "map" and shape.flat) or shape.aligned_rows
+    assert shape.sizes[shape.inner] % shape.vec == 0 or (shape.mode == "map" and shape.flat) or shape.aligned_rows \
+        or (shape.mode == "col" and shape.padded)
     cands = FAMILY.candidates(d, "h100", dtype)
     assert cands
     for s in (cands[0], cands[-1]):
@@ -552,7 +587,7 @@ def test_random_shapes_lower_and_cover_the_space(which, dtype, data):
         elif shape.mode == "row":
             assert gx * cfg.rows_per_block >= shape.nk
         else:
-            assert gx * cfg.tx * shape.vec >= shape.nk
+            assert gx * cfg.tx >= shape.nkv and shape.nkv * shape.vec >= shape.nk
         if shape.mode != "map":
             assert pw.chunk(shape, cfg) * cfg.splits >= pw._vectors_r(shape)
         assert len(p.launches) == 1 and len(p.buffers) == (2 if cfg.splits > 1 else 0)
@@ -572,6 +607,8 @@ NVCC_CASES = [
     (vecmat, dict(b=4096, c=1000)), (batched_matvec_gelu, dict(n=3, a=64, b=1000)), (dot_all, dict(r=64, x=1000)),
     (column_logsumexp, dict(r=4096, x=4096)), (column_logsumexp, dict(r=1000, x=7)), (row_logsumexp, dict(r=64, h=3, x=1365)),
     (softmax_stats, dict(r=4096, x=4096)), (logsumexp_bs, dict(b=16, h=64, s=4096)), (logsumexp_bh, dict(b=3, h=5, s=97)),
+    (sum_middle, dict(b=16, m=1024, n=4095)), (column_logsumexp, dict(r=4096, x=1001)), (post_maps, dict(r=300, x=1001)),
+    (vecmat, dict(b=4099, c=1001)), (max_middle, dict(b=3, m=7, n=1001)),
 ]
 
 

@@ -70,6 +70,29 @@ def reduce_of(how: str, over: str) -> Diagram:
     return Diagram(f"{how}_{over}", reduce(exp(scale(array("X", r, x), 0.25)), over, how, name="S"))
 
 
+def middle_of(how: str) -> Diagram:
+    """A reduction over the middle axis of X[b,m,n] (torch's sum(dim=1)): the kept vector axis n is
+    innermost, b outer."""
+    b, m, n = axes("b m n")
+    return Diagram(f"{how}_middle", reduce(array("X", b, m, n), m, how, name="Y"))
+
+
+def sum_middle() -> Diagram:
+    return middle_of("sum")
+
+
+def max_middle() -> Diagram:
+    return middle_of("max")
+
+
+def min_middle() -> Diagram:
+    return middle_of("min")
+
+
+def mean_middle() -> Diagram:
+    return middle_of("mean")
+
+
 def post_maps() -> Diagram:
     """sqrt(Σ_r (X·W)²)·g + 1: maps before and after a column reduction, inputs on either side."""
     r, x = axes("r x")

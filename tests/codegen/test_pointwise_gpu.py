@@ -26,7 +26,8 @@ from napkin_test_support import spread_and_split_picks
 
 from test_pointwise_diagrams import (alibi_map, batched_matvec_gelu, broadcast_chain, column_logsumexp, column_mean,
                                      column_sum, dot_all, full_and_reduced, l2_norm, logsumexp_bh, logsumexp_bs,
-                                     masked_rowmax, matvec, post_maps, reduce_of, row_logsumexp, row_sum, sigmoid_chain,
+                                     masked_rowmax, matvec, max_middle, mean_middle, min_middle, post_maps, reduce_of,
+                                     row_logsumexp, row_sum, sigmoid_chain, sum_middle,
                                      softmax_stats, sum_bh, sum_bs, total, transposed_add, vecmat)
 
 pytestmark = pytest.mark.gpu
@@ -92,6 +93,16 @@ PLANNED = [
     (softmax_stats, [dict(r=8192, x=4096), dict(r=29, x=40)]),
     (logsumexp_bs, [dict(b=16, h=64, s=4096), dict(b=3, h=5, s=97)]),
     (logsumexp_bh, [dict(b=16, h=64, s=4096), dict(b=3, h=5, s=97)]),
+    # column reductions along a kept axis of 4095, 1001, 9 values: 16-byte vectors, the last of each
+    # line partial, read from the lines they straddle (padded)
+    (sum_middle, [dict(b=16, m=1024, n=4095), dict(b=3, m=77, n=9), dict(b=5, m=300, n=1001)]),
+    (max_middle, [dict(b=4, m=333, n=4095), dict(b=3, m=7, n=1001)]),
+    (min_middle, [dict(b=2, m=100, n=1001)]),
+    (mean_middle, [dict(b=5, m=300, n=1001)]),
+    (column_sum, [dict(r=8191, x=4095), dict(r=37, x=1001), dict(r=4, x=9)]),
+    (column_logsumexp, [dict(r=37, x=1001), dict(r=4096, x=4095)]),
+    (post_maps, [dict(r=20, x=1001)]),
+    (vecmat, [dict(b=4099, c=1001)]),
 ]
 
 
@@ -124,6 +135,9 @@ FORCED = [
     (row_logsumexp, dict(r=9, h=3, x=1001)),
     (softmax_stats, dict(r=500, x=24)),
     (logsumexp_bs, dict(b=7, h=9, s=40)),
+    (sum_middle, dict(b=3, m=100, n=1001)),
+    (column_logsumexp, dict(r=1000, x=1001)),
+    (post_maps, dict(r=300, x=1001)),
 ]
 
 
@@ -146,9 +160,11 @@ def test_every_kind_of_configuration_verifies(case, dtype):
 @pytest.mark.parametrize("build, sizes", [(sigmoid_chain, dict(r=33, x=1000)), (sigmoid_chain, dict(r=33, x=999)),
                                           (column_sum, dict(r=1000, x=72)), (row_sum, dict(r=9, x=3000)),
                                           (row_sum, dict(r=9, x=3001)), (dot_all, dict(r=7, x=999)),
-                                          (sum_bh, dict(b=7, h=9, s=40)), (matvec, dict(a=33, b=1001))],
+                                          (sum_bh, dict(b=7, h=9, s=40)), (matvec, dict(a=33, b=1001)),
+                                          (sum_middle, dict(b=3, m=50, n=1001)),
+                                          (column_logsumexp, dict(r=100, x=1001))],
                          ids=["chain", "chain_flat", "column_sum", "row_sum", "row_sum_odd", "dot_odd", "sum_bh",
-                              "matvec_odd"])
+                              "matvec_odd", "sum_middle_odd", "column_lse_odd"])
 def test_inputs_that_start_unaligned(build, sizes):
     """A contiguous view one element into its storage: the vector accesses fall back to scalars, or
     (rows of odd length) each row finds its own first 16-byte boundary."""

@@ -155,6 +155,10 @@ class PointwiseShape:
     #: multiple of VEC: each row reads its first values up to a 16-byte boundary and its last ones
     #: value by value, whole aligned vectors between (see :func:`_row_runs`).
     aligned_rows: bool = False
+    #: the column kernel's kept vector axis is not a multiple of VEC: each line of it (one value of
+    #: the outer kept axes) holds ``ceil(size / VEC)`` vectors, the last one partial, and a vector is
+    #: read from the 16-byte lines it straddles (see :func:`_padded_columns`).
+    padded: bool = False
     #: the sum of exp(x − max) beside the max chain (``how`` is :data:`PAIR`), else None
     pair: "PairSum | None" = None
     #: (view, array) pairs: an input of ``diagram`` that is a view (a rename) of another input of
@@ -165,7 +169,16 @@ class PointwiseShape:
     def flat(self) -> bool:
         """Whether the map kernel's vectors run over the flattened space, across the ends of the
         vector axis (whose size is not a multiple of VEC)."""
-        return self.sizes[self.order[-1]] % self.vec != 0
+        return self.sizes[self.order[-1]] % self.vec != 0 and not self.padded
+
+    @property
+    def nkv(self) -> int:
+        """The column kernel's kept vectors: ``ceil(size / VEC)`` a line of the vector axis where it
+        is padded, else the kept values over VEC."""
+        if self.padded:
+            n = self.sizes[self.inner]
+            return (self.nk // n) * -(-n // self.vec)
+        return self.nk // self.vec
 
     @property
     def nvec(self) -> int:
@@ -466,17 +479,22 @@ def analyse(diagram: Diagram) -> PointwiseShape | str:
     vec = 16 // bytes_
     tail = 0
     aligned_rows = False
+    padded = False
     if sizes[inner] % vec and mode == "map" and _flat_vectors(order, loop, full_out):
         tail = math.prod(sizes[a] for a in order) % vec
     elif sizes[inner] % vec and mode == "row" and _row_runs(order, red, loop, chain, full_out):
         aligned_rows = True
+    elif (sizes[inner] % vec and sizes[inner] > vec and mode == "col" and bytes_ == 2 and not pair
+          and _padded_columns(order, loop, chain, full_out)):
+        padded = True
     else:
         while sizes[inner] % vec:
             vec //= 2
     how = PAIR if pair else (_how(chain[0]) if chain else None)
     return PointwiseShape(d, dtype, sizes, mode, how, tuple(order),
                           tuple(a for a in order if a in red), tuple(a for a in order if a in K), tuple(chain),
-                          loop, post, tuple(full_out), tuple(kept_out), vec, tail, aligned_rows, pair, aliases)
+                          loop, post, tuple(full_out), tuple(kept_out), vec, tail, aligned_rows, padded, pair,
+                          aliases)
 
 
 def _pair_of(d: Diagram, reduces: list[Value], consumers: dict, out_ids: set[int]) -> "PairSum | str | None":
@@ -550,6 +568,27 @@ def _row_runs(order: tuple[str, ...], red: set, loop, chain, full_out) -> bool:
     return (all(tuple(v.axis_names) in (tuple(order), row) for v in arrays)
             and any(tuple(v.axis_names) == tuple(order) for v in arrays)
             and not any(_index_axes(b) for b in loop))
+
+
+def _padded_columns(order: tuple[str, ...], loop, chain, full_out) -> bool:
+    """Whether the column kernel keeps 16-byte vectors along a kept vector axis whose size is not a
+    multiple of them (a sum over the middle axis of 16 x 1024 x 4095): every input read holds that
+    axis innermost or not at all (no strided reads, which would run past a line's end), and no output
+    is written in the pass. Each line of the axis then holds whole vectors and one partial one;
+    a vector is read from the (one or two) aligned 16-byte lines it straddles and shifted into
+    place (``load_shifted``), its values past the line's end zero and never stored; where the
+    vector halved instead (to one value at an odd size) every access was a 2-byte load. 16-bit
+    values only, and no pair reduction: measured on an H200 (one call, L2 flushed, the vector
+    halved → padded), bf16 min over the first axis of 127 x 129 x 1001 19.4 → 16.4 us, sum over the
+    middle axis of 16 x 1024 x 4095 52.7 → 49.6; but fp32 sums and maxes there 72.0 → 82.9 and
+    79.1 → 83.8 (an fp32 value-by-value load fills whole sectors; the shift costs instructions) and
+    the 16-bit column logsumexp of a softmax over the first axis of 4095 x 4097 49.1 → 52.6 (its pair
+    issues about nine instructions a value already)."""
+    if full_out:
+        return False
+    inner = order[-1]
+    arrays = [a for b in loop for a in b.args if a.is_input] + [a for a in chain[0].args if a.is_input]
+    return all(inner not in v.axis_names or v.axis_names[-1] == inner for v in arrays)
 
 
 def _desc(nodes, root: Value) -> set[int]:
@@ -634,7 +673,7 @@ def base_blocks(shape: PointwiseShape, cfg: Config) -> int:
         return max(1, -(-shape.nvec // (cfg.threads * cfg.unroll)))
     if shape.mode == "row":
         return -(-shape.nk // cfg.rows_per_block)
-    return -(-(shape.nk // shape.vec) // cfg.tx)
+    return -(-shape.nkv // cfg.tx)
 
 
 def grid(shape: PointwiseShape, cfg: Config) -> tuple[int, int, int]:
@@ -675,7 +714,7 @@ def configs(shape: PointwiseShape, sms: int = 132) -> list[Config]:
                     continue  # a thread's unrolled vectors would be partly empty
                 base.append(Config("row", tpr if tpr > 32 else 256, u, tpr))
     else:
-        nkv = shape.nk // shape.vec
+        nkv = shape.nkv
         for tx in COL_TX:
             if tx > COL_TX[0] and nkv * 2 <= tx:
                 continue  # more than half the lanes would have no kept vector
@@ -1071,6 +1110,8 @@ def lower_shape(shape: PointwiseShape, cfg: Config, schedule: Schedule, arch: st
                 loads.append(Code(f"napkin_pwh::load_n<T, VEC>({ld}[u], {ptr} + ({off}), vec_ok, NU - flat);"))
             elif kind == "vec" and row_only:
                 loads.append(Code(f"napkin_pwh::load<T, VEC>({ld}[u], {ptr} + ({off}), false);"))
+            elif kind == "vec" and shape.padded:
+                loads.append(Code(f"napkin_pwh::load_shifted<T, VEC>({ld}[u], {ptr} + ({off}), kvalid);"))
             elif kind == "vec":
                 vec_ptrs.append(ptr)
                 loads.append(Code(f"napkin_pwh::load<T, VEC>({ld}[u], {ptr} + ({off}), vec_ok);"))
@@ -1179,6 +1220,11 @@ def lower_shape(shape: PointwiseShape, cfg: Config, schedule: Schedule, arch: st
     else:
         legend.append(f"kept K = ({kept_axes_text}) -> kflat = (blockIdx.x * TX + threadIdx.x % TX) * VEC (grid.x): "
                       "a warp's lanes on consecutive kept vectors (coalesced)")
+        if shape.padded:
+            legend.append(f"{shape.inner} = {shape.sizes[shape.inner]} is no multiple of VEC: each line of it holds NVN = "
+                          f"{-(-shape.sizes[shape.inner] // shape.vec)} vectors, the last partial (KVALID values): kv -> "
+                          "kflat = (kv / NVN) * NINNER + (kv % NVN) * VEC; a vector is read from the 16-byte lines it "
+                          "straddles, shifted into place")
         legend.append(f"reduced R = ({red_axes_text}) -> r = r_begin + threadIdx.x / TX + (k * UNROLL + u) * TY; "
                       "split s = blockIdx.y takes CHUNK rows of R (grid.y = SPLITS)")
         legend.append(f"tunables: TX = {cfg.tx}, TY = {cfg.tpr}, UNROLL = {cfg.unroll}, VEC = {shape.vec}, "
@@ -1201,7 +1247,7 @@ def lower_shape(shape: PointwiseShape, cfg: Config, schedule: Schedule, arch: st
         REGS=regs_estimate(shape, cfg), THREADS=cfg.threads, UNROLL=cfg.unroll, VEC=shape.vec,
         TPR=cfg.tpr, RPB=cfg.rows_per_block, TX=cfg.tx, TY=cfg.tpr, SPLITS=cfg.splits, split=split,
         NVEC=g.lit(shape.nvec), NU=g.lit(shape.nu), tail=shape.tail, NK=g.lit(shape.nk), NR=g.lit(shape.nr), NRV=g.lit(nrv),
-        NKV=g.lit(shape.nk // shape.vec), CHUNK=g.lit(chunk(shape, cfg) if mode != "map" else 1),
+        NKV=g.lit(shape.nkv), CHUNK=g.lit(chunk(shape, cfg) if mode != "map" else 1),
         op=Code(_OPS[shape.how or "sum"]) if not shape.pair else None, how=shape.how or "none",
         INV_COUNT=1.0 / shape.nr if shape.chain else 1.0, mean=shape.how == "mean",
         block_mode=mode == "row" and cfg.tpr > 32,
@@ -1218,6 +1264,8 @@ def lower_shape(shape: PointwiseShape, cfg: Config, schedule: Schedule, arch: st
         ws=ident(part, "ws_") if split else None, cnt=ident(arrivals, "cnt_") if split else None,
         KPB=cfg.rows_per_block if mode == "row" else cfg.tx * shape.vec,
         aligned_rows=shape.aligned_rows, head_ptr=head_ptr, one_loads=one_loads,
+        padded=shape.padded, NINNER=g.lit(shape.sizes[shape.inner]),
+        NVN=g.lit(-(-shape.sizes[shape.inner] // shape.vec)),
     )
     kernel = Code(f"{base}_{mode}")
     src = render(TEMPLATE, kernel=kernel, **ctx)
@@ -1287,7 +1335,7 @@ class PointwiseFamily:
             idle = 1.0 - (lanes / cfg.tpr) * (shape.nk / (gx * cfg.rows_per_block))
         else:
             rows = min(cfg.tpr, chunk(shape, cfg))
-            kv = shape.nk // shape.vec
+            kv = shape.nkv
             idle = 1.0 - (rows / cfg.tpr) * (kv / (gx * cfg.tx))
             # a row of fewer than 32 contiguous bytes wastes the rest of its sector
             run = cfg.tx * shape.vec * shape.bytes
