@@ -26,7 +26,6 @@ Run as a script on a GPU, as ``benchmarks/operator_survey.py`` (whose runner it 
 
 from __future__ import annotations
 
-import importlib.util
 import sys
 from pathlib import Path
 
@@ -420,12 +419,8 @@ PROBLEMS = {
 }
 
 
-def _runner():
-    spec = importlib.util.spec_from_file_location("operator_survey", HERE.parent / "operator_survey.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
 if __name__ == "__main__":
-    sys.exit(_runner().main(problems=PROBLEMS, here=HERE, description=__doc__.splitlines()[0]))
+    sys.path.insert(0, str(HERE.parent))
+    from operator_survey import main  # the runner all the surveys share
+
+    sys.exit(main(problems=PROBLEMS, here=HERE, description=__doc__.splitlines()[0]))
