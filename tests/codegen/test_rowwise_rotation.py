@@ -1,5 +1,5 @@
-"""The row-wise family's rotated grid, without a GPU: 16-bit rows whose length is not a whole number
-of 16-byte vectors (4095, 1001, a group of 5 x 999) start each row's chunks at its first 16-byte
+"""The row-wise family's rotated grid, without a GPU: rows whose length is not a whole number of
+16-byte vectors (4095, 1001, a group of 5 x 999) start each row's chunks at its first 16-byte
 boundary, so that every whole chunk is one aligned access; which kernels rotate and which keep their
 grid, and which chunks skip the wrap and bounds checks (those inside the row whatever the rotation).
 The GPU side (results, misaligned tensors) is tests/codegen/test_rowwise_rotation_gpu.py."""
@@ -34,9 +34,9 @@ def _launches(d, dtype):
         yield s, cfg, k
 
 
-@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
+@pytest.mark.parametrize("dtype", ["bf16", "fp16", "fp32"])
 @pytest.mark.parametrize("name, sizes", ROTATED)
-def test_odd_16bit_rows_rotate_their_grid(name, sizes, dtype):
+def test_rows_of_no_whole_vectors_rotate_their_grid(name, sizes, dtype):
     d = bound(name, sizes, dtype)
     shape = analyse(d)
     src_input = rotation_source(shape)
@@ -63,8 +63,8 @@ def test_odd_16bit_rows_rotate_their_grid(name, sizes, dtype):
 
 
 @pytest.mark.parametrize("name, sizes, dtype", [
-    ("softmax", dict(r=64, x=4095), "fp32"),            # fp32 rows keep theirs (full sectors unrotated)
     ("softmax", dict(r=64, x=4096), "bf16"),            # whole vectors: nothing to rotate
+    ("softmax", dict(r=64, x=4092), "fp32"),            # whole fp32 vectors (4 values)
     ("layernorm", dict(r=64, x=5), "bf16"),             # shorter than a vector
     ("log_softmax", dict(r=4, x=70001), "bf16"),        # streamed: the chunk loop is not unrolled
 ])

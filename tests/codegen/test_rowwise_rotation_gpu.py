@@ -18,7 +18,7 @@ pytestmark = pytest.mark.gpu
 ODD_ROWS = [dict(r=33, x=4095), dict(r=9, x=1001), dict(r=300, x=9), dict(r=77, x=37), dict(r=3, x=12347)]
 
 
-@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
+@pytest.mark.parametrize("dtype", ["bf16", "fp16", "fp32"])
 @pytest.mark.parametrize("name", ["softmax", "layernorm", "rmsnorm", "log_softmax", "l2_normalize",
                                   "logsumexp_rows", "row_range"])
 def test_odd_rows_verify(name, dtype):
@@ -27,7 +27,7 @@ def test_odd_rows_verify(name, dtype):
     assert {r.family for r in rep.rows} == {"rowwise"}, str(rep)
 
 
-@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
+@pytest.mark.parametrize("dtype", ["bf16", "fp16", "fp32"])
 def test_group_norm_with_an_odd_group_verifies(dtype):
     shapes = [dict(n=4, g=8, c=30, s=301), dict(n=2, g=3, c=5, s=999), dict(n=3, g=2, c=1, s=13)]
     rep = verify(library.get("group_norm"), dtype=dtype, shapes=shapes, seed=12)
@@ -40,11 +40,12 @@ def _affine_layernorm() -> Diagram:
     return Diagram("affine_ln", (layernorm(X, over=x, name="N") * g + b).named("Y"))
 
 
-def test_a_mask_on_the_column_index_and_broadcast_vectors_verify():
+@pytest.mark.parametrize("dtype", ["bf16", "fp32"])
+def test_a_mask_on_the_column_index_and_broadcast_vectors_verify(dtype):
     # the causal mask reads the rotated column; gamma and beta start at column 0, not where X's rows do
-    rep = verify(masked_softmax(), dtype="bf16", shapes=[dict(h=3, q=37, x=37), dict(h=2, q=130, x=1001)], seed=13)
+    rep = verify(masked_softmax(), dtype=dtype, shapes=[dict(h=3, q=37, x=37), dict(h=2, q=130, x=1001)], seed=13)
     assert rep.ok, str(rep)
-    rep = verify(_affine_layernorm(), dtype="bf16", shapes=[dict(r=65, x=1001), dict(r=8, x=4093)], seed=14)
+    rep = verify(_affine_layernorm(), dtype=dtype, shapes=[dict(r=65, x=1001), dict(r=8, x=4093)], seed=14)
     assert rep.ok, str(rep)
 
 

@@ -481,14 +481,13 @@ def rotation_source(shape: "RowwiseShape | ChainShape") -> Value | None:
     row after row (the norm's input where it is one). Reductions over the row and row-shaped
     outputs do not mind where a column sits on the grid; a kernel with column reductions keeps
     its grid (its threads own fixed columns across rows), and so do a row shorter than a vector
-    (no whole chunk to align) and a streamed chain (its lowering says why). 16-bit rows only: an
-    fp32 row's value-by-value loads still fill whole 32-byte sectors (the softmax above in fp32 ran
-    at 81 % of the copy rate unrotated), and the rotated grid's wrapped chunk cost its kernels
-    registers (nvcc, sm_90a: 68 bytes spilled at the fp32 softmax's budget of 72).
+    (no whole chunk to align) and a streamed chain (its lowering says why).
 
-    After (H200, bf16, a call, L2 flushed): that softmax 23.8 us (was 62.6), layernorm over 8191 x
-    1001 14.9 (33.2), an L2 normalisation over 1000 x 12347 17.2 (65.4)."""
-    if lookup_dtype(shape.dtype).bytes != 2 or shape.xsize % shape.vec == 0 or shape.xsize < shape.vec:
+    After (H200, a call, L2 flushed): that softmax 23.8 us in bf16 (was 62.6), layernorm over 8191
+    x 1001 14.9 (33.2), an L2 normalisation over 1000 x 12347 17.2 (65.4); in fp32, whose
+    value-by-value loads fill whole sectors, less: the softmax 36.3 (39.6), the L2 normalisation
+    25.1 (31.7), layernorm 21.5 (20.6)."""
+    if shape.xsize % shape.vec == 0 or shape.xsize < shape.vec:
         return None
     d = shape.diagram
     if isinstance(shape, ChainShape):
