@@ -432,9 +432,9 @@ CASES = [
     Case("pointwise.cu.jinja", _column_logsumexp, {"r": 4096, "x": 1000}, family="pointwise"),
     # column reductions along a kept axis of no multiple of VEC (padded lines; the last vector of each
     # partial, its 16-byte lines read whole): one block a kept tile, and a split one
-    Case("pointwise.cu.jinja", _column_sum, {"r": 300, "x": 1001}, family="pointwise", label="column_sum_padded"),
+    Case("pointwise.cu.jinja", _column_sum, {"r": 300, "x": 1001}, family="pointwise", label="padded_columns"),
     Case("pointwise.cu.jinja", _column_sum, {"r": 8192, "x": 1001}, family="pointwise",
-         label="column_sum_padded_split"),
+         label="padded_columns_split"),
     Case("pointwise.cu.jinja", _outer_softmax, {"r": 300, "x": 72}),
     Case("pointwise.cu.jinja", _logsumexp_bs, {"b": 9, "h": 5, "s": 1000}, family="pointwise"),
     # a reduction to one value split over many blocks: the last combines the partials a warp at a time
