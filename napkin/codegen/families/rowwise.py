@@ -486,7 +486,14 @@ def rotation_source(shape: "RowwiseShape | ChainShape") -> Value | None:
     After (H200, a call, L2 flushed): that softmax 23.8 us in bf16 (was 62.6), layernorm over 8191
     x 1001 14.9 (33.2), an L2 normalisation over 1000 x 12347 17.2 (65.4); in fp32, whose
     value-by-value loads fill whole sectors, less: the softmax 36.3 (39.6), the L2 normalisation
-    25.1 (31.7), layernorm 21.5 (20.6)."""
+    25.1 (31.7), layernorm 21.5 (20.6).
+
+    >>> from napkin.diagrams import library
+    >>> from napkin.codegen.prepare import prepare
+    >>> def rows(x): return analyse(prepare(library.get("softmax"), sizes=dict(r=4, x=x), dtype="bf16"))
+    >>> rotation_source(rows(4095)).name, rotation_source(rows(4096))
+    ('X', None)
+    """
     if shape.xsize % shape.vec == 0 or shape.xsize < shape.vec:
         return None
     d = shape.diagram
