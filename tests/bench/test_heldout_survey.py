@@ -1,5 +1,6 @@
-"""benchmarks/heldout_survey.py, heldout_survey2.py and heldout_survey3.py: every problem builds under
-its name, plans without the scalar fallback, and the survey's runner takes its problems."""
+"""benchmarks/heldout_survey.py, heldout_survey2.py, heldout_survey3.py and heldout_survey4.py: every
+problem builds under its name, plans without the scalar fallback, and the operator survey's runner
+(which every held-out survey runs with) takes its problems."""
 
 from __future__ import annotations
 
@@ -22,7 +23,9 @@ def _load(stem: str):
 
 
 heldout, heldout2, heldout3 = _load("heldout_survey"), _load("heldout_survey2"), _load("heldout_survey3")
-ALL = [(m, n) for m in (heldout, heldout2, heldout3) for n in sorted(m.PROBLEMS)]
+heldout4 = _load("heldout_survey4")
+runner = _load("operator_survey")
+ALL = [(m, n) for m in (heldout, heldout2, heldout3, heldout4) for n in sorted(m.PROBLEMS)]
 
 
 @pytest.mark.parametrize("module, name", ALL, ids=[f"{m.__name__}:{n}" for m, n in ALL])
@@ -34,11 +37,13 @@ def test_every_problem_plans_on_fast_families(module, name):
 
 
 def test_the_survey_runner_takes_these_problems():
-    pts = heldout._runner().points(["mse_loss", "linear3d"], ["bf16"], problems=heldout.PROBLEMS, here=heldout.HERE)
+    pts = runner.points(["mse_loss", "linear3d"], ["bf16"], problems=heldout.PROBLEMS, here=heldout.HERE)
     assert [p.labels["problem"] for p in pts] == ["mse_loss", "linear3d"]
     assert all(p.diagram.startswith(str(heldout.HERE)) and p.bound_diagram().is_bound for p in pts)
-    pts = heldout2._runner().points(["merge_heads"], ["fp32"], problems=heldout2.PROBLEMS, here=heldout2.HERE)
+    pts = runner.points(["merge_heads"], ["fp32"], problems=heldout2.PROBLEMS, here=heldout2.HERE)
     assert pts[0].labels["problem"] == "merge_heads" and pts[0].bound_diagram().is_bound
+    pts = runner.points(["softmax_odd"], ["fp16"], problems=heldout4.PROBLEMS, here=heldout4.HERE)
+    assert pts[0].labels["problem"] == "softmax_odd" and pts[0].bound_diagram().sizes["b"] == 4095
 
 
 def test_the_problems_that_were_slow_take_their_fast_plans():
