@@ -1,4 +1,4 @@
-"""The row-wise family's rotated grid on a GPU (16-bit rows that are not whole 16-byte vectors):
+"""The row-wise family's rotated grid on a GPU (rows that are not whole 16-byte vectors):
 softmax, the norms and chains of maps and reductions against the float64 reference with outputs
 poisoned with NaN, rows of 9 to 12347 values, one row to many a warp, a mask that reads the column
 index; and tensors whose rows start anywhere (a view one or three values into its storage), where

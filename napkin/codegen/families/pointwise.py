@@ -172,12 +172,16 @@ class PointwiseShape:
         return self.sizes[self.order[-1]] % self.vec != 0 and not self.padded
 
     @property
+    def line_vectors(self) -> int:
+        """Vectors of one line of the vector axis, a partial last one included."""
+        return -(-self.sizes[self.inner] // self.vec)
+
+    @property
     def nkv(self) -> int:
-        """The column kernel's kept vectors: ``ceil(size / VEC)`` a line of the vector axis where it
+        """The column kernel's kept vectors: :attr:`line_vectors` a line of the vector axis where it
         is padded, else the kept values over VEC."""
         if self.padded:
-            n = self.sizes[self.inner]
-            return (self.nk // n) * -(-n // self.vec)
+            return (self.nk // self.sizes[self.inner]) * self.line_vectors
         return self.nk // self.vec
 
     @property
@@ -1222,7 +1226,7 @@ def lower_shape(shape: PointwiseShape, cfg: Config, schedule: Schedule, arch: st
                       "a warp's lanes on consecutive kept vectors (coalesced)")
         if shape.padded:
             legend.append(f"{shape.inner} = {shape.sizes[shape.inner]} is no multiple of VEC: each line of it holds NVN = "
-                          f"{-(-shape.sizes[shape.inner] // shape.vec)} vectors, the last partial (KVALID values): kv -> "
+                          f"{shape.line_vectors} vectors, the last partial (KVALID values): kv -> "
                           "kflat = (kv / NVN) * NINNER + (kv % NVN) * VEC; a vector is read from the 16-byte lines it "
                           "straddles, shifted into place")
         legend.append(f"reduced R = ({red_axes_text}) -> r = r_begin + threadIdx.x / TX + (k * UNROLL + u) * TY; "
@@ -1265,7 +1269,7 @@ def lower_shape(shape: PointwiseShape, cfg: Config, schedule: Schedule, arch: st
         KPB=cfg.rows_per_block if mode == "row" else cfg.tx * shape.vec,
         aligned_rows=shape.aligned_rows, head_ptr=head_ptr, one_loads=one_loads,
         padded=shape.padded, NINNER=g.lit(shape.sizes[shape.inner]),
-        NVN=g.lit(-(-shape.sizes[shape.inner] // shape.vec)),
+        NVN=g.lit(shape.line_vectors),
     )
     kernel = Code(f"{base}_{mode}")
     src = render(TEMPLATE, kernel=kernel, **ctx)

@@ -519,6 +519,23 @@ def body_chunks(shape: "RowwiseShape | ChainShape", cfg: "Config | ChainConfig")
     return inside // cfg.threads_per_row
 
 
+def rotated_load(v: Value, rot: Value | None) -> str:
+    """The rotated grid's load of input ``v``: the rotation's own input is aligned by construction."""
+    return "load_vec_rot_own" if v is rot else "load_vec_rot"
+
+
+def rotation_context(shape: "RowwiseShape | ChainShape", cfg: "Config | ChainConfig", rot: Value | None,
+                     sched_lines: list[str]) -> dict:
+    """The template values of the rotated grid (``ROT``, ``BODY``, ``rot_src``), the schedule's line
+    saying so appended to ``sched_lines``."""
+    if rot is None:
+        return dict(ROT=False, BODY=body_chunks(shape, cfg), rot_src=None)
+    nm = shape.name(rot)
+    sched_lines.append(f"rows of {shape.xsize} values are not whole 16-byte vectors: each row's grid is "
+                       f"rotated to start where {nm}'s row meets a 16-byte boundary")
+    return dict(ROT=True, BODY=body_chunks(shape, cfg), rot_src=Code(f"{ident(nm, 'in_')} + {ident(nm, 'off_')}"))
+
+
 def lower_shape(shape: RowwiseShape, cfg: Config, schedule: Schedule, arch: str,
                 kernel_name: Code) -> KernelLaunch:
     d = shape.diagram
@@ -618,11 +635,6 @@ def lower_shape(shape: RowwiseShape, cfg: Config, schedule: Schedule, arch: str,
     chunks = -(-shape.xsize // cfg.vec)
     even = chunks * cfg.vec == shape.xsize and chunks == cfg.chunks_per_thread * cfg.threads_per_row
     rot = rotation_source(shape)
-
-    def rot_load(v: Value) -> Code:
-        """The rotated grid's load of ``v``: the rotation's own input is aligned by construction."""
-        return Code("load_vec_rot_own" if v is rot else "load_vec_rot")
-
     nrows = shape.nrows
     grid = (-(-nrows // cfg.rows_per_block), 1, 1)
     sched_lines = [f"rows ({legend_rows}) grouped per block: g = ROWS_PER_BLOCK = {cfg.rows_per_block} rows "
@@ -633,9 +645,7 @@ def lower_shape(shape: RowwiseShape, cfg: Config, schedule: Schedule, arch: str,
                    f"{x} (normalised) held whole in registers: {cfg.chunks_per_thread} x {cfg.vec} values "
                    "per thread, fp32",
                    "HBM: every input read once, every output written once (no SMEM round trip)"]
-    if rot is not None:
-        sched_lines.append(f"rows of {shape.xsize} values are not whole 16-byte vectors: each row's grid is "
-                           f"rotated to start where {name(rot)}'s row meets a 16-byte boundary")
+    rotation = rotation_context(shape, cfg, rot, sched_lines)
     sched_lines += [f"schedule: {r}" for k in schedule.kernels for r in k.relabels]
     ctx = dict(
         kernel=kernel_name, T=T, dtype=shape.dtype, kind=shape.kind, eps=float(shape.eps),
@@ -649,13 +659,11 @@ def lower_shape(shape: RowwiseShape, cfg: Config, schedule: Schedule, arch: str,
         TPR=cfg.threads_per_row, RPB=cfg.rows_per_block, VEC=cfg.vec, CPT=cfg.chunks_per_thread,
         REGS=regs_estimate(shape, cfg), THREADS=threads, XSIZE=shape.xsize, NROWS=c_i64(nrows), EVEN=even, block_mode=cfg.block_mode,
         params=params, row_index=row_index, offsets=offsets, row_scalars=row_scalars,
-        pre_loads=[(ident(name(a), "ld_"), ident(name(a), "in_"), ident(name(a), "off_"), rot_load(a))
+        pre_loads=[(ident(name(a), "ld_"), ident(name(a), "in_"), ident(name(a), "off_"), Code(rotated_load(a, rot)))
                    for a in pre_loads],
-        post_loads=[(ident(name(a), "ld_"), ident(name(a), "in_"), ident(name(a), "off_"), rot_load(a))
-                    for a in post_inputs],
-        pre_elem=pre_elem, post_elem=post_elem, norm_in=ident(name(u), "a_"), kept=kept,
-        ROT=rot is not None, BODY=body_chunks(shape, cfg),
-        rot_src=None if rot is None else Code(f"{ident(name(rot), 'in_')} + {ident(name(rot), 'off_')}"),
+        post_loads=[(ident(name(a), "ld_"), ident(name(a), "in_"), ident(name(a), "off_"),
+                     Code(rotated_load(a, rot))) for a in post_inputs],
+        pre_elem=pre_elem, post_elem=post_elem, norm_in=ident(name(u), "a_"), kept=kept, **rotation,
         norm_out=ident(name(shape.norm), "a_"), stores=stores,
         schedule_lines=[comment(s) for s in sched_lines], arch=comment(arch),
         diagram=comment(d.name),
@@ -1664,8 +1672,7 @@ def lower_chain(shape: ChainShape, cfg: ChainConfig, schedule: Schedule, arch: s
                 loads.append(Code(f"napkin::load_vec({ident(nm, 'pf_')}[d][u], {ident(nm, 'in_')} + next_row * "
                                   f"{c_i64(shape.xsize)}, col0, next_limit, napkin::zero<T>());"))
             elif any(v is w for w in vecs) and rot is not None:
-                fn = "load_vec_rot_own" if v is rot else "load_vec_rot"
-                loads.append(Code(f"napkin::{fn}({buf}[u], {ident(nm, 'in_')} + {ident(nm, 'off_')}, "
+                loads.append(Code(f"napkin::{rotated_load(v, rot)}({buf}[u], {ident(nm, 'in_')} + {ident(nm, 'off_')}, "
                                   "col0, rot, limit, napkin::zero<T>(), c0 + u < BODY_CHUNKS);"))
             elif any(v is w for w in vecs):
                 loads.append(Code(f"napkin::load_vec({buf}[u], {ident(nm, 'in_')} + {ident(nm, 'off_')}, col0, "
@@ -1712,9 +1719,7 @@ def lower_chain(shape: ChainShape, cfg: ChainConfig, schedule: Schedule, arch: s
                    f"the row ({', '.join(red)}), {shape.xsize} values, {shape.passes} pass(es) over it, {mode}",
                    "reductions in fp32: per-thread partials, then "
                    + ("block reductions" if cfg.block_mode else f"{cfg.threads_per_row}-lane shuffles")]
-    if rot is not None:
-        sched_lines.append(f"rows of {shape.xsize} values are not whole 16-byte vectors: each row's grid is "
-                           f"rotated to start where {name(rot)}'s row meets a 16-byte boundary")
+    rotation = rotation_context(shape, cfg, rot, sched_lines)
     if shape.cols:
         sched_lines.append(f"column reductions ({', '.join(name(c.result) for c in shape.cols)}): SPLITS = "
                            f"{cfg.splits} blocks, {cfg.iterations(shape)} row group(s) each, PREFETCH = "
@@ -1734,9 +1739,7 @@ def lower_chain(shape: ChainShape, cfg: ChainConfig, schedule: Schedule, arch: s
         legend_rows=comment(legend_rows), legend_x=comment(", ".join(red)),
         TPR=cfg.threads_per_row, RPB=cfg.rows_per_block, VEC=cfg.vec, CPT=cfg.chunks_per_thread,
         UNROLL=cfg.unroll, stream=cfg.stream, REGS=chain_regs_estimate(shape, cfg), THREADS=cfg.threads,
-        XSIZE=shape.xsize, NROWS=c_i64(nrows), EVEN=_even(shape, cfg), block_mode=cfg.block_mode,
-        ROT=rot is not None, BODY=body_chunks(shape, cfg),
-        rot_src=None if rot is None else Code(f"{ident(name(rot), 'in_')} + {ident(name(rot), 'off_')}"),
+        XSIZE=shape.xsize, NROWS=c_i64(nrows), EVEN=_even(shape, cfg), block_mode=cfg.block_mode, **rotation,
         params=params, row_index=row_index, offsets=offsets, row_scalars=row_scalars,
         first_scalars=scalar_maps.get(0, []), kept_decl=kept_decl, passes=passes, row_stores=row_stores,
         schedule_lines=[comment(s) for s in sched_lines],
