@@ -141,6 +141,21 @@ def test_the_planner_fuses_the_column_reductions_into_the_row_kernel(name, sizes
     assert rows.best is not None and pk.seconds < apart, (pk.seconds, apart)
 
 
+def test_a_grad_whose_boxes_leave_an_input_unread_is_still_priced():
+    """The layernorm backward keeps the forward's beta as an input that no box reads. Ranked whole
+    (``compile(family="rowwise")``, ``benchmarks/candidates.py``), every candidate must be priced:
+    a placement naming beta was refused by the model, every candidate priced infinite, and the
+    family's first candidate taken whatever its cost."""
+    from napkin.codegen.select import rank
+
+    d = norm_grad("layernorm", r=4096, x=4096)
+    assert "beta" in d.input_names
+    ranked = rank(d, FAMILY, "h200", "bf16")
+    times = [r.seconds for r in ranked]
+    assert len(times) > 1 and all(0 < t < 1 for t in times), times
+    assert times == sorted(times) and times[0] < times[-1], times
+
+
 @pytest.mark.parametrize("name", ["rmsnorm", "layernorm"])
 def test_the_model_prices_the_minimal_bytes_and_the_partials(name):
     r, x = 16384, 4096

@@ -52,6 +52,23 @@ def per_diagram(analyse):
     return analysed
 
 
+def in_registers(diagram, boxes=None) -> tuple[tuple[str, str], ...]:
+    """A kernel's placement with every array it touches in registers: the arrays ``boxes`` (by
+    default all of the diagram's boxes) compute or read, sorted by name. An input no box reads is
+    left out: a grad diagram keeps the forward's inputs (a layernorm's beta) whether or not its
+    boxes read them, and the cost model refuses a placement that names an array the kernel does
+    not touch.
+
+    >>> from napkin.diagrams import library
+    >>> grad = library.get("layernorm").grad(save={"N_mean", "N_rstd"})
+    >>> "beta" in grad.input_names, "beta" in dict(in_registers(grad))
+    (True, False)
+    """
+    nodes = diagram.nodes if boxes is None else boxes
+    touched = {diagram.name_of(v) for b in nodes for v in (b, *b.args)}
+    return tuple((n, "RF") for n in sorted(touched))
+
+
 def plain_kernel_reason(diagram, dtypes) -> str | None:
     """The checks a kernel of maps and reductions (the row-wise and pointwise families) makes of its
     sub-diagram before anything else: one dtype among ``dtypes``, every size bound, and no output

@@ -28,6 +28,7 @@ from ...errors import CodegenError
 from ...perfmodel.schedule import Kernel, KernelOptions, Schedule
 from ..program import Arg, Buffer, KernelLaunch, Program
 from ..render import Code, c_i64, comment, cuda_type, ident, map_expr, render
+from . import in_registers
 
 NAME = "fallback"
 THREADS = 256           # threads per block (map, contract); 8 warps (reduce, rows)
@@ -78,9 +79,8 @@ def fallback_schedule(diagram: Diagram, gpu=None, dtype: str | None = None) -> S
         real = [b for b in boxes if not isinstance(b.op, Rename)]
         label = d.name_of(real[-1]) if real else "view"
         # a thread reads its operands from HBM into registers: nothing is staged in SMEM
-        touched = sorted({d.name_of(v) for b in boxes for v in (b, *b.args)})
         out.append(Kernel(f"k{i}_{label}", tuple(d.name_of(b) for b in boxes),
-                          placement=tuple((n, "RF") for n in touched), family=NAME,
+                          placement=in_registers(d, boxes), family=NAME,
                           options=KernelOptions(engine="scalar", warps=WARPS)))
     key = getattr(gpu, "key", gpu)
     dts = sorted(d.dtypes)

@@ -67,7 +67,7 @@ from ...errors import CodegenError
 from ...perfmodel.schedule import Kernel, KernelOptions, Relabel, Schedule
 from ..program import Arg, Buffer, KernelLaunch, Program
 from ..render import Code, c_i64, c_int, comment, cuda_type, half_math, ident, map_expr, render
-from . import per_diagram, plain_kernel_reason
+from . import in_registers, per_diagram, plain_kernel_reason
 
 NAME = "pointwise"
 TEMPLATE = "pointwise.cu.jinja"
@@ -902,9 +902,7 @@ def schedule_for(shape: PointwiseShape, cfg: Config, gpu: str | None) -> Schedul
         rel.append(Relabel(r, min(s[r], cfg.tpr * cfg.unroll), "SMEM", "stream"))
     d = shape.diagram
     boxes = tuple(d.name_of(v) for v in d.nodes)
-    touched = {d.name_of(v) for v in (*d.inputs, *d.nodes)}
-    placement = tuple((n, "RF") for n in sorted(touched))
-    kernel = Kernel(NAME, boxes, tuple(rel), placement, family=NAME, options=cfg.options(shape))
+    kernel = Kernel(NAME, boxes, tuple(rel), in_registers(d), family=NAME, options=cfg.options(shape))
     return Schedule(d, (kernel,), gpu, shape.dtype)
 
 

@@ -47,7 +47,7 @@ from ...errors import CodegenError
 from ...perfmodel.schedule import Kernel, KernelOptions, Relabel, Schedule
 from ..program import Arg, Buffer, KernelLaunch, Program
 from ..render import Code, c_i64, c_int, comment, cuda_type, half_math, ident, map_expr, render
-from . import per_diagram, plain_kernel_reason
+from . import in_registers, per_diagram, plain_kernel_reason
 
 NAME = "rowwise"
 TEMPLATE = "rowwise.cu.jinja"
@@ -445,9 +445,7 @@ def schedule_for(shape: RowwiseShape, cfg: Config, gpu: str | None) -> Schedule:
         rel += [Relabel(a, g, "RF", "group") for a, g in _spread(shape, 32 // cfg.threads_per_row)]
     d = shape.diagram
     boxes = tuple(d.name_of(v) for v in d.nodes)
-    touched = {d.name_of(v) for v in (*d.inputs, *d.nodes)}
-    placement = tuple((n, "RF") for n in sorted(touched))
-    kernel = Kernel(NAME, boxes, tuple(rel), placement, family=NAME, options=cfg.options(shape))
+    kernel = Kernel(NAME, boxes, tuple(rel), in_registers(d), family=NAME, options=cfg.options(shape))
     return Schedule(d, (kernel,), gpu, shape.dtype)
 
 
@@ -1413,9 +1411,7 @@ def chain_schedule_for(shape: ChainShape, cfg: ChainConfig, gpu: str | None) -> 
         rel += [Relabel(a, g, "RF", "group") for a, g in _spread(shape, 32 // cfg.threads_per_row)]
     d = shape.source or shape.diagram
     boxes = tuple(d.name_of(v) for v in d.nodes)
-    touched = {d.name_of(v) for v in (*d.inputs, *d.nodes)}
-    placement = tuple((n, "RF") for n in sorted(touched))
-    kernel = Kernel(NAME, boxes, tuple(rel), placement, family=NAME, options=cfg.options(shape))
+    kernel = Kernel(NAME, boxes, tuple(rel), in_registers(d), family=NAME, options=cfg.options(shape))
     return Schedule(d, (kernel,), gpu, shape.dtype)
 
 
