@@ -291,6 +291,8 @@ CASES = [
     Case("rowwise.cu.jinja", "layernorm", {"r": 3, "x": 4100}, family="rowwise"),
     # rows of no 16-byte multiple, several a warp: each row's grid rotated to its first 16-byte boundary
     Case("rowwise.cu.jinja", "softmax", {"r": 40, "x": 37}, family="rowwise", label="softmax_rotated_rows"),
+    # ... gamma and beta beside them start elsewhere in their 16-byte lines: two lines a chunk, shifted
+    Case("rowwise.cu.jinja", "layernorm", {"r": 40, "x": 1001}, family="rowwise", label="layernorm_rotated_rows"),
     Case("rowwise.cu.jinja", "layernorm", {"r": 9, "x": 1001}, dtype="fp32", family="rowwise",
          label="layernorm_rotated_rows_fp32"),
     # the chain kernel: a row of two axes in registers (gamma/beta gathered per element), and a row

@@ -407,7 +407,7 @@ def test_a_map_over_one_layout_keeps_whole_vectors_across_rows(r, x, dtype, tail
     (row_sum, dict(r=7, x=4095), True), (row_sum, dict(r=3, x=1), True), (total, dict(r=9, x=41), True),
     (l2_norm, dict(r=6, x=71), True), (dot_all, dict(r=9, x=41), True), (row_sum, dict(r=7, x=4096), False),
     (sum_bs, dict(b=3, h=5, s=33), False),            # R = (b, s) is no run of the row's memory
-    (matvec, dict(a=7, b=101), True),                 # x[b], the same in every row, value by value
+    (matvec, dict(a=7, b=101), True),                 # x[b], the same in every row, shifted into place
     (full_and_reduced, dict(r=4, x=41), False),       # an output written in the pass
     (masked_rowmax, dict(q=9, x=9), False)])          # an index map
 def test_rows_of_odd_length_keep_whole_vectors(build_, sizes, aligned):
@@ -459,15 +459,20 @@ def test_other_column_reductions_keep_the_vector_dividing_the_axis():
     assert not pw.analyse(bound(column_sum, dict(r=4, x=4096))).padded
 
 
-def test_a_vector_every_row_reads_is_read_value_by_value_beside_aligned_rows():
+@pytest.mark.parametrize("dtype, vec", [("bf16", 8), ("fp16", 8), ("fp32", 4)])
+def test_a_vector_every_row_reads_beside_aligned_rows_is_read_where_it_sits(dtype, vec):
     """A matrix-vector product over rows of odd length: W's rows keep whole aligned vectors, and
-    x[b], whose values sit elsewhere in their 16-byte lines than each row's, is loaded value by value
-    (an aligned vector load of it would fault); the rows' alignment check looks at W alone."""
-    d = bound(matvec, dict(a=4097, b=12289))
+    x[b], whose values sit elsewhere in their 16-byte lines than each row's (an aligned vector load
+    of it would fault), is read from the two aligned lines each 16-bit vector spans and shifted into
+    place, and value by value in fp32 (four loads a vector; measured faster there); the rows'
+    alignment check looks at W alone."""
+    d = bound(matvec, dict(a=4097, b=12289), dtype)
     shape = pw.analyse(d)
-    assert shape.aligned_rows and shape.vec == 8
+    assert shape.aligned_rows and shape.vec == vec
     src = lower(d, family="pointwise", gpu="h100").launches[0].source
-    assert "napkin_pwh::load<T, VEC>(ld_x[u], in_x + (koff_x + rflat), false);" in src
+    shifted = "napkin_pwh::load_shifted<T, VEC>(ld_x[u], in_x + (koff_x + rflat), VEC);" in src
+    scalar = "napkin_pwh::load<T, VEC>(ld_x[u], in_x + (koff_x + rflat), false);" in src
+    assert (shifted, scalar) == ((True, False) if vec == 8 else (False, True))
     assert "napkin_pwh::load<T, VEC>(ld_W[u], in_W + (koff_W + rflat), vec_ok);" in src
     assert "head_of(in_W + koff_W, NR)" in src and "in_x) %" not in src
 

@@ -62,6 +62,24 @@ extern "C" __global__ void vec_copy_f32(const float* X, float* Y, float* Z, int 
   vec_copy<float>(X, Y, Z, rows, cols, ld, zld, fill);
 }
 
+// ---- 16 bytes at any address ------------------------------------------------------------------
+
+// Thread t reads the 16 bytes at X + t (any byte offset in a line; X's buffer is 16-byte aligned)
+// with load16_shifted and writes the first min(16, n - t) of them to Y + 16 t: the caller checks
+// those against X[t ..]; a thread whose 16 bytes would end past n asks for fewer, and its read
+// must then stay inside the lines holding X[t .. n).
+extern "C" __global__ void shifted_bytes(const unsigned char* X, unsigned char* Y, int n) {
+  const int t = blockIdx.x * blockDim.x + threadIdx.x;
+  if (t >= n) return;
+  const int want = n - t < 16 ? n - t : 16;
+  const uint4 v = load16_shifted(X + t, want);
+  const unsigned int w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+  for (int i = 0; i < 16; ++i) {
+    if (i < want) Y[16 * t + i] = static_cast<unsigned char>(w[i >> 2] >> (8 * (i & 3)));
+  }
+}
+
 // ---- cp.async multi-stage pipeline ------------------------------------------------------------
 
 // Block b streams the 64-column band b of X (rows x cols, row stride ld) through a STAGES-deep

@@ -110,6 +110,23 @@ def test_vector_loads_and_stores_with_tails(torch, gen, tname, rows, cols, ld):
     assert (z[:, cols:] == fill).all(), "tail not filled: " + msg
 
 
+# ---- 16 bytes at any address ---------------------------------------------------------------------
+
+@pytest.mark.parametrize("n", [1, 15, 16, 17, 64, 203])
+def test_sixteen_bytes_at_every_offset_are_joined_from_their_lines(torch, gen, n):
+    """load16_shifted at each byte offset of a line and each length up to 16 (the last threads ask
+    for fewer bytes, their reads stay in the lines that hold them: memcheck runs this file's
+    kernels through benchmarks/sanitize.py's rotated and matvec cases)."""
+    x = torch.randint(0, 256, (n,), generator=gen.g, device="cuda", dtype=torch.uint8)
+    y = torch.full((16 * n,), 0xEE, device="cuda", dtype=torch.uint8)
+    kernel("shifted_bytes")((cdiv(n, 64),), (64,), [x, y, n], sync=True)
+    got = y.view(n, 16)
+    for t in range(n):
+        want = min(16, n - t)
+        assert torch.equal(got[t, :want], x[t:t + want]), f"offset {t}, seed {gen.seed_value}"
+        assert (got[t, want:] == 0xEE).all(), f"offset {t} wrote past its bytes"
+
+
 # ---- cp.async ----------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("tname,rows,cols,ld", [

@@ -2,6 +2,8 @@
 //
 // Provides:
 //   Vec16<T>, load16 / store16           one 16-byte (uint4) access
+//   load16_shifted                       16 bytes at any address: the one or two aligned lines
+//                                        they span, joined by funnel shifts
 //   load_vec / store_vec                 16 bytes of a row with a bounds-checked scalar fallback
 //                                        for the row's tail and for unaligned addresses
 //   values_to_boundary / load_vec_rot /  a row that starts between two 16-byte boundaries: the
@@ -42,6 +44,29 @@ struct __align__(16) Vec16 {
 NAPKIN_DEVICE uint4 load16(const void* p) { return *reinterpret_cast<const uint4*>(p); }
 NAPKIN_DEVICE void store16(void* p, uint4 v) { *reinterpret_cast<uint4*>(p) = v; }
 
+// The 16 bytes at p wherever p sits in its 16-byte line: the aligned line at or before p and, where
+// p is not on a boundary and bytes past that line are wanted (nbytes > 16 - offset), the next one,
+// joined by funnel shifts of their words. Two vector loads where an unaligned vector would take one
+// scalar load a value (each, with lanes 16 bytes apart, four L1 wavefronts). Bytes at nbytes and
+// past are unspecified; no line holding none of the bytes p[0 .. nbytes) is read (nbytes >= 1).
+NAPKIN_DEVICE uint4 load16_shifted(const void* p, int nbytes) {
+  const unsigned long long a = reinterpret_cast<unsigned long long>(p);
+  const int off = static_cast<int>(a & 15ull);           // bytes into the line
+  const uint4* line = reinterpret_cast<const uint4*>(a - static_cast<unsigned long long>(off));
+  const uint4 lo = line[0];
+  const uint4 hi = (off != 0 && nbytes > 16 - off) ? line[1] : make_uint4(0u, 0u, 0u, 0u);
+  const unsigned int w[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
+  const int ws = off >> 2, bits = (off & 3) * 8;         // whole words, then bits, to shift by
+  unsigned int r[4];
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const unsigned int x0 = ws == 0 ? w[j] : ws == 1 ? w[j + 1] : ws == 2 ? w[j + 2] : w[j + 3];
+    const unsigned int x1 = ws == 0 ? w[j + 1] : ws == 1 ? w[j + 2] : ws == 2 ? w[j + 3] : w[j + 4];
+    r[j] = __funnelshift_r(x0, x1, bits);
+  }
+  return make_uint4(r[0], r[1], r[2], r[3]);
+}
+
 // v = row[col .. col + size); elements at index >= limit read as `fill`. One 16-byte load when the
 // whole vector is inside the row and its address is 16-byte aligned, scalar loads otherwise.
 template <typename T>
@@ -76,6 +101,11 @@ NAPKIN_DEVICE void load_vec_rot(Vec16<T>& v, const T* row, int q, int rot, int l
   if (body) {
     if (limit > 0 && is_aligned(row + col, 16)) {
       *reinterpret_cast<uint4*>(v.x) = load16(row + col);
+    } else if (sizeof(T) == 2 && limit > 0) {
+      // inside the row, an array that starts elsewhere in its lines than the rotation's own (gamma
+      // beside X): 16-bit values still move 16 bytes at a time (fp32 keeps its four scalar loads,
+      // measured faster beside the pointwise family's shifted vector)
+      *reinterpret_cast<uint4*>(v.x) = load16_shifted(row + col, 16);
     } else {
 #pragma unroll
       for (int i = 0; i < N; ++i) v.x[i] = limit > 0 ? row[col + i] : fill;
