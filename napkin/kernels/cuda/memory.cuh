@@ -68,7 +68,9 @@ NAPKIN_DEVICE uint4 load16_shifted(const void* p, int nbytes) {
 }
 
 // v = row[col .. col + size); elements at index >= limit read as `fill`. One 16-byte load when the
-// whole vector is inside the row and its address is 16-byte aligned, scalar loads otherwise.
+// whole vector is inside the row and its address is 16-byte aligned, scalar loads otherwise (not
+// load16_shifted: on an H200 it took a norm backward over 4096 x 4095 bf16 from 105 to 111 us of
+// kernel, though a streamed log-softmax over rows of 70001 went from 46 to 41).
 template <typename T>
 NAPKIN_DEVICE void load_vec(Vec16<T>& v, const T* row, int col, int limit, T fill) {
   constexpr int N = Vec16<T>::size;
