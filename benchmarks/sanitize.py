@@ -209,6 +209,23 @@ def _gemm_row_softmax():
     return Diagram("gemm_row_softmax", softmax(L, c, name="P"))
 
 
+def _rotated_columns(d):
+    """The norm backward's column-reduction kernel over rows of odd length on its rotated grid
+    (``rowwise.ROTATE_COLUMN_KERNELS``, off in the planner until it has run on a GPU): the inputs
+    here start at the same place in their 16-byte lines, so the rotated path runs."""
+    from napkin.codegen.families import rowwise
+    from napkin.codegen.lower import lower
+
+    before = rowwise.ROTATE_COLUMN_KERNELS
+    rowwise.ROTATE_COLUMN_KERNELS = True
+    try:
+        program = lower(d, family="rowwise")
+    finally:
+        rowwise.ROTATE_COLUMN_KERNELS = before
+    assert "same_lines" in program.launches[0].source, "the rotated column kernel was not planned"
+    return program
+
+
 def _persistent_walk(d):
     """The Hopper attention kernel's persistent blocks, 5 of them walking 21 causal tiles of
     different lengths: the ring's slots and phases run on from tile to tile, and each tile's
@@ -302,6 +319,9 @@ CASES = [
     # column reductions: more row groups than blocks (several a block, the last ragged), a row of no
     # 16-byte multiple; the partials' sum in the kernel (arrival counters, tickets, the reset)
     Case("rowwise.cu.jinja", _layernorm_grad, {"r": 4000, "x": 999}, family="rowwise"),
+    # the same on the rotated grid: a slot's rows share one rotation; partials written back to their columns
+    Case("rowwise.cu.jinja", _layernorm_grad, {"r": 2000, "x": 999}, family="rowwise", program=_rotated_columns,
+         label="layernorm_grad_rotated"),
     # the rmsnorm backward that recomputes rstd (two passes, two sums in one block round) on a row of
     # 5000 (320 threads fitted to it, the register budget cut for two blocks an SM)
     Case("rowwise.cu.jinja", _rmsnorm_grad, {"r": 600, "x": 5000}, family="rowwise"),

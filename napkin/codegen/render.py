@@ -238,6 +238,12 @@ def code_join(items, sep: str = "") -> Code:
     return Code(str(sep).join(_finalize(i) for i in items))
 
 
+def _rendered(text) -> Code:
+    """Text a template's own macro rendered: every value in it already passed :func:`_finalize`
+    (the row-wise template renders its row loop twice, once a grid)."""
+    return Code(str(text))
+
+
 @lru_cache(maxsize=None)
 def environment():
     """The Jinja environment over the package templates (StrictUndefined, whitelist finalize)."""
@@ -259,6 +265,7 @@ def environment():
     env.filters["c_i64"] = c_i64
     env.filters["cuda_type"] = cuda_type
     env.filters["comment"] = comment
+    env.filters["rendered"] = _rendered
     env.globals["map_expr"] = map_expr
     return env
 

@@ -6,10 +6,12 @@ The GPU side (results, misaligned tensors) is tests/codegen/test_rowwise_rotatio
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from napkin.codegen.families import rowwise
-from napkin.codegen.families.rowwise import FAMILY, analyse, body_chunks, rotation_source
+from napkin.codegen.families.rowwise import FAMILY, analyse, body_chunks, rotation_period, rotation_source
 from napkin.codegen.prepare import prepare
 from napkin.diagrams import library
 
@@ -75,12 +77,92 @@ def test_other_rows_keep_their_grid(name, sizes, dtype):
 
 
 def test_column_reductions_keep_their_grid():
-    # the layernorm backward's dgamma and dbeta sum columns over the rows: a thread owns fixed columns
+    # the layernorm backward's dgamma and dbeta sum columns over the rows: a thread owns fixed
+    # columns; rotating them (ROTATE_COLUMN_KERNELS) is built but has not run on a GPU yet
+    assert rowwise.ROTATE_COLUMN_KERNELS is False
     d = prepare(library.get("layernorm").grad(), sizes=dict(r=4000, x=999), dtype="bf16")
     shape = analyse(d)
     assert shape.cols and rotation_source(shape) is None
     for _, cfg, k in _launches(d, "bf16"):
-        assert "load_vec_rot" not in k.source
+        assert "load_vec_rot" not in k.source and rotation_source(shape, cfg) is None
+
+
+@pytest.fixture
+def rotate_columns(monkeypatch):
+    monkeypatch.setattr(rowwise, "ROTATE_COLUMN_KERNELS", True)
+
+
+@pytest.mark.parametrize("dtype, period", [("bf16", 8), ("fp16", 8)])
+@pytest.mark.parametrize("sizes", [dict(r=4000, x=999), dict(r=4096, x=4095), dict(r=300, x=77)])
+def test_column_reductions_rotate_where_a_block_steps_whole_periods_of_rows(rotate_columns, sizes, dtype, period):
+    """With ROTATE_COLUMN_KERNELS: the layernorm backward's blocks step over rows SPLITS *
+    ROWS_PER_BLOCK apart; the family rounds SPLITS so that this is a multiple of the rows after
+    which a row starts at the same place in its line again, and every row of a slot then has its
+    first row's rotation. The kernel takes the rotated grid where the arrays it reads and writes
+    unchecked start at the same place in their lines as the rotation's own (checked once a block),
+    else the unrotated one, and writes its partials back to their columns."""
+    d = prepare(library.get("layernorm").grad(), sizes=sizes, dtype=dtype)
+    shape = analyse(d)
+    assert shape.cols and rotation_period(shape) == period
+    assert rotation_source(shape) is None            # no configuration: no block step to rely on
+    seen = 0
+    for _, cfg, k in _launches(d, dtype):
+        stepped = cfg.splits * cfg.rows_per_block % period == 0
+        assert stepped or cfg.splits < period, cfg   # rounded wherever there are blocks to round
+        # a budget cut for two blocks an SM, and threads with no chunk surely inside the row, keep their grid
+        stepped = stepped and cfg.blocks_per_sm is None and body_chunks(shape, cfg) >= 1
+        assert (rotation_source(shape, cfg) is not None) == stepped
+        src = k.source
+        if not stepped:
+            assert "load_vec_rot" not in src and "same_lines" not in src
+            continue
+        seen += 1
+        assert src.count("constexpr bool RT = ") == 2 and "if (same_lines) {" in src
+        (check,) = [line for line in src.splitlines() if "const bool same_lines =" in line]
+        name = rotation_source(shape, cfg).name
+        assert f"napkin::values_to_boundary(in_{name} + ((long long)blockIdx.x" in src
+        # every array a rotated path reads or writes unchecked shares the rotation's place in its lines
+        unchecked = set(re.findall(r"napkin::load_vec_rot_own\((?:pf_\w+\[d\]\[u\]|\w+\[u\]), (\w+)", src))
+        unchecked |= set(re.findall(r"napkin::store_vec_rot_own\((\w+)", src))
+        assert unchecked and f"in_{name}" in unchecked, src
+        for a in unchecked - {f"in_{name}"}:
+            assert f"reinterpret_cast<unsigned long long>({a})) & 15ULL) == 0ULL" in check, a
+        assert "slot_rot[slot] = rot;" in src and "word_at(i >= slot_rot[s]" in src
+    assert seen
+
+
+@pytest.mark.nvcc
+@pytest.mark.parametrize("name", ["rmsnorm", "layernorm"])
+def test_rotated_column_kernels_build_under_nvrtc_and_nvcc_within_the_model(rotate_columns, name):
+    """The planner's picks of the norm backwards over odd rows, rotated: NVRTC's JIT mode takes them
+    (it refuses what nvcc takes: a generic lambda, a function with no execution space) and nvcc
+    builds them within the model's registers, without spills, for sm_80 and sm_90a."""
+    from napkin_test_support import nvrtc_errors, nvrtc_library
+
+    from napkin.codegen import compile
+    from napkin.kernels import nvcc_compile
+    from napkin.kernels.compile import BASE_OPTIONS, cuda_include_dirs
+    from napkin.kernels.library import inline_library
+
+    lib = nvrtc_library()
+    saves = {"rmsnorm": {"N_rstd"}, "layernorm": {"N_rstd", "N_mean"}}[name]
+    grad = library.get(name).grad(save=saves)
+    built = 0
+    for sizes in (dict(r=4096, x=4095), dict(r=16384, x=4095), dict(r=4000, x=999), dict(r=8192, x=1001),
+                  dict(r=4096, x=2999), dict(r=300, x=77)):
+        for gpu, arch in (("h200", "sm_90a"), ("a100", "sm_80")):
+            (k,) = compile(grad, sizes=sizes, dtype="bf16", gpu=gpu).launches
+            if "same_lines" not in k.source:
+                continue
+            built += 1
+            if lib is not None and cuda_include_dirs():
+                opts = [f"--gpu-architecture={arch}", *BASE_OPTIONS, *(f"-I{d}" for d in cuda_include_dirs())]
+                log = nvrtc_errors(lib, inline_library(k.source, filename="k.cu"), "k.cu", opts)
+                assert log is None, log[:3000]
+            r = nvcc_compile(k.source, arch)[k.name]
+            assert r.spill_stores == 0 and r.spill_loads == 0, (sizes, arch, r)
+            assert r.registers <= k.model_regs_per_thread, (sizes, arch, r.registers, k.model_regs_per_thread)
+    assert built >= 8
 
 
 def test_the_plan_says_the_grid_is_rotated():

@@ -68,3 +68,49 @@ def test_rows_of_a_misaligned_view(offset):
     assert torch.isfinite(got).all()
     err = ((got.double() - want).abs().max() / want.abs().max()).item()
     assert err < 2e-2, err
+
+
+@pytest.mark.parametrize("name", ["rmsnorm", "layernorm"])
+@pytest.mark.parametrize("sizes", [dict(r=1000, x=999), dict(r=300, x=4095), dict(r=64, x=77)])
+@pytest.mark.parametrize("shift", [0, 1])
+def test_column_reductions_on_either_grid(monkeypatch, name, sizes, shift):
+    """A norm backward over rows that are not whole vectors with the rotated column kernel on
+    (``ROTATE_COLUMN_KERNELS``), every configuration the family proposes: with X, dY and dX
+    starting at the same place in their 16-byte lines (shift 0) the kernel runs the rotated grid,
+    with X a view one value into its storage (shift 1) the unrotated one; dX, dgamma (and dbeta)
+    against the float64 reference, outputs poisoned with NaN."""
+    import torch
+
+    from napkin.codegen.families import rowwise
+    from napkin.codegen.prepare import prepare
+
+    monkeypatch.setattr(rowwise, "ROTATE_COLUMN_KERNELS", True)
+    saves = {"rmsnorm": {"N_rstd"}, "layernorm": {"N_rstd", "N_mean"}}[name]
+    grad = library.get(name).grad(save=saves)
+    r, x = sizes["r"], sizes["x"]
+    gen = torch.Generator(device="cuda").manual_seed(r + x + shift)
+    store = torch.randn(r * x + shift, device="cuda", generator=gen).bfloat16()
+    X = store[shift:].view(r, x)
+    env = {"X": X, "gamma": (torch.randn(x, device="cuda", generator=gen) + 1).bfloat16(),
+           "beta": torch.randn(x, device="cuda", generator=gen).bfloat16(),
+           "dY": torch.randn(r, x, device="cuda", generator=gen).bfloat16()}
+    X64 = X.double()
+    mu = X64.mean(-1) if name == "layernorm" else torch.zeros_like(X64[:, 0])
+    env["N_mean"] = mu.bfloat16()
+    env["N_rstd"] = torch.rsqrt(((X64 - mu[:, None]) ** 2).mean(-1) + 1e-5).bfloat16()
+    d = prepare(grad, sizes=sizes, dtype="bf16")
+    rotated = 0
+    for s in rowwise.FAMILY.candidates(d, "h100", "bf16"):
+        cd = compile(grad, sizes=sizes, dtype="bf16", schedule=s, family="rowwise")
+        rotated += "same_lines" in cd.launches[0].source
+        args = {n: env[n] for n in cd.input_names}
+        outs = cd.empty_outputs(device="cuda", fill=float("nan"))
+        cd(**args, out=outs)
+        torch.cuda.synchronize()
+        ref = cd.diagram.reference({k: v.double() for k, v in args.items()}, dtype=torch.float64)
+        for n in cd.output_names:
+            got = outs[n].double()
+            assert not torch.isnan(got).any(), f"{n} ({s.kernels[0].options}): NaN (unwritten)"
+            err = float(torch.linalg.vector_norm(got - ref[n]) / torch.linalg.vector_norm(ref[n]))
+            assert err <= 1e-2, f"{n} ({s.kernels[0].options}, shift {shift}): relative error {err:.2e}"
+    assert rotated, "no configuration took the two-grid kernel"

@@ -227,6 +227,13 @@ def _dots_as_reductions(diagram: Diagram) -> "Diagram | str":
 #: row (:func:`_hoist_row_factors`).
 HOIST_ROW_FACTORS = True
 
+#: Whether a kernel with column reductions over 16-bit rows that are not whole 16-byte vectors may
+#: run on a rotated grid (:func:`rotation_source`, :func:`_rotatable_splits`). Off: the kernel builds
+#: under nvcc and NVRTC without spills at the planner's picks (checked without a GPU), but has not
+#: run on a GPU yet. Unrotated, a norm backward over 4096 x 4095 bf16 takes 106 us on an H200
+#: where 4096 x 4096 takes 34 (23 % of the copy rate against 71 %).
+ROTATE_COLUMN_KERNELS = False
+
 
 def _hoist_row_factors(diagram: Diagram) -> Diagram:
     """``diagram`` with each sum (or mean) over the row of a product written as the product's
@@ -467,7 +474,20 @@ def _is_plain_row(shape: RowwiseShape, v: Value) -> bool:
     return tuple(a for a in v.axis_names if a != shape.x) == shape.row_axes and shape.x in v.axis_names
 
 
-def rotation_source(shape: "RowwiseShape | ChainShape") -> Value | None:
+def rotation_period(shape: "RowwiseShape | ChainShape") -> int:
+    """Rows after which a row starts at the same place in its 16-byte line again (rows laid out one
+    after another): 8 for rows of 4095 bf16 values, 1 where a row is whole 16-byte vectors.
+
+    >>> from napkin.diagrams import library
+    >>> from napkin.codegen.prepare import prepare
+    >>> def rows(x, dt): return analyse(prepare(library.get("softmax"), sizes=dict(r=4, x=x), dtype=dt))
+    >>> rotation_period(rows(4095, "bf16")), rotation_period(rows(4094, "bf16")), rotation_period(rows(999, "fp32"))
+    (8, 4, 4)
+    """
+    return 16 // math.gcd(16, shape.xsize * lookup_dtype(shape.dtype).bytes)
+
+
+def rotation_source(shape: "RowwiseShape | ChainShape", cfg: "Config | ChainConfig | None" = None) -> Value | None:
     """The input whose rows the chunk grid is rotated for, where a row is not a whole number of
     16-byte vectors, else None. Row r of 4095 bf16 values starts ``r·8190`` bytes in, on a 16-byte
     boundary only every eighth row, and on a grid starting at the row's first value all but those
@@ -477,9 +497,16 @@ def rotation_source(shape: "RowwiseShape | ChainShape") -> Value | None:
     each array laid out as it is) is one aligned access, and the row's tail and head share its last
     chunk, read value by value; the grid keeps its number of chunks. The input is the first read
     row after row (the norm's input where it is one). Reductions over the row and row-shaped
-    outputs do not mind where a column sits on the grid; a kernel with column reductions keeps
-    its grid (its threads own fixed columns across rows), and so do a row shorter than a vector
-    (no whole chunk to align) and a streamed chain (its lowering says why).
+    outputs do not mind where a column sits on the grid. A kernel with column reductions (its
+    threads own fixed grid positions across rows) keeps its grid unless
+    :data:`ROTATE_COLUMN_KERNELS`: then it is rotated where ``cfg``'s blocks step over rows a
+    multiple of :func:`rotation_period` apart (``splits · rows_per_block``) and its values are
+    16-bit, so that every row a thread runs has its first row's rotation, and the block writes its
+    column partials back to their columns. Kept on their grid, where ptxas spilled them rotated:
+    fp32 rows (40 bytes on sm_80), a register budget cut for two blocks an SM (42-114 bytes on
+    sm_90a), and threads with no chunk inside the row whatever the rotation (168-274 bytes). A row
+    shorter than a vector (no whole chunk to align) and a streamed chain (``cfg``; its lowering
+    says why) keep their grid too.
 
     After (H200, a call, L2 flushed): that softmax 23.8 us in bf16 (was 62.6), layernorm over 8191
     x 1001 14.9 (33.2), an L2 normalisation over 1000 x 12347 17.2 (65.4); in fp32, whose
@@ -494,9 +521,14 @@ def rotation_source(shape: "RowwiseShape | ChainShape") -> Value | None:
     """
     if shape.xsize % shape.vec == 0 or shape.xsize < shape.vec:
         return None
+    if cfg is not None and getattr(cfg, "stream", False):
+        return None
     d = shape.diagram
     if isinstance(shape, ChainShape):
-        if shape.cols:
+        if shape.cols and (not ROTATE_COLUMN_KERNELS or cfg is None or not cfg.splits
+                           or lookup_dtype(shape.dtype).bytes != 2
+                           or cfg.blocks_per_sm is not None or body_chunks(shape, cfg) < 1
+                           or cfg.splits * cfg.rows_per_block % rotation_period(shape)):
             return None
         rows = [v for v in d.inputs
                 if shape.access.get(id(v)) == "row" and v.axis_names == (*shape.row_axes, *shape.red)]
@@ -527,11 +559,12 @@ def rotation_context(shape: "RowwiseShape | ChainShape", cfg: "Config | ChainCon
     """The template values of the rotated grid (``ROT``, ``BODY``, ``rot_src``), the schedule's line
     saying so appended to ``sched_lines``."""
     if rot is None:
-        return dict(ROT=False, BODY=body_chunks(shape, cfg), rot_src=None)
+        return dict(ROT=False, BODY=body_chunks(shape, cfg), rot_src=None, rot_base=None)
     nm = shape.name(rot)
     sched_lines.append(f"rows of {shape.xsize} values are not whole 16-byte vectors: each row's grid is "
                        f"rotated to start where {nm}'s row meets a 16-byte boundary")
-    return dict(ROT=True, BODY=body_chunks(shape, cfg), rot_src=Code(f"{ident(nm, 'in_')} + {ident(nm, 'off_')}"))
+    return dict(ROT=True, BODY=body_chunks(shape, cfg), rot_src=Code(f"{ident(nm, 'in_')} + {ident(nm, 'off_')}"),
+                rot_base=ident(nm, "in_"))
 
 
 def lower_shape(shape: RowwiseShape, cfg: Config, schedule: Schedule, arch: str,
@@ -1302,6 +1335,29 @@ def wave_splits(groups: int, slots: int) -> int:
     return -(-groups // rounds)
 
 
+def _rotatable_splits(shape: ChainShape, splits: int | None, rows_per_block: int) -> int | None:
+    """Column reductions over 16-bit rows that are not whole 16-byte vectors, with
+    :data:`ROTATE_COLUMN_KERNELS`: ``splits`` rounded down to where a block's row groups are a
+    multiple of :func:`rotation_period` rows apart, so that the block can run all its rows on one
+    rotated grid (:func:`rotation_source`); unchanged elsewhere, and where fewer blocks than that
+    would be left.
+
+    >>> from napkin.diagrams import library
+    >>> from napkin.codegen.prepare import prepare
+    >>> grad = library.get("rmsnorm").grad(save={"N_rstd"})
+    >>> def shape(x): return analyse(prepare(grad, sizes=dict(r=16384, x=x), dtype="bf16"))
+    >>> _rotatable_splits(shape(4095), 261, 1) == (256 if ROTATE_COLUMN_KERNELS else 261)
+    True
+    >>> _rotatable_splits(shape(4096), 261, 1), _rotatable_splits(shape(4095), 5, 1)
+    (261, 5)
+    """
+    if (not ROTATE_COLUMN_KERNELS or not splits or not shape.cols or shape.xsize % shape.vec == 0
+            or shape.xsize < shape.vec or lookup_dtype(shape.dtype).bytes != 2):
+        return splits
+    step = rotation_period(shape) // math.gcd(rotation_period(shape), rows_per_block)
+    return splits - splits % step if splits >= step else splits
+
+
 def _squeezable(shape: ChainShape, probe: ChainConfig, per_sm) -> bool:
     """Column reductions: whether the family proposes ``probe`` (one block an SM on its own budget)
     on a budget cut for two blocks an SM: a 16-bit row (fp32 ones spilled), the cut within
@@ -1346,6 +1402,7 @@ def chain_configs(shape: ChainShape, sms: int = DEFAULT_SMS, per_sm=None) -> lis
                     if resident == 1 and depth == 1 and _squeezable(shape, probe, per_sm):
                         splits.append((wave_splits(groups, sms * 2), depth, 2, 2))
             for sp, depth, bps, resident in splits:
+                sp = _rotatable_splits(shape, sp, rpb)
                 cfg = make_chain_config(shape, tpr, rpb, splits=sp, prefetch=depth, blocks_per_sm=bps)
                 if cfg.chunks_per_thread > MAX_CHUNKS or cfg.values_per_thread * len(shape.kept) > MAX_KEPT_REGS:
                     continue
@@ -1588,7 +1645,12 @@ def lower_chain(shape: ChainShape, cfg: ChainConfig, schedule: Schedule, arch: s
 
     # a streamed row keeps its grid: its loop over chunks is not unrolled, so no chunk's checks fold
     # away (nvcc spilled 100-400 bytes on the rotated grid of a streamed log-softmax over 70001)
-    rot = rotation_source(shape) if not cfg.stream else None
+    rot = rotation_source(shape, cfg)
+    # with column reductions the rotated grid is one of two paths (RT): taken where every array laid
+    # out row after row starts at the same place in its 16-byte lines as the rotation's own, so that
+    # each loads and stores its whole chunks unchecked; elsewhere the unrotated grid. Checked loads
+    # of the other arrays on the rotated grid spilled 40-270 bytes (ptxas, sm_80 and sm_90a)
+    two_paths = rot is not None and bool(shape.cols)
     # with column reductions a block loops over row groups: the first pass's loads of the arrays laid
     # out row after row (and the per-row scalars) for the group ``prefetch`` groups ahead are issued
     # while this group is worked on (into registers), so a block keeps that many groups' loads in
@@ -1602,6 +1664,13 @@ def lower_chain(shape: ChainShape, cfg: ChainConfig, schedule: Schedule, arch: s
     pf_vectors = [(ident(name(v), "pf_"), ident(name(v), "in_")) for v in pf if shape.access[id(v)] == "row"]
     held = resident(shape, cfg)
     held_ids = {id(v) for v in held}
+    # the arrays whose rows the two-path grid needs at the rotation's own place in their lines (the
+    # vectors held for every row, gamma, are loaded once, checked)
+    plain = (*shape.row_axes, *shape.red)
+    rows_of = [v for v in used_inputs if shape.access[id(v)] == "row" and id(v) not in held_ids]
+    if two_paths and not all(v.axis_names == plain for v in (*rows_of, *(v for _, v in shape.full_out))):
+        rot, two_paths = None, False  # an array whose rows do not start row · XSIZE values in
+    row_arrays = [ident(name(v), "in_") for v in rows_of] + [ident(n, "out_") for n, _ in shape.full_out]
     held_vectors = [(ident(name(v), "hv_"), ident(name(v), "in_")) for v in held]
     link_ids = {id(v) for c in (*shape.chains, *shape.cols) for v in c.links}
     # column reductions: per-thread partials of the thread's columns (chunk c0 + u, element e)
@@ -1662,11 +1731,26 @@ def lower_chain(shape: ChainShape, cfg: ChainConfig, schedule: Schedule, arch: s
             buf = ident(nm, "kv_") if id(v) in kept_ids else ident(nm, "ld_")
             if id(v) not in kept_ids:
                 decl.append(Code(f"napkin::Vec16<T> {buf}[UNROLL];"))
-            if any(v is w for w in vecs) and id(v) in pf_ids:
+            if any(v is w for w in vecs) and id(v) in pf_ids and two_paths:
+                # this group's vectors came in with the last one; the next group's go out now (on
+                # the rotated path with the same rotation: SPLITS · ROWS_PER_BLOCK rows on)
+                loads.append(Code(f"{buf}[u] = {ident(nm, 'pf_')}[d][u];"))
+                loads.append(Code(
+                    f"if constexpr (RT) napkin::load_vec_rot_own({ident(nm, 'pf_')}[d][u], {ident(nm, 'in_')} + "
+                    f"next_row * {c_i64(shape.xsize)}, col0, rot, next_limit, napkin::zero<T>(), c0 + u < BODY_CHUNKS); "
+                    f"else napkin::load_vec({ident(nm, 'pf_')}[d][u], {ident(nm, 'in_')} + next_row * "
+                    f"{c_i64(shape.xsize)}, col0, next_limit, napkin::zero<T>());"))
+            elif any(v is w for w in vecs) and id(v) in pf_ids:
                 # this group's vectors came in with the last one; the next group's go out now
                 loads.append(Code(f"{buf}[u] = {ident(nm, 'pf_')}[d][u];"))
                 loads.append(Code(f"napkin::load_vec({ident(nm, 'pf_')}[d][u], {ident(nm, 'in_')} + next_row * "
                                   f"{c_i64(shape.xsize)}, col0, next_limit, napkin::zero<T>());"))
+            elif any(v is w for w in vecs) and two_paths:
+                loads.append(Code(
+                    f"if constexpr (RT) napkin::load_vec_rot_own({buf}[u], {ident(nm, 'in_')} + {ident(nm, 'off_')}, "
+                    "col0, rot, limit, napkin::zero<T>(), c0 + u < BODY_CHUNKS); "
+                    f"else napkin::load_vec({buf}[u], {ident(nm, 'in_')} + {ident(nm, 'off_')}, col0, limit, "
+                    "napkin::zero<T>());"))
             elif any(v is w for w in vecs) and rot is not None:
                 loads.append(Code(f"napkin::{rotated_load(v, rot)}({buf}[u], {ident(nm, 'in_')} + {ident(nm, 'off_')}, "
                                   "col0, rot, limit, napkin::zero<T>(), c0 + u < BODY_CHUNKS);"))
@@ -1716,6 +1800,14 @@ def lower_chain(shape: ChainShape, cfg: ChainConfig, schedule: Schedule, arch: s
                    "reductions in fp32: per-thread partials, then "
                    + ("block reductions" if cfg.block_mode else f"{cfg.threads_per_row}-lane shuffles")]
     rotation = rotation_context(shape, cfg, rot, sched_lines)
+    same_lines = None
+    if two_paths:
+        base = row_arrays[0]
+        same_lines = Code(" && ".join(
+            f"((reinterpret_cast<unsigned long long>({base}) ^ reinterpret_cast<unsigned long long>({a})) & 15ULL) == 0ULL"
+            for a in row_arrays[1:]) or "true")
+        sched_lines.append("the rotated grid where every array laid out row after row starts at the same place in "
+                           "its 16-byte lines (checked at run time), else the unrotated one")
     if shape.cols:
         sched_lines.append(f"column reductions ({', '.join(name(c.result) for c in shape.cols)}): SPLITS = "
                            f"{cfg.splits} blocks, {cfg.iterations(shape)} row group(s) each, PREFETCH = "
@@ -1736,6 +1828,7 @@ def lower_chain(shape: ChainShape, cfg: ChainConfig, schedule: Schedule, arch: s
         TPR=cfg.threads_per_row, RPB=cfg.rows_per_block, VEC=cfg.vec, CPT=cfg.chunks_per_thread,
         UNROLL=cfg.unroll, stream=cfg.stream, REGS=chain_regs_estimate(shape, cfg), THREADS=cfg.threads,
         XSIZE=shape.xsize, NROWS=c_i64(nrows), EVEN=_even(shape, cfg), block_mode=cfg.block_mode, **rotation,
+        same_lines=same_lines,
         params=params, row_index=row_index, offsets=offsets, row_scalars=row_scalars,
         first_scalars=scalar_maps.get(0, []), kept_decl=kept_decl, passes=passes, row_stores=row_stores,
         schedule_lines=[comment(s) for s in sched_lines],

@@ -7,8 +7,8 @@
 //   load_vec / store_vec                 16 bytes of a row with a bounds-checked scalar fallback
 //                                        for the row's tail and for unaligned addresses
 //   values_to_boundary / load_vec_rot /  a row that starts between two 16-byte boundaries: the
-//   load_vec_rot_own / store_vec_rot     values before the first boundary, and 16 bytes of a grid
-//                                        rotated by them (whole chunks aligned; the head comes last)
+//   load_vec_rot_own / store_vec_rot /   values before the first boundary, and 16 bytes of a grid
+//   store_vec_rot_own                    rotated by them (whole chunks aligned; the head comes last)
 //   smem_addr                            a shared-memory pointer as the 32-bit address PTX wants
 //   cp_async16                           cp.async.cg 16-byte copy global -> shared; the bytes past
 //                                        src_bytes are zero-filled (src_bytes = 0: all zeros, and
@@ -165,6 +165,18 @@ NAPKIN_DEVICE void store_vec_rot(T* row, int q, int rot, int limit, const Vec16<
 }
 
 // row[col .. col + size) = v, writing only the elements at index < limit.
+// store_vec_rot of an array known to start where the rotation's own array does in its 16-byte lines
+// (a row kernel with column reductions checks this once a block): a chunk inside the row (`body`)
+// is one aligned store, with no check.
+template <typename T>
+NAPKIN_DEVICE void store_vec_rot_own(T* row, int q, int rot, int limit, const Vec16<T>& v, bool body) {
+  if (body) {
+    if (limit > 0) store16(row + q + rot, *reinterpret_cast<const uint4*>(v.x));
+  } else {
+    store_vec_rot(row, q, rot, limit, v, false);
+  }
+}
+
 template <typename T>
 NAPKIN_DEVICE void store_vec(T* row, int col, int limit, const Vec16<T>& v) {
   constexpr int N = Vec16<T>::size;
