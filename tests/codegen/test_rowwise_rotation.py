@@ -127,7 +127,7 @@ def test_column_reductions_rotate_where_a_block_steps_whole_periods_of_rows(rota
         assert unchecked and f"in_{name}" in unchecked, src
         for a in unchecked - {f"in_{name}"}:
             assert f"reinterpret_cast<unsigned long long>({a})) & 15ULL) == 0ULL" in check, a
-        assert "slot_rot[slot] = rot;" in src and "word_at(i >= slot_rot[s]" in src
+        assert "slot_rot[slot] = rot;" in src and "word_at(i, slot_rot[s])" in src
     assert seen
 
 

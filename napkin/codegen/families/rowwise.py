@@ -528,8 +528,10 @@ def rotation_source(shape: "RowwiseShape | ChainShape", cfg: "Config | ChainConf
         if shape.cols and (not ROTATE_COLUMN_KERNELS or cfg is None or not cfg.splits
                            or lookup_dtype(shape.dtype).bytes != 2
                            or cfg.blocks_per_sm is not None or body_chunks(shape, cfg) < 1
-                           or cfg.splits * cfg.rows_per_block % rotation_period(shape)):
-            return None
+                           or cfg.splits * cfg.rows_per_block % rotation_period(shape)
+                           or not all(v.axis_names == (*shape.row_axes, *shape.red)
+                                      for v in (*column_kernel_rows(shape, cfg), *(v for _, v in shape.full_out)))):
+            return None  # (the last: an array whose rows do not start row · XSIZE values in)
         rows = [v for v in d.inputs
                 if shape.access.get(id(v)) == "row" and v.axis_names == (*shape.row_axes, *shape.red)]
     else:
@@ -538,6 +540,16 @@ def rotation_source(shape: "RowwiseShape | ChainShape", cfg: "Config | ChainConf
         first = shape.norm.args[0]
         rows.sort(key=lambda v: v is not first)
     return rows[0] if rows else None
+
+
+def column_kernel_rows(shape: "ChainShape", cfg: "ChainConfig") -> list[Value]:
+    """The inputs a kernel with column reductions reads row after row in its loop (the vectors held
+    for every row, :func:`resident`, are loaded once): on its rotated grid each must start at the
+    same place in its 16-byte lines as the rotation's own, checked once a block."""
+    held = {id(v) for v in resident(shape, cfg)}
+    d = shape.diagram
+    return [v for v in d.inputs if shape.access.get(id(v)) == "row" and id(v) not in held
+            and any(any(a is v for a in b.args) for b in d.nodes)]
 
 
 def body_chunks(shape: "RowwiseShape | ChainShape", cfg: "Config | ChainConfig") -> int:
@@ -1664,13 +1676,6 @@ def lower_chain(shape: ChainShape, cfg: ChainConfig, schedule: Schedule, arch: s
     pf_vectors = [(ident(name(v), "pf_"), ident(name(v), "in_")) for v in pf if shape.access[id(v)] == "row"]
     held = resident(shape, cfg)
     held_ids = {id(v) for v in held}
-    # the arrays whose rows the two-path grid needs at the rotation's own place in their lines (the
-    # vectors held for every row, gamma, are loaded once, checked)
-    plain = (*shape.row_axes, *shape.red)
-    rows_of = [v for v in used_inputs if shape.access[id(v)] == "row" and id(v) not in held_ids]
-    if two_paths and not all(v.axis_names == plain for v in (*rows_of, *(v for _, v in shape.full_out))):
-        rot, two_paths = None, False  # an array whose rows do not start row · XSIZE values in
-    row_arrays = [ident(name(v), "in_") for v in rows_of] + [ident(n, "out_") for n, _ in shape.full_out]
     held_vectors = [(ident(name(v), "hv_"), ident(name(v), "in_")) for v in held]
     link_ids = {id(v) for c in (*shape.chains, *shape.cols) for v in c.links}
     # column reductions: per-thread partials of the thread's columns (chunk c0 + u, element e)
@@ -1802,6 +1807,9 @@ def lower_chain(shape: ChainShape, cfg: ChainConfig, schedule: Schedule, arch: s
     rotation = rotation_context(shape, cfg, rot, sched_lines)
     same_lines = None
     if two_paths:
+        # the arrays read and written unchecked on the rotated path, at the rotation's own place in their lines
+        row_arrays = [ident(name(v), "in_") for v in column_kernel_rows(shape, cfg)]
+        row_arrays += [ident(n, "out_") for n, _ in shape.full_out]
         base = row_arrays[0]
         same_lines = Code(" && ".join(
             f"((reinterpret_cast<unsigned long long>({base}) ^ reinterpret_cast<unsigned long long>({a})) & 15ULL) == 0ULL"

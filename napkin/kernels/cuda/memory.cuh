@@ -164,7 +164,6 @@ NAPKIN_DEVICE void store_vec_rot(T* row, int q, int rot, int limit, const Vec16<
   }
 }
 
-// row[col .. col + size) = v, writing only the elements at index < limit.
 // store_vec_rot of an array known to start where the rotation's own array does in its 16-byte lines
 // (a row kernel with column reductions checks this once a block): a chunk inside the row (`body`)
 // is one aligned store, with no check.
@@ -177,6 +176,7 @@ NAPKIN_DEVICE void store_vec_rot_own(T* row, int q, int rot, int limit, const Ve
   }
 }
 
+// row[col .. col + size) = v, writing only the elements at index < limit.
 template <typename T>
 NAPKIN_DEVICE void store_vec(T* row, int col, int limit, const Vec16<T>& v) {
   constexpr int N = Vec16<T>::size;
