@@ -76,15 +76,25 @@ def test_other_rows_keep_their_grid(name, sizes, dtype):
         assert "load_vec_rot" not in k.source and "values_to_boundary" not in k.source
 
 
-def test_column_reductions_keep_their_grid():
+def test_column_reductions_keep_their_grid_with_the_switch_off(monkeypatch):
     # the layernorm backward's dgamma and dbeta sum columns over the rows: a thread owns fixed
-    # columns; rotating them (ROTATE_COLUMN_KERNELS) is built but has not run on a GPU yet
-    assert rowwise.ROTATE_COLUMN_KERNELS is False
+    # columns; with ROTATE_COLUMN_KERNELS off (the switch kept to compare the two) nothing rotates
+    monkeypatch.setattr(rowwise, "ROTATE_COLUMN_KERNELS", False)
     d = prepare(library.get("layernorm").grad(), sizes=dict(r=4000, x=999), dtype="bf16")
     shape = analyse(d)
     assert shape.cols and rotation_source(shape) is None
     for _, cfg, k in _launches(d, "bf16"):
         assert "load_vec_rot" not in k.source and rotation_source(shape, cfg) is None
+
+
+def test_the_planner_rotates_a_16_bit_norm_backward_over_odd_rows():
+    # on by default: the pick for the layernorm backward over 4096 x 4095 bf16 runs the rotated grid
+    from napkin.codegen.api import compile
+
+    grad = library.get("layernorm").grad(save={"N_rstd", "N_mean"})
+    cd = compile(grad, sizes=dict(r=4096, x=4095), dtype="bf16", gpu="h200")
+    (launch,) = cd.program.launches
+    assert "same_lines" in launch.source and "load_vec_rot" in launch.source
 
 
 @pytest.fixture
