@@ -211,17 +211,11 @@ def _gemm_row_softmax():
 
 def _rotated_columns(d):
     """The norm backward's column-reduction kernel over rows of odd length on its rotated grid
-    (``rowwise.ROTATE_COLUMN_KERNELS``, off in the planner until it has run on a GPU): the inputs
-    here start at the same place in their 16-byte lines, so the rotated path runs."""
-    from napkin.codegen.families import rowwise
+    (``rowwise.ROTATE_COLUMN_KERNELS``): the inputs here start at the same place in their 16-byte
+    lines, so the rotated path runs."""
     from napkin.codegen.lower import lower
 
-    before = rowwise.ROTATE_COLUMN_KERNELS
-    rowwise.ROTATE_COLUMN_KERNELS = True
-    try:
-        program = lower(d, family="rowwise")
-    finally:
-        rowwise.ROTATE_COLUMN_KERNELS = before
+    program = lower(d, family="rowwise")
     assert "same_lines" in program.launches[0].source, "the rotated column kernel was not planned"
     return program
 

@@ -73,9 +73,8 @@ def test_rows_of_a_misaligned_view(offset):
 @pytest.mark.parametrize("name", ["rmsnorm", "layernorm"])
 @pytest.mark.parametrize("sizes", [dict(r=1000, x=999), dict(r=300, x=4095), dict(r=64, x=77)])
 @pytest.mark.parametrize("shift", [0, 1])
-def test_column_reductions_on_either_grid(monkeypatch, name, sizes, shift):
-    """A norm backward over rows that are not whole vectors with the rotated column kernel on
-    (``ROTATE_COLUMN_KERNELS``), every configuration the family proposes: with X, dY and dX
+def test_column_reductions_on_either_grid(name, sizes, shift):
+    """A norm backward over rows that are not whole vectors (``ROTATE_COLUMN_KERNELS``), every configuration the family proposes: with X, dY and dX
     starting at the same place in their 16-byte lines (shift 0) the kernel runs the rotated grid,
     with X a view one value into its storage (shift 1) the unrotated one; dX, dgamma (and dbeta)
     against the float64 reference, outputs poisoned with NaN."""
@@ -84,7 +83,6 @@ def test_column_reductions_on_either_grid(monkeypatch, name, sizes, shift):
     from napkin.codegen.families import rowwise
     from napkin.codegen.prepare import prepare
 
-    monkeypatch.setattr(rowwise, "ROTATE_COLUMN_KERNELS", True)
     saves = {"rmsnorm": {"N_rstd"}, "layernorm": {"N_rstd", "N_mean"}}[name]
     grad = library.get(name).grad(save=saves)
     r, x = sizes["r"], sizes["x"]
