@@ -803,8 +803,13 @@ MAX_COL_SMEM = 48 * 1024
 #: pass's row vectors of ``rows_per_block`` rows, in registers), by default and at most.
 DEFAULT_PREFETCH = 1
 MAX_PREFETCH = 3
-#: The depths the family proposes (the model weighs the bytes in flight against the registers).
-PREFETCHES = (1, 2)
+#: The depths the family proposes: one. Two row groups ahead was proposed beside it (the model
+#: weighing the bytes in flight against the registers) and picked for rows of 768-2048 values. On an
+#: H200 (the same splits, a call, L2 flushed) depth 1 measured faster at 8 of 13 such picks, by up to
+#: 31 % (rmsnorm backward 4096 x 1024 bf16 30.7 -> 21.3 us, 16384 x 2048 fp32 125.5 -> 101.5), and
+#: slower at the other 5 by at most 4 % (`norm_backward_prefetch_ab.jsonl`); depth 2 lost at every pick
+#: of depth 1 it was timed beside (34.3 -> 52.9 us at 4096 x 4096 bf16). Explicit schedules keep 1..3.
+PREFETCHES = (1,)
 #: Column reductions: a schedule may cut a configuration's register budget so that
 #: ``blocks_per_sm`` blocks share an SM, at most MAX_SQUEEZE registers under the footprint formula
 #: (which counts the row group worked on and the one loaded ahead as whole vectors; ptxas overlaps
