@@ -477,6 +477,21 @@ def test_blocks_fitted_to_a_row_of_no_power_of_two_chunks():
     assert "if (c < CHUNKS_PER_THREAD - 1 || lane < LAST_LANES)" in src
 
 
+@pytest.mark.parametrize("x, fitted", [(5120, (320, 640)), (2560, (160, 320)), (7168, (448, 896)),
+                                       (1536, (96, 192)), (4096, ()), (2048, ()), (1024, ())])
+def test_blocks_fitted_to_a_row_of_whole_warps_that_no_power_of_two_block_holds_evenly(x, fitted):
+    # 5120 bf16 values are 640 chunks: whole warps, but 2.5 chunks a thread on 256 threads and 1.25
+    # on 512; 320 threads hold 2 each (H200: the rmsnorm backward over 8192 rows 113.5 -> 71.6 us)
+    from napkin.codegen.families.rowwise import fitted_threads
+
+    s = analyse(whole(norm_grad("rmsnorm", r=8192, x=x)))
+    assert fitted_threads(s) == fitted
+    tprs = {c.kernels[0].options.threads_per_row for c in FAMILY.candidates(whole(norm_grad("rmsnorm", r=8192, x=x)),
+                                                                           "h200", "bf16")}
+    # two chunks a thread at least (one a thread on 896 threads leaves too few registers)
+    assert not fitted or fitted[0] in tprs
+
+
 @pytest.mark.parametrize("name, dtype, x", [("layernorm", "bf16", 4096), ("rmsnorm", "bf16", 1024),
                                             ("rmsnorm", "fp32", 2048)])
 def test_the_candidates_load_one_row_group_ahead(name, dtype, x):

@@ -1315,7 +1315,10 @@ def fitted_threads(shape: ChainShape) -> tuple[int, ...]:
     no power of two divides: for 1..:data:`FIT_CHUNKS` chunks a thread, the fewest whole warps that
     hold the row (a row of 5000 bf16 values, 625 chunks: 2 a thread on 320 threads or 1 on 640, 98 %
     of the lanes busy, where 256 threads need 3 a thread, 81 % busy, and 512 threads 2, 61 %; H100,
-    rmsnorm backward of 4096 rows: 67.3 us on 320, 62.2 on 640, 73.7 on 256). 16-bit rows only, and
+    rmsnorm backward of 4096 rows: 67.3 us on 320, 62.2 on 640, 73.7 on 256), and a row of whole
+    warps' chunks that no power-of-two block holds evenly (5120: 640 chunks, 2.5 a thread on 256
+    threads). Not where a power-of-two block holds the row in at most :data:`FIT_CHUNKS` chunks a
+    thread (4096: 2 a thread on 256 threads). 16-bit rows only, and
     the family proposes them with one row group loaded ahead: nvcc (sm_80, sm_90a) spilled fp32
     rows, two groups ahead or a cut register budget on them.
 
@@ -1324,10 +1327,15 @@ def fitted_threads(shape: ChainShape) -> tuple[int, ...]:
     >>> d = prepare(library.get("rmsnorm").grad(save={"N_rstd"}), sizes=dict(r=64, x=5000), dtype="bf16")
     >>> fitted_threads(analyse(d))
     (320, 640)
+    >>> def fitted(x): return fitted_threads(analyse(prepare(d, sizes=dict(r=64, x=x), dtype="bf16")))
+    >>> fitted(5120), fitted(3072), fitted(4096), fitted(1024)
+    ((320, 640), (192, 384), (), ())
     """
     chunks = -(-shape.xsize // shape.vec)
-    if not shape.cols or lookup_dtype(shape.dtype).bytes != 2 or chunks % 32 == 0:
-        return ()  # whole warps of power-of-two blocks already hold a row of 32k chunks evenly
+    if not shape.cols or lookup_dtype(shape.dtype).bytes != 2:
+        return ()
+    if any(chunks % t == 0 and chunks // t <= FIT_CHUNKS for t in THREADS_PER_ROW):
+        return ()  # a power-of-two block holds the row evenly (4096: 256 threads, 2 chunks each)
     out = []
     for cpt in range(1, FIT_CHUNKS + 1):
         t = -(-chunks // (cpt * 32)) * 32
