@@ -96,9 +96,23 @@ GpuOpt = Annotated[
     typer.Option("--gpu", metavar="GPU", help="GPU profile: a100, a100-80gb, h100, h200, or a profile .json."),
 ]
 
+def _dtype_option(value: str) -> str:
+    """``--dtype``: any spelling of a dtype becomes its short name (``bfloat16`` plans as ``bf16``);
+    an unknown one, and fp64 and tf32, which no kernel is built in, are refused here."""
+    from .dtypes import dtype
+
+    if value is None:
+        return value
+    name = dtype(value).name
+    if name in ("fp64", "tf32"):
+        raise UsageError(f"--dtype {value}: napkin builds no kernel in {name}; use bf16, fp16, fp32 or fp8")
+    return name
+
+
 DtypeOpt = Annotated[
     str,
-    typer.Option("--dtype", metavar="DTYPE", help="Value type of the inputs: bf16, fp16, fp32, fp8, fp64."),
+    typer.Option("--dtype", metavar="DTYPE", callback=_dtype_option,
+                 help="Value type of the inputs: bf16, fp16, fp32 or fp8 (also spelt bfloat16, float32, ...)."),
 ]
 
 JsonOpt = Annotated[

@@ -54,6 +54,16 @@ def dtype(name: str | DType) -> DType:
     return DTYPES[key]
 
 
+def canonical(name: str | DType | None) -> str | None:
+    """The short name of a dtype given by any spelling (None stays None): every layer compares
+    these names, so ``bfloat16`` must plan as ``bf16`` does.
+
+    >>> canonical("bfloat16"), canonical("torch.float32"), canonical(None)
+    ('bf16', 'fp32', None)
+    """
+    return None if name is None else dtype(name).name
+
+
 def torch_dtype(name: str | DType):
     """The torch dtype for a napkin dtype name (imports torch only when called)."""
     import torch

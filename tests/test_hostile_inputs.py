@@ -185,12 +185,34 @@ def test_derive_top_must_be_positive(value):
 @pytest.mark.parametrize("name, dtype, gpu, fragments", [
     ("softmax", "fp8", "h100", ["no kernel", "'P'", "fp8"]),
     ("layernorm", "fp8", "h100", ["no kernel", "fp8"]),
-    ("matmul", "fp64", "h100", ["no kernel", "fp64"]),
+    ("matmul", "fp64", "h100", ["--dtype fp64", "no kernel in fp64"]),
+    ("matmul", "float64", "h100", ["--dtype float64", "no kernel in fp64"]),
+    ("matmul", "tf32", "h100", ["--dtype tf32", "no kernel in tf32"]),
     ("attention", "fp8", "a100", ["no kernel", "wgmma", "sm_80"]),
 ])
 def test_a_dtype_no_family_runs_is_refused_naming_it(name, dtype, gpu, fragments):
     for command in (["cost"], ["derive"], ["generate", "-o", "-"]):
         exit_2(_cmd(command, name, "--dtype", dtype, "--gpu", gpu), *fragments)
+
+
+@pytest.mark.parametrize("short, spellings", [("bf16", ["bfloat16", "BF16", "torch.bfloat16"]),
+                                              ("fp32", ["float32", "float"]),
+                                              ("fp16", ["half", "float16"])])
+def test_every_spelling_of_a_dtype_plans_as_its_short_name(short, spellings):
+    """--dtype bfloat16 planned another kernel than bf16 (the families compare the short names),
+    and predicted another time: the CLI and the API now take any spelling as the short name."""
+    import json
+
+    from napkin.codegen import derive
+
+    want, _ = exit_0(["cost", "attention", "--dtype", short, "--json"])
+    sizes = dict(q=4096, d=128, x=4096)
+    want_plan = derive("attention", "h200", short, sizes, explain=False).plan
+    for spelt in spellings:
+        got, _ = exit_0(["cost", "attention", "--dtype", spelt, "--json"])
+        assert json.loads(got) == json.loads(want), spelt
+        plan = derive("attention", "h200", spelt, sizes, explain=False).plan
+        assert plan.to_dict() == want_plan.to_dict(), spelt
 
 
 def test_huge_sizes_plan_with_a_warning_or_are_refused_by_the_launch_limits():

@@ -99,6 +99,9 @@ def derive_cached(diagram, gpu=None, dtype: str | None = None, *, arch: str | No
     from .planner import derive
     from .select import resolve_gpu
 
+    from ..dtypes import canonical
+
+    dtype = canonical(dtype)
     g = resolve_gpu(gpu)
     arch = check_arch(arch or g.arch)
     fams = [family] if family is not None else (list(families) if families else None)

@@ -43,6 +43,7 @@ from typing import Callable, Mapping, Sequence
 from ..diagrams.diagram import Diagram
 from ..diagrams.expand import expand, expandable
 from ..diagrams.fold import fold, foldable, summed_folds
+from ..dtypes import canonical as canonical_dtype
 from ..errors import CodegenError, NapkinError, ScheduleError
 from ..perfmodel.hardware import check_arch
 from ..perfmodel.plan import FALLBACK, Plan, PlannedKernel, describe_kernel, tiles_text
@@ -664,6 +665,7 @@ def derive(diagram, gpu=None, dtype: str | None = None, sizes: Mapping[str, int]
 
     if isinstance(diagram, Diagram):  # before binding: binding a huge diagram is itself slow
         check_search_size(diagram)
+    dtype = canonical_dtype(dtype)
     d = prepare(diagram, sizes=sizes, dtype=dtype)
     g = resolve_gpu(gpu)
     arch = check_arch(arch or g.arch)
@@ -821,10 +823,11 @@ def plan_schedule(diagram, schedule: Schedule, gpu=None, *, family=None, dtype: 
     from .prepare import prepare
     from .select import predict_schedule, resolve_gpu
 
+    dtype = canonical_dtype(dtype)
     d = prepare(diagram, sizes=sizes, dtype=dtype)
     g = resolve_gpu(gpu)
     arch = check_arch(arch or g.arch)
-    dt = dtype or schedule.dtype or _diagram_dtype(d)
+    dt = dtype or canonical_dtype(schedule.dtype) or _diagram_dtype(d)
     if schedule.diagram != d:
         try:
             schedule = schedule.replace(diagram=d)

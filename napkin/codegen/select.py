@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Mapping
 
 from ..diagrams.diagram import Diagram
 from ..diagrams.functions import get_function
+from ..dtypes import canonical as canonical_dtype
 from ..dtypes import dtype as lookup_dtype
 from ..errors import CodegenError, NapkinError, ScheduleError
 from ..perfmodel.schedule import Schedule
@@ -405,7 +406,7 @@ def rank(diagram: Diagram, family, gpu, dtype: str | None = None) -> list[Ranked
     """Every candidate of ``family`` for ``diagram`` with its prediction, fastest first."""
     gpu = _gpu(gpu)
     fam = _family(family)
-    dtype = dtype or next(iter(sorted(diagram.dtypes)), "bf16")
+    dtype = canonical_dtype(dtype) or next(iter(sorted(diagram.dtypes)), "bf16")
     cands = list(fam.candidates(diagram, gpu, dtype))
     if not cands:
         raise CodegenError(f"family {fam.name} proposes no schedule for {diagram.name!r}")
