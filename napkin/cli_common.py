@@ -226,9 +226,12 @@ def resolve_sizes(entry_or_diagram: "Entry | Diagram | str", given: Mapping[str,
     bound = diagram.bind(merged)
     missing = [n for n, a in bound.axes.items() if not a.is_bound]
     if missing:
-        hint = " ".join(f"-s {n}=VALUE" for n in missing)
+        # an axis that follows another's size (a rename: x follows q) is sized through that one
+        roots = list(dict.fromkeys(getattr(bound.axes[n].size, "name", n) for n in missing))
+        roots = [n for n in roots if n in bound.axes] or missing
+        hint = " ".join(f"-s {n}=VALUE" for n in roots)
         raise DiagramError(f"diagram {diagram.name!r}: axis {', '.join(map(repr, missing))} has no size; "
-                           f"give it with {hint}")
+                           f"give {'it' if len(roots) == 1 else 'them'} with {hint}")
     # Report every axis's size in the diagram's own order (derived axes included).
     return {n: int(a.size) for n, a in bound.axes.items()}
 

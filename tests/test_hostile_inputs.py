@@ -37,6 +37,18 @@ def _has_gpu() -> bool:
     return bool(torch.cuda.is_available())
 
 
+def _compile(*args, **kwargs):
+    from napkin.codegen.api import compile
+
+    return compile(*args, **kwargs)
+
+
+def _derive(*args, **kwargs):
+    from napkin.codegen import derive
+
+    return derive(*args, explain=False, **kwargs)
+
+
 def exit_2(args: list[str], *fragments: str) -> str:
     """Run ``napkin ARGS``: exit 2, one ``error:`` line (the last), no traceback, the fragments in it."""
     code, out, err = cli_invoke(*args)
@@ -271,6 +283,15 @@ def test_an_output_that_is_an_input(user):
     exit_2(["derive", path, "--grad"], "output 'X' is an input passed through")
 
 
+def test_the_size_hint_names_only_axes_that_can_be_set(tmp_path):
+    """The transformer block's backward has an axis x that follows q's size: the hint asked for
+    -s x=VALUE, which cannot be given on its own."""
+    (tmp_path / "g.py").write_text("from napkin.diagrams import library\n"
+                                   "tbg = library.get('transformer_block').grad()\n")
+    err = exit_2(["cost", f"{tmp_path / 'g.py'}:tbg"], "-s q=VALUE", "-s f=VALUE")
+    assert "-s x=VALUE" not in err
+
+
 def test_two_boxes_with_one_name_keep_distinct_names(user):
     """The second box called Y is shown under another name, never merged with the first."""
     out, _ = exit_0(["show", f"{user / 'user.py'}:dup_names", "--json"])
@@ -333,6 +354,15 @@ def test_a_plan_on_the_scalar_fallback_says_so():
     (lambda: library.get("softmax").bind(r=4, x=8).reference({"X": torch.ones(4, 9)}), ["axis 'x'", "9"]),
     (lambda: library.get("softmax").bind(r=4, x=8).reference({"X": torch.ones(4, 8, dtype=torch.int64)}),
      ["int64"]),
+    # a bound diagram called on an array of another size (it took the new size, silently)
+    (lambda: library.get("softmax").bind(r=4, x=4)(array("X", Axis("r", 4), Axis("x", 5))),
+     ["axis 'x' of size 5", "bound to 4"]),
+    # sizes and pins of the wrong kind (raw TypeError / ValueError before)
+    (lambda: _compile("softmax", sizes=[1, 2]), ["sizes must be a mapping", "list"]),
+    (lambda: _derive("attention", "h100", "bf16", dict(q=64, d=64, x=64), fixed={"q": "x"}),
+     ["fixed['q']", "(size, level, kind)"]),
+    # more values than the host can hold (a raw allocator error before)
+    (lambda: library.get("softmax").bind(r=2 ** 24, x=2 ** 24).reference(), ["cannot make input X", "values"]),
 ])
 def test_api_mistakes_raise_a_napkin_error_naming_them(build, fragments):
     with pytest.raises(NapkinError) as info:

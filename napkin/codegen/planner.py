@@ -673,10 +673,18 @@ def derive(diagram, gpu=None, dtype: str | None = None, sizes: Mapping[str, int]
     fams = [fam_registry.get(f) for f in families] if families else fam_registry.available()
     if exclude_engines:
         fams = [_Without(f, tuple(exclude_engines)) for f in fams]
+    if fixed is not None and not isinstance(fixed, Mapping):
+        raise ScheduleError(f"fixed must map axis names to (size, level, kind), got {type(fixed).__name__}")
     unknown = [a for a in (fixed or {}) if a not in d.axes]
     if unknown:
         raise ScheduleError(f"diagram {d.name!r} has no axis {unknown[0]!r} to group or stream; its axes are "
                             f"{list(d.axes)}")
+    for a, pin in (fixed or {}).items():
+        ok = isinstance(pin, tuple) and len(pin) == 3 and isinstance(pin[0], int) and not isinstance(pin[0], bool) \
+            and pin[0] > 0 and isinstance(pin[1], str) and pin[2] in ("group", "stream")
+        if not ok:
+            raise ScheduleError(f"fixed[{a!r}]: expected (size, level, kind) with a positive integer size, a level "
+                                f"name and 'group' or 'stream', got {pin!r}")
     planner = _Planner(d, g, arch, dt, fams, fixed, progress)
     plan, runs = planner.plan()
     expansion = ()

@@ -27,6 +27,8 @@ def prepare(diagram, *, sizes: Mapping[str, int] | None = None, dtype: str | Non
         diagram = library.get(diagram)
     if not isinstance(diagram, Diagram):
         raise CodegenError(f"expected a Diagram or a library name, got {type(diagram).__name__}")
+    if sizes is not None and not isinstance(sizes, Mapping):
+        raise DiagramError(f"sizes must be a mapping of axis names to sizes, got {type(sizes).__name__}")
     if sizes:
         free = {}
         for n, s in dict(sizes).items():

@@ -335,6 +335,12 @@ class Diagram:
             if missing:
                 raise DiagramError(f"diagram {self.name!r}: argument {actual.label()} for input "
                                    f"{formal.label()} lacks axes {missing}")
+            for n in formal.axis_names:
+                want, got = formal.axis(n), actual.axis(n)
+                if want.is_bound and got.is_bound and want.size != got.size:
+                    raise DiagramError(f"diagram {self.name!r}: argument {actual.label()} for input "
+                                       f"{formal.label()} has axis {n!r} of size {got.size}, where the "
+                                       f"diagram's is bound to {want.size}")
         outs = self._replay({id(f): a for f, a in zip(self.inputs, args)})
         return outs[0] if len(outs) == 1 else outs
 

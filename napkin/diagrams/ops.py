@@ -711,10 +711,15 @@ def softmax(x: Value, over, name: str | None = None) -> Value:
 
 
 def _check_eps(how: str, eps) -> float:
-    """``eps`` of a normalisation as a float: a finite number > 0, else a DiagramError."""
+    """``eps`` of a normalisation as a float: a finite number > 0 that float32, which kernels add it
+    in, holds as a normal number (1e-300 became 0 in the kernel and a constant row NaN), else a
+    DiagramError."""
     v = _finite_float(eps, f"{how}: eps", fp32=True)
     if v <= 0:
         raise DiagramError(f"{how}: eps: {_short(eps)} is not > 0")
+    if v < FLT_MIN:
+        raise DiagramError(f"{how}: eps: {_short(eps)} is below the smallest normal float32 ({FLT_MIN:.7g}), "
+                           "which kernels add it in: it would be 0 there")
     return v
 
 

@@ -28,6 +28,7 @@ True
 
 from __future__ import annotations
 
+import math
 import string
 from typing import Mapping
 
@@ -64,7 +65,11 @@ def random_inputs(diagram, *, sizes: Mapping[str, int] | None = None, dtype=None
     for v in d.inputs:
         shape = tuple(a.bound_size for a in v.axes)
         dt = _resolve_dtype(dtype, v.dtype)
-        out[v.name] = torch.randn(shape, generator=gen, dtype=torch.float32).to(device=device, dtype=dt)
+        try:
+            out[v.name] = torch.randn(shape, generator=gen, dtype=torch.float32).to(device=device, dtype=dt)
+        except RuntimeError as e:  # the host or device cannot hold it, or torch cannot size it
+            raise DiagramError(f"reference: cannot make input {v.name}{list(shape)} "
+                               f"({math.prod(shape)} values): {str(e).splitlines()[0][:200]}") from None
     return out
 
 
