@@ -283,6 +283,28 @@ def test_an_output_that_is_an_input(user):
     exit_2(["derive", path, "--grad"], "output 'X' is an input passed through")
 
 
+def test_a_profile_file_is_reported_with_its_own_numbers(tmp_path, monkeypatch):
+    """A plan names its GPU by key and the report looks the key up again: a copy of the h200
+    profile with another latency printed the built-in's assumptions (twice: the second run reads
+    the plan cache), and a profile with a key of its own was refused as an unknown GPU."""
+    import json
+
+    from napkin.perfmodel.hardware import get_gpu
+
+    monkeypatch.setenv("NAPKIN_CACHE_DIR", str(tmp_path / "cache"))
+    data = json.loads(get_gpu("h200").to_json())
+    data["memory_latency_s"] = 5e-06
+    (tmp_path / "slow.json").write_text(json.dumps(data))
+    for _ in range(2):
+        out, _ = exit_0(["cost", "matmul", "--gpu", str(tmp_path / "slow.json"), "--explain"])
+        assert "memory_latency_s = 5e-06" in out
+    data.update(key="mygpu", name="My GPU")
+    (tmp_path / "mine.json").write_text(json.dumps(data))
+    for command in (["cost"], ["derive"], ["generate", "-o", str(tmp_path / "out.cu")]):
+        out, _ = exit_0([*command, "matmul", "--gpu", str(tmp_path / "mine.json")])
+        assert command[0] == "generate" or "My GPU" in out
+
+
 def test_the_size_hint_names_only_axes_that_can_be_set(tmp_path):
     """The transformer block's backward has an axis x that follows q's size: the hint asked for
     -s x=VALUE, which cannot be given on its own."""

@@ -45,7 +45,7 @@ from ..diagrams.expand import expand, expandable
 from ..diagrams.fold import fold, foldable, summed_folds
 from ..dtypes import canonical as canonical_dtype
 from ..errors import CodegenError, NapkinError, ScheduleError
-from ..perfmodel.hardware import check_arch
+from ..perfmodel.hardware import check_arch, gpu_ref
 from ..perfmodel.plan import FALLBACK, Plan, PlannedKernel, describe_kernel, tiles_text
 from ..perfmodel.schedule import Kernel, Schedule
 from .partition import attach_renames, is_connected, kernel_problem, plan_units
@@ -513,7 +513,7 @@ class _Planner:
             name = _kernel_name(self.d, c.boxes)
             kernel = Kernel(name, bx, k0.relabels, k0.placement, family=o.family, options=k0.options)
             kernels.append(PlannedKernel(kernel, o.seconds, o.bound, _why_kernel(c)))
-        return Plan(self.d, self.gpu.key, self.arch, self.dtype, tuple(kernels)), runs
+        return Plan(self.d, gpu_ref(self.gpu), self.arch, self.dtype, tuple(kernels)), runs
 
     def _no_plan(self, order) -> str:
         whole = ""
@@ -860,14 +860,14 @@ def plan_schedule(diagram, schedule: Schedule, gpu=None, *, family=None, dtype: 
         if why is not None:
             raise CodegenError(f"family {fam.name} cannot generate kernel {k.name} of {d.name!r}: {why}")
         kernel = k.replace(family=fam.name)
-        one = _kernel_alone(sub, kept, kernel, g.key, dt)
+        one = _kernel_alone(sub, kept, kernel, gpu_ref(g), dt)
         try:
             r = predict_schedule(sub, fam, one, g)
             seconds, bound = r.seconds, r.bound
         except ScheduleError as e:
             seconds, bound = math.inf, f"refused by the model: {e}"
         kernels.append(PlannedKernel(kernel, seconds, bound, "as given"))
-    return _with_fallback_note(Plan(d, g.key, arch, dt, tuple(kernels)))
+    return _with_fallback_note(Plan(d, gpu_ref(g), arch, dt, tuple(kernels)))
 
 
 def _kernel_alone(sub: Diagram, kept, kernel, gpu_key: str, dtype: str) -> Schedule:
@@ -898,7 +898,7 @@ def kernel_predictions(plan: Plan) -> list:
     for pk in plan.kernels:
         sub, kept = kernel_problem(plan.diagram, pk.kernel.boxes, pk.name)
         try:
-            r = predict_schedule(sub, fam_registry.get(pk.family), _kernel_alone(sub, kept, pk.kernel, g.key,
+            r = predict_schedule(sub, fam_registry.get(pk.family), _kernel_alone(sub, kept, pk.kernel, gpu_ref(g),
                                                                                   plan.dtype), g)
         except ScheduleError:
             continue

@@ -65,12 +65,10 @@ class Ranked:
 
 def resolve_gpu(gpu=None):
     """A GPU profile: the one given (object, name or profile path), else the GPU at hand, else h100."""
-    from ..perfmodel.hardware import GPU, get_gpu, match_device_name
+    from ..perfmodel.hardware import get_gpu, match_device_name
 
-    if isinstance(gpu, GPU):
-        return gpu
     if gpu is not None:
-        return get_gpu(gpu)
+        return get_gpu(gpu)  # a profile object comes back as it is, registered under its plans' name
     try:
         import sys
 

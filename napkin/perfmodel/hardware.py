@@ -41,6 +41,7 @@ and missing keys. Every failure is one :class:`~napkin.errors.HardwareError` sen
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import math
 import reprlib
@@ -771,6 +772,10 @@ _ALIASES = {
 }
 
 _CACHE: dict[str, GPU] = {}
+#: Profiles that are not the built-in of their key (a profile file, a calibrated copy), by the key
+#: their plans carry: a plan names its GPU by key, and the report, the explanation and the method's
+#: narration look it up again (:func:`registered`).
+_LOADED: dict[str, GPU] = {}
 
 
 def list_gpus() -> list[str]:
@@ -796,12 +801,45 @@ def _load_builtin(key: str) -> GPU:
     return _CACHE[key]
 
 
+def gpu_ref(gpu: GPU) -> str:
+    """The name a plan calls ``gpu`` by, which :func:`get_gpu` gives back: a built-in profile's key;
+    any other profile's own key, or, where that key already names another profile (a file or a
+    calibrated copy of ``h200`` keeps the key ``h200``), the key with its content's digest appended.
+    A plan made on a profile file then reports that file's numbers, not the built-in's of its key.
+
+    >>> import dataclasses
+    >>> h200 = get_gpu("h200")
+    >>> gpu_ref(h200)
+    'h200'
+    >>> slow = dataclasses.replace(h200, memory_latency_s=5e-6)
+    >>> ref = gpu_ref(slow)
+    >>> ref.startswith("h200-") and get_gpu(ref) is slow and gpu_ref(slow) == ref
+    True
+    """
+    key = _ALIASES.get(gpu.key.lower(), gpu.key.lower())
+    if key in _PROFILE_FILES and _load_builtin(key) == gpu:
+        return key
+    have = _LOADED.get(gpu.key)
+    if have is None and key not in _PROFILE_FILES:
+        _LOADED[gpu.key] = gpu
+        return gpu.key
+    if have == gpu:
+        return gpu.key
+    ref = f"{gpu.key}-{hashlib.sha256(repr(gpu).encode()).hexdigest()[:10]}"
+    _LOADED.setdefault(ref, gpu)
+    return ref
+
+
 def get_gpu(name_or_path: str | Path) -> GPU:
-    """A GPU by built-in name (case-insensitive: a100, a100-40gb, a100-80gb, h100, h100-sxm, h200)
-    or by the path of a profile JSON file. Unknown names raise HardwareError listing the keys."""
+    """A GPU by built-in name (case-insensitive: a100, a100-40gb, a100-80gb, h100, h100-sxm, h200),
+    by the name a plan calls a profile by (:func:`gpu_ref`) or by the path of a profile JSON file.
+    Unknown names raise HardwareError listing the keys."""
     if isinstance(name_or_path, GPU):
+        gpu_ref(name_or_path)
         return name_or_path
     text = str(name_or_path).strip()
+    if text in _LOADED:
+        return _LOADED[text]
     key = text.lower().replace("_", "-").replace(" ", "-")
     key = _ALIASES.get(key, key)
     if key in _PROFILE_FILES:
@@ -821,7 +859,9 @@ def get_gpu(name_or_path: str | Path) -> GPU:
             content = p.read_text("utf-8")
         except (OSError, UnicodeDecodeError) as e:
             raise HardwareError(f"cannot read GPU profile {text!r}: {e}") from None
-        return GPU.from_json(content, where=str(p))
+        gpu = GPU.from_json(content, where=str(p))
+        gpu_ref(gpu)  # a plan made on it (or read from the plan cache) names it so
+        return gpu
     names = ", ".join(gpu_aliases())
     raise HardwareError(f"unknown GPU {text!r}; known GPUs: {names} (or a path to a profile .json)")
 
