@@ -322,6 +322,9 @@ CASES = [
     # the layernorm backward on a row of 5000: the budget cut 30 registers under its footprint
     # (ptxas spills 24 bytes on sm_90a)
     Case("rowwise.cu.jinja", _layernorm_grad, {"r": 600, "x": 5000}, family="rowwise", label="layernorm_grad_5000"),
+    # two column reductions' partials past 48 KiB: in the launch's dynamic shared memory
+    Case("rowwise.cu.jinja", _layernorm_grad, {"r": 300, "x": 8192}, family="rowwise",
+         label="layernorm_grad_dynamic_smem"),
     # large enough that Hopper's planner takes wgmma + TMA; 333 and 264 are not tile multiples
     Case("matmul_wgmma.cu.jinja", "matmul", {"a": 333, "b": 520, "c": 264}, family="contraction",
          archs=("sm_90a",)),

@@ -232,6 +232,7 @@ class CompiledKernel:
         self.module = module
         self.name = name
         self._smem_limit: dict[int, int] = {}
+        self._static_smem: dict[int, int] = {}
 
     def __repr__(self) -> str:
         return f"CompiledKernel({self.name!r}, arch={self.module.arch!r})"
@@ -258,14 +259,22 @@ class CompiledKernel:
             )
 
     def _raise_smem_limit(self, fn, device: int, shared_mem: int) -> None:
-        if shared_mem <= max(DEFAULT_DYNAMIC_SMEM, self._smem_limit.get(device, 0)):
+        # a block may hold 48 KiB of static and dynamic shared memory together without opting in:
+        # 48 KiB of dynamic beside a few static words needs the raised limit too
+        if shared_mem == 0 or shared_mem <= self._smem_limit.get(device, 0):
             return
         from cupy.cuda import driver
 
+        static = self._static_smem.get(device)
+        if static is None:
+            static = self._static_smem[device] = int(
+                driver.funcGetAttribute(driver.CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES, fn.ptr))
+        if static + shared_mem <= DEFAULT_DYNAMIC_SMEM:
+            return
         optin = _smem_optin(device)
-        if shared_mem > optin:
-            raise LaunchError(f"{self.name}: {shared_mem} bytes of dynamic shared memory asked "
-                              f"for; device {device} allows at most {optin} per block")
+        if static + shared_mem > optin:
+            raise LaunchError(f"{self.name}: {shared_mem} bytes of dynamic shared memory asked for beside "
+                              f"{static} static; device {device} allows at most {optin} per block")
         try:
             driver.funcSetAttribute(
                 fn.ptr, driver.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, int(shared_mem))
@@ -378,7 +387,7 @@ class PreparedLaunch:
             raise LaunchError(f"{self.name}: shared_mem must be >= 0, got {shared_mem}")
         self.shared_mem, self.sync = int(shared_mem), bool(sync)
         fn = kernel.module.function(kernel.name, self.device)
-        if self.shared_mem > DEFAULT_DYNAMIC_SMEM:
+        if self.shared_mem:  # beside the kernel's static shared memory it may need the raised limit
             import cupy
 
             with cupy.cuda.Device(self.device):

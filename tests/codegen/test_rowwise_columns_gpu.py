@@ -116,13 +116,31 @@ def test_fp16_layernorm():
                                                 # 256 and 512 threads, 1 and 2 row groups ahead
                                                 ("layernorm", dict(r=700, x=4096), "bf16"),
                                                 # blocks fitted to 625 chunks (320, 640 threads)
-                                                ("layernorm", dict(r=999, x=5000), "bf16")])
+                                                ("layernorm", dict(r=999, x=5000), "bf16"),
+                                                # 640 chunks, whole warps (fitted 320 threads)
+                                                ("rmsnorm", dict(r=333, x=5120), "bf16")])
 def test_every_configuration(name, sizes, dtype):
     d = prepare(library.get(name).grad(save=SAVES[name]), sizes=sizes, dtype=dtype)
     cands = FAMILY.candidates(d, "h100", dtype)
     assert len({s.kernels[0].options.threads_per_row for s in cands}) >= 2
     for s in cands:
         run_norm_grad(name, sizes, dtype, schedule=s, seed=len(cands))
+
+
+@pytest.mark.parametrize("sizes, dtype", [(dict(r=301, x=8192), "bf16"), (dict(r=257, x=7000), "fp32"),
+                                          # 48 KiB of dynamic beside the static words: the launch opts in
+                                          (dict(r=129, x=6144), "bf16"),
+                                          # dynamic and rotated: 8191 values are no whole 16-byte vectors
+                                          (dict(r=203, x=8191), "bf16")])
+def test_partials_past_48_kib_in_dynamic_shared_memory(sizes, dtype):
+    # the layernorm backward's two column reductions over rows of 7000-8192 values need 56-64 KiB
+    # of fp32 partials: every configuration keeps them in the launch's dynamic shared memory
+    d = prepare(library.get("layernorm").grad(save=SAVES["layernorm"]), sizes=sizes, dtype=dtype)
+    cands = FAMILY.candidates(d, "h100", dtype)
+    assert cands
+    for s in cands:
+        cd, _, _ = run_norm_grad("layernorm", sizes, dtype, schedule=s, seed=len(cands))
+        assert cd.launches[0].shared_bytes >= 48 * 1024
 
 
 def test_the_same_inputs_give_the_same_bits():

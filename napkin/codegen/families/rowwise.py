@@ -798,7 +798,15 @@ STREAM_UNROLLS = (2, 4)
 #: reductions' scratch in (48 KiB).
 DEFAULT_SMS = 132
 DEFAULT_BLOCKS_PER_SM = 2
-MAX_COL_SMEM = 48 * 1024
+MAX_COL_SMEM = 160 * 1024
+#: Column reductions: a block whose shared memory would pass the 48 KiB a kernel may declare
+#: statically keeps its column partials in dynamic shared memory instead (:func:`colpart_dynamic`;
+#: the launch raises the kernel's limit), up to :data:`MAX_COL_SMEM` (an A100 gives a block 163
+#: KiB, Hopper 227) and what the GPU's profile lets a block have. Before, such rows left the
+#: one-launch kernel: the layernorm backward over 8192 x 8192 bf16 (68 KiB, two column reductions)
+#: ran a row kernel and a column kernel that read X and dY again, 176.2 us on an H200 (55 % of the
+#: copy rate) where the rmsnorm backward's one launch (35 KiB) ran 116.7 (82 %).
+MAX_STATIC_SMEM = 48 * 1024
 #: Column reductions: the row groups a block loads ahead of the one it works on (each is the first
 #: pass's row vectors of ``rows_per_block`` rows, in registers), by default and at most.
 DEFAULT_PREFETCH = 1
@@ -1401,7 +1409,7 @@ def chain_configs(shape: ChainShape, sms: int = DEFAULT_SMS, per_sm=None) -> lis
     With column reductions only register mode, each with one full wave of blocks (``splits``: ``sms``
     times the blocks an SM holds, ``per_sm(threads, registers, shared bytes)``, or
     :data:`DEFAULT_BLOCKS_PER_SM` without a GPU; at most one block per row group), and only where the
-    partials fit the block's static shared memory (:data:`MAX_COL_SMEM`)."""
+    block's shared memory fits :data:`MAX_COL_SMEM` and the GPU (``per_sm`` holds one)."""
     out, squeezed = [], []
     most = 0  # the most blocks an SM of a proposed configuration on its own budget
     chunks = -(-shape.xsize // shape.vec)
@@ -1583,6 +1591,20 @@ def block_reductions(shape: ChainShape) -> int:
     one, the layernorm backward's first pass two: Σ dN·N and Σ dN)."""
     per = [sum(1 for c in shape.chains if shape.stage[id(c.source)] == p) for p in range(shape.passes)]
     return max([1, *per])
+
+
+def colpart_dynamic(shape: ChainShape, cfg: ChainConfig) -> bool:
+    """Whether the column partials live in dynamic shared memory: the block's shared memory would
+    pass :data:`MAX_STATIC_SMEM` declared statically.
+
+    >>> from napkin.diagrams import library
+    >>> from napkin.codegen.prepare import prepare
+    >>> grad = library.get("layernorm").grad(save={"N_rstd", "N_mean"})
+    >>> def wide(x): return analyse(prepare(grad, sizes=dict(r=64, x=x), dtype="bf16"))
+    >>> [colpart_dynamic(wide(x), make_chain_config(wide(x), 512, 1, splits=64)) for x in (4096, 8192)]
+    [False, True]
+    """
+    return bool(shape.cols) and chain_smem_bytes(shape, cfg) > MAX_STATIC_SMEM
 
 
 def chain_smem_bytes(shape: ChainShape, cfg: ChainConfig) -> int:
@@ -1834,6 +1856,9 @@ def lower_chain(shape: ChainShape, cfg: ChainConfig, schedule: Schedule, arch: s
                            f"{cfg.splits} blocks, {cfg.iterations(shape)} row group(s) each, PREFETCH = "
                            f"{cfg.prefetch} group(s) loaded ahead, fp32 partials of "
                            "each thread's columns in shared memory, one partial row per block")
+        if colpart_dynamic(shape, cfg):
+            sched_lines.append(f"the column partials take {col_smem_bytes(shape, cfg)} bytes of dynamic shared memory "
+                               f"(the block's {chain_smem_bytes(shape, cfg)} pass the {MAX_STATIC_SMEM} it may declare)")
         sched_lines.append(f"the partial rows added in this kernel: the blocks still there when the last one "
                            f"arrives take every H-th tile of {COMBINE_COLS} columns (H helpers; counters "
                            f"{_ws_name(shape, 'colcount')}, zeroed once, left zero), each added in a fixed order "
@@ -1843,6 +1868,7 @@ def lower_chain(shape: ChainShape, cfg: ChainConfig, schedule: Schedule, arch: s
         kernel=kernel_name, T=T, dtype=shape.dtype, kind="chain", arch=comment(arch), diagram=comment(d.name),
         cols=cols, ws=ws, cnt=cnt, CSLICES=combine_slices(cfg), CDEPTH=combine_depth(cfg), SPLITS=cfg.splits or 0,
         ITERS=cfg.iterations(shape), NCOLS=len(cols), NRED=block_reductions(shape),
+        COLPART_DYNAMIC=colpart_dynamic(shape, cfg),
         pf_scalars=pf_scalars, pf_vectors=pf_vectors, held_vectors=held_vectors, PREFETCH=cfg.prefetch,
         XSTRIDE=c_i64(shape.xsize),
         legend_rows=comment(legend_rows), legend_x=comment(", ".join(red)),
@@ -1868,7 +1894,8 @@ def lower_chain(shape: ChainShape, cfg: ChainConfig, schedule: Schedule, arch: s
         tunables += (("SPLITS", cfg.splits), ("PREFETCH", cfg.prefetch), ("COMBINE_SLICES", combine_slices(cfg)),
                      ("COMBINE_DEPTH", combine_depth(cfg)))
     return KernelLaunch(
-        name=str(kernel_name), source=src, grid=grid, block=(cfg.threads, 1, 1), shared_bytes=0, args=args,
+        name=str(kernel_name), source=src, grid=grid, block=(cfg.threads, 1, 1),
+        shared_bytes=col_smem_bytes(shape, cfg) if colpart_dynamic(shape, cfg) else 0, args=args,
         template=TEMPLATE, tunables=tunables,
         model_smem_bytes=chain_smem_bytes(shape, cfg),
         model_regs_per_thread=chain_regs_estimate(shape, cfg),
