@@ -32,6 +32,25 @@ def test_rowwise_library_ops_verify(name, dtype):
         assert row.family == expected, str(rep)
 
 
+@pytest.mark.parametrize("name", ["softmax", "rmsnorm"])
+@pytest.mark.parametrize("x", [5120, 5000, 2560])
+def test_every_block_size_fitted_to_the_row(name, x):
+    # 640 / 625 / 320 chunks: no power-of-two block holds them in whole chunks a thread; every
+    # configuration the family proposes (the fitted 96-640 threads among them) against float64,
+    # outputs poisoned with NaN
+    from napkin.codegen.families.rowwise import FAMILY, analyse, row_fitted_threads
+    from napkin.codegen.prepare import prepare
+
+    d = prepare(library.get(name), sizes=dict(r=37, x=x), dtype="bf16")
+    fitted = row_fitted_threads(analyse(d))
+    cands = FAMILY.candidates(d, "h200", "bf16")
+    assert fitted and {c.kernels[0].options.threads_per_row for c in cands} & set(fitted)
+    for s in cands:
+        cd = compile(d, schedule=s, family="rowwise")
+        rows = verify_compiled(cd, seed=x)
+        assert rows and all(r.ok and r.nan_count == 0 for r in rows), (s.kernels[0].options, rows)
+
+
 def _residual_layernorm() -> Diagram:
     r, x = Axis("r"), Axis("x")
     X, R, g, b, s = array("X", r, x), array("R", r, x), array("g", x), array("b", x), array("s", r)
