@@ -193,6 +193,8 @@ def _outer_streams(streams: list[Relabel], boxes, kname: str) -> tuple[list[Rela
     ok = main is not None
     for r in outer if ok else ():
         for b in boxes:
+            if b.op.kind == "rename":  # a free view: the boxes reading it are checked
+                continue
             if r.axis in b.axis_names or any(r.axis in a.axis_names for a in b.args):
                 over = getattr(b.op, "over", None)
                 over = tuple(over) if isinstance(over, (tuple, list)) else (over,)
@@ -337,13 +339,40 @@ def _analyze(schedule: Schedule, only: int | None = None) -> tuple[KernelPlan, .
         boxes = tuple(boxes_of[i])
         for b in boxes:
             for a in b.args:
-                j = kernel_of_box.get(id(a))
-                if j is not None and j > i:
-                    raise ScheduleError(
-                        f"kernel {k.name!r}: box {names[id(b)]} reads {names[id(a)]}, which kernel "
-                        f"{schedule.kernels[j].name!r} computes later; kernels run in order")
+                _check_order(schedule, i, b, a, names, kernel_of_box)
         plans.append(_plan_kernel(schedule, i, boxes, names, kernel_of_box, out_ids))
     return tuple(plans)
+
+
+def _check_order(schedule: Schedule, i: int, b: Value, a: Value, names: dict, kernel_of_box: dict) -> None:
+    """Refuse box ``b`` of kernel ``i`` reading ``a`` before a kernel computes it.
+
+    A rename is a free view of the storage of the array it views: reading it reads that array,
+    so the read depends on the kernel that computes the array at the end of ``a``'s chain of
+    views (none for a diagram input), not on the kernel the rename boxes sit in — a rename may
+    sit in a later kernel than a reader of the view (the backward of transformer_block reads
+    ``dVp``, a view of ``dV``, in ``dWv`` before the kernel holding the rename box)."""
+    chain = _view_chain(a)
+    j = kernel_of_box.get(id(chain[-1]))
+    if j is None or j < i:
+        return
+    kname = schedule.kernels[i].name
+    via = f" (a view of {names[id(chain[-1])]})" if len(chain) > 1 else ""
+    if j > i:
+        raise ScheduleError(
+            f"kernel {kname!r}: box {names[id(b)]} reads {names[id(a)]}{via}, which kernel "
+            f"{schedule.kernels[j].name!r} computes later; kernels run in order")
+    # the viewed array is computed here: the kernel reads it through the views only when the
+    # renames are here too (a view placed in another kernel would be loaded from HBM before
+    # this kernel has written it)
+    for v in chain[:-1]:
+        m = kernel_of_box.get(id(v))
+        if m != i:
+            where = f"kernel {schedule.kernels[m].name!r}" if m is not None else "no kernel"
+            raise ScheduleError(
+                f"kernel {kname!r}: box {names[id(b)]} reads {names[id(a)]}{via}, which this kernel computes, "
+                f"but the rename {names[id(v)]} sits in {where}; a view of an array computed in a kernel is "
+                "read there only through renames in the same kernel")
 
 
 def _view_chain(v: Value) -> list[Value]:
