@@ -28,7 +28,10 @@ array at its own dtype):
   (``ceil(P'/sharers) + 1`` of each such array) fit in L2 (``l2_read_once``); the other arrays
   get the concurrency of P' consecutive blocks in that order. GQA is the case it is for: the
   query heads and query tiles sharing a K/V head run together, and K and V cross HBM once per
-  K/V head, not once per query head. Reuse through L2 between kernels is not modelled.
+  K/V head, not once per query head. Reuse through L2 between kernels is not modelled. Both
+  searches try every split and order (interchangeable axes in one order only) while there are
+  at most ``SPLITS_MAX`` splits and ``RASTER_ORDERS_MAX`` orders; past that (a contraction with
+  a dozen grouped axes of different kinds), a few even splits and heuristic orders.
 - ``H["SMEM"]``: SMEM↔RF traffic. Every SMEM-resident tile is read into registers once per
   use (box reading it) per group — kept in registers across stream steps if it does not
   carry the streamed axis — and every SMEM-resident array a box computes is written from
@@ -85,7 +88,6 @@ g_a*g_c + g_a*s_b + g_c*s_b
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import math
 from fractions import Fraction
 from collections.abc import Mapping
@@ -785,15 +787,25 @@ class _KernelModel:
 
         # the concurrent split: Π f_a ≤ fit blocks' tiles combined (only the least f per quotient
         # ceil(N/f) matters, so f runs over those breakpoints)
+        # (interchangeable axes: the same group count, lacked by the same arrays; see _raster_orders)
+        lacks_of = [it[2] for it in items]
         best = None
-        for f in _splits(relevant, fit, N):
+        tried = 0
+        for f in _splits(relevant, fit, N, _alike(relevant, N, lacks_of)):
+            tried += 1
+            if tried > SPLITS_MAX:  # many grouped axes: a few even splits instead of all of them
+                for g in _even_splits(relevant, fit, N):
+                    H = traffic(g)
+                    if H[0] < best[0][0]:
+                        best = (H, g, (), ())
+                break
             H = traffic(f)
             if best is None or H[0] < best[0][0]:
                 best = (H, f, (), ())
         # the raster: blocks launched in an order (outer -> inner); an array whose sharing blocks
         # (the grouped axes it lacks) are innermost is read once while its slabs fit in L2
         if len(relevant) > 1 or any(it[2] for it in items):
-            for order in itertools.permutations(relevant):
+            for order in _raster_orders(relevant, N, lacks_of):
                 pos = {a: i for i, a in enumerate(order)}
                 f, rem = {}, fit
                 for a in reversed(order):
@@ -837,6 +849,80 @@ class _KernelModel:
         return H, Hb
 
 
+#: The raster rule tries every launch order of the grouped axes some array lacks (up to
+#: interchangeable axes) while there are at most this many; more try :func:`_heuristic_orders`.
+RASTER_ORDERS_MAX = 5040
+
+
+def _raster_orders(relevant, N, lacks):
+    """Launch orders (outer → inner) of the axes ``relevant`` the raster rule tries.
+
+    An order's traffic depends on each axis only through its group count ``N[a]`` and the arrays
+    that lack it (``lacks``: per array, the axes it lacks), so two axes alike in both are
+    interchangeable: swapping them in an order swaps their L2 factors and leaves every array's
+    traffic and whether it is read once unchanged. The orders are those of
+    ``itertools.permutations(relevant)`` in which interchangeable axes keep their order in
+    ``relevant``, in the same (lexicographic) order: the first order of least traffic is the one
+    all permutations would give. When there are more than :data:`RASTER_ORDERS_MAX` of them
+    (n! grows past any budget: a contraction with 10 grouped axes of 10 kinds has 3.6 million), a
+    few heuristic orders are tried instead (:func:`_heuristic_orders`).
+
+    >>> list(_raster_orders(["a", "b", "c"], {"a": 2, "b": 2, "c": 4}, [("a", "b"), ("c",)]))
+    [('a', 'b', 'c'), ('a', 'c', 'b'), ('c', 'a', 'b')]
+    """
+    sig = {a: (N[a], tuple(a in ax for ax in lacks)) for a in relevant}
+    classes: dict[tuple, list[str]] = {}
+    for a in relevant:
+        classes.setdefault(sig[a], []).append(a)
+    count = math.factorial(len(relevant))
+    for members in classes.values():
+        count //= math.factorial(len(members))
+    if count > RASTER_ORDERS_MAX:
+        yield from _heuristic_orders(relevant, N, lacks)
+        return
+    order: list[str] = []
+    nxt = {c: 0 for c in classes}  # the next unused axis of each class
+
+    def walk():
+        if len(order) == len(relevant):
+            yield tuple(order)
+            return
+        for a in relevant:
+            c = sig[a]
+            if nxt[c] < len(classes[c]) and classes[c][nxt[c]] == a:
+                nxt[c] += 1
+                order.append(a)
+                yield from walk()
+                order.pop()
+                nxt[c] -= 1
+
+    yield from walk()
+
+
+def _heuristic_orders(relevant, N, lacks):
+    """A few launch orders for many grouped axes: ``relevant``'s own order and its reverse, the
+    axes by group count (fewest and most groups innermost), and per array that lacks some of them
+    the axes it carries outside the axes it lacks (it is read once when the blocks sharing it run
+    together), the lacked axes by their own order and by group count either way. Inner axes take
+    the L2 factors first."""
+    rel = tuple(relevant)
+    seen: set[tuple] = set()
+    by_n = tuple(sorted(rel, key=lambda a: N[a]))
+    cands = [rel, rel[::-1], by_n, by_n[::-1]]
+    for ax in lacks:
+        inner = [a for a in rel if a in ax]
+        if not inner:
+            continue
+        outer = tuple(a for a in rel if a not in ax)
+        for tail in (inner, sorted(inner, key=lambda a: N[a]), sorted(inner, key=lambda a: -N[a])):
+            cands.append(outer + tuple(tail))
+            cands.append(tuple(sorted(outer, key=lambda a: N[a])) + tuple(tail))
+    for o in cands:
+        if o not in seen:
+            seen.add(o)
+            yield o
+
+
 def _breakpoints(n: int, budget: int) -> list[int]:
     """The least f ≤ budget for every value of ceil(n / f), ascending (ceil(n/k) for k = 1..n).
 
@@ -864,20 +950,80 @@ def _breakpoints(n: int, budget: int) -> list[int]:
     return sorted(out)
 
 
-def _splits(axes, budget, limits):
+def _splits(axes, budget, limits, alike=None):
     """Integer factors f_a ≥ 1, f_a ≤ limits[a], Π f_a ≤ budget (the last axis takes the most left);
     the leading axes run over the least f for each value of ceil(limits[a] / f) (larger f with
-    the same quotient only spends budget)."""
+    the same quotient only spends budget), in lexicographic order.
+
+    ``alike`` maps a leading axis to an earlier leading axis interchangeable with it (see
+    :func:`_alike`): its factor is then at least that axis's. The splits left out are the
+    others' factors permuted among interchangeable axes — the same traffic, later in the order —
+    so the first split of least traffic is the same.
+
+    >>> [tuple(f.values()) for f in _splits(["a", "b", "c"], 4, {"a": 2, "b": 2, "c": 8})]
+    [(1, 1, 4), (1, 2, 2), (2, 1, 2), (2, 2, 1)]
+    >>> [tuple(f.values()) for f in _splits(["a", "b", "c"], 4, {"a": 2, "b": 2, "c": 8}, {"b": "a"})]
+    [(1, 1, 4), (1, 2, 2), (2, 2, 1)]
+    """
+    axes = tuple(axes)
+    alike = alike or {}
     if not axes:
         yield {}
         return
-    a, rest = axes[0], axes[1:]
-    if not rest:
-        yield {a: max(1, min(budget, limits[a]))}
-        return
-    for f in _breakpoints(int(limits[a]), budget):
-        for tail in _splits(rest, budget // f, limits):
-            yield {a: f, **tail}
+    chosen: dict = {}
+
+    def walk(i: int, left: int):
+        a = axes[i]
+        if i == len(axes) - 1:
+            yield {**chosen, a: max(1, min(left, limits[a]))}
+            return
+        lo = chosen[alike[a]] if a in alike else 1
+        for f in _breakpoints(int(limits[a]), left):
+            if f < lo:
+                continue
+            chosen[a] = f
+            yield from walk(i + 1, left // f)
+        chosen.pop(a, None)
+
+    yield from walk(0, budget)
+
+
+#: The concurrent L2 split tries at most this many splits (every split, for a few grouped axes);
+#: past it, the even splits of :func:`_even_splits`.
+SPLITS_MAX = 20_000
+
+
+def _alike(axes, limits, lacks) -> dict:
+    """Leading axis (all but the last of ``axes``) -> the previous leading axis interchangeable with
+    it: the same group count ``limits[a]`` and lacked by the same arrays (``lacks``: per array,
+    the axes it lacks), so that permuting their L2 factors leaves the traffic as it is."""
+    last: dict = {}
+    out = {}
+    for a in tuple(axes)[:-1]:
+        key = (limits[a], tuple(a in ax for ax in lacks))
+        if key in last:
+            out[a] = last[key]
+        last[key] = a
+    return out
+
+
+def _even_splits(axes, budget, limits):
+    """The budget spread evenly: factors doubled in turn (axes with the most groups first) while
+    they fit, and each axis alone taking all it can."""
+    f = {a: 1 for a in axes}
+    used, grew = 1, True
+    by_n = sorted(axes, key=lambda a: -limits[a])
+    while grew:
+        grew = False
+        for a in by_n:
+            g = min(int(limits[a]), f[a] * 2)
+            if g > f[a] and used // f[a] * g <= budget:
+                used = used // f[a] * g
+                f[a] = g
+                grew = True
+    yield f
+    for a in axes:
+        yield {**{b: 1 for b in axes}, a: max(1, min(budget, int(limits[a])))}
 
 
 # ----------------------------------------------------------------------------- entry point
