@@ -828,8 +828,8 @@ STREAM_UNROLLS = (2, 4)
 #: Column reductions: the blocks are one wave (:func:`wave_splits` of SMs × the blocks one SM holds
 #: at once: no second wave, every block the same number of row groups give or take one, the fewest
 #: partials that do it); the SMs and blocks per SM assumed where no GPU is named; the most
-#: static shared memory a block may keep its column partials, their combine's tile and the block
-#: reductions' scratch in (48 KiB).
+#: shared memory a block may keep its column partials, their combine's tile and the block
+#: reductions' scratch in (static and dynamic together).
 DEFAULT_SMS = 132
 DEFAULT_BLOCKS_PER_SM = 2
 MAX_COL_SMEM = 160 * 1024
