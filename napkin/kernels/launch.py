@@ -261,10 +261,17 @@ class CompiledKernel:
     def _raise_smem_limit(self, fn, device: int, shared_mem: int) -> None:
         # a block may hold 48 KiB of static and dynamic shared memory together without opting in:
         # 48 KiB of dynamic beside a few static words needs the raised limit too
+        # (_smem_limit: the most dynamic shared memory known to launch on the device)
         if shared_mem == 0 or shared_mem <= self._smem_limit.get(device, 0):
             return
+        import cupy
         from cupy.cuda import driver
 
+        with cupy.cuda.Device(device):
+            self._opt_in(fn, device, shared_mem, driver)
+        self._smem_limit[device] = shared_mem
+
+    def _opt_in(self, fn, device: int, shared_mem: int, driver) -> None:
         static = self._static_smem.get(device)
         if static is None:
             static = self._static_smem[device] = int(
@@ -281,7 +288,6 @@ class CompiledKernel:
         except Exception as e:
             raise LaunchError(f"{self.name}: cannot raise the dynamic shared-memory limit to "
                               f"{shared_mem} bytes (static shared memory counts too): {e}") from e
-        self._smem_limit[device] = shared_mem
 
     def __call__(self, grid, block, args: Sequence[Any], shared_mem: int = 0, *, stream=None,
                  sync: bool | None = None) -> None:
@@ -388,10 +394,7 @@ class PreparedLaunch:
         self.shared_mem, self.sync = int(shared_mem), bool(sync)
         fn = kernel.module.function(kernel.name, self.device)
         if self.shared_mem:  # beside the kernel's static shared memory it may need the raised limit
-            import cupy
-
-            with cupy.cuda.Device(self.device):
-                kernel._raise_smem_limit(fn, self.device, self.shared_mem)
+            kernel._raise_smem_limit(fn, self.device, self.shared_mem)
         self._fn = int(fn.ptr)
         n = len(args)
         self._params = (ctypes.c_void_p * max(1, n))()

@@ -34,6 +34,12 @@ class _Kernel:
     name = "k"
     module = _Module()
 
+    def __init__(self):
+        self.raised = []
+
+    def _raise_smem_limit(self, fn, device, shared_mem):
+        self.raised.append((device, shared_mem))
+
 
 class _DriverError(Exception):
     """CuPy's CUDADriverError stand-in: the driver's status in ``status``."""
@@ -68,7 +74,11 @@ def test_parameters_are_packed_once_and_pointers_written_per_launch(monkeypatch)
     calls = []
     monkeypatch.setattr(L, "cu_launch_kernel", lambda: _recorder(calls, [8, 4, 8, 8, 4]))
     args = [L.POINTER, 7, np.int64(2 ** 40), L.POINTER, 0.5]
-    pl = L.PreparedLaunch(_Kernel(), (3, 2), 128, args, 1024, device=0, sources=[2, 0])
+    kernel = _Kernel()
+    pl = L.PreparedLaunch(kernel, (3, 2), 128, args, 1024, device=0, sources=[2, 0])
+    # any dynamic shared memory is checked against the limit: beside the kernel's static words a
+    # block under 48 KiB of it may still need the raised limit
+    assert kernel.raised == [(0, 1024)]
     pl([0xA0, 0xB0, 0xC0], 0x5)
     pl([0xA1, 0xB1, 0xC1], 0x6)
     first, second = calls
