@@ -47,7 +47,7 @@ from ..dtypes import canonical as canonical_dtype
 from ..errors import CodegenError, NapkinError, ScheduleError
 from ..perfmodel.hardware import check_arch, gpu_ref
 from ..perfmodel.plan import FALLBACK, Plan, PlannedKernel, describe_kernel, tiles_text
-from ..perfmodel.schedule import Kernel, Schedule
+from ..perfmodel.schedule import Kernel, Relabel, Schedule
 from .partition import attach_renames, is_connected, kernel_problem, plan_units
 
 __all__ = ["derive", "Derivation", "KernelChoice", "Option", "MAX_FUSED_BOXES", "MAX_HEAVY_BOXES", "MAX_PLANNED_BOXES",
@@ -680,11 +680,11 @@ def derive(diagram, gpu=None, dtype: str | None = None, sizes: Mapping[str, int]
         raise ScheduleError(f"diagram {d.name!r} has no axis {unknown[0]!r} to group or stream; its axes are "
                             f"{list(d.axes)}")
     for a, pin in (fixed or {}).items():
-        ok = isinstance(pin, tuple) and len(pin) == 3 and isinstance(pin[0], int) and not isinstance(pin[0], bool) \
-            and pin[0] > 0 and isinstance(pin[1], str) and pin[2] in ("group", "stream")
-        if not ok:
-            raise ScheduleError(f"fixed[{a!r}]: expected (size, level, kind) with a positive integer size, a level "
-                                f"name and 'group' or 'stream', got {pin!r}")
+        if not (isinstance(pin, tuple) and len(pin) == 3 and isinstance(pin[0], int)
+                and not isinstance(pin[0], bool) and pin[0] > 0):
+            raise ScheduleError(f"fixed[{a!r}]: expected (size, level, kind) with a positive integer size, "
+                                f"got {pin!r}")
+        Relabel(a, *pin)  # the level and kind, checked as any relabelling's
     planner = _Planner(d, g, arch, dt, fams, fixed, progress)
     plan, runs = planner.plan()
     expansion = ()

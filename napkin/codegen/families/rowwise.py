@@ -353,17 +353,23 @@ def row_fitted_threads(shape: "RowwiseShape") -> tuple[int, ...]:
     >>> fitted("rmsnorm", 5120), fitted("rmsnorm", 4096), fitted("softmax", 2560), fitted("layernorm", 5120)
     ((160, 224, 320, 640), (), (96, 160, 320), ())
     """
-    chunks = -(-shape.xsize // shape.vec)
     if lookup_dtype(shape.dtype).bytes != 2 or getattr(shape, "kind", None) == "layernorm":
         return ()
-    if any(chunks % t == 0 and chunks // t <= ROW_FIT_CHUNKS for t in THREADS_PER_ROW):
-        return ()
-    out = set()
-    for cpt in range(1, ROW_FIT_CHUNKS + 1):
-        t = -(-chunks // (cpt * 32)) * 32
-        if 32 < t <= 1024 and t not in THREADS_PER_ROW:
-            out.add(t)
-    return tuple(sorted(out))
+    return warp_blocks(-(-shape.xsize // shape.vec), ROW_FIT_CHUNKS)
+
+
+def warp_blocks(chunks: int, most: int) -> tuple[int, ...]:
+    """Block sizes fitted to a row of ``chunks`` 16-byte chunks: for 1..``most`` chunks a thread the
+    fewest whole warps that hold it, beside :data:`THREADS_PER_ROW`; none where a power-of-two
+    block holds the row in at most ``most`` chunks a thread.
+
+    >>> warp_blocks(640, 2), warp_blocks(625, 2), warp_blocks(512, 2)
+    ((320, 640), (320, 640), ())
+    """
+    if any(chunks % t == 0 and chunks // t <= most for t in THREADS_PER_ROW):
+        return ()  # a power-of-two block holds the row evenly (512 chunks: 256 threads, 2 each)
+    fits = {-(-chunks // (cpt * 32)) * 32 for cpt in range(1, most + 1)}
+    return tuple(sorted(t for t in fits if 32 < t <= 1024 and t not in THREADS_PER_ROW))
 
 
 def make_config(shape: RowwiseShape, threads_per_row: int, rows_per_block: int) -> Config:
@@ -1373,17 +1379,9 @@ def fitted_threads(shape: ChainShape) -> tuple[int, ...]:
     >>> fitted(5120), fitted(3072), fitted(4096), fitted(1024)
     ((320, 640), (192, 384), (), ())
     """
-    chunks = -(-shape.xsize // shape.vec)
     if not shape.cols or lookup_dtype(shape.dtype).bytes != 2:
         return ()
-    if any(chunks % t == 0 and chunks // t <= FIT_CHUNKS for t in THREADS_PER_ROW):
-        return ()  # a power-of-two block holds the row evenly (4096: 256 threads, 2 chunks each)
-    out = []
-    for cpt in range(1, FIT_CHUNKS + 1):
-        t = -(-chunks // (cpt * 32)) * 32
-        if 32 < t <= 1024 and t not in THREADS_PER_ROW and t not in out:
-            out.append(t)
-    return tuple(sorted(out))
+    return warp_blocks(-(-shape.xsize // shape.vec), FIT_CHUNKS)
 
 
 def wave_splits(groups: int, slots: int) -> int:
