@@ -317,6 +317,10 @@ def _shape_of(est: dict | None, fam, schedule: Schedule):
     if est.get("epilogue_hbm_bytes"):  # a phase after the loop that the roofline must not overlap
         facts["epilogue_hbm_bytes"] = float(est["epilogue_hbm_bytes"])
         facts["epilogue_waits"] = int(est.get("epilogue_waits") or 0)
+    if est.get("epilogue_maps"):  # maps after the loop whose stores overlap it
+        facts["epilogue_maps"] = True
+    if est.get("epilogue_rate"):  # the share of the SM's rates an epilogue's few warps reach
+        facts["epilogue_rate"] = float(est["epilogue_rate"])
     if est.get("tf32x3_flops"):  # an fp32 sum run as 3xTF32 on the tensor cores
         facts["tf32x3_flops"] = float(est["tf32x3_flops"])
     if est.get("tail_factor"):  # the per-SM tail the kernel's own order of unequal tiles gives

@@ -251,3 +251,37 @@ def test_step_overheads_pass_under_a_memory_bound_loop_whose_loads_run_ahead(h10
     resident = min(t.roofline.blocks_per_sm, t.roofline.busiest_sm_blocks)
     fill = max(0.0, t.chain.fill_s * t.roofline.rounds + t.roofline.tail_body_s / resident - t.roofline.tail_body_s)
     assert over > 0 and t.roofline.latency_s == pytest.approx(over + fill, rel=1e-6)
+
+
+# ----------------------------------------------------------------------------- the epilogue phase
+
+
+def test_an_epilogue_phase_takes_its_bytes_out_of_the_loop_at_every_level(h200):
+    """The output a block stores after its loop passes through L2 as well as HBM: the phase takes
+    those L2 bytes too, so a short loop is not priced as if its stores ran in it (K = 64 over a
+    12800 x 3072 output, 128 x 256 tiles: 38.9 us with them counted twice, 24.2 measured)."""
+    out = 12800 * 3072 * 2
+    w = Work(flops={"tensor": 2.0 * 12800 * 3072 * 64}, bytes={"HBM": out + 4e6, "L2": out + 6e7}, dtype="bf16")
+    shape = LaunchShape(blocks=1200, threads=384, regs_per_thread=168, smem_bytes=200_000, stream_steps=0,
+                        epilogue_hbm_bytes=out)
+    k = predict_kernel(h200, w, shape)
+    assert k.roofline.hbm_bytes == pytest.approx(4e6)
+    assert k.roofline.transfer_s["L2"] == pytest.approx(6e7 / h200.level("L2").bandwidth, rel=1e-6)
+    assert k.epilogue.transfer_s["L2"] == pytest.approx(out / h200.level("L2").bandwidth, rel=1e-6)
+    assert k.epilogue.seconds == pytest.approx(out / h200.level("HBM").bandwidth, rel=1e-6)  # HBM binds it
+    assert k.seconds == pytest.approx(k.roofline.seconds + k.epilogue.seconds)
+
+
+def test_maps_after_the_loop_without_bytes(h200):
+    """``epilogue_maps``: the CUDA-core and SFU work is a phase after the loop (a ping-pong
+    consumer's maps), the stores stay overlapped; a launch with no maps has no phase."""
+    w = Work(flops={"tensor": 1e12, "sfu": 5e8}, bytes={"HBM": 1e8, "L2": 2e8}, dtype="bf16")
+    base = LaunchShape(blocks=1024, threads=384, regs_per_thread=168, smem_bytes=200_000, stream_steps=0)
+    over = predict_kernel(h200, w, base)
+    after = predict_kernel(h200, w, LaunchShape(**{**base.__dict__, "epilogue_maps": True}))
+    assert over.epilogue is None and after.epilogue is not None
+    assert after.epilogue.hbm_bytes == 0 and after.roofline.hbm_bytes == pytest.approx(1e8)
+    assert after.roofline.compute_s["sfu"] == 0 and after.epilogue.compute_s["sfu"] > 0
+    assert after.seconds == pytest.approx(over.seconds + after.epilogue.seconds, rel=0.02)
+    plain = Work(flops={"tensor": 1e12}, bytes={"HBM": 1e8}, dtype="bf16")
+    assert predict_kernel(h200, plain, LaunchShape(**{**base.__dict__, "epilogue_maps": True})).epilogue is None
