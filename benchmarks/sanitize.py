@@ -252,6 +252,14 @@ def _mma_sync_64x64(d):
     return _lowered(d, MatmulConfig(False, *MMA_CONFIGS[-1]))
 
 
+def _pingpong_wide(d):
+    """The ping-pong 128 x 192 tile (192 accumulators a consumer, four staging blocks that go out by
+    TMA) on a plain product with more tiles than SMs and edges that are not tile multiples."""
+    from napkin.codegen.families.contraction import WGMMA_PINGPONG_CONFIGS, MatmulConfig
+
+    return _lowered(d, MatmulConfig(False, *WGMMA_PINGPONG_CONFIGS[-1], wgmma=True, pingpong=True))
+
+
 def _tf32x3_small(d):
     """The fp32 template's 32 x 32 tile (3xTF32): the small tiles a batch of small products takes."""
     from napkin.codegen.families.contraction import TF32X3_SMALL_CONFIGS, MatmulConfig
@@ -332,6 +340,9 @@ CASES = [
     # priced alike; 1333 x 2600 is more tiles than SMs and not tile multiples either)
     Case("matmul_wgmma.cu.jinja", "mlp", {"a": 1333, "b": 520, "c": 2600}, family="contraction",
          archs=("sm_90a",)),
+    # the wide ping-pong tile: 11 x 14 tiles of 128 x 192 walked by both consumers of each block
+    Case("matmul_wgmma.cu.jinja", "matmul", {"a": 1333, "b": 300, "c": 2600}, family="contraction",
+         archs=("sm_90a",), program=_pingpong_wide, label="matmul_pingpong_wide"),
     # a residual copied 64 x 64 at a time into each consumer's staging block (cp.async), read there
     # and overwritten by the results (rows of 264 and 333: partial blocks, zero-filled copies)
     Case("matmul_wgmma.cu.jinja", _gemm_residual, {"a": 333, "b": 520, "c": 264}, family="contraction",

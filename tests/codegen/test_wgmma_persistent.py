@@ -16,7 +16,8 @@ from dataclasses import replace
 import pytest
 
 from napkin.codegen.families.contraction import (DUAL_CONFIGS, DUAL_PINGPONG_CONFIGS, FAMILY, WGMMA_CONFIGS,
-                                                 WGMMA_PINGPONG_CONFIGS, MatmulConfig, analyze, wgmma_persistent)
+                                                 WGMMA_PINGPONG_CONFIGS, WIDE_PINGPONG_MIN_CHUNKS, MatmulConfig,
+                                                 _wide_pingpong, analyze, wgmma_persistent)
 from napkin.diagrams import library
 from napkin.errors import CodegenError
 from napkin.perfmodel.schedule import KernelOptions
@@ -146,6 +147,34 @@ def test_pingpong_is_a_candidate_of_plain_and_dual_sums_only():
         assert not any(FAMILY.config_of(analyze(d), s).pingpong for s in FAMILY.candidates(d, "h100", "bf16")), name
 
 
+def test_the_wide_pingpong_tile_is_offered_for_plain_products_only():
+    """The ping-pong 128 x 192 tile (192 accumulators a consumer thread) is a candidate of a plain
+    product, unsplit; an epilogue, a split sum or a row reduction is refused with one message (its
+    maps would spill: nvcc, sm_90a, 8 to 192 bytes)."""
+    wide = next(c for c in PINGPONG if _wide_pingpong(c))
+    assert (wide.BM, wide.BN, wide.WM) == (128, 192, 128)
+    mm = library.get("matmul").with_dtype("bf16").bind(a=12800, b=768, c=3072)
+    cfgs = [FAMILY.config_of(analyze(mm), s) for s in FAMILY.candidates(mm, "h200", "bf16")]
+    assert [c for c in cfgs if _wide_pingpong(c)] == [wide]
+    for k, offered in ((64 * WIDE_PINGPONG_MIN_CHUNKS, True), (64 * (WIDE_PINGPONG_MIN_CHUNKS - 1), False)):
+        short = library.get("matmul").with_dtype("bf16").bind(a=12800, b=k, c=3072)
+        got = [_wide_pingpong(FAMILY.config_of(analyze(short), s)) for s in FAMILY.candidates(short, "h200", "bf16")]
+        assert any(got) is offered, k
+    mlp = library.get("mlp").with_dtype("bf16").bind(a=12800, b=768, c=3072)
+    assert not any(_wide_pingpong(FAMILY.config_of(analyze(mlp), s)) for s in FAMILY.candidates(mlp, "h200", "bf16"))
+    with pytest.raises(CodegenError, match="192 fp32 accumulators per thread leave no registers for an epilogue"):
+        FAMILY.lower(mlp, FAMILY.schedule(mlp, wide), "sm_90a")
+    with pytest.raises(CodegenError, match="192 fp32 accumulators per thread leave no registers .* split sum"):
+        FAMILY.lower(mm, FAMILY.schedule(mm, replace(wide, splits=2)), "sm_90a")
+    odd = library.get("matmul").with_dtype("bf16").bind(a=8205, b=2949, c=5921)  # rows of 5921: no TMA stores
+    assert not any(_wide_pingpong(FAMILY.config_of(analyze(odd), s)) for s in FAMILY.candidates(odd, "h200", "bf16"))
+    with pytest.raises(CodegenError, match="need the output to leave by TMA"):
+        FAMILY.lower(odd, FAMILY.schedule(odd, wide), "sm_90a")
+    wider = MatmulConfig(False, 128, 256, 64, 128, 256, 4, wgmma=True, pingpong=True)
+    with pytest.raises(CodegenError, match="256 fp32 accumulators per thread; at most 128 fit, or 192"):
+        FAMILY.lower(mm, FAMILY.schedule(mm, wider), "sm_90a")
+
+
 def test_pingpong_refusals():
     """Ping-pong needs the persistent kernel (not a row reduction's), and the consumer count must
     be the tile's: one clear error each."""
@@ -217,11 +246,15 @@ def test_batched_split_and_dual_items(variant):
 def test_pingpong_consumers_alternate_items(cfg):
     """The ping-pong kernel: each block's items alternate between its two consumers (an odd count
     of them in some blocks, edges that are not tile multiples, an epilogue reading each tile's row
-    and column indices; operands stored either way round; a batch; a split sum with empty shares)."""
+    and column indices; operands stored either way round; a batch; a split sum with empty shares).
+    The wide tile (192 accumulators a thread) runs plain products only: the same walks without
+    the epilogue and the split, and an output row of 3000 that ends inside its 192-column tiles."""
     _hopper()
+    wide = _wide_pingpong(cfg)
     mlp = library.get("mlp")
+    mm = library.get("matmul")
     shape = dict(a=2900, b=200, c=2 * 132 * 8 + 40)
-    check(mlp, [shape], _sched(mlp, shape, cfg))
+    check(mm if wide else mlp, [shape], _sched(mm if wide else mlp, shape, cfg))
     try:
         from .test_contraction_nvcc import mm_layout
     except ImportError:
@@ -233,7 +266,10 @@ def test_pingpong_consumers_alternate_items(cfg):
     shape = dict(n=45, a=300, b=256, c=136)
     check(bmm, [shape], _sched(bmm, shape, cfg))
     shape = dict(a=700, b=2048, c=300)
-    check(mlp, [shape], _sched(mlp, shape, replace(cfg, splits=9)))
+    if wide:
+        check(library.get("matmul_t"), [shape], _sched(library.get("matmul_t"), shape, cfg))
+    else:
+        check(mlp, [shape], _sched(mlp, shape, replace(cfg, splits=9)))
 
 
 @pytest.mark.gpu
@@ -259,3 +295,24 @@ def test_the_stagger_setting_reaches_the_source(monkeypatch):
     assert "LEAD = (true && PERSISTENT && !PINGPONG && CONSUMERS == 2)" in on.source
     monkeypatch.setattr(contraction, "WGMMA_STAGGER", False)
     assert _launch(d, coop).name != on.name  # the setting is part of the kernel's name (its cache key)
+
+
+@pytest.mark.parametrize("sizes, wide", [
+    (dict(a=12800, b=768, c=3072), True),   # measured 82.7 against 93.3 us (cooperative 128 x 256)
+    (dict(a=8192, b=1024, c=8192), True),   # 177.2 against 189.9
+    (dict(a=12800, b=3072, c=3072), True),  # 309.1 against 323.7
+    (dict(a=4096, b=4096, c=4096), False),  # 186.9 against 172.8: 5.3 rounds of 128 x 192 tiles
+    (dict(a=16384, b=32, c=16384), False),  # 156.3 against 150.8: one chunk, nothing to overlap
+])
+def test_the_planner_takes_the_tile_measured_fastest(sizes, wide):
+    """H200, bf16, kernels: the wide ping-pong tile against the cooperative 128 x 256
+    (``benchmarks/results/nvidia-h200/wgmma_pingpong_wide.jsonl``). The model sees the cooperative
+    kernel's stores after each tile's loop and the rounds each tile size makes."""
+    from napkin.codegen import select
+
+    d = library.get("matmul").with_dtype("bf16").bind(**sizes)
+    best = select.rank(d, FAMILY, "h200", "bf16")[0].schedule
+    cfg = FAMILY.config_of(analyze(d), best)
+    assert _wide_pingpong(cfg) is wide, cfg
+    if not wide:
+        assert (cfg.BM * cfg.BN, cfg.pingpong) == (128 * 256, False)

@@ -86,17 +86,31 @@ def test_the_setting_turns_it_off_and_names_the_kernel(monkeypatch):
                          + [MatmulConfig(False, *c, wgmma=True, pingpong=True) for c in WGMMA_PINGPONG_CONFIGS],
                          ids=lambda c: f"{c.BM}x{c.BN}{'-pp' if c.pingpong else ''}")
 def test_staging_blocks_fit_beside_the_ring(cfg):
-    """Two staging blocks a consumer where they fit in 227 KB, else one; the launch asks for the
-    ring, its alignment, the barriers' kilobyte and the blocks (never less than the padded
-    staging blocks the 16-byte stores use)."""
+    """As many staging blocks a consumer as fit in 227 KB, up to the 64 x 64 blocks of its share of
+    a tile (at most 4), at least one; the launch asks for the ring, its alignment, the barriers'
+    kilobyte and the blocks (never less than the padded staging blocks the 16-byte stores use)."""
     d = library.get("matmul").with_dtype("bf16").bind(a=4096, b=512, c=4096)
     k = _launch(d, cfg)
     ebuf = dict(k.tunables)["tma_store"]
     ring = cfg.stages * (cfg.BM + cfg.BN) * 64 * 2
-    assert ebuf == (2 if ring + 2048 + cfg.consumers * 2 * 8192 <= 227 * 1024 else 1)
+    per_tile = cfg.WM // 64 * cfg.BN // 64
+    fits = [n for n in range(1, min(4, per_tile) + 1) if ring + 2048 + cfg.consumers * n * 8192 <= 227 * 1024]
+    assert ebuf == max(fits, default=1)
     want = ring + 1024 + max(128 + cfg.consumers * 64 * 72 * 2, 1024 + cfg.consumers * ebuf * 8192)
     assert k.shared_bytes == cfg.smem_bytes(analyze(d), 2) == want <= 227 * 1024
     assert f"EBUF = {ebuf};" in k.source
+
+
+def test_a_shallower_ring_stages_every_block_of_a_tile():
+    """The cooperative 128 x 256 tile pinned to 3 stages keeps all 4 of a consumer's blocks (4
+    stages leave room for 2); the wide ping-pong tile (128 x 192, 6 blocks a consumer) keeps 4."""
+    d = library.get("matmul").with_dtype("bf16").bind(a=4096, b=512, c=4096)
+    three = MatmulConfig(False, 128, 256, 64, 64, 256, 3, wgmma=True)
+    assert three.staging_blocks(2) == 4 and COOP.staging_blocks(2) == 2
+    k = _launch(d, three)
+    assert "EBUF = 4;" in k.source and dict(k.tunables)["tma_store"] == 4
+    wide = MatmulConfig(False, *WGMMA_PINGPONG_CONFIGS[-1], wgmma=True, pingpong=True)
+    assert (wide.BN, wide.WM, wide.staging_blocks(2)) == (192, 128, 4)
 
 
 # ---------------------------------------------------------------------------------------- GPU

@@ -86,10 +86,17 @@ WGMMA_CONFIGS = (
 #: The wgmma template's ping-pong configurations (same columns as above, WM = BM): two consumer
 #: warpgroups each own whole BM x BN tiles and take a block's work items in turn, one running its
 #: main loop while the other stores (the cooperative kernels above stop their tensor cores for
-#: each tile's epilogue). BM x BN / 128 accumulators a thread, at most 128.
+#: each tile's epilogue). BM x BN / 128 accumulators a thread: at most 128, or 192 for a plain
+#: product (:func:`_wide_pingpong`). 128 x 192 against the cooperative 128 x 256, H200, bf16,
+#: kernels (cuBLAS): 12800 x 768 x 3072 82.7 / 93.3 us (77.5), 8192 x 1024 x 8192 177.2 / 189.9
+#: (186.5), 12800 x 3072 x 3072 309.1 / 323.7 (315.5), 12800 x 256 x 3072 39.2 / 43.2 (33.1);
+#: 4096^3 186.9 / 172.8 (168.6: 704 tiles of 128 x 192 make 5.3 rounds on 132 SMs, 512 of 128 x
+#: 256 3.9). Three stages of it (four staging blocks a consumer fit beside them) ran 7-16 % slower
+#: than four (``benchmarks/results/nvidia-h200/wgmma_pingpong_wide.jsonl``).
 WGMMA_PINGPONG_CONFIGS = (
     (128, 128, 64, 128, 128, 6, 1),
     (64, 256, 64, 64, 256, 5, 1),
+    (128, 192, 64, 128, 192, 4, 1),
 )
 
 #: Smaller wgmma tiles offered where 128 x 128 tiles leave most SMs idle (a small output), split
@@ -280,16 +287,23 @@ class MatmulConfig:
 
     def staging_blocks(self, elem: int) -> int:
         """Swizzled 64 x 64 staging blocks each consumer of a persistent wgmma kernel keeps for its
-        TMA stores: two (a block is written while the one before leaves) where they fit in the
-        227 KB beside the ring, else one.
+        TMA stores: as many as fit in the 227 KB beside the ring, up to the blocks of one
+        consumer's share of a tile (at most 4), and at least one. With every block of a tile
+        staged, a consumer hands its results to the TMA engine and goes straight on to its next
+        tile; with fewer, it waits until the copy of an earlier block has read its staging block.
 
         >>> MatmulConfig(False, 128, 256, 64, 64, 256, 4, wgmma=True).staging_blocks(2)
         2
+        >>> MatmulConfig(False, 128, 256, 64, 64, 256, 3, wgmma=True).staging_blocks(2)
+        4
         >>> MatmulConfig(False, 128, 192, 64, 64, 192, 5, wgmma=True).staging_blocks(2)
         1
         """
-        two = self.wgmma_ring_bytes(elem) + 2048 + self.consumers * 2 * 64 * 64 * elem
-        return 2 if two <= _smem_limit(None, "sm_90a") else 1  # (wgmma runs on sm_90a only)
+        per_tile = (self.WM // 64) * (self.BN // (2 if self.dual else 1) // 64)
+        for n in range(min(4, max(1, per_tile)), 1, -1):
+            if self.wgmma_ring_bytes(elem) + 2048 + self.consumers * n * 64 * 64 * elem <= _smem_limit(None, "sm_90a"):
+                return n  # (wgmma runs on sm_90a only)
+        return 1
 
     def smem_bytes(self, p: MatmulProblem, elem: int) -> int:
         """Dynamic shared memory the kernel asks for (padded tiles)."""
@@ -635,6 +649,22 @@ WGMMA_CLUSTER = 1
 WGMMA_STAGGER = False
 
 
+#: The share of the SM's CUDA-core and SFU rates the maps of a wgmma row reduction's epilogue reach:
+#: its two consumer warpgroups compute them alone after the loop, one tile a block (two warps a
+#: scheduler), too few to hide their dependent instructions' latency. H200, bf16, kernels:
+#: sigmoid, tanh and exp before a row sum over 8192 x 1024 x 1024 took 29 us after the split's
+#: loop, where the full rates price them 6.7, and the GEMM and a row kernel apart ran 38.9 us
+#: against the split's 54.8 (``benchmarks/results/nvidia-h200/gemm_map_chain_ab.jsonl``).
+#: The persistent kernels keep the full rates: the same factor on their epilogues moved maps out
+#: of them where the fused kernel measured faster (a sigmoid, a scale and a residual after a
+#: 4096 x 1024 x 4096 product: 61.0 us fused, 69.0 with the maps apart), while a bias and the erf
+#: GELU measured 4 % slower to 7 % faster apart: the per-function costs the model gives its maps
+#: (one SFU operation for tanhf or the erf GELU, tens of instructions each) are the larger error,
+#: and this factor is too low for a cheap map: a sigmoid before a row sum over 8192 x 1024 x 1024
+#: moved apart with it and ran 37.8 us there against 36.7 split (``wgmma_plan_ab.jsonl``).
+WGMMA_ROWRED_EPILOGUE_RATE = 0.25
+
+
 #: Whether a persistent wgmma kernel's consumers send their 64 x 64 output blocks to HBM with TMA
 #: copies (:func:`wgmma_tma_store`) rather than 16-byte stores from registers read back from the
 #: staging block (the consumer then waits until its stores have left, and the tensor cores with
@@ -695,7 +725,7 @@ def _pingpong_first(coop: list[MatmulConfig], pingpong: list[MatmulConfig]) -> l
 
     >>> c = FAMILY.configs("bf16", "wgmma")
     >>> [(x.BM, x.BN, x.pingpong) for x in c]
-    [(128, 256, False), (256, 128, False), (128, 192, False), (128, 128, True), (128, 128, False)]
+    [(128, 256, False), (256, 128, False), (128, 192, True), (128, 192, False), (128, 128, True), (128, 128, False)]
     """
     out = []
     for c in coop:
@@ -738,6 +768,35 @@ def _pingpong_idles(diagram: Diagram, p: MatmulProblem, cfg: MatmulConfig, gpu) 
     512 x 1024 x 512 8.3 / 7.8."""
     tiles = _output_tiles(diagram, p, cfg.BM, cfg.BN) if cfg.pingpong else None
     return tiles is not None and tiles * max(1, cfg.splits) <= _sm_count(gpu)
+
+
+#: The fewest chunks of the sum a tile's loop must walk for the wide ping-pong tile to be offered:
+#: with fewer, one consumer's loop is too short to cover the other's stores and the ping-pong
+#: gains nothing, while its narrower tiles add rounds. H200, bf16, kernels, 128 x 192 ping-pong
+#: against the cooperative 128 x 256: 12800 x K x 3072 at K = 64 26.1 / 24.5 us, K = 256 39.7 /
+#: 44.0; 16384 x 32 x 16384 156.3 / 150.8 (``benchmarks/results/nvidia-h200/wgmma_pingpong_wide.jsonl``).
+WIDE_PINGPONG_MIN_CHUNKS = 4
+
+
+def _wide_pingpong(cfg: MatmulConfig) -> bool:
+    """Whether ``cfg`` is a ping-pong tile of more than 128 accumulators a consumer thread (128 x
+    192: 192 of its 232 registers). A plain product only, whose output leaves by TMA: an
+    epilogue's maps, a staged operand or the 16-byte stores beside those accumulators spill (nvcc,
+    sm_90a: 8 to 192 bytes for a bias, a GELU, a residual; 24 for the stores of rows of 5921
+    elements), and a split sum's partials are left to the smaller tiles. Offered where the sum has at least
+    :data:`WIDE_PINGPONG_MIN_CHUNKS` chunks.
+
+    >>> _wide_pingpong(MatmulConfig(False, 128, 192, 64, 128, 192, 4, wgmma=True, pingpong=True))
+    True
+    >>> _wide_pingpong(MatmulConfig(False, 128, 128, 64, 128, 128, 6, wgmma=True, pingpong=True))
+    False
+    """
+    return cfg.pingpong and not cfg.dual and cfg.WM * cfg.BN // 128 > 128
+
+
+def _plain_product(p: MatmulProblem) -> bool:
+    """Whether ``p``'s output is its contraction itself: no maps, no prologue, no row reduction."""
+    return p.out is p.contraction and p.norm is None and p.rowred is None and not p.dual
 
 
 def _rowsplit_bn(n: int, splits: int) -> int:
@@ -853,8 +912,8 @@ def operand_view(diagram: Diagram, p: MatmulProblem, v: Value) -> tuple[int, ...
     >>> dg = Diagram("merge", contract(array("O", h, s, d), array("W", e, h, d), over=(h, d), out=(s, e),
     ...                                name="Y")).bind(s=256, h=4, d=64, e=128)
     >>> p = analyze(dg)
-    >>> operand_view(dg, p, p.A), operand_view(dg, p, p.B)
-    ((2, 1, 0), (2, 0, 1))
+    >>> operand_view(dg, p, p.A), operand_view(dg, p, p.B)  # O's rows (h, s) flatten; W's do not
+    ((), (2, 0, 1))
     """
     flat = _flat_rows_reason_of(diagram, p, v)
     if flat is None:
@@ -1199,6 +1258,12 @@ class ContractionFamily:
         for cfg in cfgs:
             if cfg.smem_bytes(p, _elem(dtype)) > limit:
                 continue
+            if _wide_pingpong(cfg):  # a plain product, unsplit, over a sum of a few chunks at least
+                chunks = _chunk_count(diagram.sizes, p, cfg.BK)
+                if (_plain_product(p) and wgmma_tma_store(diagram, p, cfg, []) and not _pingpong_idles(diagram, p, cfg, gpu)
+                        and (chunks is None or chunks >= WIDE_PINGPONG_MIN_CHUNKS)):
+                    out.append(self.schedule(diagram, cfg, gpu=gpu, dtype=dtype))
+                continue
             if not _pingpong_idles(diagram, p, cfg, gpu):
                 out.append(self.schedule(diagram, cfg, gpu=gpu, dtype=dtype))
             for n in self.split_counts(diagram, p, cfg, gpu):
@@ -1348,11 +1413,20 @@ class ContractionFamily:
             # kernels 21.2 -> 15.6 us on an H200 (cuBLAS 13.0), 21.3 -> 15.2 H100
             est.update(stream_steps=0)
             if p.rowred is not None:
+                est.update(epilogue_hbm_bytes=epilogue_bytes(diagram, p), epilogue_rate=WGMMA_ROWRED_EPILOGUE_RATE)
+            elif cfg.splits == 1 and (not cfg.pingpong or blocks <= _sm_count(gpu)):
+                # both consumers of a cooperative kernel leave the loop together and run the maps
+                # and the stores before the next tile's first wgmma: a phase after each tile's
+                # loop, as on the mma.sync template (and a ping-pong kernel of one tile a block,
+                # whose blocks have no next tile behind their maps). H200, bf16, 12800 x K x 3072 on 128 x 256 tiles (ten rounds),
+                # kernels: 24.2 us at K = 64, then 6.3 us a chunk of 64 — about 17.6 us a call
+                # beyond the loop, the 78.6 MB output at the HBM rate; at K = 768 93.3 us where the
+                # overlapped roofline said 78.1 (``benchmarks/results/nvidia-h200/wgmma_pingpong_wide.jsonl``)
                 est.update(epilogue_hbm_bytes=epilogue_bytes(diagram, p))
-            elif cfg.splits == 1 and p.out is not p.contraction and blocks <= _sm_count(gpu):
-                # a persistent kernel with one tile a block: no next tile loads or multiplies
-                # behind the maps, so they are a phase after the loop, as on the mma.sync template
-                est.update(epilogue_hbm_bytes=epilogue_bytes(diagram, p))
+            elif cfg.splits == 1:
+                # a ping-pong consumer's stores run beside the other's loop, its maps do not
+                # (:attr:`~napkin.perfmodel.predict.LaunchShape.epilogue_maps`)
+                est.update(epilogue_maps=True)
         return est
 
     # ------------------------------------------------------------------ lower
@@ -1485,9 +1559,18 @@ class ContractionFamily:
         if WM not in (64, 128) or BM % WM or BM // WM not in (1, 2):
             raise CodegenError(f"{what}: w_{p.a} is 64 or 128 rows per consumer warpgroup, 1 or 2 of them")
         n_acc = WM * BN * (2 if p.dual else 1) // 128
-        if n_acc > 128 or (p.dual and BN > 128):
-            raise CodegenError(f"{what}: {n_acc} fp32 accumulators per thread; at most 128 fit "
-                               "(a dual contraction's wgmma spans 2 x g_c <= 256 columns)")
+        if n_acc > 128 and not (_wide_pingpong(cfg) and n_acc <= 192):
+            raise CodegenError(f"{what}: {n_acc} fp32 accumulators per thread; at most 128 fit, or 192 "
+                               "for a ping-pong consumer's plain product (a dual contraction's wgmma "
+                               "spans 2 x g_c <= 256 columns)")
+        if n_acc > 128 and (not _plain_product(p) or splits > 1):
+            raise CodegenError(f"{what}: {n_acc} fp32 accumulators per thread leave no registers for an "
+                               "epilogue, prologue, row reduction or split sum (they would spill); 128 at "
+                               "most here")
+        if n_acc > 128 and not wgmma_tma_store(schedule.diagram, p, cfg, []):
+            raise CodegenError(f"{what}: {n_acc} fp32 accumulators per thread need the output to leave by "
+                               "TMA (rows a multiple of 16 bytes, batch axes in front of the rows); the "
+                               "16-byte stores beside them spill. 128 at most here")
         if not 2 <= stages <= 8:
             raise CodegenError(f"{what}: stages must be 2 to 8, got {stages}")
         n = schedule.diagram.sizes.get(p.c)
