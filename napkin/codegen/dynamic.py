@@ -155,8 +155,10 @@ def plan_for_range(diagram: Diagram, ranges: Mapping[str, tuple[int, int]], gpu,
     "predicted_s", "worst_loss_s"}`` per candidate plan (predicted seconds at each sample point,
     and the most it loses to the best candidate of a point).
 
-    With ``schedule``, that schedule is the one candidate (it is only checked to build at both
-    ends of the ranges)."""
+    A candidate must build at every :func:`probe_points` size (the ends of the ranges, their
+    middle and two odd sizes): a configuration may hold only where a size has some residue (the
+    ping-pong 128 x 192 wgmma tile needs output rows of 16-byte multiples). With ``schedule``,
+    that schedule is the one candidate (checked the same way)."""
     from .lower import build
     from .plancache import derive_cached
     from .planner import plan_schedule
@@ -174,11 +176,11 @@ def plan_for_range(diagram: Diagram, ranges: Mapping[str, tuple[int, int]], gpu,
         plan = derive_cached(d, gpu, dtype, arch=arch, family=family, fold_axes=False)  # re-bound below
         if all(_kernels(plan) != _kernels(c) for _, c in candidates):
             candidates.append((p, plan))
-    ends = [points[0], points[-1]]
+    probes = probe_points(ranges)
     table, best = [], None
     for p, plan in candidates:
         try:
-            for e in ends:
+            for e in probes:
                 build(_at(plan, diagram, e))
         except NapkinError as err:
             _log.info("%s: the plan found at %s does not build at %s (%s)", diagram.name, p, e, err)
@@ -196,8 +198,8 @@ def plan_for_range(diagram: Diagram, ranges: Mapping[str, tuple[int, int]], gpu,
         table.append({"planned_at": dict(p), "points": [dict(q) for q in points], "predicted_s": secs,
                       "plan": plan})
     if not table:
-        raise CodegenError(f"{diagram.name}: no plan found at the sample sizes {points} builds at both ends of "
-                           f"the dynamic ranges {dict(ranges)}; narrow the ranges")
+        raise CodegenError(f"{diagram.name}: no plan found at the sample sizes {points} builds at every probed "
+                           f"size {probes} of the dynamic ranges {dict(ranges)}; narrow the ranges")
     fastest = [min(row["predicted_s"][i] for row in table) for i in range(len(points))]
     for row in table:
         row["worst_loss_s"] = max((t - f if math.isfinite(t) else math.inf) for t, f in zip(row["predicted_s"], fastest))

@@ -159,21 +159,21 @@ def test_one_tile_logsumexp_builds_without_spills():
 
 
 @pytest.mark.parametrize("mask", [False, True])
-def test_the_interpreter_runs_the_planned_schedule(mask):
-    """The schedule the planner picks for GEMM -> logsumexp over a row wider than a tile (c whole
+def test_the_interpreter_runs_the_split_schedule(mask):
+    """The contraction family's schedule for GEMM -> logsumexp over a row wider than a tile (c whole
     in the model, split by the family) gives torch's logsumexp when the interpreter runs it."""
     import torch
 
-    from napkin.codegen.planner import derive
     from napkin.perfmodel import interpret
 
     M, K, N = 300, 130, 700  # (the interpreter takes no group larger than its axis)
     d = bound(gemm_lse(mask=mask), a=M, b=K, c=N)
-    plan = derive(d, gpu="h100", explain=False).plan
-    assert len(plan.kernels) == 1 and plan.kernels[0].family == "contraction", plan
+    schedule = FAMILY.candidates(d, "h100", "bf16")[0]
+    assert len(schedule.kernels) == 1 and schedule.kernels[0].family == "contraction", schedule
+    assert FAMILY.config_of(analyze(d), schedule).splits == 3  # 700 columns in tiles of 256
     rng = np.random.default_rng(0)
     inputs = {"A": rng.standard_normal((M, K)), "B": rng.standard_normal((N, K)), "bias": rng.standard_normal(M)}
-    got = interpret(plan.schedule, inputs).outputs["Y"]
+    got = interpret(schedule, inputs).outputs["Y"]
     S = 0.5 * torch.tensor(inputs["A"]) @ torch.tensor(inputs["B"]).T
     if mask:
         S = S.masked_fill(torch.ones(M, N, dtype=torch.bool).triu(1), -math.inf)

