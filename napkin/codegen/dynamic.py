@@ -198,8 +198,8 @@ def plan_for_range(diagram: Diagram, ranges: Mapping[str, tuple[int, int]], gpu,
         table.append({"planned_at": dict(p), "points": [dict(q) for q in points], "predicted_s": secs,
                       "plan": plan})
     if not table:
-        raise CodegenError(f"{diagram.name}: no plan found at the sample sizes {points} builds at every probed "
-                           f"size {probes} of the dynamic ranges {dict(ranges)}; narrow the ranges")
+        raise CodegenError(f"{diagram.name}: no plan found at the sample sizes {points} builds at every "
+                           f"probed size {probes} of the dynamic ranges {dict(ranges)}; narrow the ranges")
     fastest = [min(row["predicted_s"][i] for row in table) for i in range(len(points))]
     for row in table:
         row["worst_loss_s"] = max((t - f if math.isfinite(t) else math.inf) for t, f in zip(row["predicted_s"], fastest))

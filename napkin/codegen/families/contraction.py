@@ -301,8 +301,9 @@ class MatmulConfig:
         """
         per_tile = (self.WM // 64) * (self.BN // (2 if self.dual else 1) // 64)
         for n in range(min(4, max(1, per_tile)), 1, -1):
-            if self.wgmma_ring_bytes(elem) + 2048 + self.consumers * n * 64 * 64 * elem <= _smem_limit(None, "sm_90a"):
-                return n  # (wgmma runs on sm_90a only)
+            staged = self.wgmma_ring_bytes(elem) + 2048 + self.consumers * n * 64 * 64 * elem
+            if staged <= _smem_limit(None, "sm_90a"):  # (wgmma runs on sm_90a only)
+                return n
         return 1
 
     def smem_bytes(self, p: MatmulProblem, elem: int) -> int:
@@ -783,8 +784,8 @@ def _wide_pingpong(cfg: MatmulConfig) -> bool:
     192: 192 of its 232 registers). A plain product only, whose output leaves by TMA: an
     epilogue's maps, a staged operand or the 16-byte stores beside those accumulators spill (nvcc,
     sm_90a: 8 to 192 bytes for a bias, a GELU, a residual; 24 for the stores of rows of 5921
-    elements), and a split sum's partials are left to the smaller tiles. Offered where the sum has at least
-    :data:`WIDE_PINGPONG_MIN_CHUNKS` chunks.
+    elements), and a split sum's partials are left to the smaller tiles. Offered where the sum
+    has at least :data:`WIDE_PINGPONG_MIN_CHUNKS` chunks.
 
     >>> _wide_pingpong(MatmulConfig(False, 128, 192, 64, 128, 192, 4, wgmma=True, pingpong=True))
     True
@@ -1260,7 +1261,8 @@ class ContractionFamily:
                 continue
             if _wide_pingpong(cfg):  # a plain product, unsplit, over a sum of a few chunks at least
                 chunks = _chunk_count(diagram.sizes, p, cfg.BK)
-                if (_plain_product(p) and wgmma_tma_store(diagram, p, cfg, []) and not _pingpong_idles(diagram, p, cfg, gpu)
+                if (_plain_product(p) and wgmma_tma_store(diagram, p, cfg, [])
+                        and not _pingpong_idles(diagram, p, cfg, gpu)
                         and (chunks is None or chunks >= WIDE_PINGPONG_MIN_CHUNKS)):
                     out.append(self.schedule(diagram, cfg, gpu=gpu, dtype=dtype))
                 continue
@@ -1413,15 +1415,17 @@ class ContractionFamily:
             # kernels 21.2 -> 15.6 us on an H200 (cuBLAS 13.0), 21.3 -> 15.2 H100
             est.update(stream_steps=0)
             if p.rowred is not None:
-                est.update(epilogue_hbm_bytes=epilogue_bytes(diagram, p), epilogue_rate=WGMMA_ROWRED_EPILOGUE_RATE)
+                est.update(epilogue_hbm_bytes=epilogue_bytes(diagram, p),
+                           epilogue_rate=WGMMA_ROWRED_EPILOGUE_RATE)
             elif cfg.splits == 1 and (not cfg.pingpong or blocks <= _sm_count(gpu)):
                 # both consumers of a cooperative kernel leave the loop together and run the maps
                 # and the stores before the next tile's first wgmma: a phase after each tile's
                 # loop, as on the mma.sync template (and a ping-pong kernel of one tile a block,
-                # whose blocks have no next tile behind their maps). H200, bf16, 12800 x K x 3072 on 128 x 256 tiles (ten rounds),
-                # kernels: 24.2 us at K = 64, then 6.3 us a chunk of 64 — about 17.6 us a call
-                # beyond the loop, the 78.6 MB output at the HBM rate; at K = 768 93.3 us where the
-                # overlapped roofline said 78.1 (``benchmarks/results/nvidia-h200/wgmma_pingpong_wide.jsonl``)
+                # whose blocks have no next tile behind their maps). H200, bf16, 12800 x K x 3072
+                # on 128 x 256 tiles (ten rounds), kernels: 24.2 us at K = 64, then 6.3 us a chunk
+                # of 64 — about 17.6 us a call beyond the loop, the 78.6 MB output at the HBM rate;
+                # at K = 768 93.3 us where the overlapped roofline said 78.1
+                # (``benchmarks/results/nvidia-h200/wgmma_pingpong_wide.jsonl``)
                 est.update(epilogue_hbm_bytes=epilogue_bytes(diagram, p))
             elif cfg.splits == 1:
                 # a ping-pong consumer's stores run beside the other's loop, its maps do not
