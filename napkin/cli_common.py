@@ -96,6 +96,7 @@ GpuOpt = Annotated[
     typer.Option("--gpu", metavar="GPU", help="GPU profile: a100, a100-80gb, h100, h200, or a profile .json."),
 ]
 
+
 def _dtype_option(value: str) -> str:
     """``--dtype``: any spelling of a dtype becomes its short name (``bfloat16`` plans as ``bf16``);
     an unknown one, and fp64 and tf32, which no kernel is built in, are refused here."""

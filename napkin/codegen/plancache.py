@@ -95,11 +95,10 @@ def derive_cached(diagram, gpu=None, dtype: str | None = None, *, arch: str | No
     prepared by :func:`~napkin.codegen.prepare.prepare`), from the caches when it was derived
     before. ``cache``: the disk cache (default :func:`plan_cache`); ``fold_axes`` as
     :func:`~napkin.codegen.planner.derive`'s."""
+    from ..dtypes import canonical
     from ..perfmodel.hardware import check_arch
     from .planner import derive
     from .select import resolve_gpu
-
-    from ..dtypes import canonical
 
     dtype = canonical(dtype)
     g = resolve_gpu(gpu)

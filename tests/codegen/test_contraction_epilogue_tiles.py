@@ -21,7 +21,7 @@ import pytest
 from napkin_test_support import contraction_prediction
 
 from napkin.codegen.families.contraction import (FAMILY, MMA_CONFIGS, WGMMA_CONFIGS, WGMMA_PINGPONG_CONFIGS,
-                                                 MatmulConfig, analyze, epilogue_tiles)
+                                                 MatmulConfig, _wide_pingpong, analyze, epilogue_tiles)
 from napkin.diagrams import Axis, Diagram, array, contract, library
 from napkin.diagrams.ops import map_fn
 
@@ -264,7 +264,7 @@ def test_staged_epilogue_odd_sizes(shape, batch_tile):
 #: (the ping-pong tile of 192 accumulators a thread runs plain products only: its refusal is tested
 #: in test_wgmma_persistent.py)
 WGMMA_STAGED = ([_wgmma(c) for c in WGMMA_CONFIGS]
-                + [_wgmma(c, pingpong=True) for c in WGMMA_PINGPONG_CONFIGS if c[3] * c[4] // 128 <= 128])
+                + [c for c in (_wgmma(c, pingpong=True) for c in WGMMA_PINGPONG_CONFIGS) if not _wide_pingpong(c)])
 
 
 @pytest.mark.nvcc

@@ -13,8 +13,8 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from napkin.codegen.families.contraction import (FAMILY, MMA_CONFIGS, MMA_SMALL_CONFIGS, SIMT_CONFIGS, WGMMA_CONFIGS,
-                                                 WGMMA_PINGPONG_CONFIGS, WGMMA_SPLIT_CONFIGS, MatmulConfig, analyze,
-                                                 padded_rows)
+                                                 WGMMA_PINGPONG_CONFIGS, WGMMA_SPLIT_CONFIGS, MatmulConfig,
+                                                 _wide_pingpong, analyze, padded_rows)
 from napkin.diagrams import Axis, Diagram, array, contract, library
 from napkin.diagrams.ops import map_fn
 from napkin.errors import CodegenError
@@ -95,12 +95,12 @@ CASES = (
                                        ("A[b,a]B[b,c]", mm_layout(False, True), "fp16"),
                                        ("A[b,a]B[c,b]", mm_layout(False, False), "bf16"),
                                        ("epilogue", mm_epilogue(), "fp16")])]
-    # the ping-pong kernels: every layout, an epilogue, a batch
+    # the ping-pong kernels: every layout, an epilogue (not on the wide tile: plain products only), a batch
     + [(f"wgmma-pp-{n}-{c[0]}x{c[1]}", bound(d, dt), MatmulConfig(False, *c, wgmma=True, pingpong=True), "sm_90a")
        for c in WGMMA_PINGPONG_CONFIGS
        for n, d, dt in [("A[a,b]B[b,c]", mm_layout(True, True), "bf16"), ("A[b,a]B[c,b]", mm_layout(False, False), "fp16"),
                         ("epilogue", mm_epilogue(), "bf16"), ("batched", bmm_t(), "bf16")]
-       if n != "epilogue" or c[3] * c[4] // 128 <= 128]  # (the wide tile runs plain products only)
+       if n != "epilogue" or not _wide_pingpong(MatmulConfig(False, *c, wgmma=True, pingpong=True))]
     + [case("wgmma-batched-bf16", bmm_t(), "bf16", WGMMA_CONFIGS[0], "sm_90a", True),
        case("wgmma-batched-kmajor-fp16", bmm_t(), "fp16", WGMMA_CONFIGS[3], "sm_90a", True)]
     + [case("sum-over-2-axes-bf16", mm_multi_sum(residual=True), "bf16", MMA_CONFIGS[0], "sm_90a"),

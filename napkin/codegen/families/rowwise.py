@@ -1883,12 +1883,13 @@ def lower_chain(shape: ChainShape, cfg: ChainConfig, schedule: Schedule, arch: s
             for a in row_arrays[1:]) or "true")
         sched_lines.append("the rotated grid where every array laid out row after row starts at the same place in "
                            "its 16-byte lines (checked at run time), else the unrotated one")
+    dynamic_partials = colpart_dynamic(shape, cfg)  # the column partials past static shared memory
     if shape.cols:
         sched_lines.append(f"column reductions ({', '.join(name(c.result) for c in shape.cols)}): SPLITS = "
                            f"{cfg.splits} blocks, {cfg.iterations(shape)} row group(s) each, PREFETCH = "
                            f"{cfg.prefetch} group(s) loaded ahead, fp32 partials of "
                            "each thread's columns in shared memory, one partial row per block")
-        if colpart_dynamic(shape, cfg):
+        if dynamic_partials:
             sched_lines.append(f"the column partials take {col_smem_bytes(shape, cfg)} bytes of dynamic shared memory "
                                f"(the block's {chain_smem_bytes(shape, cfg)} pass the {MAX_STATIC_SMEM} it may declare)")
         sched_lines.append(f"the partial rows added in this kernel: the blocks still there when the last one "
@@ -1900,7 +1901,7 @@ def lower_chain(shape: ChainShape, cfg: ChainConfig, schedule: Schedule, arch: s
         kernel=kernel_name, T=T, dtype=shape.dtype, kind="chain", arch=comment(arch), diagram=comment(d.name),
         cols=cols, ws=ws, cnt=cnt, CSLICES=combine_slices(cfg), CDEPTH=combine_depth(cfg), SPLITS=cfg.splits or 0,
         ITERS=cfg.iterations(shape), NCOLS=len(cols), NRED=block_reductions(shape),
-        COLPART_DYNAMIC=colpart_dynamic(shape, cfg),
+        COLPART_DYNAMIC=dynamic_partials,
         pf_scalars=pf_scalars, pf_vectors=pf_vectors, held_vectors=held_vectors, PREFETCH=cfg.prefetch,
         XSTRIDE=c_i64(shape.xsize),
         legend_rows=comment(legend_rows), legend_x=comment(", ".join(red)),
@@ -1927,7 +1928,7 @@ def lower_chain(shape: ChainShape, cfg: ChainConfig, schedule: Schedule, arch: s
                      ("COMBINE_DEPTH", combine_depth(cfg)))
     return KernelLaunch(
         name=str(kernel_name), source=src, grid=grid, block=(cfg.threads, 1, 1),
-        shared_bytes=col_smem_bytes(shape, cfg) if colpart_dynamic(shape, cfg) else 0, args=args,
+        shared_bytes=col_smem_bytes(shape, cfg) if dynamic_partials else 0, args=args,
         template=TEMPLATE, tunables=tunables,
         model_smem_bytes=chain_smem_bytes(shape, cfg),
         model_regs_per_thread=chain_regs_estimate(shape, cfg),
