@@ -758,8 +758,8 @@ def preference(shape: PointwiseShape, cfg: Config, sms: int = 132) -> tuple:
     with four and 76 for 256 threads with two; sigmoid as three maps 66 us for all three), unless
     that needs more than ``MAP_REGS`` registers a thread (then the fewest registers); in a
     reduction 256-thread blocks, four vectors in flight (two in a 16-bit column pair), a row
-    kernel whose threads get about 64 bytes of R each, column rows of 32 lanes (512 contiguous
-    bytes), about four blocks per SM (the split that gives them)."""
+    kernel whose threads get about 64 bytes of R each, column rows of 512 contiguous bytes (32
+    lanes of 16-byte vectors), about four blocks per SM (the split that gives them)."""
     def dist(a: float, b: float) -> float:
         return abs(math.log2(max(a, 1e-9) / max(b, 1e-9)))
 
@@ -780,7 +780,10 @@ def preference(shape: PointwiseShape, cfg: Config, sms: int = 132) -> tuple:
         # 8 KiB read by 128 threads)
         ideal = min(1024, max(1, _pow2_ceil(shape.nr * shape.bytes / 64)))
         return (round(fill), dist(cfg.tpr, ideal), unroll, cfg.splits, dist(cfg.threads, 256))
-    return (round(fill), dist(cfg.tx, 32), dist(cfg.threads, 256), unroll, cfg.splits)
+    # 512 contiguous bytes a row of R: 32 lanes of 16-byte vectors, 128 lanes of fp32 scalars where
+    # the kept axis is odd (H200, max over the first axis of 77 x 16 x 64 x 255 fp32: 128 lanes 22.4
+    # us of kernel, 64 lanes 26.9, 32 lanes 35.6; eager 22.4)
+    return (round(fill), dist(cfg.tx * shape.vec * shape.bytes, 512), dist(cfg.threads, 256), unroll, cfg.splits)
 
 
 def config_from_schedule(shape: PointwiseShape, schedule: Schedule) -> Config:
