@@ -25,6 +25,7 @@ refused when the diagram is built, never truncated in one place and not in the o
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 import numbers
 from dataclasses import dataclass, field
@@ -83,6 +84,9 @@ class ElementwiseFn:
     positive_params: tuple[int, ...] = ()
     ordered_params: tuple[tuple[int, int], ...] = ()
     cuda_half: str = ""
+    #: FMA issue slots one evaluation takes, measured: (the fp32 form, the 16-bit kernels' form);
+    #: empty where not measured (see :data:`MEASURED_SLOTS` and :meth:`cost`)
+    slots: tuple[float, float] = ()
 
     def form(self, half: bool = False) -> str:
         """The CUDA form: ``cuda_half`` for a kernel of 16-bit values where there is one, else ``cuda``.
@@ -93,6 +97,22 @@ class ElementwiseFn:
         True
         """
         return self.cuda_half if half and self.cuda_half else self.cuda
+
+    def cost(self, half: bool = False) -> tuple[int, int]:
+        """(CUDA-core FLOPs, special-function operations) one evaluation costs the model, in the
+        form a kernel of 16-bit values (``half``) or of fp32 values computes: twice the measured
+        FMA issue slots, rounded (the CUDA-core rate counts an FMA as two FLOPs; whole numbers keep
+        the cost model's sums exact), which take in the special-function unit's share under the
+        throughput they were measured at, else the entry's ``flops`` and ``sfu``.
+
+        >>> FUNCTIONS["erf"].cost(), FUNCTIONS["erf"].cost(half=True), FUNCTIONS["relu"].cost()
+        ((51, 0), (51, 0), (2, 0))
+        >>> FUNCTIONS["causal"].cost()
+        (1, 0)
+        """
+        if not self.slots:
+            return self.flops, self.sfu
+        return round(2 * self.slots[1 if half else 0]), 0
 
     def param_name(self, i: int) -> str:
         """The name of parameter ``i`` (``offset``, ``window``, ``c``...)."""
@@ -478,6 +498,26 @@ for _fn in [
     ),
 ]:
     _register(_fn)
+
+
+#: FMA issue slots one evaluation of each function's forms takes: (the fp32 form, the 16-bit
+#: kernels' form, the same where it has none). Measured on an H200 by ``benchmarks/fn_cost.py``
+#: (``benchmarks/results/nvidia-h200/fn_cost.jsonl``): 8 independent values a thread, the function
+#: applied 64 times each, against the same loop with one FMA in its place, so the special-function
+#: unit's share is in the count. libm's fp32 forms are the dear ones: erff 25.6 slots, logf 24.7,
+#: powf 66.9, an IEEE division 15.6, where an add takes 1. A form with a branch was timed on its
+#: common side (x in [0.3, 1]); the 16-bit forms have none.
+MEASURED_SLOTS: dict[str, tuple[float, float]] = {
+    "add": (1.0, 1.0), "sub": (1.0, 1.0), "mul": (1.1, 1.1), "div": (15.6, 7.0), "maximum": (1.0, 1.0),
+    "minimum": (1.0, 1.0), "scale": (1.2, 1.2), "shift": (1.2, 1.2), "neg": (0.8, 0.8), "square": (0.7, 0.7),
+    "exp": (6.1, 6.1), "log": (24.7, 7.6), "sqrt": (11.6, 11.6), "rsqrt": (5.8, 5.8), "erf": (25.6, 25.6),
+    "abs": (0.8, 0.8), "pow": (66.9, 15.6), "tanh": (16.3, 16.3), "relu": (1.1, 1.1), "sigmoid": (24.6, 13.2),
+    "hardtanh": (4.4, 4.4), "softplus": (44.1, 15.1), "mish": (33.1, 13.5), "selu": (6.7, 10.0),
+    "elu": (6.3, 8.9), "leaky_relu": (1.9, 1.9), "hardswish": (16.6, 16.6), "hardsigmoid": (21.8, 21.8),
+    "gelu": (29.0, 20.3), "silu": (23.0, 20.7), "softcap": (30.6, 30.6),
+}
+for _name, _slots in MEASURED_SLOTS.items():
+    FUNCTIONS[_name] = dataclasses.replace(FUNCTIONS[_name], slots=_slots)
 
 
 def get_function(name: str) -> ElementwiseFn:

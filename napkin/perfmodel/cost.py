@@ -686,10 +686,10 @@ class _KernelModel:
                     unit = "cuda"
                 fl[unit] = fl[unit] + f * red
             elif kind == "map":
-                fn = get_function(op.fn)
+                cuda, sfu = get_function(op.fn).cost(half=_bytes_of(b.dtype) < 4)
                 sz = self.size(b.axis_names)
-                fl["cuda"] = fl["cuda"] + fn.flops * sz * red
-                fl["sfu"] = fl["sfu"] + fn.sfu * sz * red
+                fl["cuda"] = fl["cuda"] + cuda * sz * red
+                fl["sfu"] = fl["sfu"] + sfu * sz * red
             elif kind == "reduce":
                 fl["cuda"] = fl["cuda"] + self.size(b.args[0].axis_names) * red
                 if op.how == "mean":

@@ -152,8 +152,7 @@ def box_seconds(v: Value, gpu: GPU) -> float:
         else:
             cuda = (len(v.args) - 1) * n
     elif op.kind == "map":
-        f = get_function(op.fn)
-        cuda, sfu = f.flops * n, f.sfu * n
+        cuda, sfu = (c * n for c in get_function(op.fn).cost(half=lookup_dtype(v.dtype).bytes < 4))
     elif op.kind == "reduce":
         cuda = _elements(v.args[0]) + (n if op.how == "mean" else 0)
     elif op.kind == "softmax":

@@ -18,6 +18,7 @@ from napkin.codegen.families.contraction import (FAMILY, MMA_CONFIGS, MMA_SMALL_
 from napkin.diagrams import Axis, Diagram, array, contract, library
 from napkin.diagrams.ops import map_fn
 from napkin.errors import CodegenError
+from napkin.perfmodel.plan import FALLBACK
 from napkin.perfmodel.schedule import KernelOptions, Schedule
 
 SMEM_LIMIT = {"sm_80": 163 * 1024, "sm_90a": 227 * 1024}
@@ -489,7 +490,9 @@ def test_a_dual_contraction_shares_its_rows_operand():
     assert [set(k.boxes) for k in plan.kernels] == [{"G_lin", "G", "U", "H"}, {"Y"}], plan
     a100 = derive(prepare_bound(library.get("swiglu"), dict(a=4096, b=4096, f=11008)), gpu="a100-80gb",
                   explain=False).plan
-    assert len(a100.kernels) == 3 and set(a100.families) == {"contraction"}
+    # no kernel holds both sums there (the gate's map runs in an epilogue or in a kernel of its own)
+    assert sum(k.family == "contraction" for k in a100.kernels) == 3 and FALLBACK not in a100.families
+    assert not any({"G_lin", "U"} <= set(k.boxes) for k in a100.kernels), a100
     # not a dual: two contractions that share no operand, or whose other operands differ in layout
     a, b, f = Axis("a"), Axis("b"), Axis("f")
     X, Z = array("X", a, b), array("Z", a, b)

@@ -6,8 +6,9 @@ import math
 import pytest
 import sympy
 
-from napkin.diagrams import Axis, array, contract, library, rename
+from napkin.diagrams import Axis, array, contract, library, map_fn, rename
 from napkin.diagrams.diagram import Diagram
+from napkin.diagrams.functions import get_function
 from napkin.errors import ScheduleError
 from napkin.perfmodel import Schedule, cost
 from napkin.perfmodel.schedule import Kernel, Relabel
@@ -261,7 +262,8 @@ def test_rename_is_a_free_view():
     assert k0.boxes == ("Xn", "Xk") and k0.outputs == ("Xn",)  # Xk is a view of Xn: not written again
     assert k1.inputs == ("Xn", "Xk")
     assert cst.H("L2") == (32 * 16 + 32 * 16) + (32 * 16 + 32 * 16 * 4 + 32 * 32)
-    assert cst.flops["cuda"] == 32 * 16  # the scale; the rename is free
+    scale = get_function("scale").cost(half=True)[0]  # the diagram's values are bf16
+    assert cst.flops["cuda"] == scale * 32 * 16  # the scale; the rename is free
 
 
 def test_group_over_an_axis_a_box_lacks_recomputes_it():
@@ -305,3 +307,17 @@ def test_raster_rule_leaves_the_square_split_of_a_matmul():
     cst = cost(Schedule.fused(d_, groups={"a": 128, "c": 128}, streams={"b": 32}), "h100", concurrent_blocks=4)
     kc = cst.per_kernel[0]
     assert kc.l2_split == {"a": 2, "c": 2} and kc.l2_order == () and kc.l2_read_once == ()
+
+
+@pytest.mark.parametrize("dtype, half", [("fp32", False), ("bf16", True)])
+def test_a_map_costs_the_form_its_kernel_computes(dtype, half):
+    """A map is priced by the measured cost of the form its kernel runs: libm's logf in an fp32
+    kernel (24.7 FMA slots an evaluation on an H200), the 16-bit kernels' approximation (7.6) in a
+    bf16 one; the special-function unit's share is inside the measured slots."""
+    a, b = Axis("a", 64), Axis("b", 32)
+    d = Diagram("logs", map_fn("log", array("X", a, b), name="Y")).with_dtype(dtype)
+    cst = cost(Schedule.unfused(d, gpu=None))
+    log = get_function("log")
+    assert cst.flops["cuda"] == log.cost(half=half)[0] * 64 * 32 and cst.flops["sfu"] == 0
+    assert log.cost(half=False)[0] > 3 * log.cost(half=True)[0]
+    assert get_function("causal").cost() == (get_function("causal").flops, get_function("causal").sfu)
