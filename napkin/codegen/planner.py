@@ -62,6 +62,11 @@ MAX_FUSED_BOXES = 12
 #: contractions in up to 16 boxes); only that family is asked about such runs, and only about those
 #: with exactly its number of heavy boxes.
 MAX_HEAVY_BOXES = 3
+#: A stretch of elementwise boxes (maps and renames) longer than MAX_FUSED_BOXES is also tried
+#: whole, as one run from its first box (one run more where the stretch ends, not a wider window):
+#: a chain of maps is one kernel however long (up to the family's ``max_elementwise_boxes``, this
+#: at most), never a kernel every MAX_FUSED_BOXES boxes with the values through HBM between them.
+MAX_ELEMENTWISE_BOXES = 256
 #: The most boxes (renames left out) one derive call plans: the search evaluates at most
 #: 2 orders × MAX_PLANNED_BOXES × MAX_FUSED_BOXES = 24,000 runs of boxes (about 15 s for a chain of
 #: 1000 matmuls on one core; a third order, where a family finds regions, re-uses most of the
@@ -346,6 +351,8 @@ class _Planner:
         # the longest run any family takes (the DP's window) and the most heavy boxes of one
         self.max_fused = max([MAX_FUSED_BOXES] + [_limit(f, "max_fused_boxes", MAX_FUSED_BOXES) for f in self.families])
         self.max_heavy = max([MAX_HEAVY_BOXES] + [_limit(f, "max_heavy_boxes", MAX_HEAVY_BOXES) for f in self.families])
+        self.max_elementwise = min(MAX_ELEMENTWISE_BOXES, max(
+            [MAX_FUSED_BOXES] + [_limit(f, "max_elementwise_boxes", MAX_FUSED_BOXES) for f in self.families]))
 
     # -------------------------------------------------------------- one kernel
     def _pinned_ok(self, sched: Schedule, sub: Diagram) -> bool:
@@ -397,9 +404,16 @@ class _Planner:
         # past the default limits only a family that declares larger ones is asked, and only about
         # runs of its pattern: as many heavy boxes as it declares (the search's cost stays bounded)
         families = self.families
-        if len(boxes) > MAX_FUSED_BOXES or (len(boxes) > 1 and heavy > MAX_HEAVY_BOXES):
+        if heavy == 0 and len(boxes) > MAX_FUSED_BOXES:  # a long chain of maps
+            families = [f for f in families if len(boxes) <= min(self.max_elementwise, _limit(
+                f, "max_elementwise_boxes", MAX_FUSED_BOXES))]
+            if not families:
+                return KernelChoice(boxes, refusals=(("planner", f"{len(boxes)} elementwise boxes: more than any "
+                                                      f"family fuses ({self.max_elementwise})"),))
+        elif len(boxes) > MAX_FUSED_BOXES or (len(boxes) > 1 and heavy > MAX_HEAVY_BOXES):
             families = [f for f in families if len(boxes) <= _limit(f, "max_fused_boxes", MAX_FUSED_BOXES)
-                        and heavy == _limit(f, "max_heavy_boxes", MAX_HEAVY_BOXES) > MAX_HEAVY_BOXES]
+                        and heavy <= _limit(f, "max_heavy_boxes", MAX_HEAVY_BOXES)
+                        and _limit(f, "max_heavy_boxes", MAX_HEAVY_BOXES) > MAX_HEAVY_BOXES]
             if not families:
                 return KernelChoice(boxes, refusals=(("planner", f"{len(boxes)} boxes, {heavy} not elementwise: "
                                                       "no family fuses that many"),))
@@ -474,8 +488,9 @@ class _Planner:
         inf = (n + 1, math.inf)
         best: list[tuple[int, float]] = [(0, 0.0)] + [inf] * n
         back: list[KernelChoice | None] = [None] * (n + 1)
+        stretch = self._elementwise_stretches(order)
         for j in range(1, n + 1):
-            for i in range(max(0, j - self.max_fused), j):
+            for i in (*stretch.get(j, ()), *range(max(0, j - self.max_fused), j)):
                 if not math.isfinite(best[i][1]):
                     continue
                 c = self.evaluate(order[i:j])
@@ -494,6 +509,29 @@ class _Planner:
             runs.append(c)
             j -= len(c.boxes)
         return best[n], runs[::-1]
+
+    def _elementwise_stretches(self, order: tuple[str, ...]) -> dict[int, tuple[int, ...]]:
+        """``{end: (start,)}`` for the runs past the DP's window that :data:`MAX_ELEMENTWISE_BOXES`
+        adds: each stretch of elementwise boxes longer than the window, whole (from its first box
+        to its end) or, past ``max_elementwise`` boxes, from its first box as far as that limit
+        and from that limit's distance before its end."""
+        out: dict[int, tuple[int, ...]] = {}
+        start = 0
+        for j in range(1, len(order) + 1):
+            if order[j - 1] in self.heavy:
+                start = j
+                continue
+            if j < len(order) and order[j] not in self.heavy:
+                continue  # the stretch goes on
+            length = j - start
+            if length > self.max_fused:
+                if length <= self.max_elementwise:
+                    out[j] = (start,)
+                else:
+                    out[start + self.max_elementwise] = (start,)
+                    out[j] = (j - self.max_elementwise,)
+            start = j
+        return out
 
     def plan(self) -> tuple[Plan, list[KernelChoice]]:
         orders = _orders(self.d, self.families)
@@ -517,7 +555,7 @@ class _Planner:
 
     def _no_plan(self, order) -> str:
         whole = ""
-        if 1 < len(order) <= MAX_FUSED_BOXES:
+        if 1 < len(order) <= self.max_fused:
             w = self.evaluate(tuple(order))
             whole = f" (as one kernel: {w.refusal()})"
         for b in order:
@@ -538,8 +576,8 @@ class _Planner:
                     "one box per kernel cannot run"
                 out.append(f"fused {'+'.join(c.boxes)}: {c.seconds * 1e6:.1f} µs against {apart_s}")
         for a, b in zip(runs, runs[1:]):
-            if len(a.boxes) + len(b.boxes) > MAX_FUSED_BOXES:
-                out.append(f"kept {_short(a.boxes)} | {_short(b.boxes)} apart: more than {MAX_FUSED_BOXES} boxes")
+            if len(a.boxes) + len(b.boxes) > self.max_fused:  # the longest run any family takes
+                out.append(f"kept {_short(a.boxes)} | {_short(b.boxes)} apart: more than {self.max_fused} boxes")
                 continue
             if not _reads(self.d, a.boxes, b.boxes):
                 continue

@@ -195,6 +195,51 @@ def test_each_run_is_analysed_once():
     assert len(calls) <= n * MAX_FUSED_BOXES
 
 
+def _map_chain(n: int) -> Diagram:
+    from napkin.diagrams import tanh
+
+    a, b = axes("a b")
+    t = array("X", a, b)
+    for i in range(n):
+        t = tanh(t) if i % 2 else t * 1.5
+    return Diagram(f"chain{n}", t.named("Y")).bind(a=1024, b=4096)
+
+
+@pytest.mark.parametrize("n", [MAX_FUSED_BOXES + 1, 40])
+def test_a_chain_of_maps_longer_than_the_window_is_one_kernel(n):
+    """A run of elementwise boxes past MAX_FUSED_BOXES is tried whole: a chain of 40 maps is one
+    pointwise kernel (it was four, each writing its values to HBM for the next)."""
+    plan = derive(_map_chain(n), "h200", "bf16", explain=False).plan
+    assert plan.families == ("pointwise",) and len(plan.kernels[0].kernel.boxes) == n
+
+
+def test_a_chain_past_the_elementwise_limit_keeps_its_first_runs_whole():
+    planner = _Planner(_map_chain(300), resolve_gpu("h200"), "sm_90a", "bf16", families.available(), None, None)
+    plan, _ = planner.plan()
+    assert max(len(k.kernel.boxes) for k in plan.kernels) == planner.max_elementwise == 256
+    assert len(plan.kernels) <= 1 + math.ceil((300 - 256) / planner.max_fused)
+
+
+def test_a_family_with_larger_limits_is_asked_about_runs_of_fewer_heavy_boxes():
+    """The row-wise family declares runs of up to 16 boxes and 4 reductions; a group norm of NCHW
+    arrays written out (means over w, h and c for the mean and again for the variance: two heavy
+    boxes, chained means counting once; 13 boxes) is one row kernel, not two."""
+    from napkin.diagrams import mean_over, rsqrt, square
+
+    n, g, c, h, w = axes("n g c h w")
+    X = array("X", n, g, c, h, w)
+
+    def mean(v):
+        return mean_over(mean_over(mean_over(v, w), h), c)
+
+    d = X - mean(X)
+    Y = (d * rsqrt(mean(square(d)) + 1e-5) * array("gamma", g, c) + array("beta", g, c)).named("Y")
+    dg = Diagram("gn", Y).bind(n=8, g=32, c=8, h=32, w=32)
+    assert len([v for v in dg.nodes if v.op.kind != "input"]) > MAX_FUSED_BOXES
+    plan = derive(dg, "h200", "bf16", explain=False).plan
+    assert plan.families == ("rowwise",), plan.summary()
+
+
 # ----------------------------------------------------------------------------- the last resort
 
 

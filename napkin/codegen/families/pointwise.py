@@ -1299,6 +1299,9 @@ class PointwiseFamily:
     """Elementwise chains and reductions over any axes, fused, vectorised and coalesced."""
 
     name = NAME
+    #: the planner's limit for a run of maps alone this family may take: a chain of any length up to
+    #: the planner's own (``planner.MAX_ELEMENTWISE_BOXES``) is one kernel
+    max_elementwise_boxes = 256
 
     def explain(self, diagram: Diagram) -> str | None:
         """None if the family takes ``diagram``, else why not."""
