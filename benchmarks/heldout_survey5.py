@@ -156,6 +156,16 @@ def chain_activations():
     return nd.Diagram("chain_activations", nd.elu(nd.selu(nd.leaky_relu(t, 0.2)), 0.5, name="Y"))
 
 
+def chain_long():
+    """Sixteen maps in a row (scales, shifts, sigmoid, tanh, GELU, clamps), longer than the planner's
+    12-box window: one kernel however long the chain."""
+    nd = _d(); a, b = nd.axes("a b"); X = nd.array("X", a, b)
+    t = X
+    for i in range(4):
+        t = nd.clamp(nd.gelu(nd.tanh(t * 1.5 + 0.25) * nd.sigmoid(X)), -2.0, 2.0)
+    return nd.Diagram("chain_long", t.named("Y"))
+
+
 def chain_bias_act_nchw():
     """x[n, c, h, w] + bias[c], then leaky_relu, ×2, clamp, gelu (KernelBench's conv epilogues)."""
     nd = _d(); n, c, h, w = nd.axes("n c h w"); X, bb = nd.array("X", n, c, h, w), nd.array("bias", c)
@@ -322,6 +332,7 @@ PROBLEMS = {
     "cross_entropy_smoothed": {"a": 4096, "b": 32001},
     "chain8": {"a": 8192, "b": 4095},
     "chain_activations": {"a": 8192, "b": 4096},
+    "chain_long": {"a": 8192, "b": 4096},
     "chain_bias_act_nchw": {"n": 64, "c": 128, "h": 56, "w": 56},
     "minmax_broadcast": {"a": 8191, "b": 4096},
     "outer_batched": {"b": 64, "i": 1024, "j": 1001},
