@@ -40,6 +40,7 @@ import hashlib
 import json
 import logging
 import math
+import numbers
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -323,8 +324,9 @@ class DynamicDiagram:
 
     def at(self, sizes: Mapping[str, int]):
         """The :class:`~napkin.codegen.api.CompiledDiagram` for these dynamic sizes (built, and
-        compiled where its source is new, at the first call)."""
-        key = tuple(int(sizes[n]) for n in self._axes)
+        compiled where its source is new, at the first call): a size for every dynamic axis and no
+        other, each a whole number (a LaunchError names the axis otherwise)."""
+        key = self._key(sizes)
         cd = self._by_size.get(key)
         if cd is not None:
             return cd
@@ -334,6 +336,26 @@ class DynamicDiagram:
                 raise LaunchError(f"{self.diagram.name}: axis {n} has size {s}, outside the dynamic range {lo}..{hi} "
                                   "it was compiled for")
         return self._make(key)
+
+    def _key(self, sizes: Mapping[str, int]) -> tuple[int, ...]:
+        """The dynamic sizes of ``sizes`` in axis order, checked: a mapping naming every dynamic axis
+        and no other, each size an integer (not a bool, not a float, however whole)."""
+        if not isinstance(sizes, Mapping):
+            raise LaunchError(f"{self.diagram.name}: at() takes a mapping of the dynamic axes "
+                              f"({', '.join(self._axes)}) to sizes, got {type(sizes).__name__}")
+        unknown = [str(n) for n in sizes if n not in self._axes]
+        missing = [n for n in self._axes if n not in sizes]
+        if unknown or missing:
+            said = (f"unknown axis {', '.join(map(repr, unknown))}" if unknown else "") + \
+                ("; " if unknown and missing else "") + (f"no size for {', '.join(missing)}" if missing else "")
+            raise LaunchError(f"{self.diagram.name}: {said}; its dynamic axes are {', '.join(self._axes)}")
+        key = []
+        for n in self._axes:
+            v = sizes[n]
+            if isinstance(v, bool) or not isinstance(v, numbers.Integral):
+                raise LaunchError(f"{self.diagram.name}: axis {n} needs a whole number as its size, got {v!r}")
+            key.append(int(v))
+        return tuple(key)
 
     def _make(self, key: tuple):
         from .lower import build

@@ -26,7 +26,7 @@ __all__ = ["Module"]
 class Module(torch.nn.Module):
     """A napkin operator with some of its inputs held as ``nn.Parameter`` s.
 
-    ``weights``: input names, or a mapping of input names to initial tensors (None for an input
+    ``weights``: input names (one name as a string), or a mapping of input names to initial tensors (None for an input
     initialised here). An input named here but given no tensor is drawn from a normal
     distribution with standard deviation 1/sqrt(its first axis' size) (a fan-in scale for a
     ``[in, out]`` weight; load a state dict for trained values). Weights must not carry a dynamic
@@ -43,6 +43,8 @@ class Module(torch.nn.Module):
         super().__init__()
         self.op: NapkinOp = diagram if isinstance(diagram, NapkinOp) else op(diagram, **options)
         names = self.op.input_names
+        if isinstance(weights, str):  # one name, not its letters
+            weights = (weights,)
         given = dict(weights) if isinstance(weights, Mapping) else {w: None for w in weights}
         unknown = [w for w in given if w not in names]
         if unknown:

@@ -291,9 +291,12 @@ class NapkinOp:
         dyn = f", dynamic {self.dynamic}" if self.dynamic else ""
         return f"NapkinOp({self.qualname}{dyn})"
 
-    def __call__(self, *tensors):
+    def __call__(self, *tensors, **by_name):
         """The outputs (a tensor, or a tuple in ``output_names`` order) of the diagram on the
-        input tensors (in ``input_names`` order)."""
+        input tensors: in ``input_names`` order, or by name (``op(X=x)``), as a compiled diagram
+        takes them."""
+        if by_name:
+            tensors = self._in_order(tensors, by_name)
         if len(tensors) != len(self.input_names):  # else torch's schema error, a RuntimeError
             raise LaunchError(f"{self.qualname} takes {len(self.input_names)} tensor(s) "
                               f"({', '.join(self.input_names)}), got {len(tensors)}")
@@ -304,6 +307,26 @@ class NapkinOp:
                 and not (_grad_enabled() and _any_requires_grad(*tensors))):
             return self._cuda(*tensors)
         return self.overload(*tensors)
+
+    def _in_order(self, tensors: tuple, by_name: dict) -> tuple:
+        """Positional ``tensors`` then ``by_name`` as one tuple in input order (a LaunchError for an
+        unknown name, an input given twice or one missing)."""
+        names = self.input_names
+        got = dict(zip(names, tensors))
+        if len(tensors) > len(names):
+            raise LaunchError(f"{self.qualname} takes {len(names)} tensor(s) ({', '.join(names)}), "
+                              f"got {len(tensors)} by position")
+        for n, t in by_name.items():
+            if n not in names:
+                raise LaunchError(f"{self.qualname} has no input {n!r}; its inputs are {', '.join(names)}")
+            if n in got:
+                raise LaunchError(f"input {n} given twice (by position and by name)")
+            got[n] = t
+        missing = [n for n in names if n not in got]
+        if missing:
+            raise LaunchError(f"{self.qualname}: missing input(s) {', '.join(missing)} (inputs in order: "
+                              f"{', '.join(names)})")
+        return tuple(got[n] for n in names)
 
     # ------------------------------------------------------------------ registration
     def _schema(self) -> str:

@@ -110,6 +110,21 @@ def test_sizes_outside_the_range_are_refused():
         mm.at({"a": 7})
 
 
+@pytest.mark.parametrize("sizes, why", [({"a": 7.9}, "axis a needs a whole number as its size, got 7.9"),
+                                        ({"a": 64.0}, "axis a needs a whole number"),
+                                        ({"a": True}, "axis a needs a whole number as its size, got True"),
+                                        ({"a": "64"}, "axis a needs a whole number"),
+                                        ({}, "no size for a; its dynamic axes are a"),
+                                        ({"A": 64}, "unknown axis 'A'; no size for a"),
+                                        ({"a": 64, "b": 64}, "unknown axis 'b'; its dynamic axes are a"),
+                                        (None, "at\\(\\) takes a mapping of the dynamic axes \\(a\\)")])
+def test_sizes_that_are_not_one_whole_number_an_axis_are_refused(sizes, why):
+    """A size is never truncated (7.9 built as 7) nor read from a bool; every dynamic axis needs one."""
+    mm = cg.compile("matmul", sizes={"b": 64, "c": 64}, dynamic={"a": (8, 128)}, gpu=GPU)
+    with pytest.raises(LaunchError, match=why):
+        mm.at(sizes)
+
+
 def test_the_range_plan_is_chosen_by_the_worst_loss_and_read_back_from_the_cache(monkeypatch):
     sizes, ranges = {"b": 1024, "c": 1024, "a": 1000}, {"a": (1, 4096)}
     first = cg.compile("matmul", sizes=sizes, dynamic=ranges, gpu=GPU)

@@ -115,6 +115,18 @@ def test_wrong_inputs_are_one_launch_error_naming_the_input():
         mm(A, B.to("meta"))
 
 
+def test_an_op_takes_its_inputs_by_name_too():
+    mm = nt.op("matmul", sizes={"a": 4, "b": 8, "c": 16}, dtype="fp32", gpu=GPU)
+    A, B = torch.randn(4, 8), torch.randn(8, 16)
+    assert torch.equal(mm(B=B, A=A), mm(A, B)) and torch.equal(mm(A, B=B), mm(A, B))
+    with pytest.raises(LaunchError, match="has no input 'X'; its inputs are A, B"):
+        mm(A, X=B)
+    with pytest.raises(LaunchError, match="input A given twice"):
+        mm(A, A=A)
+    with pytest.raises(LaunchError, match=r"missing input\(s\) B"):
+        mm(A=A)
+
+
 # ----------------------------------------------------------------------------- the CPU kernel
 
 
@@ -248,6 +260,8 @@ def test_the_module_holds_the_weights_and_takes_the_other_inputs():
 def test_the_module_initialises_a_weight_given_by_name():
     m = nt.Module("rmsnorm", weights=["gamma"], sizes={"x": 256}, dynamic={"r": (1, 64)}, dtype="fp32", gpu=GPU)
     assert m.gamma.shape == (256,) and 0 < float(m.gamma.detach().std()) < 1
+    one = nt.Module("rmsnorm", weights="gamma", sizes={"x": 256}, dynamic={"r": (1, 64)}, dtype="fp32", gpu=GPU)
+    assert [n for n, _ in one.named_parameters()] == ["gamma"]  # a string is one name, not its letters
 
 
 def test_the_module_refuses_unknown_dynamic_or_misshapen_weights():
