@@ -141,7 +141,7 @@ def parse_size(text: str) -> tuple[str, int]:
     if not is_name(name):
         raise UsageError(f"-s {text!r}: {name!r} is not an axis name (a letter followed by letters, "
                          "digits or '_')")
-    if not re.fullmatch(r"[+-]?\d+(_\d+)*", raw):
+    if not re.fullmatch(r"[+-]?[0-9]+(_[0-9]+)*", raw):  # ASCII digits: int() would take any script's
         raise UsageError(f"-s {text!r}: size {_shown(raw)!r} of axis {name!r} is not an integer")
     digits = raw.lstrip("+-").replace("_", "").lstrip("0")
     # Checked on the digits, before int(): a 5000-digit number would not even convert.

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .errors import HardwareError
+from .errors import DiagramError
 
 
 @dataclass(frozen=True)
@@ -50,7 +50,7 @@ def dtype(name: str | DType) -> DType:
     key = _ALIASES.get(key, key)
     if key not in DTYPES:
         known = ", ".join(sorted(DTYPES))
-        raise HardwareError(f"unknown dtype {name!r}; known dtypes: {known}")
+        raise DiagramError(f"unknown dtype {name!r}; known dtypes: {known}")  # one class at every entry point
     return DTYPES[key]
 
 

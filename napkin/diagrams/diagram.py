@@ -217,6 +217,17 @@ class Diagram:
                                        f"{v.name!r}, ...) calls); build it once and pass that value to every box")
                 raise DiagramError(f"diagram {self.name!r}: two different inputs are both called {v.name!r}")
             seen[v.name] = v
+        # an output's name is what a caller reads it by: never changed without a word
+        named: dict[str, Value] = {}
+        for v in self.outputs:
+            if not v.name or any(v is x for x in self.inputs):
+                continue
+            if v.name in seen:
+                raise DiagramError(f"diagram {self.name!r}: output {v.label()} is named {v.name!r}, the name of an "
+                                   "input; give the output a name of its own")
+            if v.name in named and named[v.name] is not v:
+                raise DiagramError(f"diagram {self.name!r}: two different outputs are both named {v.name!r}")
+            named[v.name] = v
 
     def _check_axes(self) -> None:
         sizes: dict[str, tuple[object, str]] = {}

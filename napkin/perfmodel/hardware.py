@@ -53,7 +53,7 @@ from typing import Any
 
 from ..dtypes import DTYPES
 from ..dtypes import dtype as _dtype
-from ..errors import HardwareError
+from ..errors import DiagramError, HardwareError
 
 __all__ = [
     "Level",
@@ -192,7 +192,7 @@ def _dtype_key_problem(name: str, key: object) -> str | None:
     if not isinstance(key, str) or key not in DTYPES:
         try:
             canon = _dtype(key).name if isinstance(key, str) else None
-        except HardwareError:
+        except DiagramError:  # not a dtype by any spelling
             canon = None
         hint = f" (write {canon!r})" if canon else f"; known dtypes: {', '.join(DTYPES)}"
         return f"field {name!r} has key {_show(key)}, which is not a dtype's short name{hint}"

@@ -6,7 +6,7 @@ import textwrap
 
 import pytest
 
-from napkin.diagrams import (Axis, Diagram, array, axes, causal, contract, layernorm, library, load_diagram,
+from napkin.diagrams import (Axis, Diagram, array, axes, causal, contract, exp, layernorm, library, load_diagram,
                              map_fn, softmax, sum_over)
 from napkin.errors import DiagramError, NapkinError, UserFileError
 
@@ -130,6 +130,18 @@ def test_two_inputs_with_one_name():
     a = Axis("a")
     with pytest.raises(DiagramError, match="two different inputs are both called 'A'"):
         Diagram("d", array("A", a) + array("A", Axis("b")))
+
+
+def test_an_output_is_not_renamed_without_a_word():
+    """A box named like an input (softmax(A, name="A")) became the output 'softmax' in silence."""
+    a, b = axes("a b")
+    A = array("A", a, b)
+    with pytest.raises(DiagramError, match="output A\\[a,b\\] is named 'A', the name of an input"):
+        Diagram("d", softmax(A, b, name="A"))
+    with pytest.raises(DiagramError, match="two different outputs are both named 'Y'"):
+        Diagram("d", (exp(A).named("Y"), softmax(A, b, name="Y")))
+    d = Diagram("d", exp(softmax(A, b, name="A"), name="E"))  # an inner box's name may repeat one
+    assert d.output_names == ("E",) and d.input_names == ("A",)
 
 
 # ----------------------------------------------------------------------------- dtypes
