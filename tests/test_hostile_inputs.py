@@ -200,7 +200,7 @@ def test_derive_top_must_be_positive(value):
     ("matmul", "fp64", "h100", ["--dtype fp64", "no kernel in fp64"]),
     ("matmul", "float64", "h100", ["--dtype float64", "no kernel in fp64"]),
     ("matmul", "tf32", "h100", ["--dtype tf32", "no kernel in tf32"]),
-    ("attention", "fp8", "a100", ["no kernel", "wgmma", "sm_80"]),
+    ("attention", "fp8", "a100", ["fp8 runs on Hopper's fp8 tensor cores (sm_90a)", "(sm_80) has none"]),
 ])
 def test_a_dtype_no_family_runs_is_refused_naming_it(name, dtype, gpu, fragments):
     for command in (["cost"], ["derive"], ["generate", "-o", "-"]):
@@ -314,13 +314,10 @@ def test_the_size_hint_names_only_axes_that_can_be_set(tmp_path):
     assert "-s x=VALUE" not in err
 
 
-def test_two_boxes_with_one_name_keep_distinct_names(user):
-    """The second box called Y is shown under another name, never merged with the first."""
-    out, _ = exit_0(["show", f"{user / 'user.py'}:dup_names", "--json"])
-    import json
-
-    outs = [o["name"] for o in json.loads(out)["outputs"]]
-    assert outs[0] == "Y" and len(set(outs)) == 2
+def test_two_outputs_with_one_name_are_one_error(user):
+    """Two outputs both called Y are refused, naming the name: neither is merged with the other nor
+    renamed in silence (a caller reads an output by its name)."""
+    exit_2(["show", f"{user / 'user.py'}:dup_names", "--json"], "two different outputs are both named 'Y'")
 
 
 def test_a_chain_past_the_planner_limit_is_refused_naming_the_limit(user):
@@ -558,3 +555,27 @@ def test_a_contraction_over_no_axis_is_planned_as_a_pointwise_map():
         assert pointwise.FAMILY.explain(d) is None
         plan = derive(d, "h100", "bf16", explain=False).plan
         assert plan.families == ("pointwise",) and not plan.notes, plan
+
+
+def test_an_unknown_dtype_is_one_error_class_at_every_entry_point():
+    """derive, compile and with_dtype all refuse an unknown dtype with a DiagramError naming it (derive
+    raised a HardwareError)."""
+    import napkin.codegen as cg
+    from napkin.diagrams import library
+    from napkin.errors import DiagramError
+
+    sizes = {"q": 64, "x": 64, "d": 64}
+    for call in (lambda: cg.derive(library.get("attention"), "h200", "zz", sizes=sizes),
+                 lambda: cg.compile("attention", gpu="h200", dtype="zz", sizes=sizes),
+                 lambda: library.get("attention").with_dtype("zz")):
+        with pytest.raises(DiagramError, match="unknown dtype 'zz'"):
+            call()
+
+
+@pytest.mark.parametrize("pin, why", [(["--stream", "a=64"], "stream a=64: no box sums over axis 'a'"),
+                                      (["--group", "b=64"], "group b=64: no box keeps axis 'b'")])
+def test_a_pin_no_family_can_honour_says_why_first(pin, why):
+    """A stream of an axis no box sums (or a group of one no box keeps) is one line naming that,
+    not every family's refusal of the box."""
+    err = exit_2(["cost", "matmul", "-s", "a=512,b=256,c=256", *pin], why)
+    assert "rowwise:" not in err

@@ -554,17 +554,19 @@ class _Planner:
         return Plan(self.d, gpu_ref(self.gpu), self.arch, self.dtype, tuple(kernels)), runs
 
     def _no_plan(self, order) -> str:
+        # the whole diagram's refusals first: where one family takes such a diagram, its reason
+        # (a head dimension, a dtype) is the one to read, and a box alone is refused by all
         whole = ""
         if 1 < len(order) <= self.max_fused:
             w = self.evaluate(tuple(order))
-            whole = f" (as one kernel: {w.refusal()})"
+            whole = f"as one kernel, {w.refusal()}; "
         for b in order:
             c = self.evaluate((b,))
             if c.best is None:
                 pin = " with the pinned tiling" if self.fixed else ""
                 return (f"derive found no kernel that runs box {b!r} of {self.d.name!r}{pin} on "
-                        f"{self.gpu.name} ({self.arch}): {c.refusal()}{whole}")
-        return f"derive found no plan for {self.d.name!r}{whole}"
+                        f"{self.gpu.name} ({self.arch}): {whole}box {b!r} alone, {c.refusal()}")
+        return f"derive found no plan for {self.d.name!r}" + (f": {whole[:-2]}" if whole else "")
 
     def decisions(self, runs: list[KernelChoice]) -> list[str]:
         """For every boundary between consecutive kernels, and every fused kernel: why."""
@@ -606,6 +608,33 @@ def _structure(sub: Diagram) -> tuple[tuple, tuple[str, ...]]:
                    tuple((a.name, a.size) for a in v.axes), v.dtype) for v in sub.nodes)
     outs = tuple(pos[n] for n in sub.output_names)
     return (ins, boxes, outs), tuple(names)
+
+
+def _check_pins(d: Diagram, fixed: Mapping[str, tuple[int, str, str]]) -> None:
+    """Refuse, naming why, a pinned stream of an axis no box sums over and a pinned group of one no
+    box keeps: no family could honour them, and their refusals would not say so.
+
+    >>> from napkin.diagrams import library
+    >>> _check_pins(library.get("matmul"), {"a": (64, "SMEM", "stream")})
+    Traceback (most recent call last):
+    ...
+    napkin.errors.ScheduleError: stream a=64: no box sums over axis 'a'; a stream runs along a sum, and the boxes of 'matmul' sum over b
+    """
+    summed = sorted({x for v in d.nodes for x in _over(v)})
+    kept = {x for v in d.nodes for x in v.axis_names}
+    for a, (size, _level, kind) in fixed.items():
+        if kind == "stream" and a not in summed:
+            sums = f"the boxes of {d.name!r} sum over {', '.join(summed)}" if summed else f"no box of {d.name!r} sums"
+            raise ScheduleError(f"stream {a}={size}: no box sums over axis {a!r}; a stream runs along a sum, and {sums}")
+        if kind == "group" and a not in kept:
+            raise ScheduleError(f"group {a}={size}: no box keeps axis {a!r} (it is summed over); a group tiles an "
+                                "axis of a box's result: stream it instead")
+
+
+def _over(v) -> tuple[str, ...]:
+    """The axes box ``v`` sums over (a contraction's, a reduction's, a softmax's or a norm's)."""
+    over = getattr(v.op, "over", None)
+    return () if over is None else ((over,) if isinstance(over, str) else tuple(over))
 
 
 def _limit(fam, attr: str, default: int) -> int:
@@ -708,6 +737,9 @@ def derive(diagram, gpu=None, dtype: str | None = None, sizes: Mapping[str, int]
     g = resolve_gpu(gpu)
     arch = check_arch(arch or g.arch)
     dt = dtype or _diagram_dtype(d)
+    if dt == "fp8" and (arch != "sm_90a" or "fp8" not in g.tensor_flops):  # said first, not after every family
+        raise ScheduleError(f"fp8 runs on Hopper's fp8 tensor cores (sm_90a); {g.name} ({arch}) has none: "
+                            "plan in bf16 or fp16 there")
     fams = [fam_registry.get(f) for f in families] if families else fam_registry.available()
     if exclude_engines:
         fams = [_Without(f, tuple(exclude_engines)) for f in fams]
@@ -723,6 +755,7 @@ def derive(diagram, gpu=None, dtype: str | None = None, sizes: Mapping[str, int]
             raise ScheduleError(f"fixed[{a!r}]: expected (size, level, kind) with a positive integer size, "
                                 f"got {pin!r}")
         Relabel(a, *pin)  # the level and kind, checked as any relabelling's
+    _check_pins(d, fixed or {})
     planner = _Planner(d, g, arch, dt, fams, fixed, progress)
     plan, runs = planner.plan()
     expansion = ()
