@@ -394,6 +394,12 @@ def output_path(command: str, option: str, value: "Path | str | None", default: 
             raise UsageError(f"{where} {text!r}: {command} writes {' or '.join(suffixes)} files, not "
                              f"{path.suffix}")
         parent = path.parent
+        if path.is_symlink() and not path.exists():  # a link to a file not there yet: its folder is the one
+            target = Path(os.readlink(path))
+            parent = (target if target.is_absolute() else path.parent / target).parent
+            if not parent.exists():
+                raise UsageError(f"{where} {text!r}: cannot write: it links to {str(target)!r}, in a folder "
+                                 "that does not exist")
         if not parent.exists():
             raise UsageError(f"{where} {text!r}: cannot write: folder {str(parent)!r} does not exist")
         if not parent.is_dir():

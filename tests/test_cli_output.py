@@ -147,7 +147,11 @@ def test_output_path_helper(tmp_path):
     assert output_path("render", "-o", tmp_path / "x.svg") == tmp_path / "x.svg"
     assert output_path("render", "-o", tmp_path / "noext") == tmp_path / "noext"
     (tmp_path / "f").write_text("")
+    (tmp_path / "dangling.svg").symlink_to(tmp_path / "no" / "x.svg")  # a link into a missing folder
+    (tmp_path / "link.svg").symlink_to(tmp_path / "later.svg")  # a link to a file not written yet: fine
+    assert output_path("render", "-o", tmp_path / "link.svg") == tmp_path / "link.svg"
     bad = [
+        (("render", "-o", tmp_path / "dangling.svg"), {}, "it links to .*, in a folder that does not exist"),
         (("render", "-o", tmp_path), {}, "cannot write a folder"),
         (("render", "-o", str(tmp_path) + "/"), {}, "cannot write a folder"),
         (("render", "-o", tmp_path / "no" / "x.svg"), {}, "does not exist"),
