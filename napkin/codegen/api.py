@@ -35,6 +35,7 @@ import time
 from typing import Mapping
 
 from ..errors import LaunchError
+from .calling import bind_inputs
 from .program import Program
 
 __all__ = ["compile", "CompiledDiagram"]
@@ -140,22 +141,7 @@ class CompiledDiagram:
 
     # ------------------------------------------------------------------ calling
     def _bind_inputs(self, tensors, by_name) -> dict:
-        names = self.diagram.input_names
-        if len(tensors) > len(names):
-            raise LaunchError(f"{self.diagram.name} takes {len(names)} input(s) ({', '.join(names)}), "
-                              f"got {len(tensors)} by position")
-        got = dict(zip(names, tensors))
-        for n, t in by_name.items():
-            if n not in names:
-                raise LaunchError(f"{self.diagram.name} has no input {n!r}; inputs are {', '.join(names)}")
-            if n in got:
-                raise LaunchError(f"input {n} given twice (by position and by name)")
-            got[n] = t
-        missing = [n for n in names if n not in got]
-        if missing:
-            raise LaunchError(f"{self.diagram.name}: missing input(s) {', '.join(missing)} "
-                              f"(inputs in order: {', '.join(names)})")
-        return got
+        return bind_inputs(self.diagram.name, self.diagram.input_names, tensors, by_name)
 
     def _outputs(self, out, device) -> dict:
         import torch

@@ -47,6 +47,7 @@ from collections.abc import Mapping, Sequence
 
 from ..diagrams.diagram import Diagram
 from ..errors import CodegenError, LaunchError, NapkinError
+from .calling import bind_inputs
 
 __all__ = ["DynamicDiagram", "compile_dynamic", "parse_dynamic", "sample_points", "plan_for_range",
            "probe_points", "specialized_kernels"]
@@ -385,15 +386,7 @@ class DynamicDiagram:
         """Run at the sizes the inputs carry (by position or by name, as a compiled diagram)."""
         if by_name:
             names = self.diagram.input_names
-            got = dict(zip(names, tensors))
-            for n, t in by_name.items():
-                if n not in names:
-                    raise LaunchError(f"{self.diagram.name} has no input {n!r}; inputs are {', '.join(names)}")
-                got[n] = t
-            missing = [n for n in names if n not in got]
-            if missing:
-                raise LaunchError(f"{self.diagram.name}: missing input(s) {', '.join(missing)} "
-                                  f"(inputs in order: {', '.join(names)})")
+            got = bind_inputs(self.diagram.name, names, tensors, by_name)
             tensors, by_name = tuple(got[n] for n in names), {}
         try:
             key = tuple(int(tensors[i].shape[j]) for i, j in self._where)

@@ -309,24 +309,11 @@ class NapkinOp:
         return self.overload(*tensors)
 
     def _in_order(self, tensors: tuple, by_name: dict) -> tuple:
-        """Positional ``tensors`` then ``by_name`` as one tuple in input order (a LaunchError for an
-        unknown name, an input given twice or one missing)."""
-        names = self.input_names
-        got = dict(zip(names, tensors))
-        if len(tensors) > len(names):
-            raise LaunchError(f"{self.qualname} takes {len(names)} tensor(s) ({', '.join(names)}), "
-                              f"got {len(tensors)} by position")
-        for n, t in by_name.items():
-            if n not in names:
-                raise LaunchError(f"{self.qualname} has no input {n!r}; its inputs are {', '.join(names)}")
-            if n in got:
-                raise LaunchError(f"input {n} given twice (by position and by name)")
-            got[n] = t
-        missing = [n for n in names if n not in got]
-        if missing:
-            raise LaunchError(f"{self.qualname}: missing input(s) {', '.join(missing)} (inputs in order: "
-                              f"{', '.join(names)})")
-        return tuple(got[n] for n in names)
+        """Positional ``tensors`` then ``by_name`` as one tuple in input order."""
+        from ..codegen.calling import bind_inputs
+
+        got = bind_inputs(self.qualname, self.input_names, tensors, by_name)
+        return tuple(got[n] for n in self.input_names)
 
     # ------------------------------------------------------------------ registration
     def _schema(self) -> str:
