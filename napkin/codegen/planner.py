@@ -59,8 +59,8 @@ MAX_FUSED_BOXES = 12
 #: The most boxes that are not elementwise one kernel may hold (attention: two contractions and a
 #: softmax); longer runs are refused before any family is asked. A family may declare larger limits
 #: for the runs it takes (``max_heavy_boxes``, ``max_fused_boxes``: attention's backward holds six
-#: contractions in up to 16 boxes); only that family is asked about such runs, and only about those
-#: with exactly its number of heavy boxes.
+#: contractions in up to 16 boxes); only such a family is asked about such runs, and only about
+#: those with at most its number of heavy boxes.
 MAX_HEAVY_BOXES = 3
 #: A stretch of elementwise boxes (maps and renames) longer than MAX_FUSED_BOXES is also tried
 #: whole, as one run from its first box (one run more where the stretch ends, not a wider window):
@@ -347,6 +347,7 @@ class _Planner:
         # counts towards MAX_HEAVY_BOXES
         self.heavy = {self.d.name_of(v) for v in self.d.nodes if v.op.kind not in ("map", "rename")
                       and not (v.op.kind == "reduce" and v.args[0].op.kind == "reduce")}
+        self.elementwise = {self.d.name_of(v) for v in self.d.nodes if v.op.kind in ("map", "rename")}
         self.evaluated = 0
         # the longest run any family takes (the DP's window) and the most heavy boxes of one
         self.max_fused = max([MAX_FUSED_BOXES] + [_limit(f, "max_fused_boxes", MAX_FUSED_BOXES) for f in self.families])
@@ -402,9 +403,9 @@ class _Planner:
             return KernelChoice(boxes, refusals=(("planner", f"more than {self.max_heavy} boxes that are "
                                                   "not elementwise: no family fuses that many"),))
         # past the default limits only a family that declares larger ones is asked, and only about
-        # runs of its pattern: as many heavy boxes as it declares (the search's cost stays bounded)
+        # runs within them: at most as many heavy boxes as it declares, or a stretch of maps alone
         families = self.families
-        if heavy == 0 and len(boxes) > MAX_FUSED_BOXES:  # a long chain of maps
+        if len(boxes) > MAX_FUSED_BOXES and all(b in self.elementwise for b in boxes):  # a long chain of maps
             families = [f for f in families if len(boxes) <= min(self.max_elementwise, _limit(
                 f, "max_elementwise_boxes", MAX_FUSED_BOXES))]
             if not families:
@@ -511,17 +512,16 @@ class _Planner:
         return best[n], runs[::-1]
 
     def _elementwise_stretches(self, order: tuple[str, ...]) -> dict[int, tuple[int, ...]]:
-        """``{end: (start,)}`` for the runs past the DP's window that :data:`MAX_ELEMENTWISE_BOXES`
-        adds: each stretch of elementwise boxes longer than the window, whole (from its first box
-        to its end) or, past ``max_elementwise`` boxes, from its first box as far as that limit
-        and from that limit's distance before its end."""
+        """``{run end: (run start,)}``: the runs past the DP's window that :data:`MAX_ELEMENTWISE_BOXES`
+        adds. A stretch of elementwise boxes longer than the window is one run; one longer than
+        ``max_elementwise`` gives two, its first ``max_elementwise`` boxes and its last."""
         out: dict[int, tuple[int, ...]] = {}
         start = 0
         for j in range(1, len(order) + 1):
-            if order[j - 1] in self.heavy:
+            if order[j - 1] not in self.elementwise:
                 start = j
                 continue
-            if j < len(order) and order[j] not in self.heavy:
+            if j < len(order) and order[j] in self.elementwise:
                 continue  # the stretch goes on
             length = j - start
             if length > self.max_fused:
@@ -618,14 +618,14 @@ def _check_pins(d: Diagram, fixed: Mapping[str, tuple[int, str, str]]) -> None:
     >>> _check_pins(library.get("matmul"), {"a": (64, "SMEM", "stream")})
     Traceback (most recent call last):
     ...
-    napkin.errors.ScheduleError: stream a=64: no box sums over axis 'a'; a stream runs along a sum, and the boxes of 'matmul' sum over b
+    napkin.errors.ScheduleError: stream a=64: no box sums over axis 'a' (the boxes of 'matmul' sum over b)
     """
     summed = sorted({x for v in d.nodes for x in _over(v)})
     kept = {x for v in d.nodes for x in v.axis_names}
     for a, (size, _level, kind) in fixed.items():
         if kind == "stream" and a not in summed:
             sums = f"the boxes of {d.name!r} sum over {', '.join(summed)}" if summed else f"no box of {d.name!r} sums"
-            raise ScheduleError(f"stream {a}={size}: no box sums over axis {a!r}; a stream runs along a sum, and {sums}")
+            raise ScheduleError(f"stream {a}={size}: no box sums over axis {a!r} ({sums})")
         if kind == "group" and a not in kept:
             raise ScheduleError(f"group {a}={size}: no box keeps axis {a!r} (it is summed over); a group tiles an "
                                 "axis of a box's result: stream it instead")
