@@ -22,6 +22,14 @@ pointwise family reduces over any axis, with coalesced reads) and elementwise ma
   same sum; an operand that is a view of the array the other operand reads (``X·Xᵀ``, written
   with a rename) is copied in any case, into whichever layout the family reads keeps its
   innermost axis (a copy row by row, not a transpose);
+- a contraction of one operand (``contract(X[a,b], over=b)``, an einsum ``"ab->a"``): the sum
+  over those axes as reductions (``<name>_sum``), copied into the result's order where it differs;
+- a contraction of three operands or more (``contract(A[a,k], g[k], B[n,k], over=k)``, a
+  quadratic form ``u·M·v``): each operand whose axes another one holds multiplied into that one
+  (``<name>_prod``: an elementwise product, no larger than it), then, while more than two are
+  left, the first two contracted over the summed axes no other operand holds (``<name>_part``);
+  an axis summed that only one of the last operands holds is summed in it first; the last two (a
+  contraction in their own layouts) or the last one (a reduction) make the result;
 
 (the output recomputes ``exp(x − m)`` and ``x − μ`` from ``x``: the kernel that reduces cannot
 write the output, so a value it passed on would be written to HBM and read back), each exactly
@@ -58,11 +66,11 @@ __all__ = ["expand", "expandable"]
 
 def expandable(diagram: Diagram) -> tuple[str, ...]:
     """The names of the boxes of ``diagram`` that :func:`expand` can write out (softmax, the norms,
-    renames that are outputs, and contractions of two operands over at least one axis)."""
+    renames that are outputs, and contractions over at least one axis)."""
     outs = {id(v) for v in diagram.outputs}
     return tuple(diagram.name_of(v) for v in diagram.nodes
                  if isinstance(v.op, (Softmax, Norm)) or (isinstance(v.op, Rename) and id(v) in outs)
-                 or (isinstance(v.op, Contract) and v.op.over and len(v.args) == 2))
+                 or (isinstance(v.op, Contract) and v.op.over))
 
 
 def expand(diagram: Diagram, names: Iterable[str]) -> Diagram:
@@ -74,7 +82,7 @@ def expand(diagram: Diagram, names: Iterable[str]) -> Diagram:
     if bad:
         raise DiagramError(f"diagram {diagram.name!r}: {', '.join(map(repr, bad))} "
                            f"{'is' if len(bad) == 1 else 'are'} not a softmax or norm box it can expand, nor a "
-                           "rename written as an output or a contraction of two operands"
+                           "rename written as an output or a contraction over an axis"
                            f" (those are: {', '.join(sorted(known)) or 'none'})")
     if not wanted:
         return diagram
@@ -86,8 +94,10 @@ def expand(diagram: Diagram, names: Iterable[str]) -> Diagram:
         if name in wanted and isinstance(v.op, Rename):
             view = apply(v.op, args, _fresh(f"{name}_view", used))
             memo[id(v)] = _copy(view, view.axis_names, name)
-        elif name in wanted and isinstance(v.op, Contract):
+        elif name in wanted and isinstance(v.op, Contract) and len(args) == 2:
             memo[id(v)] = _relaid(v, args, name, used)
+        elif name in wanted and isinstance(v.op, Contract):
+            memo[id(v)] = _split(v, args, name, used)
         elif name in wanted:
             memo[id(v)] = _written_out(v.op, args[0], name, used)
         else:
@@ -136,6 +146,49 @@ def _relaid(v: Value, args: list[Value], name: str, used: set[str]) -> Value:
     if made == out:
         return apply(Contract(over, out), (a, b), name)
     return _copy(apply(Contract(over, made), (a, b), _fresh(f"{name}_c", used)), out, name)
+
+
+def _split(v: Value, args: list[Value], name: str, used: set[str]) -> Value:
+    """Contraction ``v`` of one operand, or of three or more, as maps, reductions and contractions
+    of two operands (see the module docstring); its last box is called ``name``."""
+    over, out = tuple(v.op.over), v.axis_names
+    ops = list(args)
+    folded = True
+    while len(ops) > 1 and folded:  # an operand another one holds: multiplied into it
+        folded = False
+        for i, x in enumerate(ops):
+            host = next((j for j, y in enumerate(ops) if j != i and set(x.axis_names) <= set(y.axis_names)), None)
+            if host is not None:
+                ops[host] = map_fn("mul", ops[host], x, name=_fresh(f"{name}_prod", used))
+                del ops[i]
+                folded = True
+                break
+    while len(ops) > 2:  # the first two, over what no other operand holds
+        a, b, rest = ops[0], ops[1], ops[2:]
+        mine = tuple(x for x in over if (x in a.axis_names or x in b.axis_names)
+                     and not any(x in r.axis_names for r in rest))
+        keep = tuple(dict.fromkeys(x for x in (*a.axis_names, *b.axis_names) if x not in mine))
+        ops = [_pair(a, b, mine, keep, _fresh(f"{name}_part", used), used), *rest]
+    left = tuple(x for x in over if any(x in o.axis_names for o in ops))
+    if len(ops) == 2:  # in the operands' own layouts: the planner may relay the pair
+        return _pair(ops[0], ops[1], left, out, name, used)
+    x = ops[0]
+    made = tuple(a for a in x.axis_names if a not in left)
+    if made == out:
+        return sum_over(x, left, name=name)
+    return _copy(sum_over(x, left, name=_fresh(f"{name}_sum", used)), out, name)
+
+
+def _pair(a: Value, b: Value, summed: tuple[str, ...], out: tuple[str, ...], name: str, used: set[str]) -> Value:
+    """``Σ_summed a·b`` in the order ``out``: an axis summed that one operand alone holds is summed
+    in it first (a contraction of two operands sums over axes both carry)."""
+    pair = [a, b]
+    for i, o in enumerate(pair):
+        alone = tuple(x for x in summed if x in o.axis_names and x not in pair[1 - i].axis_names)
+        if alone:
+            pair[i] = sum_over(o, alone, name=_fresh(f"{name}_sum", used))
+    both = tuple(x for x in summed if all(x in o.axis_names for o in pair))
+    return apply(Contract(both, out), tuple(pair), name)
 
 
 def _viewed(x: Value) -> Value:
