@@ -30,6 +30,9 @@ pointwise family reduces over any axis, with coalesced reads) and elementwise ma
   left, the first two contracted over the summed axes no other operand holds (``<name>_part``);
   an axis summed that only one of the last operands holds is summed in it first; the last two (a
   contraction in their own layouts) or the last one (a reduction) make the result;
+- a map over no axis (a loss's scale, a cotangent's negation): made again for each box that reads
+  it (``<name>_<reader>``), so it runs inside its readers' kernels instead of a kernel of one value
+  on the scalar fallback (kept under its own name where it is an output);
 
 (the output recomputes ``exp(x − m)`` and ``x − μ`` from ``x``: the kernel that reduces cannot
 write the output, so a value it passed on would be written to HBM and read back), each exactly
@@ -58,19 +61,24 @@ from typing import Iterable
 
 from ..errors import DiagramError
 from .diagram import Diagram
-from .ops import (Contract, Norm, Rename, Softmax, Value, apply, exp, map_fn, max_over, mean_over, rsqrt, square,
-                  sum_over)
+from .ops import (Contract, Map, Norm, Rename, Softmax, Value, apply, exp, map_fn, max_over, mean_over, rsqrt,
+                  square, sum_over)
 
 __all__ = ["expand", "expandable"]
 
 
 def expandable(diagram: Diagram) -> tuple[str, ...]:
     """The names of the boxes of ``diagram`` that :func:`expand` can write out (softmax, the norms,
-    renames that are outputs, and contractions over at least one axis)."""
+    renames that are outputs, contractions over at least one axis and maps over no axis)."""
     outs = {id(v) for v in diagram.outputs}
     return tuple(diagram.name_of(v) for v in diagram.nodes
                  if isinstance(v.op, (Softmax, Norm)) or (isinstance(v.op, Rename) and id(v) in outs)
-                 or (isinstance(v.op, Contract) and v.op.over))
+                 or (isinstance(v.op, Contract) and v.op.over) or _scalar_map(v))
+
+
+def _scalar_map(v: Value) -> bool:
+    """A map over no axis (a loss's scale, a cotangent's negation): one value, cheap to compute again."""
+    return isinstance(v.op, Map) and not v.axis_names
 
 
 def expand(diagram: Diagram, names: Iterable[str]) -> Diagram:
@@ -82,14 +90,22 @@ def expand(diagram: Diagram, names: Iterable[str]) -> Diagram:
     if bad:
         raise DiagramError(f"diagram {diagram.name!r}: {', '.join(map(repr, bad))} "
                            f"{'is' if len(bad) == 1 else 'are'} not a softmax or norm box it can expand, nor a "
-                           "rename written as an output or a contraction over an axis"
+                           "rename written as an output, a contraction over an axis or a map over no axis"
                            f" (those are: {', '.join(sorted(known)) or 'none'})")
     if not wanted:
         return diagram
     used = set(diagram.names.values())
     memo: dict[int, Value] = {id(v): v for v in diagram.inputs}
+    scalars = {id(v) for v in diagram.nodes if diagram.name_of(v) in wanted and _scalar_map(v)}
+
+    def arg(a: Value, reader: Value) -> Value:  # a scalar map is made again for each box reading it
+        if id(a) not in scalars:
+            return memo[id(a)]
+        name = _fresh(f"{diagram.name_of(a)}_{diagram.name_of(reader)}", used)
+        return apply(a.op, [arg(x, reader) for x in a.args], name)
+
     for v in diagram.nodes:
-        args = [memo[id(a)] for a in v.args]
+        args = [arg(a, v) for a in v.args]
         name = diagram.name_of(v)
         if name in wanted and isinstance(v.op, Rename):
             view = apply(v.op, args, _fresh(f"{name}_view", used))
@@ -98,6 +114,8 @@ def expand(diagram: Diagram, names: Iterable[str]) -> Diagram:
             memo[id(v)] = _relaid(v, args, name, used)
         elif name in wanted and isinstance(v.op, Contract):
             memo[id(v)] = _split(v, args, name, used)
+        elif name in wanted and id(v) in scalars:
+            memo[id(v)] = apply(v.op, args, v.name)  # kept where it is an output
         elif name in wanted:
             memo[id(v)] = _written_out(v.op, args[0], name, used)
         else:

@@ -29,3 +29,44 @@ def test_written_out_rows_verify(build_diagram, shapes, dtype):
         if cd.plan.expanded:
             assert FALLBACK not in cd.plan.families
         check(cd, seed=i)
+
+
+def _einsum(name):
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "diagrams"))
+    from test_expand import _einsums
+
+    from napkin.diagrams import Diagram
+
+    return lambda: Diagram(name, _einsums()[name].named("Y"))
+
+
+def _scalar_shared():
+    from napkin.diagrams import Diagram, array, axes, contract, scale, softmax
+
+    a, b, k, n = axes("a b k n")
+    ts = scale(array("t"), 0.5, name="ts")
+    return Diagram("scalar_shared", ((contract(array("A", a, k), array("B", k, n), over=k, out=(a, n)) * ts)
+                                     .named("Y1"), softmax(array("X", a, b) * ts, b, name="Y2")))
+
+
+EINSUMS = [
+    (_einsum("three"), [{"i": 1000, "k": 520, "n": 776}, {"i": 7, "k": 16, "n": 9}]),
+    (_einsum("one_perm"), [{"z": 6, "i": 1000, "k": 77}]),
+    (_einsum("quad"), [{"i": 4097, "j": 1001}]),
+    (_einsum("chain"), [{"z": 3, "i": 200, "k": 64, "n": 96, "j": 72}]),
+    (_scalar_shared, [{"a": 512, "b": 333, "k": 256, "n": 384}]),
+]
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp32"])
+@pytest.mark.parametrize("build_diagram, shapes", EINSUMS, ids=["three", "one_perm", "quad", "chain", "scalar_shared"])
+def test_written_out_contractions_and_scalars_verify(build_diagram, shapes, dtype):
+    """An einsum of one or three operands and a scalar read by two kernels: written out, on the fast
+    families, checked like the rows above."""
+    for i, sizes in enumerate(shapes):
+        cd = napkin_compile(build_diagram(), sizes=sizes, dtype=dtype)
+        assert cd.plan.expanded and FALLBACK not in cd.plan.families, cd.plan.summary()
+        check(cd, seed=i)

@@ -255,6 +255,19 @@ def test_an_einsum_of_one_or_three_operands_plans_on_fast_families(name):
     assert FALLBACK not in plan.families and plan.expanded == ("Y",), plan.summary()
 
 
+def test_a_scalar_read_by_two_kernels_runs_inside_them():
+    """A map over no axis read by two kernels (a loss's scale in a backward) was a kernel of one
+    value on the scalar fallback; made again in each reader, it runs in their kernels."""
+    from napkin.diagrams import scale
+
+    a, b, k, n = axes("a b k n")
+    ts = scale(array("t"), 0.5, name="ts")
+    d = Diagram("scalar_shared", ((contract(array("A", a, k), array("B", k, n), over=k, out=(a, n)) * ts)
+                                  .named("Y1"), softmax(array("X", a, b) * ts, b, name="Y2")))
+    plan = derive(d.bind(a=512, b=512, k=256, n=384), "h200", "bf16", explain=False).plan
+    assert plan.expanded == ("ts",) and FALLBACK not in plan.families and len(plan.kernels) == 2, plan.summary()
+
+
 # ----------------------------------------------------------------------------- the last resort
 
 

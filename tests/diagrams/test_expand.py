@@ -118,3 +118,21 @@ def test_a_contraction_of_one_or_many_operands_is_written_as_pairs_and_sums(name
     gen = torch.Generator().manual_seed(0)
     x = {v.name: torch.randn(*(ax.bound_size for ax in v.axes), dtype=torch.float64, generator=gen) for v in d.inputs}
     torch.testing.assert_close(e.reference(x)["Y"], d.reference(x)["Y"], rtol=1e-12, atol=1e-12)
+
+
+def test_a_map_over_no_axis_is_made_again_for_each_reader():
+    """A scalar read by two boxes (a loss's scale in a backward) is computed in each reader: no
+    kernel of one value of its own; where it is an output it stays, under its name."""
+    from napkin.diagrams import scale
+
+    t = array("t")
+    ts = scale(t, 0.5, name="ts")
+    X = array("X", a, b)
+    d = Diagram("s", ((X * ts).named("Y1"), softmax(X + ts, b, name="Y2"), ts)).bind(a=3, b=4)
+    assert "ts" in expandable(d)
+    e = expand(d, ["ts"])
+    scalars = sorted(e.name_of(v) for v in e.nodes if not v.axis_names)
+    assert scalars == ["ts", "ts_Y1", "ts_add"] and e.output_names == d.output_names
+    x = {"t": torch.tensor(1.7, dtype=torch.float64), "X": torch.randn(3, 4, dtype=torch.float64)}
+    for k, want in d.reference(x).items():
+        torch.testing.assert_close(e.reference(x)[k], want, rtol=1e-12, atol=1e-12)
