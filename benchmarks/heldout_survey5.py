@@ -314,6 +314,36 @@ def rmsnorm_swiglu_down():
     return nd.Diagram("rmsnorm_swiglu_down", (nd.contract(G, Wd, over=f, out=(a, e)) + X).named("Y"))
 
 
+# ----------------------------------------------------------------------------- einsum forms, scalars
+
+def einsum_three():
+    """``einsum("ak,k,nk->an")``: a row scale between two operands, one contraction of three."""
+    nd = _d(); a, k, n = nd.axes("a k n")
+    A, g, B = nd.array("A", a, k), nd.array("g", k), nd.array("B", n, k)
+    return nd.Diagram("einsum_three", nd.contract(A, g, B, over=k, out=(a, n), name="C"))
+
+
+def einsum_rowsum():
+    """``einsum("ab->a")``: a contraction of one operand (a row sum)."""
+    nd = _d(); a, b = nd.axes("a b")
+    return nd.Diagram("einsum_rowsum", nd.contract(nd.array("X", a, b), over=b, out=(a,), name="Y"))
+
+
+def quad_form():
+    """``uᵀ·M·v`` as one contraction of three operands to a scalar."""
+    nd = _d(); a, b = nd.axes("a b")
+    u, M, v = nd.array("u", a), nd.array("M", a, b), nd.array("v", b)
+    return nd.Diagram("quad_form", nd.contract(u, M, v, over=(a, b), out=(), name="q"))
+
+
+def scalar_shared():
+    """A scalar's scale read by a GEMM's epilogue and by a softmax's input."""
+    nd = _d(); a, b, k, n = nd.axes("a b k n")
+    ts = nd.scale(nd.array("t"), 0.5, name="ts")
+    Y1 = (nd.contract(nd.array("A", a, k), nd.array("B", k, n), over=k, out=(a, n)) * ts).named("Y1")
+    return nd.Diagram("scalar_shared", (Y1, nd.softmax(nd.array("X", a, b) * ts, b, name="Y2")))
+
+
 PROBLEMS = {
     "var_hw": {"n": 64, "c": 256, "h": 28, "w": 28},
     "var_chw": {"n": 64, "c": 64, "h": 56, "w": 56},
@@ -352,6 +382,10 @@ PROBLEMS = {
     "cross_attention_77": {"b": 2, "h": 8, "q": 4096, "x": 77, "d": 64},
     "mlp_gelu_bias": {"a": 4096, "e": 1024, "f": 4096},
     "rmsnorm_swiglu_down": {"a": 2048, "e": 2048, "f": 5632},
+    "einsum_three": {"a": 4096, "k": 1024, "n": 4096},
+    "einsum_rowsum": {"a": 8192, "b": 4096},
+    "quad_form": {"a": 8192, "b": 8192},
+    "scalar_shared": {"a": 4096, "b": 4096, "k": 1024, "n": 4096},
 }
 
 
