@@ -36,7 +36,9 @@ runs the compiled diagram directly; anything else goes through ``torch.ops.napki
 Inputs are checked cheaply (dtype, rank, the sizes of fixed axes, one device); a non-contiguous
 input is made contiguous first, as PyTorch's own operators accept any strides. Dynamic axes
 (``dynamic={"q": (1, 8192)}``) take their size from the inputs at each call and one plan
-serves the whole range (:mod:`napkin.codegen.dynamic`).
+serves the whole range (:mod:`napkin.codegen.dynamic`). Under ``torch.compile`` the checks run in
+the fake implementation while dynamo traces, and dynamo reports what they raise wrapped in its own
+``TorchRuntimeError``; napkin's :class:`~napkin.errors.LaunchError` message is inside it.
 
 Registering the same diagram, sizes and options again returns the operator made before (a
 ``torch.library`` name is defined once per process).
