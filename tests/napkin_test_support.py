@@ -1,5 +1,5 @@
-"""Helpers several test files share: the CLI run in-process, child Pythons for hostile inputs, and
-which of a family's candidate schedules a GPU test runs.
+"""Helpers several test files share: the CLI run in-process, child Pythons for hostile inputs,
+which of a family's candidate schedules a GPU test runs, and diagrams several tests plan.
 
 ``tests/`` is on ``sys.path`` while the tests run (``tests/conftest.py`` puts it there), so a test
 file imports this module as ``from napkin_test_support import ...``.
@@ -177,3 +177,23 @@ def masked_softmax():
     h, q, x = Axis("h"), Axis("q"), Axis("x")
     return Diagram("masked_softmax", softmax(causal(scale(array("S", h, q, x), 0.125), "q", "x"), over="x",
                                              name="P"))
+
+
+def einsum_cases() -> dict:
+    """Contractions of one operand, or of three or more: einsum forms no family takes whole, which
+    :func:`napkin.diagrams.expand.expand` writes out (the value of each, unnamed)."""
+    from napkin.diagrams import array, axes, contract
+
+    i, j, k, n, z = axes("i j k n z")
+    A, B, g, s = array("A", i, k), array("B", n, k), array("g", k), array("s", i)
+    u, M, v = array("u", i), array("M", i, j), array("v", j)
+    P, Q, R = array("P", z, i, k), array("Q", z, k, n), array("R", z, n, j)
+    return {
+        "three": contract(A, g, B, over=k, out=(i, n)),          # a row scale in the middle
+        "three_t": contract(A, s, B, over=k, out=(n, i)),        # and the result transposed
+        "one": contract(M, over=j, out=(i,)),                    # einsum "ij->i"
+        "one_perm": contract(P, over=k, out=(i, z)),             # the kept axes in another order
+        "quad": contract(u, M, v, over=(i, j), out=()),          # u·M·v to a scalar
+        "chain": contract(P, Q, R, over=(k, n), out=(z, i, j)),  # (P·Q)·R, batched
+        "private": contract(A, array("W", n, j), array("C", i, n), over=(k, j), out=(i, n)),
+    }

@@ -32,15 +32,10 @@ def test_written_out_rows_verify(build_diagram, shapes, dtype):
 
 
 def _einsum(name):
-    import sys
-    from pathlib import Path
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "diagrams"))
-    from test_expand import _einsums
-
     from napkin.diagrams import Diagram
+    from napkin_test_support import einsum_cases
 
-    return lambda: Diagram(name, _einsums()[name].named("Y"))
+    return lambda: Diagram(name, einsum_cases()[name].named("Y"))
 
 
 def _scalar_shared():

@@ -245,11 +245,9 @@ def test_an_einsum_of_one_or_three_operands_plans_on_fast_families(name):
     """contract(A, g, B, over=k) ran on the scalar fallback (49 ms predicted at 4096 x 1024 x 4096,
     where A·g then ·B takes 55 µs), as did contract(X, over=b) and u·M·v: each is written out as
     maps, reductions and contractions of two operands the fast families take."""
-    import sys
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "diagrams"))
-    from test_expand import _einsums
+    from napkin_test_support import einsum_cases
 
-    d = Diagram("t", _einsums()[name].named("Y"))
+    d = Diagram("t", einsum_cases()[name].named("Y"))
     d = d.bind(**{ax: s for ax, s in dict(i=512, j=384, k=256, n=320, z=4).items() if ax in d.axes})
     plan = derive(d, "h200", "bf16", explain=False).plan
     assert FALLBACK not in plan.families and plan.expanded == ("Y",), plan.summary()

@@ -5,9 +5,10 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from napkin.diagrams import Diagram, array, axes, contract, layernorm, rmsnorm, softmax
+from napkin.diagrams import Diagram, array, axes, layernorm, rmsnorm, softmax
 from napkin.diagrams.expand import expand, expandable
 from napkin.errors import DiagramError
+from napkin_test_support import einsum_cases
 
 a, b, c = axes("a b c")
 BUILDERS = {"softmax": lambda x, ax: softmax(x, ax), "layernorm": lambda x, ax: layernorm(x, ax, eps=1e-3),
@@ -89,27 +90,10 @@ def test_a_product_of_an_array_with_a_view_of_itself_copies_the_view_row_by_row(
     assert [v.op.kind for v in e.nodes] == ["rename", "contract"]
 
 
-def _einsums():
-    """Contractions of one operand, or of three or more (einsum forms no family takes whole)."""
-    i, j, k, n, z = axes("i j k n z")
-    A, B, g, s = array("A", i, k), array("B", n, k), array("g", k), array("s", i)
-    u, M, v = array("u", i), array("M", i, j), array("v", j)
-    P, Q, R = array("P", z, i, k), array("Q", z, k, n), array("R", z, n, j)
-    return {
-        "three": contract(A, g, B, over=k, out=(i, n)),          # a row scale in the middle
-        "three_t": contract(A, s, B, over=k, out=(n, i)),        # and the result transposed
-        "one": contract(M, over=j, out=(i,)),                    # einsum "ij->i"
-        "one_perm": contract(P, over=k, out=(i, z)),             # the kept axes in another order
-        "quad": contract(u, M, v, over=(i, j), out=()),          # u·M·v to a scalar
-        "chain": contract(P, Q, R, over=(k, n), out=(z, i, j)),  # (P·Q)·R, batched
-        "private": contract(A, array("W", n, j), array("C", i, n), over=(k, j), out=(i, n)),
-    }
-
-
-@pytest.mark.parametrize("name", sorted(_einsums()))
+@pytest.mark.parametrize("name", sorted(einsum_cases()))
 def test_a_contraction_of_one_or_many_operands_is_written_as_pairs_and_sums(name):
     """Each is rewritten as maps, reductions and contractions of two operands, the same sum."""
-    d = Diagram("t", _einsums()[name].named("Y"))
+    d = Diagram("t", einsum_cases()[name].named("Y"))
     d = d.bind(**{ax: size for ax, size in dict(i=3, j=4, k=5, n=6, z=2).items() if ax in d.axes})
     assert expandable(d) == ("Y",)
     e = expand(d, ["Y"])
