@@ -1,4 +1,4 @@
-"""benchmarks/heldout_survey.py and heldout_survey2.py to heldout_survey5.py: every problem builds under its name, plans without the scalar fallback, and the operator survey's runner
+"""benchmarks/heldout_survey.py and heldout_survey2.py to heldout_survey6.py: every problem builds under its name, plans without the scalar fallback, and the operator survey's runner
 (which every held-out survey runs with) takes its problems."""
 
 from __future__ import annotations
@@ -22,9 +22,9 @@ def _load(stem: str):
 
 
 heldout, heldout2, heldout3 = _load("heldout_survey"), _load("heldout_survey2"), _load("heldout_survey3")
-heldout4, heldout5 = _load("heldout_survey4"), _load("heldout_survey5")
+heldout4, heldout5, heldout6 = _load("heldout_survey4"), _load("heldout_survey5"), _load("heldout_survey6")
 runner = _load("operator_survey")
-ALL = [(m, n) for m in (heldout, heldout2, heldout3, heldout4, heldout5) for n in sorted(m.PROBLEMS)]
+ALL = [(m, n) for m in (heldout, heldout2, heldout3, heldout4, heldout5, heldout6) for n in sorted(m.PROBLEMS)]
 
 
 @pytest.mark.parametrize("module, name", ALL, ids=[f"{m.__name__}:{n}" for m, n in ALL])
