@@ -34,9 +34,8 @@ KS = (32768, 65536, 131072, 262144)
 
 def _tile(kernel) -> tuple:
     """(block rows, block columns, splits) of a contraction kernel of ``huge_k``."""
-    t = {r.target.split("=")[0] if hasattr(r, "target") else str(r).split("→")[1].strip().split("=")[0]:
-         int(str(r).split("=")[1].split("@")[0]) for r in kernel.relabels}
-    return t.get("g_a"), t.get("g_n"), kernel.options.splits or 1
+    groups = {r.axis: int(r.size) for r in kernel.relabels if r.kind == "group" and r.level == "SMEM"}
+    return groups.get("a"), groups.get("n"), kernel.options.splits or 1
 
 
 def main() -> int:

@@ -620,7 +620,7 @@ def _check_pins(d: Diagram, fixed: Mapping[str, tuple[int, str, str]]) -> None:
     ...
     napkin.errors.ScheduleError: stream a=64: no box sums over axis 'a' (the boxes of 'matmul' sum over b)
     """
-    summed = sorted({x for v in d.nodes for x in _over(v)})
+    summed = sorted({x for v in d.nodes for x in v.op.own_axes()})
     kept = {x for v in d.nodes for x in v.axis_names}
     for a, (size, _level, kind) in fixed.items():
         if kind == "stream" and a not in summed:
@@ -629,12 +629,6 @@ def _check_pins(d: Diagram, fixed: Mapping[str, tuple[int, str, str]]) -> None:
         if kind == "group" and a not in kept:
             raise ScheduleError(f"group {a}={size}: no box keeps axis {a!r} (it is summed over); a group tiles an "
                                 "axis of a box's result: stream it instead")
-
-
-def _over(v) -> tuple[str, ...]:
-    """The axes box ``v`` sums over (a contraction's, a reduction's, a softmax's or a norm's)."""
-    over = getattr(v.op, "over", None)
-    return () if over is None else ((over,) if isinstance(over, str) else tuple(over))
 
 
 def _limit(fam, attr: str, default: int) -> int:

@@ -32,7 +32,7 @@ from functools import lru_cache
 from typing import Iterable, Sequence
 
 from ..diagrams.axes import NAME_RE, is_name
-from ..diagrams.functions import FUNCTIONS
+from ..diagrams.functions import FUNCTIONS, half_form
 from ..dtypes import DTYPES
 from ..dtypes import dtype as lookup_dtype
 from ..errors import CodegenError
@@ -149,14 +149,13 @@ def map_expr(fn: str, xs: Sequence[str], params: Sequence[float] = (), idx: Sequ
 
 
 def half_math(dtype: str) -> bool:
-    """Whether a kernel whose values are ``dtype`` computes its maps in the 16-bit forms: its
-    results are rounded to at most 11 significant bits (bf16, fp16, fp8), so the forms' 2^-15
-    relative error never shows; fp32 kernels keep libm's forms.
+    """Whether a kernel whose values are ``dtype`` computes its maps in the 16-bit forms
+    (:func:`napkin.diagrams.functions.half_form`, the rule the cost model prices them by).
 
     >>> half_math("bf16"), half_math("fp32")
     (True, False)
     """
-    return lookup_dtype(dtype).bytes < 4
+    return half_form(dtype)
 
 
 def _int_param(fn: str, i: int, value) -> Code:

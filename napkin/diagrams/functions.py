@@ -31,6 +31,7 @@ import numbers
 from dataclasses import dataclass, field
 from typing import Callable
 
+from ..dtypes import dtype as lookup_dtype
 from ..errors import DiagramError
 
 _INV_SQRT2 = 1.0 / math.sqrt(2.0)
@@ -518,6 +519,17 @@ MEASURED_SLOTS: dict[str, tuple[float, float]] = {
 }
 for _name, _slots in MEASURED_SLOTS.items():
     FUNCTIONS[_name] = dataclasses.replace(FUNCTIONS[_name], slots=_slots)
+
+
+def half_form(dtype: str) -> bool:
+    """Whether a kernel whose values are ``dtype`` computes its maps in the 16-bit forms
+    (``cuda_half``): its results are rounded to at most 11 significant bits (bf16, fp16, fp8), so
+    the forms' 2^-15 relative error never shows; fp32 kernels keep libm's forms.
+
+    >>> half_form("bf16"), half_form("fp32")
+    (True, False)
+    """
+    return lookup_dtype(dtype).bytes < 4
 
 
 def get_function(name: str) -> ElementwiseFn:

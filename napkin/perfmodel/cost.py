@@ -97,7 +97,7 @@ from functools import lru_cache
 import sympy
 
 from ..diagrams.axes import size_symbol
-from ..diagrams.functions import get_function
+from ..diagrams.functions import get_function, half_form
 from ..dtypes import dtype as lookup_dtype
 from ..errors import ScheduleError
 from .legality import KernelPlan, analyze, column_memory, tensor_core_box
@@ -686,7 +686,7 @@ class _KernelModel:
                     unit = "cuda"
                 fl[unit] = fl[unit] + f * red
             elif kind == "map":
-                cuda, sfu = get_function(op.fn).cost(half=_bytes_of(b.dtype) < 4)
+                cuda, sfu = get_function(op.fn).cost(half=half_form(b.dtype))
                 sz = self.size(b.axis_names)
                 fl["cuda"] = fl["cuda"] + cuda * sz * red
                 fl["sfu"] = fl["sfu"] + sfu * sz * red

@@ -48,7 +48,7 @@ import math
 from dataclasses import dataclass
 
 from ..diagrams.diagram import Diagram
-from ..diagrams.functions import get_function
+from ..diagrams.functions import get_function, half_form
 from ..diagrams.grad import Saved, grad, inputs_read, recomputed_from_statistics, saveable
 from ..diagrams.ops import Softmax, Value
 from ..dtypes import dtype as lookup_dtype
@@ -152,7 +152,7 @@ def box_seconds(v: Value, gpu: GPU) -> float:
         else:
             cuda = (len(v.args) - 1) * n
     elif op.kind == "map":
-        cuda, sfu = (c * n for c in get_function(op.fn).cost(half=lookup_dtype(v.dtype).bytes < 4))
+        cuda, sfu = (c * n for c in get_function(op.fn).cost(half=half_form(v.dtype)))
     elif op.kind == "reduce":
         cuda = _elements(v.args[0]) + (n if op.how == "mean" else 0)
     elif op.kind == "softmax":

@@ -26,10 +26,10 @@ __all__ = ["Module"]
 class Module(torch.nn.Module):
     """A napkin operator with some of its inputs held as ``nn.Parameter`` s.
 
-    ``weights``: input names (one name as a string), or a mapping of input names to initial tensors (None for an input
-    initialised here). An input named here but given no tensor is drawn from a normal
-    distribution with standard deviation 1/sqrt(its first axis' size) (a fan-in scale for a
-    ``[in, out]`` weight; load a state dict for trained values). Weights must not carry a dynamic
+    ``weights``: input names (one name as a string), or a mapping of input names to initial
+    tensors (None for an input initialised here). An input named here but given no tensor is
+    drawn from a normal distribution with standard deviation 1/sqrt(its first axis' size) (a
+    fan-in scale for a ``[in, out]`` weight; load a state dict for trained values). Weights must not carry a dynamic
     axis. ``forward`` takes the other inputs, in the diagram's order, and returns the outputs.
     The remaining keyword arguments are :func:`napkin.torch.op`'s; ``requires_grad`` is the
     parameters' (gradients come from the reference: see :mod:`napkin.torch.ops`).
