@@ -118,3 +118,24 @@ def test_compiled_diagram_calling_conventions():
         cd(X, g, b, nope=X)
     with pytest.raises(LaunchError, match="out"):
         cd(X, g, b, out=torch.empty(8, 512, device="cuda", dtype=torch.float16))
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp32"])
+@pytest.mark.parametrize("name", ["softmax", "layernorm", "rmsnorm", "log_softmax"])
+@pytest.mark.parametrize("x", [1, 2, 3, 7, 12])
+def test_rows_shorter_than_a_vector_every_configuration(name, x, dtype):
+    # rows of 1 to 12 values: a row a thread (or two threads), many rows a warp; every
+    # configuration the family proposes against float64, outputs poisoned with NaN, a row count
+    # that fills no whole block
+    from napkin.codegen.families.rowwise import FAMILY
+    from napkin.codegen.prepare import prepare
+
+    d = prepare(library.get(name), sizes=dict(r=1001, x=x), dtype=dtype)
+    cands = FAMILY.candidates(d, "h200", dtype)
+    assert cands
+    if x <= 16 // (2 if dtype == "bf16" else 4):
+        assert min(c.kernels[0].options.threads_per_row for c in cands) == 1
+    for s in cands:
+        cd = compile(d, schedule=s, family="rowwise")
+        rows = verify_compiled(cd, seed=x)
+        assert rows and all(r.ok and r.nan_count == 0 for r in rows), (s.kernels[0].options, rows)
