@@ -125,6 +125,17 @@ def _row_l2():
     return Diagram("row_l2", map_fn("sqrt", sum_over(map_fn("square", array("X", r, x)), x, name="ss"), name="N"))
 
 
+def _transposed_mix():
+    """Y[a, b, h] = X[a, b, h]·Z[a, h, b] + W[h, b] − slope(a)·|b − h|: two inputs staged
+    through the pointwise map's cross tile."""
+    from napkin.diagrams import Diagram, alibi, array, axes, contract
+
+    a, b, h = axes("a b h")
+    X, Z, W = array("X", a, b, h), array("Z", a, h, b), array("W", h, b)
+    P = contract(X, Z, over=(), out=(a, b, h), name="P")
+    return Diagram("transposed_mix", alibi((P + W).named("Q"), "a", "b", "h", name="Y"))
+
+
 def _gqa_decode():
     from napkin.diagrams import Diagram, array, axes
     from napkin.diagrams.library import attention_core
@@ -310,6 +321,8 @@ CASES = [
     Case("rowwise.cu.jinja", "layernorm", {"r": 3, "x": 4100}, family="rowwise"),
     # rows of no 16-byte multiple, several a warp: each row's grid rotated to its first 16-byte boundary
     Case("rowwise.cu.jinja", "softmax", {"r": 40, "x": 37}, family="rowwise", label="softmax_rotated_rows"),
+    # rows of two values: a row a thread
+    Case("rowwise.cu.jinja", "softmax", {"r": 1001, "x": 2}, family="rowwise", label="softmax_tiny_rows"),
     # ... gamma and beta beside them start elsewhere in their 16-byte lines: two lines a chunk, shifted
     Case("rowwise.cu.jinja", "layernorm", {"r": 40, "x": 1001}, family="rowwise", label="layernorm_rotated_rows"),
     Case("rowwise.cu.jinja", "layernorm", {"r": 9, "x": 1001}, dtype="fp32", family="rowwise",
@@ -468,6 +481,12 @@ CASES = [
     Case("pointwise.cu.jinja", _column_sum, {"r": 8192, "x": 1001}, family="pointwise",
          label="padded_columns_split"),
     Case("pointwise.cu.jinja", _outer_softmax, {"r": 300, "x": 72}),
+    # a map with transposed inputs: staged through shared memory a cross tile at a time (phase 1,
+    # a barrier, phase 2), sizes that fill no whole tile, an odd cross axis
+    Case("pointwise.cu.jinja", _transposed_mix, {"a": 2, "b": 77, "h": 40}, family="pointwise",
+         label="cross_tile"),
+    Case("pointwise.cu.jinja", _transposed_mix, {"a": 3, "b": 1001, "h": 24}, dtype="fp32", family="pointwise",
+         label="cross_tile_fp32"),
     Case("pointwise.cu.jinja", _logsumexp_bs, {"b": 9, "h": 5, "s": 1000}, family="pointwise"),
     # a reduction to one value split over many blocks: the last combines the partials a warp at a time
     Case("pointwise.cu.jinja", _logsumexp_all, {"r": 64, "x": 100003}, family="pointwise"),

@@ -32,7 +32,7 @@ from test_pointwise_diagrams import (ACCEPTED, alibi_map, batched_matvec_gelu, b
                                      column_mean, column_sum, dot_all, full_and_reduced, l2_norm, logsumexp_bh,
                                      logsumexp_bs, masked_rowmax, matvec, max_middle, post_maps, row_logsumexp,
                                      row_sum, sigmoid_chain, softmax_stats, sum_bh, sum_bs, sum_middle, total,
-                                     transposed_add, vecmat)
+                                     transposed_add, vecmat, rotated_scale, transposed_mix)
 
 FAMILY = pw.FAMILY
 
@@ -361,6 +361,37 @@ def test_vector_access_kinds():
     assert "napkin_pwh::store<T, VEC>(out_Y" in src
     src = lower(bound(transposed_add, dict(r=6, x=16)), family="pointwise", gpu="h100").launches[0].source
     assert "napkin_pwh::load_strided<T, VEC>(ld_Z[u]" in src
+
+
+def test_a_transposed_input_is_staged_through_a_cross_tile():
+    """An input holding the vector axis but not innermost is read along its own innermost axis
+    (the cross axis) into a shared tile and used down its columns; the outputs keep their vector
+    stores. Below MIN_CROSS values of the cross axis the strided loads stay."""
+    shape = pw.analyse(bound(transposed_add, dict(r=1000, x=40)))
+    assert (shape.mode, shape.inner, shape.cross, [v.name for v in shape.staged]) == ("map", "x", "r", ["Z"])
+    cfgs = pw.configs(shape)
+    assert cfgs and all(pw.smem_estimate(shape, c) <= pw.STATIC_SMEM for c in cfgs)
+    t = pw.cross_tile(shape, cfgs[0])
+    assert t.pitch % 2 == 1 and t.tq == cfgs[0].threads // t.lanes * cfgs[0].unroll
+    assert t.blocks == pw.base_blocks(shape, cfgs[0]) == -(-40 // t.ti) * -(-1000 // t.tq)
+    src = lower(bound(transposed_add, dict(r=1000, x=40)), family="pointwise", gpu="h100").launches[0].source
+    assert "__shared__ T sm_Z[TI * PITCH];" in src and "__syncthreads();" in src
+    assert "napkin_pwh::load_strided<T, VEC>(ld_Z[u], sm_Z + il * PITCH + ql, PITCH);" in src
+    assert "napkin_pwh::load<T, VEC>(ld_X[u]" in src and "napkin_pwh::store<T, VEC>(out_Y" in src
+    assert "load_strided<T, VEC>(ld_Z[u], in_Z" not in src
+    # 15 rows: under MIN_CROSS, the strided loads of the plain map kernel
+    small = pw.analyse(bound(transposed_add, dict(r=pw.MIN_CROSS - 1, x=40)))
+    assert small.cross is None and small.staged == ()
+
+
+def test_a_rotation_of_three_axes_stages_along_the_source_innermost_axis():
+    shape = pw.analyse(bound(rotated_scale, dict(a=3, b=100, c=37)))
+    assert (shape.order, shape.inner, shape.cross, shape.vec) == (("c", "a", "b"), "b", "c", 4)
+    t = pw.cross_tile(shape, pw.configs(shape)[0])
+    assert t.sv == 1 and t.outer == 3          # 37 values of c: one value a phase-1 access
+    # two inputs with the vector axis elsewhere and the same innermost axis: both staged
+    mix = pw.analyse(bound(transposed_mix, dict(a=2, b=77, h=40)))
+    assert mix.cross == "b" and sorted(v.name for v in mix.staged) == ["W", "Z"]
 
 
 @pytest.mark.parametrize("x, vec, col_bf16, col_fp32", [

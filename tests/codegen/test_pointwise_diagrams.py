@@ -117,6 +117,29 @@ def alibi_map() -> Diagram:
     return Diagram("alibi_map", alibi(array("S", h, q, x), "h", "q", "x", name="Y"))
 
 
+def rotated_scale() -> Diagram:
+    """Y[c, a, b] = 2·X[a, b, c]: a rotation of three axes (cross axis c, vector axis b)."""
+    a, b, c = axes("a b c")
+    return Diagram("rotated_scale", scale(contract(array("X", a, b, c), over=(), out=(c, a, b)), 2.0, name="Y"))
+
+
+def transposed_bias_relu() -> Diagram:
+    """relu(y[b] + X[a, b]) written as Y[b, a]: X staged through the cross tile, y broadcast."""
+    a, b = axes("a b")
+    y, X = array("y", b), array("X", a, b)
+    return Diagram("transposed_bias_relu", map_fn("relu", y + X, name="Y"))
+
+
+def transposed_mix() -> Diagram:
+    """Y[a, b, h] = X[a, b, h]·Z[a, h, b] + W[h, b] − slope(a)·|b − h|: two inputs staged through
+    the cross tile (Z and W, cross axis b), one read as vectors, an index map (ALiBi) on both tile
+    axes."""
+    a, b, h = axes("a b h")
+    X, Z, W = array("X", a, b, h), array("Z", a, h, b), array("W", h, b)
+    P = contract(X, Z, over=(), out=(a, b, h), name="P")
+    return Diagram("transposed_mix", alibi((P + W).named("Q"), "a", "b", "h", name="Y"))
+
+
 ACCEPTED = [
     (sigmoid_chain, dict(r=5, x=37), "map"),
     (broadcast_chain, dict(r=7, x=24), "map"),

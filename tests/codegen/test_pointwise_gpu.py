@@ -28,7 +28,8 @@ from test_pointwise_diagrams import (alibi_map, batched_matvec_gelu, broadcast_c
                                      column_sum, dot_all, full_and_reduced, l2_norm, logsumexp_bh, logsumexp_bs,
                                      masked_rowmax, matvec, max_middle, mean_middle, min_middle, post_maps, reduce_of,
                                      row_logsumexp, row_sum, sigmoid_chain, sum_middle,
-                                     softmax_stats, sum_bh, sum_bs, total, transposed_add, vecmat)
+                                     softmax_stats, sum_bh, sum_bs, total, transposed_add, vecmat,
+                                     rotated_scale, transposed_bias_relu, transposed_mix)
 
 pytestmark = pytest.mark.gpu
 
@@ -70,7 +71,13 @@ PLANNED = [
     (sigmoid_chain, [dict(r=33, x=1000), dict(r=7, x=4095), dict(r=1, x=1), dict(r=3, x=4094), dict(r=4096, x=4096),
                      dict(r=5, x=1001), dict(r=1, x=7), dict(r=2, x=(1 << 21) + 5)]),
     (broadcast_chain, [dict(r=5, x=1001), dict(r=64, x=4096)]),
-    (transposed_add, [dict(r=37, x=41), dict(r=256, x=512)]),
+    (transposed_add, [dict(r=37, x=41), dict(r=256, x=512), dict(r=1000, x=17), dict(r=15, x=64)]),
+    # transposed inputs staged through a cross tile: sizes that fill no whole tile, a vector axis
+    # whose vector is under 16 bytes, an odd cross axis (one value a phase-1 access), two staged
+    # inputs and an index map on both tile axes
+    (rotated_scale, [dict(a=3, b=100, c=37), dict(a=64, b=512, c=511), dict(a=1, b=7, c=16)]),
+    (transposed_bias_relu, [dict(a=1000, b=17), dict(a=4096, b=2048), dict(a=33, b=4095)]),
+    (transposed_mix, [dict(a=2, b=77, h=40), dict(a=3, b=64, h=64), dict(a=1, b=1001, h=24)]),
     (alibi_map, [dict(h=2, q=37, x=37)]),
     (column_sum, [dict(r=8192, x=4096), dict(r=37, x=1000), dict(r=1000, x=7), dict(r=3, x=1)]),
     # rows of 100003, 4095, 7 values: aligned vectors between a head and a tail read value by value
@@ -138,6 +145,9 @@ FORCED = [
     (sum_middle, dict(b=3, m=100, n=1001)),
     (column_logsumexp, dict(r=1000, x=1001)),
     (post_maps, dict(r=300, x=1001)),
+    (transposed_add, dict(r=100, x=40)),
+    (rotated_scale, dict(a=3, b=100, c=37)),
+    (transposed_mix, dict(a=2, b=77, h=40)),
 ]
 
 

@@ -27,8 +27,11 @@ in one order, whose vectors run over the flattened space with a partial last one
 kernel whose rows are contiguous runs of every input, each row reading its values before its
 first 16-byte boundary and after its last whole vector one by one), with one vector access for
 arrays that hold it innermost, strided scalar accesses for arrays that hold it elsewhere and one
-broadcast scalar for arrays that lack it. Maps are evaluated in fp32 registers; every input is read once and
-every output written once. Three kernels, by where the vector axis is:
+broadcast scalar for arrays that lack it. A map whose inputs holding the vector axis elsewhere all
+hold one other axis innermost (the *cross axis*: ``Y[b, a] = X[a, b]``) stages them through
+shared memory instead, a tile of (cross axis, vector axis) a block, read along the cross axis and
+used along the vector axis (:class:`CrossTile`). Maps are evaluated in fp32 registers; every input
+is read once and every output written once. Three kernels, by where the vector axis is:
 
 - ``map`` (no reduction): ``THREADS`` threads per block, each ``UNROLL`` vectors of the flattened
   space (all loads issued before the first is used);
@@ -164,6 +167,20 @@ class PointwiseShape:
     #: (view, array) pairs: an input of ``diagram`` that is a view (a rename) of another input of
     #: the kernel's diagram, read through the other one's tensor (see :func:`_views_as_inputs`)
     aliases: tuple[tuple[str, str], ...] = ()
+    #: the map kernel's *cross axis* ``Q``: the innermost axis of every input that holds the vector
+    #: axis elsewhere (a transpose's source). Such inputs are staged through shared memory a tile
+    #: of (Q, vector axis) at a time, read along Q and used along the vector axis, so that both
+    #: their reads and the outputs' writes are coalesced (see :func:`_cross_axis`); None where
+    #: the map has no such input (or several that disagree on Q: strided loads then).
+    cross: str | None = None
+
+    @property
+    def staged(self) -> tuple[Value, ...]:
+        """The inputs the map kernel stages through shared memory (holding the vector axis but
+        :attr:`cross` innermost)."""
+        if self.cross is None:
+            return ()
+        return tuple(v for v in self.loop_inputs if self.inner in v.axis_names and v.axis_names[-1] == self.cross)
 
     @property
     def flat(self) -> bool:
@@ -495,10 +512,11 @@ def analyse(diagram: Diagram) -> PointwiseShape | str:
         while sizes[inner] % vec:
             vec //= 2
     how = PAIR if pair else (_how(chain[0]) if chain else None)
+    cross = _cross_axis(order, sizes, loop, full_out) if mode == "map" and not tail else None
     return PointwiseShape(d, dtype, sizes, mode, how, tuple(order),
                           tuple(a for a in order if a in red), tuple(a for a in order if a in K), tuple(chain),
                           loop, post, tuple(full_out), tuple(kept_out), vec, tail, aligned_rows, padded, pair,
-                          aliases)
+                          aliases, cross)
 
 
 def _pair_of(d: Diagram, reduces: list[Value], consumers: dict, out_ids: set[int]) -> "PairSum | str | None":
@@ -554,6 +572,39 @@ def _flat_vectors(order: tuple[str, ...], loop, full_out) -> bool:
     arrays = [a for b in loop for a in b.args if a.is_input] + [v for _, v in full_out]
     return (all(tuple(v.axis_names) == tuple(order) for v in arrays)
             and not any(_index_axes(b) for b in loop))
+
+
+#: The fewest values along the cross axis for a map to stage its transposed inputs: below 16, an
+#: input's run along it is under a 32-byte sector, and neighbouring lanes' strided loads fall in
+#: the same sectors anyway (L1 serves them).
+MIN_CROSS = 16
+#: The most inputs a map stages (each takes a tile of shared memory).
+MAX_STAGED = 4
+#: Static shared memory a block may declare.
+STATIC_SMEM = 48 * 1024
+
+
+def _cross_axis(order: tuple[str, ...], sizes: dict, loop, full_out) -> str | None:
+    """The cross axis of a map (:attr:`PointwiseShape.cross`): the one innermost axis ``Q`` of every
+    input that holds the vector axis ``order[-1]`` elsewhere, where there is such an input, every
+    output holds the vector axis innermost, ``Q`` has at least :data:`MIN_CROSS` values and at
+    most :data:`MAX_STAGED` inputs are staged. ``Y[b, a] = X[a, b]`` has cross axis ``b``: a
+    thread that writes 16 bytes of a row of Y would otherwise read one value from each of 16 rows
+    of X, a 32-byte sector for 2 bytes (H200, bf16 8192 x 4096: 232.8 us against 31 predicted)."""
+    inner = order[-1]
+    arrays = {id(a): a for b in loop for a in b.args if a.is_input}
+    strided = [v for v in arrays.values() if inner in v.axis_names and v.axis_names[-1] != inner]
+    if not strided or len(strided) > MAX_STAGED:
+        return None
+    if any(v.axis_names[-1] != inner for _, v in full_out):
+        return None
+    qs = {v.axis_names[-1] for v in strided}
+    if len(qs) != 1:
+        return None
+    q = qs.pop()
+    if q not in order or sizes[q] < MIN_CROSS:
+        return None
+    return q
 
 
 def _row_runs(order: tuple[str, ...], red: set, loop, chain, full_out) -> bool:
@@ -655,6 +706,9 @@ def _check_config(shape: PointwiseShape, cfg: Config) -> None:
         why = f"SPLITS={cfg.splits} is not in 1..{min(MAX_SPLITS, max(1, _vectors_r(shape)))}"
     elif shape.mode == "map" and (cfg.tpr != 1 or cfg.splits != 1):
         why = "the map kernel has no reduction to share or split"
+    elif shape.mode == "map" and shape.cross and smem_estimate(shape, cfg) > STATIC_SMEM:
+        why = (f"the cross tiles of {len(shape.staged)} staged inputs take {smem_estimate(shape, cfg)} bytes of "
+               f"shared memory, over {STATIC_SMEM}")
     elif shape.mode == "row":
         if cfg.tpr not in THREADS_PER_ROW:
             why = f"THREADS_PER_ROW={cfg.tpr} is not one of {THREADS_PER_ROW}"
@@ -667,6 +721,52 @@ def _check_config(shape: PointwiseShape, cfg: Config) -> None:
         raise CodegenError(f"pointwise: {why}")
 
 
+@dataclass(frozen=True)
+class CrossTile:
+    """The tile of a map with a cross axis (:attr:`PointwiseShape.cross`): ``TI = lanes * VEC``
+    values of the vector axis by ``TQ`` of the cross axis, at one position of the other axes.
+    Phase 1 reads each staged input's ``TI`` rows of ``TQ`` values along the cross axis (``SV``
+    values an access) into shared memory (``TI x PITCH``, an odd pitch: the reads of phase 2
+    down a column then fall in distinct banks); phase 2 runs the map as the plain kernel does,
+    ``lanes`` lanes on a row of the vector axis and ``THREADS / lanes`` rows of the cross axis a
+    pass, ``UNROLL`` passes, a staged input's VEC values read down a column of its tile."""
+
+    lanes: int
+    ti: int
+    tq: int
+    sv: int
+    nit: int
+    nqt: int
+    outer: int
+
+    @property
+    def pitch(self) -> int:
+        return self.tq + 1
+
+    @property
+    def blocks(self) -> int:
+        return self.outer * self.nqt * self.nit
+
+
+def cross_lanes(shape: PointwiseShape) -> int:
+    """Lanes along the vector axis in a cross tile: 128 bytes of a row (32 lanes at most), fewer
+    where the vector axis is shorter."""
+    want = min(32, max(1, 128 // (shape.vec * shape.bytes)))
+    return min(want, _pow2_ceil(-(-shape.sizes[shape.inner] // shape.vec)))
+
+
+def cross_tile(shape: PointwiseShape, cfg: Config) -> CrossTile:
+    """The cross tile of a configuration (``TQ = THREADS / lanes * UNROLL``)."""
+    lanes = cross_lanes(shape)
+    ti = lanes * shape.vec
+    tq = cfg.threads // lanes * cfg.unroll
+    nq, ni = shape.sizes[shape.cross], shape.sizes[shape.inner]
+    sv = 16 // shape.bytes
+    while sv > 1 and (nq % sv or tq % sv):
+        sv //= 2
+    return CrossTile(lanes, ti, tq, sv, -(-ni // ti), -(-nq // tq), shape.nu // (nq * ni))
+
+
 def _vectors_r(shape: PointwiseShape) -> int:
     """Vectors along the flattened R (row kernel) or rows of R (column kernel)."""
     return shape.nr // shape.vec if shape.mode == "row" else shape.nr
@@ -674,6 +774,8 @@ def _vectors_r(shape: PointwiseShape) -> int:
 
 def base_blocks(shape: PointwiseShape, cfg: Config) -> int:
     """Blocks before any split: tiles of the space (map), rows (row), kept vectors (col)."""
+    if shape.mode == "map" and shape.cross:
+        return cross_tile(shape, cfg).blocks
     if shape.mode == "map":
         return max(1, -(-shape.nvec // (cfg.threads * cfg.unroll)))
     if shape.mode == "row":
@@ -700,6 +802,16 @@ def configs(shape: PointwiseShape, sms: int = 132) -> list[Config]:
     alike). ``sms``, the GPU's SM count, sizes the split of a reduction whose kept space gives too
     few blocks: about four blocks per SM, half and twice that."""
     out: list[Config] = []
+    if shape.mode == "map" and shape.cross:
+        # cross tiles of 16 to 128 values of the cross axis (UNROLL passes of THREADS / lanes rows)
+        lanes, nq = cross_lanes(shape), shape.sizes[shape.cross]
+        for t in (128, 256):
+            for u in (1, 2, 4):
+                tq = t // lanes * u
+                c = Config("map", t, u)
+                if MIN_CROSS <= tq <= 128 and (tq <= 2 * nq or u == 1) and smem_estimate(shape, c) <= STATIC_SMEM:
+                    out.append(c)
+        return sorted(out or [Config("map", 128, 1)], key=lambda c: preference(shape, c, sms))
     if shape.mode == "map":
         nv = shape.nvec
         for t in BLOCK_THREADS:
@@ -764,6 +876,9 @@ def preference(shape: PointwiseShape, cfg: Config, sms: int = 132) -> tuple:
         return abs(math.log2(max(a, 1e-9) / max(b, 1e-9)))
 
     small = shape.vec * shape.bytes < 8   # scalar accesses: more of them in flight
+    if shape.mode == "map" and shape.cross:
+        # a 64-row cross tile of 256 threads (8 KiB of a 16-bit input a block)
+        return (dist(cross_tile(shape, cfg).tq, 64), dist(cfg.threads, 256), cfg.unroll)
     if shape.mode == "map":
         unroll = {8: 0, 4: 1, 2: 2, 1: 3}[cfg.unroll]
         return (max(0, regs_estimate(shape, cfg) - MAP_REGS), dist(cfg.threads, 128), cfg.threads > 128, unroll)
@@ -829,6 +944,13 @@ def regs_need(shape: PointwiseShape, cfg: Config) -> int:
             return shape.vec
         return -(-shape.vec * 3 // 2) if unpack else -(-shape.vec * b // 4)
 
+    # a cross tile's staging: each staged input's vectors of phase 1, all loaded before stored
+    staging = 0
+    if shape.cross:
+        t = cross_tile(shape, cfg)
+        iters = -(-t.ti * (t.tq // t.sv) // cfg.threads)
+        staging = len(shape.staged) * iters * -(-t.sv * b // 4) + 6
+
     loads = sum(held(v) for v in shape.loop_inputs)
     stores = sum(-(-shape.vec * b // 4) for _ in shape.full_out)
     acc = 0 if shape.mode == "map" else (cfg.unroll if shape.mode == "row" else shape.vec)
@@ -845,12 +967,15 @@ def regs_need(shape: PointwiseShape, cfg: Config) -> int:
     # (sm_90a spilled 4 bytes at the budget without it: the outer product P[i]·Q[j] into O[j,i])
     offsets = 0
     if shape.mode == "map":
-        offsets = cfg.unroll * sum(tuple(v.axis_names) != tuple(shape.order) for v in shape.loop_inputs)
+        staged = {id(v) for v in shape.staged}
+        offsets = cfg.unroll * sum(tuple(v.axis_names) != tuple(shape.order) and id(v) not in staged
+                                   for v in shape.loop_inputs)
     # a 16-bit kernel's division (hm_div) holds both operands scaled, for each value of the
     # vector it interleaves (sm_90a: an outer softmax's output map at eight vectors in flight
     # needed 154 registers, the formula without this 139)
     divs = sum(isinstance(m.op, Map) and m.op.fn == "div" for m in shape.loop) if half_math(shape.dtype) else 0
-    return base + cfg.unroll * loads + stores + acc + index + len(shape.loop) + offsets + 2 * shape.vec * divs
+    return (base + cfg.unroll * loads + stores + acc + index + len(shape.loop) + offsets + 2 * shape.vec * divs
+            + staging)
 
 
 def regs_estimate(shape: PointwiseShape, cfg: Config) -> int:
@@ -863,7 +988,10 @@ def regs_estimate(shape: PointwiseShape, cfg: Config) -> int:
 def smem_estimate(shape: PointwiseShape, cfg: Config) -> int:
     """Static shared memory: the column kernel's TY x TX*VEC fp32 partial vectors, a row
     kernel's block reduction scratch (32 floats); twice that for a pair reduction (the maxes and
-    the sums)."""
+    the sums); a cross tile (``TI x PITCH`` values) for each input a map stages."""
+    if shape.mode == "map" and shape.cross:
+        t = cross_tile(shape, cfg)
+        return len(shape.staged) * t.ti * t.pitch * shape.bytes
     pairs = 2 if shape.pair else 1
     if shape.mode == "col":
         return cfg.threads * shape.vec * 4 * pairs
@@ -892,7 +1020,11 @@ def schedule_for(shape: PointwiseShape, cfg: Config, gpu: str | None) -> Schedul
     every array in registers."""
     s = shape.sizes
     rel: list[Relabel] = []
-    if shape.mode == "map":
+    if shape.mode == "map" and shape.cross:
+        t = cross_tile(shape, cfg)
+        rel += [Relabel(shape.cross, min(s[shape.cross], t.tq), "SMEM", "group"),
+                Relabel(shape.inner, min(s[shape.inner], t.ti), "SMEM", "group")]
+    elif shape.mode == "map":
         tile = cfg.threads * cfg.unroll * shape.vec
         rel += [Relabel(a, g, "SMEM", "group") for a, g in _spread(shape.order, s, tile)]
     elif shape.mode == "row":
@@ -914,12 +1046,7 @@ def schedule_for(shape: PointwiseShape, cfg: Config, gpu: str | None) -> Schedul
 
 
 def _strides(v: Value, sizes: dict) -> dict[str, int]:
-    out = {}
-    st = 1
-    for a in reversed(v.axis_names):
-        out[a] = st
-        st *= sizes[a]
-    return out
+    return _strides_of(v.axis_names, sizes)
 
 
 class _Gen:
@@ -977,13 +1104,15 @@ class _Gen:
         return Code(" + ".join(terms)) if terms else Code("0")
 
     def access(self, v: Value) -> tuple[str, int]:
-        """How the pass moves ``v`` along the vector axis: ("vec", 1), ("strided", stride) or
-        ("bcast", 0)."""
+        """How the pass moves ``v`` along the vector axis: ("vec", 1), ("strided", stride),
+        ("staged", 0) (down a column of its cross tile in shared memory) or ("bcast", 0)."""
         inner = self.s.inner
         if inner not in v.axis_names:
             return "bcast", 0
         if v.axis_names[-1] == inner:
             return "vec", 1
+        if self.s.cross is not None and v.axis_names[-1] == self.s.cross:
+            return "staged", 0
         return "strided", _strides(v, self.s.sizes)[inner]
 
     def index_args(self, b: Value, prefix: str, in_loop: bool) -> list[Code]:
@@ -1013,7 +1142,10 @@ def _pass_needs(shape: PointwiseShape, g: "_Gen") -> tuple[set[str], set[str]]:
     for b in shape.loop:
         for a in _index_axes(b):
             (outer_need if a in outer_group else loop_need).add(a)
+    staged = {id(v) for v in shape.staged}   # addressed by the tile's own coordinates
     for v in (*shape.loop_inputs, *(v for _, v in shape.full_out)):
+        if id(v) in staged:
+            continue
         g.part(v, outer_group, outer_flat, "i_", outer_need)
         g.part(v, loop_group, loop_flat, "i_", loop_need)
     return outer_need, loop_need
@@ -1094,9 +1226,17 @@ def lower_shape(shape: PointwiseShape, cfg: Config, schedule: Schedule, arch: st
     elem_loads: list[Code] = []
     one_loads: list[Code] = []     # aligned rows: one value of a row's head or tail into lane 0 of set 0
     head_ptr: Code | None = None   # aligned rows: where the first input's row starts
+    staged_ids = {id(v) for v in shape.staged}
     for v in loop_inputs:
         nm = name(v)
         ptr, ld = ident(nm, "in_"), ident(nm, "ld_")
+        if id(v) in staged_ids:
+            # VEC values down column ql of its cross tile, rows il .. il + VEC (phase 2)
+            loads_decl.append(Code(f"napkin_pwh::Pack<T, VEC> {ld}[UNROLL];"))
+            loads.append(Code(f"napkin_pwh::load_strided<T, VEC>({ld}[u], {ident(nm, 'sm_')} + il * PITCH + ql, "
+                              "PITCH);"))
+            elem_loads.append(Code(f"const float {ident(nm, 'a_')} = napkin_pwh::value({ld}[u], e);"))
+            continue
         kind, stride, off = placed(nm, v)
         # aligned rows: an input of the reduced axes alone (the same values in every row) is not where
         # the row's vectors are in its 16-byte lines. 16-bit values: each vector is the two lines it
@@ -1173,6 +1313,7 @@ def lower_shape(shape: PointwiseShape, cfg: Config, schedule: Schedule, arch: st
     outer_index = g.decompose(outer_group, outer_flat, "i_", outer_need)
     loop_index = g.decompose(loop_group, loop_flat, "i_", loop_need)
 
+    tile_ctx = _cross_context(shape, cfg, g) if shape.cross else {}
     vec_ok = Code("true") if shape.vec == 1 or not vec_ptrs else Code(
         "((" + " | ".join(f"reinterpret_cast<unsigned long long>({p})" for p in vec_ptrs)
         + f") % {shape.vec * shape.bytes}ULL) == 0ULL")
@@ -1209,7 +1350,20 @@ def lower_shape(shape: PointwiseShape, cfg: Config, schedule: Schedule, arch: st
                       f"= {shape.sizes[shape.inner]} is no multiple of VEC)"
                       + (f": the last one holds the {shape.tail} values left (NU = {shape.nu})" if shape.tail else ""))
     sched = []
-    if mode == "map":
+    if mode == "map" and shape.cross:
+        t = cross_tile(shape, cfg)
+        others = ", ".join(a for a in shape.order if a not in (shape.cross, shape.inner)) or "(none)"
+        legend.append(f"cross axis {shape.cross} (innermost in {', '.join(name(v) for v in shape.staged)}): a block "
+                      f"takes a tile of TQ = {t.tq} values of {shape.cross} by TI = LI * VEC = {t.ti} of {shape.inner} "
+                      f"at one position of ({others}): blockIdx.x -> (t_o, t_q, t_i), t_i fastest (grid.x)")
+        legend.append("phase 1: each staged input's tile read along the cross axis, SV values an access, into "
+                      "shared memory [TI][PITCH = TQ + 1]; phase 2: flat = tbase + (t_q * TQ + ql) * SUQ + "
+                      "t_i * TI + il, ql = threadIdx.x / LI + u * (THREADS / LI), il = (threadIdx.x % LI) * VEC")
+        legend.append(f"tunables: THREADS = {cfg.threads}, UNROLL = {cfg.unroll} (TQ = THREADS / LI * UNROLL), "
+                      f"LI = {t.lanes}, VEC = {shape.vec}, SV = {t.sv}")
+        sched.append(f"one cross tile of {t.tq} x {t.ti} values per block: staged inputs read coalesced along "
+                     f"{shape.cross}, outputs written coalesced along {shape.inner}")
+    elif mode == "map":
         legend.append("U -> flat = ((blockIdx.x * UNROLL + u) * THREADS + threadIdx.x) * VEC, u < UNROLL (grid.x)")
         legend.append(f"tunables: THREADS = {cfg.threads}, UNROLL = {cfg.unroll}, VEC = {shape.vec}")
         sched.append(f"one tile of THREADS * UNROLL * VEC = {cfg.threads * cfg.unroll * shape.vec} values per block, "
@@ -1275,7 +1429,7 @@ def lower_shape(shape: PointwiseShape, cfg: Config, schedule: Schedule, arch: st
         KPB=cfg.rows_per_block if mode == "row" else cfg.tx * shape.vec,
         aligned_rows=shape.aligned_rows, head_ptr=head_ptr, one_loads=one_loads,
         padded=shape.padded, NINNER=g.lit(shape.sizes[shape.inner]),
-        NVN=g.lit(shape.line_vectors),
+        NVN=g.lit(shape.line_vectors), tile=bool(shape.cross), **tile_ctx,
     )
     kernel = Code(f"{base}_{mode}")
     src = render(TEMPLATE, kernel=kernel, **ctx)
@@ -1293,6 +1447,50 @@ def lower_shape(shape: PointwiseShape, cfg: Config, schedule: Schedule, arch: st
         buffers.append(Buffer(part, ("split", "kept"), (rows, shape.nk), "fp32"))
         buffers.append(Buffer(arrivals, ("tile",), (g0[0],), "fp32", zeroed=True))
     return launches, buffers
+
+
+def _cross_context(shape: PointwiseShape, cfg: Config, g: "_Gen") -> dict:
+    """The template's values for a cross tile (:class:`CrossTile`): its sizes, the block's
+    position in the other axes (``o_`` indices, ``tbase`` its flat offset in U) and each staged
+    input's shared tile, phase-1 loads and stores. A staged input's offset at tile row ``gi`` of
+    the vector axis and value ``gq`` of the cross axis (its innermost, stride 1) is built from the
+    tile's coordinates, not from a flat index."""
+    t = cross_tile(shape, cfg)
+    s = shape.sizes
+    name = shape.name
+    others = tuple(a for a in shape.order if a not in (shape.cross, shape.inner))
+    su = _strides_of(shape.order, s)
+    tile_outer = g.decompose(others, Code("t_o"), "o_", set(others)) if others else []
+    tbase = g.total([Code(f"{ident(a, 'o_')} * {g.lit(su[a])}") for a in others])
+    decl, loads, stores = [], [], []
+    ptrs = []
+    for v in shape.staged:
+        nm = name(v)
+        ptr, sm, sv = ident(nm, "in_"), ident(nm, "sm_"), ident(nm, "sv_")
+        st = _strides(v, s)
+        terms = [Code(f"{ident(a, 'o_')} * {g.lit(st[a])}") for a in others if a in v.axis_names]
+        terms += [Code("gq"), Code(f"gi * {g.lit(st[shape.inner])}")]
+        decl.append(Code(f"__shared__ T {sm}[TI * PITCH];"))
+        decl.append(Code(f"napkin_pwh::Pack<T, SV> {sv}[STAGE_ITERS];"))
+        loads.append(Code(f"napkin_pwh::load_n<T, SV>({sv}[k], {ptr} + ({g.total(terms)}), stage_ok, NQ - gq);"))
+        stores.append(Code(f"for (int e = 0; e < SV; ++e) {sm}[sil * PITCH + sq + e] = {sv}[k].x[e];"))
+        ptrs.append(ptr)
+    stage_ok = Code("true") if t.sv == 1 else Code(
+        "((" + " | ".join(f"reinterpret_cast<unsigned long long>({p})" for p in ptrs)
+        + f") % {t.sv * shape.bytes}ULL) == 0ULL")
+    return dict(LI=t.lanes, TQ=t.tq, SV=t.sv, NI=g.lit(s[shape.inner]), NQ=g.lit(s[shape.cross]),
+                NIT=g.lit(t.nit), NQT=g.lit(t.nqt), SUQ=g.lit(su[shape.cross]),
+                STAGE_ITERS=-(-t.ti * (t.tq // t.sv) // cfg.threads), tile_outer=tile_outer, tbase=tbase,
+                stage_decl=decl, stage_loads=loads, stage_stores=stores, stage_ok=stage_ok)
+
+
+def _strides_of(axes: tuple[str, ...], sizes: dict) -> dict[str, int]:
+    """Row-major strides of a space of ``axes`` (outermost first)."""
+    out, st = {}, 1
+    for a in reversed(axes):
+        out[a] = st
+        st *= sizes[a]
+    return out
 
 
 class PointwiseFamily:
@@ -1340,7 +1538,11 @@ class PointwiseFamily:
         per_vec = sum(shape.vec * shape.bytes if shape.inner in v.axis_names else shape.bytes for v in fresh)
         in_flight = cfg.unroll * max(per_vec, shape.vec * shape.bytes)
         idle = 0.0
-        if shape.mode == "map":
+        if shape.mode == "map" and shape.cross:
+            t = cross_tile(shape, cfg)
+            nq, ni = shape.sizes[shape.cross], shape.sizes[shape.inner]
+            idle = 1.0 - (nq * ni) / (t.nqt * t.tq * t.nit * t.ti)
+        elif shape.mode == "map":
             nv = shape.nvec
             idle = 1.0 - nv / (gx * cfg.threads * cfg.unroll)
         elif shape.mode == "row":
