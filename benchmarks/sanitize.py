@@ -136,6 +136,17 @@ def _transposed_mix():
     return Diagram("transposed_mix", alibi((P + W).named("Q"), "a", "b", "h", name="Y"))
 
 
+def _two_layouts():
+    """Y[a, b] = 2·X[a, b] and Z[b, a] = tanh(X[a, b])·W[b, a]: W read and Z written through the
+    cross tile."""
+    from napkin.diagrams import Diagram, array, axes, contract, scale, tanh
+
+    a, b = axes("a b")
+    X, W = array("X", a, b), array("W", b, a)
+    Z = contract(tanh(X, name="t"), W, over=(), out=(b, a), name="Z")
+    return Diagram("two_layouts", (scale(X, 2.0, name="Y"), Z))
+
+
 def _gqa_decode():
     from napkin.diagrams import Diagram, array, axes
     from napkin.diagrams.library import attention_core
@@ -487,6 +498,8 @@ CASES = [
          label="cross_tile"),
     Case("pointwise.cu.jinja", _transposed_mix, {"a": 3, "b": 1001, "h": 24}, dtype="fp32", family="pointwise",
          label="cross_tile_fp32"),
+    # ... an output written through it (phase 3), rows of an odd cross axis read shifted
+    Case("pointwise.cu.jinja", _two_layouts, {"a": 1001, "b": 64}, family="pointwise", label="cross_tile_out"),
     Case("pointwise.cu.jinja", _logsumexp_bs, {"b": 9, "h": 5, "s": 1000}, family="pointwise"),
     # a reduction to one value split over many blocks: the last combines the partials a warp at a time
     Case("pointwise.cu.jinja", _logsumexp_all, {"r": 64, "x": 100003}, family="pointwise"),

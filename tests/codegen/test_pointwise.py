@@ -32,7 +32,7 @@ from test_pointwise_diagrams import (ACCEPTED, alibi_map, batched_matvec_gelu, b
                                      column_mean, column_sum, dot_all, full_and_reduced, l2_norm, logsumexp_bh,
                                      logsumexp_bs, masked_rowmax, matvec, max_middle, post_maps, row_logsumexp,
                                      row_sum, sigmoid_chain, softmax_stats, sum_bh, sum_bs, sum_middle, total,
-                                     transposed_add, vecmat, rotated_scale, transposed_mix)
+                                     transposed_add, vecmat, rotated_scale, transposed_mix, two_layouts)
 
 FAMILY = pw.FAMILY
 
@@ -388,10 +388,27 @@ def test_a_rotation_of_three_axes_stages_along_the_source_innermost_axis():
     shape = pw.analyse(bound(rotated_scale, dict(a=3, b=100, c=37)))
     assert (shape.order, shape.inner, shape.cross, shape.vec) == (("c", "a", "b"), "b", "c", 4)
     t = pw.cross_tile(shape, pw.configs(shape)[0])
-    assert t.sv == 1 and t.outer == 3          # 37 values of c: one value a phase-1 access
+    # 37 values of c: 16-bit rows read as the 16-byte lines they span, shifted; fp32 value by value
+    assert (t.sv, t.shifted, t.outer) == (8, True, 3)
+    src = lower(bound(rotated_scale, dict(a=3, b=100, c=37)), family="pointwise", gpu="h100").launches[0].source
+    assert "napkin_pwh::load_shifted<T, SV>(sv_X[k]" in src
+    f32 = pw.analyse(bound(rotated_scale, dict(a=3, b=100, c=37), "fp32"))
+    assert (pw.cross_tile(f32, pw.configs(f32)[0]).sv, pw.cross_tile(f32, pw.configs(f32)[0]).shifted) == (1, False)
     # two inputs with the vector axis elsewhere and the same innermost axis: both staged
     mix = pw.analyse(bound(transposed_mix, dict(a=2, b=77, h=40)))
     assert mix.cross == "b" and sorted(v.name for v in mix.staged) == ["W", "Z"]
+
+
+def test_an_output_in_the_other_layout_is_written_through_the_cross_tile():
+    shape = pw.analyse(bound(two_layouts, dict(a=100, b=40)))
+    assert shape.cross is not None and [n for n, _ in shape.staged_out] in (["Z"], ["Y"])
+    src = lower(bound(two_layouts, dict(a=100, b=40)), family="pointwise", gpu="h100").launches[0].source
+    n = shape.staged_out[0][0]
+    assert f"napkin_pwh::store_strided<T, VEC>(sm_{n} + il * PITCH + ql, st_{n}, PITCH);" in src
+    assert "// phase 3: each staged output's tile, written along the cross axis" in src
+    assert f"napkin_pwh::store_strided<T, VEC>(out_{n}" not in src
+    cfgs = pw.configs(shape)
+    assert pw.smem_estimate(shape, cfgs[0]) == 2 * pw.cross_tile(shape, cfgs[0]).ti * pw.cross_tile(shape, cfgs[0]).pitch * 2
 
 
 @pytest.mark.parametrize("x, vec, col_bf16, col_fp32", [

@@ -140,6 +140,16 @@ def transposed_mix() -> Diagram:
     return Diagram("transposed_mix", alibi((P + W).named("Q"), "a", "b", "h", name="Y"))
 
 
+def two_layouts() -> Diagram:
+    """Y[a, b] = 2·X[a, b] and Z[b, a] = tanh(X[a, b])·W[b, a]: outputs in both layouts (the
+    gradient of a transposed read): Z and W staged through the cross tile, Z written along a."""
+    a, b = axes("a b")
+    X, W = array("X", a, b), array("W", b, a)
+    Y = scale(X, 2.0, name="Y")
+    Z = contract(tanh(X, name="t"), W, over=(), out=(b, a), name="Z")
+    return Diagram("two_layouts", (Y, Z))
+
+
 ACCEPTED = [
     (sigmoid_chain, dict(r=5, x=37), "map"),
     (broadcast_chain, dict(r=7, x=24), "map"),

@@ -29,7 +29,7 @@ from test_pointwise_diagrams import (alibi_map, batched_matvec_gelu, broadcast_c
                                      masked_rowmax, matvec, max_middle, mean_middle, min_middle, post_maps, reduce_of,
                                      row_logsumexp, row_sum, sigmoid_chain, sum_middle,
                                      softmax_stats, sum_bh, sum_bs, total, transposed_add, vecmat,
-                                     rotated_scale, transposed_bias_relu, transposed_mix)
+                                     rotated_scale, transposed_bias_relu, transposed_mix, two_layouts)
 
 pytestmark = pytest.mark.gpu
 
@@ -78,6 +78,7 @@ PLANNED = [
     (rotated_scale, [dict(a=3, b=100, c=37), dict(a=64, b=512, c=511), dict(a=1, b=7, c=16)]),
     (transposed_bias_relu, [dict(a=1000, b=17), dict(a=4096, b=2048), dict(a=33, b=4095)]),
     (transposed_mix, [dict(a=2, b=77, h=40), dict(a=3, b=64, h=64), dict(a=1, b=1001, h=24)]),
+    (two_layouts, [dict(a=100, b=40), dict(a=1000, b=17), dict(a=64, b=4096), dict(a=1001, b=64)]),
     (alibi_map, [dict(h=2, q=37, x=37)]),
     (column_sum, [dict(r=8192, x=4096), dict(r=37, x=1000), dict(r=1000, x=7), dict(r=3, x=1)]),
     # rows of 100003, 4095, 7 values: aligned vectors between a head and a tail read value by value
@@ -148,6 +149,7 @@ FORCED = [
     (transposed_add, dict(r=100, x=40)),
     (rotated_scale, dict(a=3, b=100, c=37)),
     (transposed_mix, dict(a=2, b=77, h=40)),
+    (two_layouts, dict(a=100, b=40)),
 ]
 
 

@@ -167,11 +167,11 @@ class PointwiseShape:
     #: (view, array) pairs: an input of ``diagram`` that is a view (a rename) of another input of
     #: the kernel's diagram, read through the other one's tensor (see :func:`_views_as_inputs`)
     aliases: tuple[tuple[str, str], ...] = ()
-    #: the map kernel's *cross axis* ``Q``: the innermost axis of every input that holds the vector
-    #: axis elsewhere (a transpose's source). Such inputs are staged through shared memory a tile
-    #: of (Q, vector axis) at a time, read along Q and used along the vector axis, so that both
-    #: their reads and the outputs' writes are coalesced (see :func:`_cross_axis`); None where
-    #: the map has no such input (or several that disagree on Q: strided loads then).
+    #: the map kernel's *cross axis* ``Q``: the innermost axis of every array that holds the vector
+    #: axis elsewhere (a transpose's source, or a transposed output). Such arrays are staged
+    #: through shared memory a tile of (Q, vector axis) at a time, moved along Q in HBM and used
+    #: along the vector axis, so that every access to HBM is coalesced (see :func:`_cross_axis`);
+    #: None where the map has no such array (or several that disagree on Q: strided accesses then).
     cross: str | None = None
 
     @property
@@ -181,6 +181,13 @@ class PointwiseShape:
         if self.cross is None:
             return ()
         return tuple(v for v in self.loop_inputs if self.inner in v.axis_names and v.axis_names[-1] == self.cross)
+
+    @property
+    def staged_out(self) -> tuple[tuple[str, Value], ...]:
+        """The outputs the map kernel stages through shared memory (written along :attr:`cross`)."""
+        if self.cross is None:
+            return ()
+        return tuple((n, v) for n, v in self.full_out if v.axis_names[-1] == self.cross)
 
     @property
     def flat(self) -> bool:
@@ -586,17 +593,17 @@ STATIC_SMEM = 48 * 1024
 
 def _cross_axis(order: tuple[str, ...], sizes: dict, loop, full_out) -> str | None:
     """The cross axis of a map (:attr:`PointwiseShape.cross`): the one innermost axis ``Q`` of every
-    input that holds the vector axis ``order[-1]`` elsewhere, where there is such an input, every
-    output holds the vector axis innermost, ``Q`` has at least :data:`MIN_CROSS` values and at
-    most :data:`MAX_STAGED` inputs are staged. ``Y[b, a] = X[a, b]`` has cross axis ``b``: a
-    thread that writes 16 bytes of a row of Y would otherwise read one value from each of 16 rows
-    of X, a 32-byte sector for 2 bytes (H200, bf16 8192 x 4096: 232.8 us against 31 predicted)."""
+    array (input read, or output) that holds the vector axis ``order[-1]`` elsewhere, where there
+    is such an array, ``Q`` has at least :data:`MIN_CROSS` values and at most :data:`MAX_STAGED`
+    arrays are staged. ``Y[b, a] = X[a, b]`` has cross axis ``b``: a thread that writes 16 bytes
+    of a row of Y would otherwise read one value from each of 16 rows of X, a 32-byte sector for 2
+    bytes (H200, bf16 8192 x 4096: 232.8 us against 31 predicted); a gradient ``dX[b, a]`` beside
+    ``dZ[a, b]`` would be written so."""
     inner = order[-1]
     arrays = {id(a): a for b in loop for a in b.args if a.is_input}
+    arrays.update({id(v): v for _, v in full_out})
     strided = [v for v in arrays.values() if inner in v.axis_names and v.axis_names[-1] != inner]
     if not strided or len(strided) > MAX_STAGED:
-        return None
-    if any(v.axis_names[-1] != inner for _, v in full_out):
         return None
     qs = {v.axis_names[-1] for v in strided}
     if len(qs) != 1:
@@ -707,8 +714,8 @@ def _check_config(shape: PointwiseShape, cfg: Config) -> None:
     elif shape.mode == "map" and (cfg.tpr != 1 or cfg.splits != 1):
         why = "the map kernel has no reduction to share or split"
     elif shape.mode == "map" and shape.cross and smem_estimate(shape, cfg) > STATIC_SMEM:
-        why = (f"the cross tiles of {len(shape.staged)} staged inputs take {smem_estimate(shape, cfg)} bytes of "
-               f"shared memory, over {STATIC_SMEM}")
+        why = (f"the cross tiles of {len(shape.staged) + len(shape.staged_out)} staged arrays take "
+               f"{smem_estimate(shape, cfg)} bytes of shared memory, over {STATIC_SMEM}")
     elif shape.mode == "row":
         if cfg.tpr not in THREADS_PER_ROW:
             why = f"THREADS_PER_ROW={cfg.tpr} is not one of {THREADS_PER_ROW}"
@@ -738,6 +745,10 @@ class CrossTile:
     nit: int
     nqt: int
     outer: int
+    #: 16-bit values whose cross axis is no multiple of 8: a phase-1 read is the one or two
+    #: aligned 16-byte lines its 8 values span, shifted into place (``load_shifted``), where the
+    #: vector would otherwise halve to one value a load
+    shifted: bool = False
 
     @property
     def pitch(self) -> int:
@@ -762,9 +773,10 @@ def cross_tile(shape: PointwiseShape, cfg: Config) -> CrossTile:
     tq = cfg.threads // lanes * cfg.unroll
     nq, ni = shape.sizes[shape.cross], shape.sizes[shape.inner]
     sv = 16 // shape.bytes
-    while sv > 1 and (nq % sv or tq % sv):
+    shifted = shape.bytes == 2 and nq % sv != 0 and tq % sv == 0
+    while not shifted and sv > 1 and (nq % sv or tq % sv):
         sv //= 2
-    return CrossTile(lanes, ti, tq, sv, -(-ni // ti), -(-nq // tq), shape.nu // (nq * ni))
+    return CrossTile(lanes, ti, tq, sv, -(-ni // ti), -(-nq // tq), shape.nu // (nq * ni), shifted)
 
 
 def _vectors_r(shape: PointwiseShape) -> int:
@@ -949,7 +961,7 @@ def regs_need(shape: PointwiseShape, cfg: Config) -> int:
     if shape.cross:
         t = cross_tile(shape, cfg)
         iters = -(-t.ti * (t.tq // t.sv) // cfg.threads)
-        staging = len(shape.staged) * iters * -(-t.sv * b // 4) + 6
+        staging = len(shape.staged) * iters * -(-t.sv * b // 4) + 6 + (2 if shape.staged_out else 0)
 
     loads = sum(held(v) for v in shape.loop_inputs)
     stores = sum(-(-shape.vec * b // 4) for _ in shape.full_out)
@@ -991,7 +1003,7 @@ def smem_estimate(shape: PointwiseShape, cfg: Config) -> int:
     the sums); a cross tile (``TI x PITCH`` values) for each input a map stages."""
     if shape.mode == "map" and shape.cross:
         t = cross_tile(shape, cfg)
-        return len(shape.staged) * t.ti * t.pitch * shape.bytes
+        return (len(shape.staged) + len(shape.staged_out)) * t.ti * t.pitch * shape.bytes
     pairs = 2 if shape.pair else 1
     if shape.mode == "col":
         return cfg.threads * shape.vec * 4 * pairs
@@ -1142,7 +1154,8 @@ def _pass_needs(shape: PointwiseShape, g: "_Gen") -> tuple[set[str], set[str]]:
     for b in shape.loop:
         for a in _index_axes(b):
             (outer_need if a in outer_group else loop_need).add(a)
-    staged = {id(v) for v in shape.staged}   # addressed by the tile's own coordinates
+    # addressed by the tile's own coordinates
+    staged = {id(v) for v in shape.staged} | {id(v) for _, v in shape.staged_out}
     for v in (*shape.loop_inputs, *(v for _, v in shape.full_out)):
         if id(v) in staged:
             continue
@@ -1272,8 +1285,16 @@ def lower_shape(shape: PointwiseShape, cfg: Config, schedule: Schedule, arch: st
     full_stores_decl: list[Code] = []
     full_stores: list[Code] = []
     elem_stores: list[Code] = []
+    staged_out = {n for n, _ in shape.staged_out}
     for n, v in shape.full_out:
         ptr, st = ident(n, "out_"), ident(n, "st_")
+        if n in staged_out:
+            # VEC values down column ql of its cross tile (written along the cross axis in phase 3)
+            full_stores_decl.append(Code(f"napkin_pwh::Pack<T, VEC> {st};"))
+            elem_stores.append(Code(f"{st}.x[e] = napkin::from_float<T>({ident(name(v), 'a_')});"))
+            full_stores.append(Code(f"napkin_pwh::store_strided<T, VEC>({ident(n, 'sm_')} + il * PITCH + ql, {st}, "
+                                    "PITCH);"))
+            continue
         kind, stride, off = placed(n, v)
         full_stores_decl.append(Code(f"napkin_pwh::Pack<T, VEC> {st};"))
         elem_stores.append(Code(f"{st}.x[e] = napkin::from_float<T>({ident(name(v), 'a_')});"))
@@ -1353,16 +1374,18 @@ def lower_shape(shape: PointwiseShape, cfg: Config, schedule: Schedule, arch: st
     if mode == "map" and shape.cross:
         t = cross_tile(shape, cfg)
         others = ", ".join(a for a in shape.order if a not in (shape.cross, shape.inner)) or "(none)"
-        legend.append(f"cross axis {shape.cross} (innermost in {', '.join(name(v) for v in shape.staged)}): a block "
+        staged_names = [name(v) for v in shape.staged] + [n for n, _ in shape.staged_out]
+        legend.append(f"cross axis {shape.cross} (innermost in {', '.join(staged_names)}): a block "
                       f"takes a tile of TQ = {t.tq} values of {shape.cross} by TI = LI * VEC = {t.ti} of {shape.inner} "
                       f"at one position of ({others}): blockIdx.x -> (t_o, t_q, t_i), t_i fastest (grid.x)")
         legend.append("phase 1: each staged input's tile read along the cross axis, SV values an access, into "
                       "shared memory [TI][PITCH = TQ + 1]; phase 2: flat = tbase + (t_q * TQ + ql) * SUQ + "
-                      "t_i * TI + il, ql = threadIdx.x / LI + u * (THREADS / LI), il = (threadIdx.x % LI) * VEC")
+                      "t_i * TI + il, ql = threadIdx.x / LI + u * (THREADS / LI), il = (threadIdx.x % LI) * VEC; "
+                      "phase 3: each staged output's tile written along the cross axis")
         legend.append(f"tunables: THREADS = {cfg.threads}, UNROLL = {cfg.unroll} (TQ = THREADS / LI * UNROLL), "
                       f"LI = {t.lanes}, VEC = {shape.vec}, SV = {t.sv}")
-        sched.append(f"one cross tile of {t.tq} x {t.ti} values per block: staged inputs read coalesced along "
-                     f"{shape.cross}, outputs written coalesced along {shape.inner}")
+        sched.append(f"one cross tile of {t.tq} x {t.ti} values per block: staged arrays moved coalesced along "
+                     f"{shape.cross}, the others along {shape.inner}")
     elif mode == "map":
         legend.append("U -> flat = ((blockIdx.x * UNROLL + u) * THREADS + threadIdx.x) * VEC, u < UNROLL (grid.x)")
         legend.append(f"tunables: THREADS = {cfg.threads}, UNROLL = {cfg.unroll}, VEC = {shape.vec}")
@@ -1451,10 +1474,11 @@ def lower_shape(shape: PointwiseShape, cfg: Config, schedule: Schedule, arch: st
 
 def _cross_context(shape: PointwiseShape, cfg: Config, g: "_Gen") -> dict:
     """The template's values for a cross tile (:class:`CrossTile`): its sizes, the block's
-    position in the other axes (``o_`` indices, ``tbase`` its flat offset in U) and each staged
-    input's shared tile, phase-1 loads and stores. A staged input's offset at tile row ``gi`` of
-    the vector axis and value ``gq`` of the cross axis (its innermost, stride 1) is built from the
-    tile's coordinates, not from a flat index."""
+    position in the other axes (``o_`` indices, ``tbase`` its flat offset in U), each staged
+    input's shared tile, phase-1 loads and stores, and each staged output's tile and phase-3
+    stores. A staged array's offset at tile row ``gi`` of the vector axis and value ``gq`` of the
+    cross axis (its innermost, stride 1) is built from the tile's coordinates, not from a flat
+    index."""
     t = cross_tile(shape, cfg)
     s = shape.sizes
     name = shape.name
@@ -1462,26 +1486,41 @@ def _cross_context(shape: PointwiseShape, cfg: Config, g: "_Gen") -> dict:
     su = _strides_of(shape.order, s)
     tile_outer = g.decompose(others, Code("t_o"), "o_", set(others)) if others else []
     tbase = g.total([Code(f"{ident(a, 'o_')} * {g.lit(su[a])}") for a in others])
-    decl, loads, stores = [], [], []
+    decl, loads, stores, out_stores = [], [], [], []
     ptrs = []
+
+    def offset(v: Value) -> Code:
+        st = _strides(v, s)
+        terms = [Code(f"{ident(a, 'o_')} * {g.lit(st[a])}") for a in others if a in v.axis_names]
+        return g.total(terms + [Code("gq"), Code(f"gi * {g.lit(st[shape.inner])}")])
+
     for v in shape.staged:
         nm = name(v)
         ptr, sm, sv = ident(nm, "in_"), ident(nm, "sm_"), ident(nm, "sv_")
-        st = _strides(v, s)
-        terms = [Code(f"{ident(a, 'o_')} * {g.lit(st[a])}") for a in others if a in v.axis_names]
-        terms += [Code("gq"), Code(f"gi * {g.lit(st[shape.inner])}")]
         decl.append(Code(f"__shared__ T {sm}[TI * PITCH];"))
         decl.append(Code(f"napkin_pwh::Pack<T, SV> {sv}[STAGE_ITERS];"))
-        loads.append(Code(f"napkin_pwh::load_n<T, SV>({sv}[k], {ptr} + ({g.total(terms)}), stage_ok, NQ - gq);"))
+        if t.shifted:
+            loads.append(Code(f"napkin_pwh::load_shifted<T, SV>({sv}[k], {ptr} + ({offset(v)}), "
+                              "NQ - gq < SV ? (int)(NQ - gq) : SV);"))
+        else:
+            loads.append(Code(f"napkin_pwh::load_n<T, SV>({sv}[k], {ptr} + ({offset(v)}), stage_ok, NQ - gq);"))
         stores.append(Code(f"for (int e = 0; e < SV; ++e) {sm}[sil * PITCH + sq + e] = {sv}[k].x[e];"))
         ptrs.append(ptr)
-    stage_ok = Code("true") if t.sv == 1 else Code(
+    for n, v in shape.staged_out:
+        ptr, sm = ident(n, "out_"), ident(n, "sm_")
+        decl.append(Code(f"__shared__ T {sm}[TI * PITCH];"))
+        out_stores.append(Code(f"napkin_pwh::Pack<T, SV> w; for (int e = 0; e < SV; ++e) w.x[e] = {sm}[sil * PITCH + sq + e]; "
+                               f"napkin_pwh::store_n<T, SV>({ptr} + ({offset(v)}), w, stage_ok, NQ - gq);"))
+        ptrs.append(ptr)
+    # rows along the cross axis start off their 16-byte lines when shifted: outputs stored value by value
+    stage_ok = Code("true") if t.sv == 1 else Code("false") if t.shifted else Code(
         "((" + " | ".join(f"reinterpret_cast<unsigned long long>({p})" for p in ptrs)
         + f") % {t.sv * shape.bytes}ULL) == 0ULL")
     return dict(LI=t.lanes, TQ=t.tq, SV=t.sv, NI=g.lit(s[shape.inner]), NQ=g.lit(s[shape.cross]),
                 NIT=g.lit(t.nit), NQT=g.lit(t.nqt), SUQ=g.lit(su[shape.cross]),
                 STAGE_ITERS=-(-t.ti * (t.tq // t.sv) // cfg.threads), tile_outer=tile_outer, tbase=tbase,
-                stage_decl=decl, stage_loads=loads, stage_stores=stores, stage_ok=stage_ok)
+                stage_decl=decl, stage_loads=loads, stage_stores=stores, stage_ok=stage_ok,
+                stage_out_stores=out_stores)
 
 
 def _strides_of(axes: tuple[str, ...], sizes: dict) -> dict[str, int]:
