@@ -96,6 +96,14 @@ INT32_LIMIT = 2 ** 30
 #: us, four at 64 registers 49.9 us; the tanh-form GELU's eight at 72 registers (28 warps) 35.2 us,
 #: four 36.9 us.
 MAP_REGS = 72
+#: The register budget past which a reduction's configuration gives way to one the model times
+#: alike on fewer registers (more warps resident: 88 registers leave 16 warps an SM with 256-thread
+#: blocks, 72 leave 24). H200, bf16 (`reduce_regs_ab.jsonl`, a call, us): four vectors in flight on
+#: 88 registers against two on 64, x·A over the first axis of 4096 x 65536 141.9 -> 124.4, a column
+#: sum of 16384 x 4096 42.0 -> 35.8, a max over the first axis 24.2 -> 21.2; but pairs on 72
+#: registers against 56-64 ran 5-12 % slower (logsumexp over the middle axis of 64 x 512 x 256 12.0
+#: against 13.5).
+REDUCE_REGS = 72
 #: Registers of the footprint formula beside the values in flight: indices, offsets, loop state.
 BASE_REGS = 16
 MAX_REGS = 255
@@ -881,9 +889,10 @@ def preference(shape: PointwiseShape, cfg: Config, sms: int = 132) -> tuple:
     (measured on an H200, bf16 at 8192 x 8192, L2 flushed clean: tanh-form GELU 67 us, against 70
     with four and 76 for 256 threads with two; sigmoid as three maps 66 us for all three), unless
     that needs more than ``MAP_REGS`` registers a thread (then the fewest registers); in a
-    reduction 256-thread blocks, four vectors in flight (two in a 16-bit column pair), a row
-    kernel whose threads get about 64 bytes of R each, column rows of 512 contiguous bytes (32
-    lanes of 16-byte vectors), about four blocks per SM (the split that gives them)."""
+    reduction about four blocks per SM (the split that gives them), then the fewest registers
+    past ``REDUCE_REGS``, 256-thread blocks, four vectors in flight (two in a 16-bit column pair), a
+    row kernel whose threads get about 64 bytes of R each, column rows of 512 contiguous bytes (32
+    lanes of 16-byte vectors)."""
     def dist(a: float, b: float) -> float:
         return abs(math.log2(max(a, 1e-9) / max(b, 1e-9)))
 
@@ -902,15 +911,16 @@ def preference(shape: PointwiseShape, cfg: Config, sms: int = 132) -> tuple:
         # more warps beat four (H200, logsumexp over the first axis of 8192 x 4096 bf16: 25.7 us
         # of kernel against 29.9)
         unroll = {2: 0, 4: 1, 1: 2, 8: 3}[cfg.unroll]
+    regs = max(0, regs_estimate(shape, cfg) - REDUCE_REGS)
     if shape.mode == "row":
         # about 64 bytes of each kept element's R per thread (measured best on an H100: rows of
         # 8 KiB read by 128 threads)
         ideal = min(1024, max(1, _pow2_ceil(shape.nr * shape.bytes / 64)))
-        return (round(fill), dist(cfg.tpr, ideal), unroll, cfg.splits, dist(cfg.threads, 256))
+        return (round(fill), regs, dist(cfg.tpr, ideal), unroll, cfg.splits, dist(cfg.threads, 256))
     # 512 contiguous bytes a row of R: 32 lanes of 16-byte vectors, 128 lanes of fp32 scalars where
     # the kept axis is odd (H200, max over the first axis of 77 x 16 x 64 x 255 fp32: 128 lanes 22.4
     # us of kernel, 64 lanes 26.9, 32 lanes 35.6; eager 22.4)
-    return (round(fill), dist(cfg.tx * shape.vec * shape.bytes, 512), dist(cfg.threads, 256), unroll, cfg.splits)
+    return (round(fill), regs, dist(cfg.tx * shape.vec * shape.bytes, 512), dist(cfg.threads, 256), unroll, cfg.splits)
 
 
 def config_from_schedule(shape: PointwiseShape, schedule: Schedule) -> Config:
@@ -937,8 +947,8 @@ def regs_need(shape: PointwiseShape, cfg: Config) -> int:
     whose own index the pass computes and per index an index map reads; with 64-bit indices 4
     more in the map kernel, and 5 each and 16 more in a reduction, whose per-thread offsets and
     loop bounds are 64-bit too), one per map, and a fixed base for addresses and loop state (8
-    more for the column kernel's shared-memory combine, 4 for aligned rows' head and vector count).
-    A sum of products holds both factors unpacked."""
+    more for the column kernel's shared-memory combine, 4 for aligned rows' head and vector count,
+    8 where they feed a sum of products). A sum of products holds both factors unpacked."""
     b = shape.bytes
     # a reduction unrolled, or a sum of products (both factors converted before they multiply),
     # holds its vectors as fp32 values
@@ -973,7 +983,10 @@ def regs_need(shape: PointwiseShape, cfg: Config) -> int:
     outer, loop = _pass_needs(shape, g)
     per, extra = (2, 0) if not shape.big else ((2, 4) if shape.mode == "map" else (5, 16))
     index = per * (len(outer) + len(loop) + sum(len(_index_axes(m)) for m in shape.loop)) + extra
-    base = BASE_REGS + (8 if shape.mode == "col" else 0) + (4 if shape.aligned_rows else 0)
+    # aligned rows: the head and the vector count; a sum of products over them 4 more (sm_80, fp32
+    # dot of 64 x 999 rows on 40 registers spilled 12 bytes)
+    aligned = (8 if len(shape.reduce_args) > 1 else 4) if shape.aligned_rows else 0
+    base = BASE_REGS + (8 if shape.mode == "col" else 0) + aligned
     # in the map kernel an input that does not hold the space in its order (a factor of an outer
     # product, a mean broadcast along the rows) has its own offset for each vector in flight
     # (sm_90a spilled 4 bytes at the budget without it: the outer product P[i]·Q[j] into O[j,i])

@@ -69,8 +69,23 @@ def few_threads_fit(tpr: int, chunks: int) -> bool:
     a row: 99.9 us against 67.1 for four; layernorm over rows of 64 bf16, two threads: 55.0
     against 37.3 for four)."""
     return tpr >= FEW_THREADS or chunks <= tpr
+
+
 #: Block sizes used when several rows share a block.
 BLOCK_THREADS = (128, 256)
+#: ... and where fewer than :data:`FEW_THREADS` threads share a row (hundreds of rows a block,
+#: tens of thousands of blocks): H200, bf16 softmax over 4M rows of 2 values, one thread a row,
+#: 16384 blocks of 256 threads 15.7 us of kernel, 32768 of 128 21.0 (the model ranked them the
+#: other way).
+FEW_BLOCK_THREADS = (256,)
+
+
+def row_blocks(tpr: int) -> tuple[int, ...]:
+    """Rows a block for ``tpr`` threads a row: one where a block holds one row, else the block
+    sizes above over ``tpr``."""
+    if tpr > 32:
+        return (1,)
+    return tuple(sorted({t // tpr for t in (FEW_BLOCK_THREADS if tpr < FEW_THREADS else BLOCK_THREADS)}))
 #: The most fp32 values one thread keeps of a row (32 keeps a 1024-thread block within 64
 #: registers per thread, and still leaves 2 to 4 16-byte loads in flight per thread).
 MAX_VALUES_PER_THREAD = 32
@@ -442,8 +457,7 @@ def configs(shape: RowwiseShape) -> list[Config]:
     out = []
     chunks = -(-shape.xsize // shape.vec)
     for tpr in sorted((*THREADS_PER_ROW, *row_fitted_threads(shape))):
-        blocks = (1,) if tpr > 32 else tuple(sorted({t // tpr for t in BLOCK_THREADS}))
-        for rpb in blocks:
+        for rpb in row_blocks(tpr):
             cfg = make_config(shape, tpr, rpb)
             if cfg.values_per_thread * (1 + len(shape.kept)) > MAX_VALUES_PER_THREAD:
                 continue
@@ -1466,7 +1480,7 @@ def chain_configs(shape: ChainShape, sms: int = DEFAULT_SMS, per_sm=None) -> lis
             continue  # at least half of the row's threads must have a chunk
         if not few_threads_fit(tpr, chunks):
             continue
-        for rpb in ((1,) if tpr > 32 else tuple(sorted({t // tpr for t in BLOCK_THREADS}))):
+        for rpb in row_blocks(tpr):
             groups = max(1, -(-shape.nrows // rpb))
             splits: list = [(None, None, None, 0)]
             if shape.cols:
