@@ -589,11 +589,11 @@ def _flat_vectors(order: tuple[str, ...], loop, full_out) -> bool:
             and not any(_index_axes(b) for b in loop))
 
 
-#: The fewest values along the cross axis for a map to stage its transposed inputs: below 16, an
-#: input's run along it is under a 32-byte sector, and neighbouring lanes' strided loads fall in
+#: The fewest values along the cross axis for a map to stage its transposed arrays: below 16, an
+#: array's run along it is under a 32-byte sector, and neighbouring lanes' strided accesses fall in
 #: the same sectors anyway (L1 serves them).
 MIN_CROSS = 16
-#: The most inputs a map stages (each takes a tile of shared memory).
+#: The most arrays (inputs and outputs) a map stages, each a tile of shared memory.
 MAX_STAGED = 4
 #: Static shared memory a block may declare.
 STATIC_SMEM = 48 * 1024
@@ -744,7 +744,9 @@ class CrossTile:
     values an access) into shared memory (``TI x PITCH``, an odd pitch: the reads of phase 2
     down a column then fall in distinct banks); phase 2 runs the map as the plain kernel does,
     ``lanes`` lanes on a row of the vector axis and ``THREADS / lanes`` rows of the cross axis a
-    pass, ``UNROLL`` passes, a staged input's VEC values read down a column of its tile."""
+    pass, ``UNROLL`` passes, a staged input's VEC values read down a column of its tile and a
+    staged output's written down a column of its own; phase 3 writes each staged output's tile
+    along the cross axis."""
 
     lanes: int
     ti: int
@@ -1013,7 +1015,7 @@ def regs_estimate(shape: PointwiseShape, cfg: Config) -> int:
 def smem_estimate(shape: PointwiseShape, cfg: Config) -> int:
     """Static shared memory: the column kernel's TY x TX*VEC fp32 partial vectors, a row
     kernel's block reduction scratch (32 floats); twice that for a pair reduction (the maxes and
-    the sums); a cross tile (``TI x PITCH`` values) for each input a map stages."""
+    the sums); a cross tile (``TI x PITCH`` values) for each array a map stages."""
     if shape.mode == "map" and shape.cross:
         t = cross_tile(shape, cfg)
         return (len(shape.staged) + len(shape.staged_out)) * t.ti * t.pitch * shape.bytes
