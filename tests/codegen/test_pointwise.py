@@ -32,7 +32,8 @@ from test_pointwise_diagrams import (ACCEPTED, alibi_map, batched_matvec_gelu, b
                                      column_mean, column_sum, dot_all, full_and_reduced, l2_norm, logsumexp_bh,
                                      logsumexp_bs, masked_rowmax, matvec, max_middle, post_maps, row_logsumexp,
                                      row_sum, sigmoid_chain, softmax_stats, sum_bh, sum_bs, sum_middle, total,
-                                     transposed_add, vecmat, rotated_scale, transposed_mix, two_layouts)
+                                     transposed_add, vecmat, rotated_scale, transposed_mix, two_layouts,
+                                     random_permuted_map)
 
 FAMILY = pw.FAMILY
 
@@ -382,6 +383,18 @@ def test_a_transposed_input_is_staged_through_a_cross_tile():
     # 15 rows: under MIN_CROSS, the strided loads of the plain map kernel
     small = pw.analyse(bound(transposed_add, dict(r=pw.MIN_CROSS - 1, x=40)))
     assert small.cross is None and small.staged == ()
+
+
+def test_random_permuted_maps_plan_one_pointwise_kernel_and_many_a_cross_tile():
+    crossed = 0
+    for seed in range(24):
+        d, sizes = random_permuted_map(seed)
+        p = lower(prepare(d, sizes=sizes, dtype="bf16"), family="pointwise", gpu="h200")
+        src = p.launches[0].source
+        shape = pw.analyse(prepare(d, sizes=sizes, dtype="bf16"))
+        assert (shape.cross is not None) == ("__shared__ T sm_" in src)
+        crossed += shape.cross is not None
+    assert 6 <= crossed <= 18
 
 
 def test_a_rotation_of_three_axes_stages_along_the_source_innermost_axis():

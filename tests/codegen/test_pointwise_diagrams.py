@@ -5,6 +5,8 @@ of its own."""
 
 from __future__ import annotations
 
+import math
+
 from napkin.diagrams import (Diagram, alibi, array, axes, causal, contract, exp, map_fn, max_over, mean_over, reduce,
                              scale, sum_over, tanh)
 
@@ -253,3 +255,32 @@ ACCEPTED += [
     (logsumexp_bs, dict(b=3, h=5, s=32), "row"),
     (logsumexp_bh, dict(b=3, h=5, s=32), "col"),
 ]
+
+
+def random_permuted_map(seed: int) -> tuple[Diagram, dict]:
+    """A map over 2 to 4 axes whose inputs and output hold them in random orders (a random subset
+    of the axes for each input, broadcast by name), with sizes from 1 to 512 that fill no tile:
+    the cross tile's held-out cases. Returns the diagram and its sizes."""
+    import random
+
+    rng = random.Random(seed)
+    names = ["a", "b", "c", "e"][: rng.randint(2, 4)]
+    choices = (1, 2, 3, 7, 16, 17, 33, 64, 100, 129, 255, 512)
+    while True:
+        sizes = {n: rng.choice(choices) for n in names}
+        if 2 ** 10 <= math.prod(sizes.values()) <= 2 ** 21:
+            break
+    ax = dict(zip(names, axes(" ".join(names))))
+    arrays = []
+    for i in range(rng.randint(1, 3)):
+        held = [n for n in names if rng.random() < 0.8] or [rng.choice(names)]
+        if i == 0:
+            held = list(names)  # one input holds every axis
+        rng.shuffle(held)
+        arrays.append(array(f"X{i}", *(ax[n] for n in held)))
+    e = tanh(arrays[0], name="t") if rng.random() < 0.5 else arrays[0]
+    for j, x in enumerate(arrays[1:]):
+        e = (e * x if rng.random() < 0.5 else e + x).named(f"m{j}")
+    out = list(names)
+    rng.shuffle(out)
+    return Diagram(f"permuted_{seed}", contract(e, over=(), out=tuple(ax[n] for n in out), name="Y")), sizes
