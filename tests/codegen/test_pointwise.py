@@ -689,6 +689,10 @@ NVCC_CASES = [
     (softmax_stats, dict(r=4096, x=4096)), (logsumexp_bs, dict(b=16, h=64, s=4096)), (logsumexp_bh, dict(b=3, h=5, s=97)),
     (sum_middle, dict(b=16, m=1024, n=4095)), (column_logsumexp, dict(r=4096, x=1001)), (post_maps, dict(r=300, x=1001)),
     (vecmat, dict(b=4099, c=1001)), (max_middle, dict(b=3, m=7, n=1001)),
+    # cross tiles: a transposed input, a rotation with an odd cross axis (16-bit rows read shifted),
+    # two staged inputs beside an index map, a staged output
+    (transposed_add, dict(r=1000, x=40)), (rotated_scale, dict(a=3, b=100, c=37)),
+    (transposed_mix, dict(a=2, b=77, h=40)), (two_layouts, dict(a=1001, b=64)),
 ]
 
 

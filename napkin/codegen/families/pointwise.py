@@ -597,6 +597,12 @@ MIN_CROSS = 16
 MAX_STAGED = 4
 #: Static shared memory a block may declare.
 STATIC_SMEM = 48 * 1024
+#: The most registers of the footprint formula a cross tile's configuration may need. Phase 2 keeps
+#: UNROLL vectors of every array in flight: an fp32 map with a staged output at four vectors needed
+#: 110 registers where the formula said 83 (ptxas spilled 20 bytes at the budget), and no such
+#: configuration ran faster than its two-vector sibling (H200: the fp32 transpose of 8192 x 4096
+#: 66.6 against 66.4 us, bf16 34.8 against 34.4; `candidates_transpose_*_s25.json`).
+CROSS_REGS = 64
 
 
 def _cross_axis(order: tuple[str, ...], sizes: dict, loop, full_out) -> str | None:
@@ -825,13 +831,15 @@ def configs(shape: PointwiseShape, sms: int = 132) -> list[Config]:
     few blocks: about four blocks per SM, half and twice that."""
     out: list[Config] = []
     if shape.mode == "map" and shape.cross:
-        # cross tiles of 16 to 128 values of the cross axis (UNROLL passes of THREADS / lanes rows)
+        # cross tiles of 16 to 128 values of the cross axis (UNROLL passes of THREADS / lanes rows),
+        # within CROSS_REGS registers
         lanes, nq = cross_lanes(shape), shape.sizes[shape.cross]
         for t in (128, 256):
             for u in (1, 2, 4):
                 tq = t // lanes * u
                 c = Config("map", t, u)
-                if MIN_CROSS <= tq <= 128 and (tq <= 2 * nq or u == 1) and smem_estimate(shape, c) <= STATIC_SMEM:
+                if (MIN_CROSS <= tq <= 128 and (tq <= 2 * nq or u == 1) and smem_estimate(shape, c) <= STATIC_SMEM
+                        and regs_need(shape, c) <= CROSS_REGS):
                     out.append(c)
         return sorted(out or [Config("map", 128, 1)], key=lambda c: preference(shape, c, sms))
     if shape.mode == "map":
