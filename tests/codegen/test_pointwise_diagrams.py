@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 
 from napkin.diagrams import (Diagram, alibi, array, axes, causal, contract, exp, map_fn, max_over, mean_over, reduce,
-                             scale, sum_over, tanh)
+                             rename, scale, sum_over, tanh)
 
 
 def sigmoid_chain() -> Diagram:
@@ -150,6 +150,15 @@ def two_layouts() -> Diagram:
     Y = scale(X, 2.0, name="Y")
     Z = contract(tanh(X, name="t"), W, over=(), out=(b, a), name="Z")
     return Diagram("two_layouts", (Y, Z))
+
+
+def symmetric_part(n: int = 100) -> Diagram:
+    """Y[i, j] = (X[i, j] + X[j, i]) / 2 over n x n: X read as it is and through its transposed
+    view, the view staged through the cross tile from X's own tensor."""
+    from napkin.diagrams import Axis
+
+    X = array("X", Axis("i", n), Axis("j", n))
+    return Diagram("symmetric_part", scale(X + rename(X, i="j", j="i", name="Xt"), 0.5, name="Y"))
 
 
 ACCEPTED = [

@@ -30,7 +30,7 @@ from test_pointwise_diagrams import (alibi_map, batched_matvec_gelu, broadcast_c
                                      row_logsumexp, row_sum, sigmoid_chain, sum_middle,
                                      softmax_stats, sum_bh, sum_bs, total, transposed_add, vecmat,
                                      rotated_scale, transposed_bias_relu, transposed_mix, two_layouts,
-                                     random_permuted_map)
+                                     random_permuted_map, symmetric_part)
 
 pytestmark = pytest.mark.gpu
 
@@ -346,3 +346,14 @@ def test_random_permuted_maps_verify(seed):
     cd = napkin_compile(d, sizes=sizes, dtype="bf16" if seed % 2 == 0 else "fp32")
     assert cd.plan.families == ("pointwise",), cd.plan
     check(cd, seed=seed)
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp32"])
+@pytest.mark.parametrize("n", [8, 77, 100, 1000])
+def test_an_array_read_through_its_own_transposed_view_verifies(n, dtype):
+    """(X + Xᵀ) / 2: the view is staged through the cross tile from X's tensor (n >= 16; at 8 the
+    strided loads)."""
+    cd = napkin_compile(symmetric_part(n), dtype=dtype)
+    assert cd.plan.families == ("pointwise",), cd.plan
+    assert (n >= 16) == ("PITCH" in cd.launches[0].source)
+    check(cd, seed=n)
