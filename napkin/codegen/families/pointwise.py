@@ -770,6 +770,10 @@ class CrossTile:
     def pitch(self) -> int:
         return self.tq + 1
 
+    def stage_iters(self, threads: int) -> int:
+        """Phase-1 (and phase-3) accesses a thread: the tile's ``TI x TQ / SV`` over the block."""
+        return -(-self.ti * (self.tq // self.sv) // threads)
+
     @property
     def blocks(self) -> int:
         return self.outer * self.nqt * self.nit
@@ -980,8 +984,7 @@ def regs_need(shape: PointwiseShape, cfg: Config) -> int:
     staging = 0
     if shape.cross:
         t = cross_tile(shape, cfg)
-        iters = -(-t.ti * (t.tq // t.sv) // cfg.threads)
-        staging = len(shape.staged) * iters * -(-t.sv * b // 4) + 6 + (2 if shape.staged_out else 0)
+        staging = len(shape.staged) * t.stage_iters(cfg.threads) * -(-t.sv * b // 4) + 6 + (2 if shape.staged_out else 0)
 
     loads = sum(held(v) for v in shape.loop_inputs)
     stores = sum(-(-shape.vec * b // 4) for _ in shape.full_out)
@@ -1358,9 +1361,7 @@ def lower_shape(shape: PointwiseShape, cfg: Config, schedule: Schedule, arch: st
     loop_index = g.decompose(loop_group, loop_flat, "i_", loop_need)
 
     tile_ctx = _cross_context(shape, cfg, g) if shape.cross else {}
-    vec_ok = Code("true") if shape.vec == 1 or not vec_ptrs else Code(
-        "((" + " | ".join(f"reinterpret_cast<unsigned long long>({p})" for p in vec_ptrs)
-        + f") % {shape.vec * shape.bytes}ULL) == 0ULL")
+    vec_ok = _all_aligned(vec_ptrs, shape.vec, shape.bytes)
     if shape.aligned_rows:
         # every row starts at the same offset in each input: their vectors align together when the
         # inputs start at the same place in a 16-byte line (and on a value's boundary)
@@ -1536,14 +1537,21 @@ def _cross_context(shape: PointwiseShape, cfg: Config, g: "_Gen") -> dict:
                                f"napkin_pwh::store_n<T, SV>({ptr} + ({offset(v)}), w, stage_ok, NQ - gq);"))
         ptrs.append(ptr)
     # rows along the cross axis start off their 16-byte lines when shifted: outputs stored value by value
-    stage_ok = Code("true") if t.sv == 1 else Code("false") if t.shifted else Code(
-        "((" + " | ".join(f"reinterpret_cast<unsigned long long>({p})" for p in ptrs)
-        + f") % {t.sv * shape.bytes}ULL) == 0ULL")
+    stage_ok = Code("false") if t.shifted else _all_aligned(ptrs, t.sv, shape.bytes)
     return dict(LI=t.lanes, TQ=t.tq, SV=t.sv, NI=g.lit(s[shape.inner]), NQ=g.lit(s[shape.cross]),
                 NIT=g.lit(t.nit), NQT=g.lit(t.nqt), SUQ=g.lit(su[shape.cross]),
-                STAGE_ITERS=-(-t.ti * (t.tq // t.sv) // cfg.threads), tile_outer=tile_outer, tbase=tbase,
+                STAGE_ITERS=t.stage_iters(cfg.threads), tile_outer=tile_outer, tbase=tbase,
                 stage_decl=decl, stage_loads=loads, stage_stores=stores, stage_ok=stage_ok,
                 stage_out_stores=out_stores)
+
+
+def _all_aligned(ptrs: list, n: int, nbytes: int) -> Code:
+    """The check, run once per kernel, that every pointer in ``ptrs`` is aligned for an access of
+    ``n`` values of ``nbytes`` bytes ("true" for one value, or no pointer)."""
+    if n == 1 or not ptrs:
+        return Code("true")
+    return Code("((" + " | ".join(f"reinterpret_cast<unsigned long long>({p})" for p in ptrs)
+                + f") % {n * nbytes}ULL) == 0ULL")
 
 
 def _strides_of(axes: tuple[str, ...], sizes: dict) -> dict[str, int]:
