@@ -136,6 +136,24 @@ def _transposed_mix():
     return Diagram("transposed_mix", alibi((P + W).named("Q"), "a", "b", "h", name="Y"))
 
 
+def _skinny_rows():
+    """y[b, a] = gelu(Σ_k W[a, k]·x[b, k] + bias[a]): a few vectors by a matrix (a skinny
+    product, every b in a thread's registers), maps after it."""
+    from napkin.diagrams import Diagram, array, axes, contract, map_fn
+
+    a, b, k = axes("a b k")
+    p = contract(array("W", a, k), array("x", b, k), over=k, out=(b, a), name="p")
+    return Diagram("skinny_rows", map_fn("gelu", (p + array("bias", a)).named("z"), name="y"))
+
+
+def _skinny_cols():
+    """y[b, a] = Σ_k W[k, a]·x[b, k]: the column kernel's skinny product."""
+    from napkin.diagrams import Diagram, array, axes, contract
+
+    a, b, k = axes("a b k")
+    return Diagram("skinny_cols", contract(array("W", k, a), array("x", b, k), over=k, out=(b, a), name="y"))
+
+
 def _two_layouts():
     """Y[a, b] = 2·X[a, b] and Z[b, a] = tanh(X[a, b])·W[b, a]: W read and Z written through the
     cross tile."""
@@ -501,6 +519,12 @@ CASES = [
     # ... an output written through it (phase 3), rows of an odd cross axis read shifted
     Case("pointwise.cu.jinja", _two_layouts, {"a": 1001, "b": 64}, family="pointwise", label="cross_tile_out"),
     Case("pointwise.cu.jinja", _logsumexp_bs, {"b": 9, "h": 5, "s": 1000}, family="pointwise"),
+    # skinny products: a few vectors by a matrix, every b in each thread's registers; rows with
+    # maps after them, and columns of a long sum split over blocks (REP partials a split)
+    Case("pointwise.cu.jinja", _skinny_rows, {"a": 1000, "b": 5, "k": 1024}, dtype="fp32", family="pointwise",
+         label="skinny_rows"),
+    Case("pointwise.cu.jinja", _skinny_cols, {"a": 64, "b": 7, "k": 65536}, family="pointwise",
+         label="skinny_cols_split"),
     # a reduction to one value split over many blocks: the last combines the partials a warp at a time
     Case("pointwise.cu.jinja", _logsumexp_all, {"r": 64, "x": 100003}, family="pointwise"),
     # the planner's own choice: several kernels of several families, HBM buffers between them

@@ -305,7 +305,7 @@ def _shape_of(est: dict | None, fam, schedule: Schedule):
     if schedule.dtype not in MMA_SYNC_DTYPES:
         facts.pop("tensor_path", None)
         facts.pop("overlap_operands", None)
-    for k in ("tensor_path", "overlap_compute", "overlap_operands"):
+    for k in ("tensor_path", "overlap_compute", "overlap_operands", "overlap_memory"):
         if est.get(k) is not None:
             facts[k] = est[k]
     # the latency chain's facts a family may know better than the cost model (threads per row of a
@@ -325,6 +325,8 @@ def _shape_of(est: dict | None, fam, schedule: Schedule):
         facts["tf32x3_flops"] = float(est["tf32x3_flops"])
     if est.get("tail_factor"):  # the per-SM tail the kernel's own order of unequal tiles gives
         facts["tail_factor"] = float(est["tail_factor"])
+    if est.get("products_on_cuda"):  # a sum of products as fp32 FMAs, not on the tensor cores
+        facts["products_on_cuda"] = True
     if est.get("issue_overlaps_memory"):  # loads that run ahead of the loop's per-step gaps
         facts["issue_overlaps_memory"] = True
     if est.get("fill_share"):  # the ring's fill and drain, exposed in a loop of few steps

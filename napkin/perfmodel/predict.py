@@ -205,6 +205,13 @@ class LaunchShape:
     tensor_path: str = "peak"
     overlap_compute: bool | None = None
     overlap_operands: bool | None = None
+    #: False where the kernel's warps compute on a step's values only after all of them arrive and
+    #: issue the next step's loads only after (a skinny product's many products a value): its
+    #: compute and memory times add (:class:`~napkin.perfmodel.roofline.Efficiency`)
+    overlap_memory: bool | None = None
+    #: the kernel runs its contractions' products as fp32 FMAs on the CUDA cores (the pointwise
+    #: family's sums of products), not on the tensor cores the cost model gives 16-bit products
+    products_on_cuda: bool = False
     epilogue_hbm_bytes: float = 0.0
     epilogue_waits: int = 0
     epilogue_maps: bool = False
@@ -257,15 +264,21 @@ class LaunchShape:
         """``work`` on the pipes this kernel runs it on; the FLOPs it reports stay the same:
         :attr:`exp_fma_share` of its SFU operations moved to the CUDA cores
         (``fma_flops_per_exp`` each), then :attr:`tf32x3_flops` of its CUDA-core FLOPs (at most
-        all of them) run as 3xTF32, three tf32 tensor-core products each.
+        all of them) run as 3xTF32, three tf32 tensor-core products each. With
+        :attr:`products_on_cuda`, the tensor-core FLOPs run on the CUDA cores instead.
 
         >>> w = Work(flops={"tensor": 100.0, "sfu": 8.0}, dtype="fp8")
         >>> LaunchShape(1, 128, 32, 0, exp_fma_share=0.25, fma_flops_per_exp=14).work_on_pipes(w).flops
         {'tensor': 100.0, 'sfu': 6.0, 'cuda': 28.0}
         >>> LaunchShape(1, 128, 32, 0, tf32x3_flops=8.0).work_on_pipes(Work(flops={"cuda": 10.0}, dtype="fp16")).flops
         {'cuda': 2.0, 'tensor:tf32': 24.0}
+        >>> LaunchShape(1, 128, 32, 0, products_on_cuda=True).work_on_pipes(Work(flops={"tensor": 10.0}, dtype="bf16")).flops
+        {'cuda': 10.0}
         """
         flops = dict(work.flops)
+        if self.products_on_cuda:
+            for k in [k for k in flops if k.startswith("tensor")]:
+                flops["cuda"] = float(flops.get("cuda", 0.0)) + float(flops.pop(k))
         sfu = float(flops.get("sfu", 0.0))
         if self.exp_fma_share and sfu:
             moved = sfu * float(self.exp_fma_share)
@@ -299,6 +312,8 @@ class LaunchShape:
             changes["overlap_compute"] = bool(self.overlap_compute)
         if self.overlap_operands is not None:
             changes["overlap_operands"] = bool(self.overlap_operands)
+        if self.overlap_memory is not None:
+            changes["overlap_memory"] = bool(self.overlap_memory)
         return replace(eff, **changes) if changes else eff
 
 

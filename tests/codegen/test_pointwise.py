@@ -144,7 +144,8 @@ REFUSED = [
 
 @pytest.mark.parametrize("build, why", REFUSED, ids=[w for _, w in REFUSED])
 def test_explain_refuses_with_a_reason(build, why):
-    d = prepare(build(), sizes={a: 8 for a in build().axes}, dtype="bf16")
+    # 16: more than a skinny product's own axes may hold (pw.MAX_REP)
+    d = prepare(build(), sizes={a: 16 for a in build().axes}, dtype="bf16")
     reason = FAMILY.explain(d)
     assert reason is not None and why in reason, reason
     assert not FAMILY.matches(d)
@@ -218,9 +219,11 @@ def test_a_matrix_vector_product_is_one_bandwidth_bound_pointwise_kernel(build, 
 
 def test_a_matrix_product_is_left_to_the_contraction_family():
     a, b, c = axes("a b c")
-    d = prepare(Diagram("mm", contract(array("A", a, b), array("B", c, b), over=b, out=(a, c))),
-                sizes=dict(a=8, b=8, c=8), dtype="bf16")
+    mm = Diagram("mm", contract(array("A", a, b), array("B", c, b), over=b, out=(a, c)))
+    d = prepare(mm, sizes=dict(a=pw.MAX_REP + 1, b=8, c=pw.MAX_REP + 1), dtype="bf16")
     assert "each carry an axis the other lacks" in FAMILY.explain(d)
+    # one side of at most MAX_REP elements: a skinny product, this family's
+    assert FAMILY.explain(prepare(mm, sizes=dict(a=pw.MAX_REP, b=8, c=4096), dtype="bf16")) is None
 
 
 def test_the_split_of_a_small_kept_space_is_planned_and_costed():

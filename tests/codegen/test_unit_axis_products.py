@@ -5,7 +5,8 @@ lacks (``torch.matmul(A, x[:, None])``, how a matrix-vector product is often wri
 family's tiles, which read the matrix as well but run mostly idle tensor cores on one column.
 
 Without a GPU: the plans of such products, in bf16 and fp32, are one pointwise kernel; a real
-matrix product (both sizes above 1) stays the contraction family's; the kernels compile with nvcc
+matrix product (both sides above ``pointwise.MAX_REP`` elements: fewer make a skinny product,
+test_skinny_products) stays the contraction family's; the kernels compile with nvcc
 for sm_80 and sm_90a without spills. On a GPU (``gpu``): each is run on fresh random inputs into
 NaN-poisoned outputs and compared with the float64 reference (test_pointwise_gpu's ``check``).
 """
@@ -56,7 +57,7 @@ def test_a_product_with_a_unit_axis_is_one_pointwise_sum_of_products(name, sizes
 
 
 def test_a_real_matrix_product_stays_with_the_contraction_family():
-    for sizes in (dict(a=4096, b=4096, c=2), dict(a=2, b=4096, c=4096)):
+    for sizes in (dict(a=4096, b=4096, c=16), dict(a=16, b=4096, c=4096)):
         assert pointwise.FAMILY.explain(library.get("matmul").bind(**sizes)) is not None
         assert _plan("matmul", sizes, "bf16").families == ("contraction",)
 

@@ -11,7 +11,9 @@ maps after it on the kept space ``K = U \\ R``. Outputs hold all of ``U`` (writt
 that reads the data) or all of ``K`` (written after the reduction). A contraction over no axis
 (an outer or elementwise product, ``contract(P[i], Q[j], over=(), out=(j, i))``) is the map
 ``x * y * …``; a contraction of two factors one of which holds every axis of the other (a
-matrix-vector product, a dot) starts the chain as a sum of products. Two chains are also one
+matrix-vector product, a dot) starts the chain as a sum of products, and so does a *skinny*
+product, whose small factor has at most ``MAX_REP`` elements along its own axes (``Σ_k W[a, k]·x[b,
+k]`` with a few ``b``: each thread holds every ``b`` in registers, :func:`_skinny`). Two chains are also one
 pass when they are a max and a sum of exp over the same axes (:class:`PairSum`: ``m = max_R x``,
 ``s = Σ_R exp(x − c)`` with ``c`` = ``m`` or ``zero_inf(m)``, what a softmax or logsumexp over an
 axis that is not innermost is written out as): the kernel keeps the pair (running max, sum of
@@ -104,6 +106,11 @@ MAP_REGS = 72
 #: registers against 56-64 ran 5-12 % slower (logsumexp over the middle axis of 64 x 512 x 256 12.0
 #: against 13.5).
 REDUCE_REGS = 72
+#: The most elements a thread holds of the small factor's own axes in a *skinny* sum of products
+#: (:func:`_skinny`, ``Y[b, a] = Σ_k W[a, k]·x[b, k]`` with ``b`` of at most this many): each vector
+#: of the large factor is read from HBM once and multiplied by every one of them in registers. Past
+#: it the accumulators crowd the registers and a tensor-core tile wastes less of its rows.
+MAX_REP = 8
 #: Registers of the footprint formula beside the values in flight: indices, offsets, loop state.
 BASE_REGS = 16
 MAX_REGS = 255
@@ -181,6 +188,21 @@ class PointwiseShape:
     #: along the vector axis, so that every access to HBM is coalesced (see :func:`_cross_axis`);
     #: None where the map has no such array (or several that disagree on Q: strided accesses then).
     cross: str | None = None
+    #: a skinny sum of products (:func:`_skinny`): the small factor's own axes, outermost first
+    #: (``b`` of ``Σ_k W[a, k]·x[b, k]``), which no array of the pass over U holds. They are kept,
+    #: but a thread holds every one of their ``nrep`` elements in registers rather than a thread
+    #: each: it reads each vector of the large factor once and multiplies it by the small factor's
+    #: values at every one of them, keeping ``nrep`` accumulators a vector. ``kept`` and ``nk``
+    #: leave them out; the kept outputs hold them.
+    rep: tuple[str, ...] = ()
+    #: the small factor of a skinny sum of products (an input), read at each of the ``nrep``
+    #: elements of :attr:`rep`
+    rep_input: Value | None = None
+
+    @property
+    def nrep(self) -> int:
+        """Elements of the :attr:`rep` axes (1 without them)."""
+        return self.n(self.rep)
 
     @property
     def staged(self) -> tuple[Value, ...]:
@@ -254,7 +276,7 @@ class PointwiseShape:
         matrix-vector product is a sum of products, read once from HBM)."""
         if not self.chain:
             return ()
-        return tuple(self.chain[0].args) if _is_product_sum(self.chain[0]) else (self.chain[0].args[0],)
+        return tuple(self.chain[0].args) if isinstance(self.chain[0].op, Contract) else (self.chain[0].args[0],)
 
     @property
     def reduce_out(self) -> Value | None:
@@ -306,6 +328,43 @@ def _is_product_sum(v: Value) -> bool:
     # torch.matmul(A, x[:, None]) is written) is a matrix-vector product
     x, y = ({n for n in a.axis_names if not _unit(a, n)} for a in v.args)
     return x <= y or y <= x
+
+
+def _skinny(v: Value) -> tuple[Value, tuple[str, ...]] | None:
+    """``(small factor, its own axes)`` where box ``v`` is a *skinny* sum of products: a
+    contraction of two factors that each carry axes the other lacks (a matrix product), the
+    small one's own axes (those of size 1 aside) holding at most :data:`MAX_REP` elements, and
+    every summed axis in the large one (``Y[b, a] = Σ_k W[a, k]·x[b, k]``, a batch of a few
+    vectors by a large matrix: a linear layer at decode time). Such a product is bound by reading
+    the large factor, as a matrix-vector product is, and this family runs it as one: each vector
+    of the large factor is read once and multiplied by the small factor's values in registers.
+    None otherwise; the smaller of two candidates where both factors qualify.
+
+    >>> from napkin.diagrams import Axis, array, contract
+    >>> a, b, k = Axis("a", 4096), Axis("b", 4), Axis("k", 512)
+    >>> x, _ = _skinny(contract(array("W", a, k), array("x", b, k), over=("k",), out=("b", "a"), name="y"))
+    >>> x.name
+    'x'
+    >>> _skinny(contract(array("W", a, k), array("X", Axis("b", 64), k), over=("k",), name="y")) is None
+    True
+    """
+    if not isinstance(v.op, Contract) or len(v.args) != 2 or not v.op.over:
+        return None
+
+    def own(p: Value, q: Value) -> tuple[str, ...]:
+        return tuple(n for n in p.axis_names if n not in q.axis_names and not _unit(p, n))
+
+    best = None
+    for small, large in ((v.args[0], v.args[1]), (v.args[1], v.args[0])):
+        axes = own(small, large)
+        if not axes or not own(large, small) or not all(small.axis(n).is_bound for n in axes):
+            continue
+        if any(o not in large.axis_names for o in v.op.over):
+            continue  # an axis summed in the small factor alone: not a product read once
+        m = math.prod(small.axis(n).size for n in axes)
+        if m <= MAX_REP and (best is None or m < best[0]):
+            best = (m, small, axes)
+    return (best[1], best[2]) if best else None
 
 
 def _unit(v: Value, axis: str) -> bool:
@@ -381,9 +440,9 @@ def analyse(diagram: Diagram) -> PointwiseShape | str:
     if not nodes:
         return "has no boxes"
     for v in nodes:
-        if isinstance(v.op, Contract) and not _is_product(v) and not _is_product_sum(v):
+        if isinstance(v.op, Contract) and not _is_product(v) and not _is_product_sum(v) and _skinny(v) is None:
             return (f"box {d.name_of(v)} is a contraction of two factors that each carry an axis the other "
-                    "lacks (a matrix product: the contraction family runs it)")
+                    f"lacks, more than {MAX_REP} elements each (a matrix product: the contraction family runs it)")
         if not isinstance(v.op, (Map, Reduce, Contract)):
             return (f"box {d.name_of(v)} is a {v.op.kind}, not an elementwise map or a reduction "
                     "(other families run softmax, norms, contractions and renames)")
@@ -397,6 +456,8 @@ def analyse(diagram: Diagram) -> PointwiseShape | str:
     reduces = [v for v in nodes if _is_reduction(v)]
 
     chain: list[Value] = []
+    rep: tuple[str, ...] = ()
+    rep_input: Value | None = None
     pair = _pair_of(d, reduces, consumers, out_ids) if reduces else None
     if isinstance(pair, str):
         return pair
@@ -429,11 +490,23 @@ def analyse(diagram: Diagram) -> PointwiseShape | str:
         if len(hows) != 1:
             return (f"the chain mixes reductions ({', '.join(sorted(hows))}); one pass runs one kind "
                     "(sum, max, min or mean)")
-        # the larger factor of a product (axes of size 1 aside); the other's axes of size 1 go
-        # outermost, where they change no offset
-        first_in = max(chain[0].args, key=lambda a: (sum(not _unit(a, n) for n in a.axis_names),
-                                                     len(a.axis_names)))
-        units = tuple(dict.fromkeys(n for a in chain[0].args for n in a.axis_names if n not in first_in.axis_names))
+        skinny = _skinny(chain[0])
+        if skinny is not None:
+            rep_input, rep = skinny
+            if len(chain) > 1:
+                return (f"the skinny product {d.name_of(chain[0])} is reduced again ({d.name_of(chain[1])}); "
+                        "one pass runs it alone")
+            if not rep_input.is_input:
+                return (f"the small factor of the skinny product {d.name_of(chain[0])} is computed "
+                        f"({d.name_of(rep_input)}); this family reads it from HBM")
+            first_in = next(a for a in chain[0].args if a is not rep_input)
+        else:
+            # the larger factor of a product (axes of size 1 aside)
+            first_in = max(chain[0].args, key=lambda a: (sum(not _unit(a, n) for n in a.axis_names),
+                                                         len(a.axis_names)))
+        # the other's axes of size 1 go outermost, where they change no offset
+        units = tuple(dict.fromkeys(n for a in chain[0].args for n in a.axis_names
+                                    if n not in first_in.axis_names and n not in rep))
         order0 = units + first_in.axis_names
         red = {a for v in chain for a in _over(v)}
     else:
@@ -453,9 +526,10 @@ def analyse(diagram: Diagram) -> PointwiseShape | str:
         for v in nodes:
             U |= set(v.axis_names)
     K = U - red
+    KR = K | set(rep)   # what the kept values hold: the kept axes, and a skinny product's own
     post_ids = {id(v) for v in nodes if id(v) in after and _is_map(v)}
     for v in nodes:
-        if id(v) in post_ids and not set(v.axis_names) <= K:
+        if id(v) in post_ids and not set(v.axis_names) <= KR:
             return (f"box {d.name_of(v)} carries a reduced axis ({', '.join(sorted(set(v.axis_names) & red))}) "
                     "after the reduction: that is a second pass over the data")
     full_out, kept_out = [], []
@@ -464,12 +538,12 @@ def analyse(diagram: Diagram) -> PointwiseShape | str:
             continue
         axes = set(v.axis_names)
         if chain and (id(v) in after or id(v) in ends):
-            if axes != K:
-                return f"output {n} holds ({', '.join(v.axis_names)}), not the kept axes ({', '.join(sorted(K))})"
+            if axes != KR:
+                return f"output {n} holds ({', '.join(v.axis_names)}), not the kept axes ({', '.join(sorted(KR))})"
             kept_out.append((n, v))
         elif axes == U:
             full_out.append((n, v))
-        elif chain and axes == K:
+        elif chain and axes == K and not rep:
             kept_out.append((n, v))
         else:
             space = "the kept axes" if chain else "the iteration space"
@@ -484,6 +558,8 @@ def analyse(diagram: Diagram) -> PointwiseShape | str:
     for v in nodes:
         if id(v) in chain_ids:
             continue
+        if id(v) in post_need and set(v.axis_names) <= KR:
+            continue  # after the reduction, on the kept values (a skinny product's own axes among them)
         if not set(v.axis_names) <= U:
             return (f"box {d.name_of(v)} carries ({', '.join(v.axis_names)}), outside the iteration space "
                     f"({', '.join(sorted(U))})")
@@ -516,11 +592,12 @@ def analyse(diagram: Diagram) -> PointwiseShape | str:
     tail = 0
     aligned_rows = False
     padded = False
+    # a skinny product takes whole vectors only: the vector halves until it divides the axis
     if sizes[inner] % vec and mode == "map" and _flat_vectors(order, loop, full_out):
         tail = math.prod(sizes[a] for a in order) % vec
-    elif sizes[inner] % vec and mode == "row" and _row_runs(order, red, loop, chain, full_out):
+    elif sizes[inner] % vec and mode == "row" and not rep and _row_runs(order, red, loop, chain, full_out):
         aligned_rows = True
-    elif (sizes[inner] % vec and sizes[inner] > vec and mode == "col" and bytes_ == 2 and not pair
+    elif (sizes[inner] % vec and sizes[inner] > vec and mode == "col" and bytes_ == 2 and not pair and not rep
           and _padded_columns(order, loop, chain, full_out)):
         padded = True
     else:
@@ -531,7 +608,8 @@ def analyse(diagram: Diagram) -> PointwiseShape | str:
     return PointwiseShape(d, dtype, sizes, mode, how, tuple(order),
                           tuple(a for a in order if a in red), tuple(a for a in order if a in K), tuple(chain),
                           loop, post, tuple(full_out), tuple(kept_out), vec, tail, aligned_rows, padded, pair,
-                          aliases, cross)
+                          aliases, cross, tuple(a for a in rep_input.axis_names if a in rep) if rep else (),
+                          rep_input)
 
 
 def _pair_of(d: Diagram, reduces: list[Value], consumers: dict, out_ids: set[int]) -> "PairSum | str | None":
@@ -974,6 +1052,8 @@ def regs_need(shape: PointwiseShape, cfg: Config) -> int:
 
     def held(v: Value) -> int:
         kind, _ = g.access(v)
+        if v is shape.rep_input and kind != "bcast":
+            return 0  # loaded where it is used (below)
         if kind == "bcast":
             return 1
         if kind == "strided":
@@ -986,9 +1066,16 @@ def regs_need(shape: PointwiseShape, cfg: Config) -> int:
         t = cross_tile(shape, cfg)
         staging = len(shape.staged) * t.stage_iters(cfg.threads) * -(-t.sv * b // 4) + 6 + (2 if shape.staged_out else 0)
 
-    loads = sum(held(v) for v in shape.loop_inputs)
+    # a skinny product's small factor: its values at each of the rep elements, in flight beside
+    # the large factor's (a broadcast scalar each), or, loaded where they are used, a packed vector
+    # each (the compiler issues them together) and one unpacked (sm_90a, fp32, eight vectors of a
+    # 512-long sum: 48 registers spilled 40 bytes)
+    loads = sum(held(v) * (shape.nrep if v is shape.rep_input else 1) for v in shape.loop_inputs)
+    use_loads = 0
+    if shape.rep and g.access(shape.rep_input)[0] != "bcast":
+        use_loads = shape.nrep * -(-shape.vec * b // 4) + -(-shape.vec * 3 // 2)
     stores = sum(-(-shape.vec * b // 4) for _ in shape.full_out)
-    acc = 0 if shape.mode == "map" else (cfg.unroll if shape.mode == "row" else shape.vec)
+    acc = 0 if shape.mode == "map" else (cfg.unroll if shape.mode == "row" else shape.vec) * shape.nrep
     if shape.pair:
         # a pair per accumulator, and what a fold holds: the vector's values (row), or the new
         # max of each kept value (col: the values are computed again for the sum, not held)
@@ -1013,7 +1100,7 @@ def regs_need(shape: PointwiseShape, cfg: Config) -> int:
     # needed 154 registers, the formula without this 139)
     divs = sum(isinstance(m.op, Map) and m.op.fn == "div" for m in shape.loop) if half_math(shape.dtype) else 0
     return (base + cfg.unroll * loads + stores + acc + index + len(shape.loop) + offsets + 2 * shape.vec * divs
-            + staging)
+            + staging + use_loads)
 
 
 def regs_estimate(shape: PointwiseShape, cfg: Config) -> int:
@@ -1074,6 +1161,8 @@ def schedule_for(shape: PointwiseShape, cfg: Config, gpu: str | None) -> Schedul
         if shape.pair and shape.pair.maxes[-1].op.over in shape.red:
             r = shape.pair.maxes[-1].op.over  # the axis the pair's max ends on: its running shift
         rel.append(Relabel(r, min(s[r], cfg.tpr * cfg.unroll), "SMEM", "stream"))
+    # a skinny product's own axes: whole in every block (each thread holds all of them)
+    rel += [Relabel(a, s[a], "SMEM", "group") for a in shape.rep]
     d = shape.diagram
     boxes = tuple(d.name_of(v) for v in d.nodes)
     kernel = Kernel(NAME, boxes, tuple(rel), in_registers(d), family=NAME, options=cfg.options(shape))
@@ -1261,14 +1350,38 @@ def lower_shape(shape: PointwiseShape, cfg: Config, schedule: Schedule, arch: st
 
     loads_decl: list[Code] = []
     loads: list[Code] = []
+    use_loads: list[Code] = []     # loads issued where their values are used (a skinny product's small factor)
     vec_ptrs: list[Code] = []
     elem_loads: list[Code] = []
     one_loads: list[Code] = []     # aligned rows: one value of a row's head or tail into lane 0 of set 0
     head_ptr: Code | None = None   # aligned rows: where the first input's row starts
     staged_ids = {id(v) for v in shape.staged}
+    rep_offsets = _rep_offsets(shape, g)
     for v in loop_inputs:
         nm = name(v)
         ptr, ld = ident(nm, "in_"), ident(nm, "ld_")
+        if v is shape.rep_input:
+            # the small factor of a skinny product: its values at each of the rep axes' elements,
+            # each at a constant offset from the first. A broadcast scalar (the column kernel) is
+            # loaded with the large factor's vectors; a vector (the row kernel) when it is used,
+            # from L1 or L2 (it is small and every row reads it), so that only the large factor's
+            # vectors take registers while in flight
+            kind, stride, off = placed(nm, v)
+            for m, c in enumerate(rep_offsets):
+                ldm, at = ident(nm, f"ld{m}_"), Code(f"{off} + {c}")
+                if kind == "bcast":
+                    loads_decl.append(Code(f"T {ldm}[UNROLL];"))
+                    loads.append(Code(f"{ldm}[u] = {ptr}[{at}];"))
+                    elem_loads.append(Code(f"const float {ident(nm, f'a{m}_')} = napkin::to_float({ldm}[u]);"))
+                    continue
+                use_loads.append(Code(f"napkin_pwh::Pack<T, VEC> {ldm};"))
+                if kind == "vec":
+                    vec_ptrs.append(ptr)
+                    use_loads.append(Code(f"napkin_pwh::load<T, VEC>({ldm}, {ptr} + ({at}), vec_ok);"))
+                else:
+                    use_loads.append(Code(f"napkin_pwh::load_strided<T, VEC>({ldm}, {ptr} + ({at}), {g.lit(stride)});"))
+                elem_loads.append(Code(f"const float {ident(nm, f'a{m}_')} = napkin_pwh::value({ldm}, e);"))
+            continue
         if id(v) in staged_ids:
             # VEC values down column ql of its cross tile, rows il .. il + VEC (phase 2)
             loads_decl.append(Code(f"napkin_pwh::Pack<T, VEC> {ld}[UNROLL];"))
@@ -1340,23 +1453,31 @@ def lower_shape(shape: PointwiseShape, cfg: Config, schedule: Schedule, arch: st
     for b in shape.loop:
         elem.append(_map_stmt(shape, b, loop_var, g.index_args(b, "i_", True)))
     red_in = Code(" * ".join(str(ident(name(a), "a_")) for a in shape.reduce_args)) if shape.chain else None
+    # a skinny product: the product at each of the rep axes' elements
+    rep_red_in = [Code(" * ".join(str(ident(name(a), f"a{m}_" if a is shape.rep_input else "a_"))
+                                  for a in shape.reduce_args)) for m in range(shape.nrep)] if shape.rep else []
 
     # ---- after the reduction: per kept element kf (prefix k_)
     post_need: set[str] = set()
     for b in shape.post:
         post_need.update(_index_axes(b))
     post_loads = []
+
+    def kept_terms(v: Value) -> list[Code]:
+        """``v``'s offset at kept element kf (and rep element m of a skinny product)."""
+        return g.part(v, shape.kept, Code("kf"), "k_", post_need) + g.part(v, shape.rep, Code("m"), "k_", post_need)
+
     for v in post_inputs:
-        terms = g.part(v, shape.kept, Code("kf"), "k_", post_need)
+        terms = kept_terms(v)
         post_loads.append(Code(f"const float {ident(name(v), 'a_')} = napkin::to_float("
                                f"{ident(name(v), 'in_')}[{g.total(terms)}]);"))
     post_stmts = [_map_stmt(shape, b, loop_var, g.index_args(b, "k_", False)) for b in shape.post]
     post_stores = []
     for n, v in shape.kept_out:
-        terms = g.part(v, shape.kept, Code("kf"), "k_", post_need)
+        terms = kept_terms(v)
         post_stores.append(Code(f"{ident(n, 'out_')}[{g.total(terms)}] = napkin::from_float<T>("
                                 f"{ident(name(v), 'a_')});"))
-    post_index = g.decompose(shape.kept, Code("kf"), "k_", post_need)
+    post_index = g.decompose(shape.kept, Code("kf"), "k_", post_need) + g.decompose(shape.rep, Code("m"), "k_", post_need)
     outer_index = g.decompose(outer_group, outer_flat, "i_", outer_need)
     loop_index = g.decompose(loop_group, loop_flat, "i_", loop_need)
 
@@ -1442,6 +1563,10 @@ def lower_shape(shape: PointwiseShape, cfg: Config, schedule: Schedule, arch: st
                       f"SPLITS = {cfg.splits}")
         sched.append(f"{_how_text(shape)} over R in fp32: VEC accumulators per thread, the TY partial vectors "
                      "combined in shared memory in a fixed order")
+    if shape.rep:
+        legend.append(f"skinny product: the small factor {name(shape.rep_input)}'s own axes ({', '.join(shape.rep)}) -> "
+                      f"m < REP = {shape.nrep}, every one of them in each thread's registers (REP accumulators a "
+                      f"value), so each vector of the large factor is read once; the kept outputs' m")
     legend.append(f"register budget: {regs_estimate(shape, cfg)} per thread (__maxnreg__), as the performance "
                   "model assumed")
     if split:
@@ -1463,11 +1588,11 @@ def lower_shape(shape: PointwiseShape, cfg: Config, schedule: Schedule, arch: st
         INV_COUNT=1.0 / shape.nr if shape.chain else 1.0, mean=shape.how == "mean",
         block_mode=mode == "row" and cfg.tpr > 32,
         vec_ok=vec_ok, params=params, hoisted=hoisted, outer_index=outer_index, loop_index=loop_index,
-        loads_decl=loads_decl, loads=loads, elem=elem, red_in=red_in,
+        loads_decl=loads_decl, loads=loads, use_loads=use_loads, elem=elem, red_in=red_in,
         full_stores_decl=full_stores_decl, full_stores=full_stores, elem_stores=elem_stores,
         post_index=post_index, post_loads=post_loads, post_stmts=post_stmts, post_stores=post_stores,
         red_out=ident(name(shape.reduce_out), "a_") if shape.chain else None,
-        pair=shape.pair is not None,
+        pair=shape.pair is not None, rep=bool(shape.rep), REP=shape.nrep, rep_red_in=rep_red_in,
         pair_out=ident(name(shape.pair.sums[-1]), "a_") if shape.pair else None,
         EXACT=Code("true" if shape.pair and shape.pair.exact else "false"),
         FAST=Code("false" if shape.dtype == "fp32" else "true"),
@@ -1489,11 +1614,28 @@ def lower_shape(shape: PointwiseShape, cfg: Config, schedule: Schedule, arch: st
         model_smem_bytes=smem_estimate(shape, cfg), model_regs_per_thread=regs_estimate(shape, cfg))]
     buffers = []
     if split:
-        # a pair reduction's partials: the SPLITS maxes, then the SPLITS sums
-        rows = cfg.splits * (2 if shape.pair else 1)
+        # a pair reduction's partials: the SPLITS maxes, then the SPLITS sums; a skinny product's
+        # SPLITS x REP partial rows
+        rows = cfg.splits * (2 if shape.pair else 1) * shape.nrep
         buffers.append(Buffer(part, ("split", "kept"), (rows, shape.nk), "fp32"))
         buffers.append(Buffer(arrivals, ("tile",), (g0[0],), "fp32", zeroed=True))
     return launches, buffers
+
+
+def _rep_offsets(shape: PointwiseShape, g: "_Gen") -> list[Code]:
+    """The small factor's offset at each element of a skinny product's rep axes (outermost
+    first, the order the kept outputs' ``m`` counts in), from the first."""
+    if not shape.rep:
+        return []
+    st = _strides(shape.rep_input, shape.sizes)
+    out = []
+    for m in range(shape.nrep):
+        off, left = 0, m
+        for a in reversed(shape.rep):
+            off += (left % shape.sizes[a]) * st[a]
+            left //= shape.sizes[a]
+        out.append(g.lit(off))
+    return out
 
 
 def _cross_context(shape: PointwiseShape, cfg: Config, g: "_Gen") -> dict:
@@ -1632,7 +1774,20 @@ class PointwiseFamily:
                    reductions=0 if shape.mode == "map" else 1,
                    threads_per_row=1 if shape.mode == "map" else cfg.tpr)
         if cfg.splits > 1:
-            est["extra_hbm_bytes"] = 2 * 4 * cfg.splits * shape.nk * (2 if shape.pair else 1)
+            est["extra_hbm_bytes"] = 2 * 4 * cfg.splits * shape.nk * shape.nrep * (2 if shape.pair else 1)
+        if any(isinstance(v.op, Contract) for v in shape.chain):
+            est["products_on_cuda"] = True  # fp32 FMAs, whatever the dtype
+        if shape.rep:
+            # a skinny product computes REP products a value once a step's vectors arrive, and loads
+            # the next step's after: its compute and memory times add (H200, bf16, 8192 x 4096 by b
+            # vectors in the column kernel: 27.6 us at b = 4, 35.6 at b = 8, where HBM alone is 16)
+            est["overlap_memory"] = False
+            if shape.mode == "row":
+                # and every row reads the whole small factor again, a vector of it for each vector of
+                # the large factor, through L1: priced as 2 bytes a value at the L2 rate, what fits the
+                # H200 (8192 x 4096 by b vectors: bf16 27.2 / 35.2 / 61.2 us at b = 2 / 4 / 8, fp32
+                # 49.6 at b = 4, where HBM alone is 14 and 28)
+                est["extra_l2_bytes"] = float(shape.nk * shape.nrep * shape.nr * 2)
         return est
 
     def lower(self, diagram: Diagram, schedule: Schedule, arch: str) -> Program:
