@@ -262,9 +262,11 @@ def local_work(schedule: Schedule, *, tensor_cores: bool = False):
 #:   loads do not hide behind the mma;
 #: * ``overlap_compute=False`` (attention): the FlashAttention-2-style template runs the online
 #:   softmax (exp on the SFU, max/sum/rescale on CUDA cores) between its two mma in the same warp,
-#:   so tensor, CUDA-core and SFU times add.
+#:   so tensor, CUDA-core and SFU times add;
+#: * ``in_flight_through_l2=True`` (contraction): the bytes a tile keeps in flight are both operands'
+#:   loads, those that hit L2 among them (``LaunchShape.in_flight_through_l2``).
 FAMILY_EXECUTION: dict[str, dict] = {
-    "contraction": {"tensor_path": "mma.sync", "overlap_operands": False},
+    "contraction": {"tensor_path": "mma.sync", "overlap_operands": False, "in_flight_through_l2": True},
     "attention": {"tensor_path": "mma.sync", "overlap_operands": False, "overlap_compute": False},
 }
 
