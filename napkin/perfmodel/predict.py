@@ -464,6 +464,12 @@ def family_efficiency(gpu: GPU, family: str | None, base: Efficiency = Efficienc
     return base.scaled(factors) if factors else base
 
 
+#: The least share of L2 a kernel reads from HBM for :func:`latency_floor` to count only the HBM
+#: share of its bytes in flight: below it the operands are found in L2 (H200, fp32, 77 x 1000 x 33:
+#: counting the share there moved the plan from 16.0 to 19.3 us).
+STREAMING_L2_SHARE = 0.25
+
+
 def latency_floor(gpu: GPU, hbm_bytes: float, launch: LaunchShape | None, blocks_per_sm: int | None,
                   memory_latency_s: float | None = None, l2_bytes: float | None = None) -> float:
     """Little's law: the least time ``hbm_bytes`` take when the resident blocks, ``min(blocks,
@@ -477,9 +483,8 @@ def latency_floor(gpu: GPU, hbm_bytes: float, launch: LaunchShape | None, blocks
     product's few rows, brings no HBM bytes: H200, fp32, 8192 x 4096 by 8 rows on 32 x 32 tiles of
     64 threads, both operands' tiles in flight but half of them L2 hits: 141 us measured, the floor
     52 us without the share, 104 with it). Only a kernel that streams from HBM gets the share: one
-    whose HBM bytes are under a quarter of L2 finds its operands there (written by the launch
-    before it, re-read by its neighbours), and its floor stays as it was (H200, fp32, 77 x 1000 x
-    33: the share moved the plan from 16.0 to 19.3 us).
+    whose HBM bytes are under :data:`STREAMING_L2_SHARE` of L2 finds its operands there (written
+    by the launch before it, re-read by its neighbours), and its floor stays as it was.
 
     >>> from napkin.perfmodel.hardware import get_gpu
     >>> g = get_gpu("h200")
@@ -494,7 +499,8 @@ def latency_floor(gpu: GPU, hbm_bytes: float, launch: LaunchShape | None, blocks
     resident = min(int(launch.blocks), blocks_per_sm * gpu.sms)
     in_flight = resident * launch.threads * launch.in_flight_bytes_per_thread
     l2_capacity = gpu.level("L2").capacity_bytes if "L2" in gpu.level_names() else 0.0
-    if launch.in_flight_through_l2 and l2_bytes and l2_bytes > hbm_bytes and hbm_bytes >= 0.25 * l2_capacity:
+    streams = hbm_bytes >= STREAMING_L2_SHARE * l2_capacity
+    if launch.in_flight_through_l2 and streams and l2_bytes and l2_bytes > hbm_bytes:
         in_flight *= hbm_bytes / l2_bytes
     floor = hbm_bytes * latency / in_flight
     if launch.idle_lanes:
