@@ -325,6 +325,8 @@ def _shape_of(est: dict | None, fam, schedule: Schedule):
         facts["epilogue_rate"] = float(est["epilogue_rate"])
     if est.get("tf32x3_flops"):  # an fp32 sum run as 3xTF32 on the tensor cores
         facts["tf32x3_flops"] = float(est["tf32x3_flops"])
+    if est.get("tensor_chain_s"):  # dependent tensor-core products that bind a small tile
+        facts["tensor_chain_s"] = float(est["tensor_chain_s"])
     if est.get("tail_factor"):  # the per-SM tail the kernel's own order of unequal tiles gives
         facts["tail_factor"] = float(est["tail_factor"])
     if est.get("products_on_cuda"):  # a sum of products as fp32 FMAs, not on the tensor cores

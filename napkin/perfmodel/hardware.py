@@ -355,6 +355,10 @@ FIELD_SOURCES: dict[str, str] = {
     "step_overhead_clk": "estimate: one streamed-loop step's fixed cost a block cannot overlap with its own "
                          "work: a __syncthreads barrier (~20-40 clk) + the dependent ldmatrix -> mma restart "
                          "of the next chunk (~30 + ~30 clk) + loop and copy issue (~10 clk)",
+    "wgmma_step_clk": "measured: H200, bf16, wgmma tiles of 64 rows (one consumer warpgroup) over 64 "
+                      "chunks of 64: 1024 x 4096 x 1024 on 64 x 128 tiles 15.6 us of kernel and 4096 x "
+                      "4096 x 8 on 64 x 64 tiles 17.7 us, 0.24-0.25 us a chunk of four dependent wgmma, "
+                      "about 112 clk each at 1.83 GHz (benchmarks/results/nvidia-h200/wgmma_chain_s27.txt)",
     "shuffle_latency_clk": "estimate: one dependent shfl.sync stage and the add/max consuming it "
                            "(~25-35 clk on Volta-to-Hopper SMs in published microbenchmarks)",
     "sync_latency_clk": "estimate: the cross-warp stage of a block-wide reduction: st.shared + "
@@ -427,6 +431,11 @@ class GPU:
     #: loop and copy issue); co-resident blocks hide it from each other (estimate, see
     #: :data:`FIELD_SOURCES`).
     step_overhead_clk: float = field(default=100.0, metadata=_check("non_negative"))
+    #: Time of one wgmma k16 step that waits on the one before it, clocks (finite, >= 0; zero: no
+    #: wgmma). A consumer warpgroup adds each chunk's BK / 16 products into one accumulator tile,
+    #: so they run one after another, and a tile of few rows or columns is bound by that chain
+    #: rather than by the tensor rate (measured; see :data:`FIELD_SOURCES`).
+    wgmma_step_clk: float = field(default=0.0, metadata=_check("non_negative"))
     #: Latency of one dependent warp-shuffle stage of a cross-thread reduction, clocks (finite,
     #: >= 0; a row reduced by T <= 32 threads takes log2(T) stages; estimate).
     shuffle_latency_clk: float = field(default=30.0, metadata=_check("non_negative"))

@@ -58,6 +58,11 @@ The assumptions that are not datasheet facts are named, with where their numbers
   time (compute or HBM) adds to the larger; an SM holding more than ``FILL_LOCKED_BLOCKS`` (2)
   blocks hides part of it, in proportion (:func:`exposed_fill_share`; the constant is fitted to
   three H200 measurements, named there);
+* **wgmma chain** (``tensor_chain_s``): a wgmma kernel's consumer adds each chunk's ``BK / 16``
+  products into one accumulator tile, one after another (``GPU.wgmma_step_clk`` each, measured
+  on an H200), so the tensor term is at least the busiest SM's tiles times their chunks times
+  that chain: it binds tiles of few rows or columns over a long sum (a few vectors by a matrix),
+  where splitting the sum shortens each block's chain;
 * **calibrated factors**: ``family=`` applies the profile's ``efficiency[family]`` fractions
   (written by the calibration step; none on datasheet profiles).
 
@@ -228,6 +233,10 @@ class LaunchShape:
     exp_fma_share: float = 0.0
     fma_flops_per_exp: float = 0.0
     tf32x3_flops: float = 0.0
+    #: the least time of the tensor-core work, an SM's share before the tail: a wgmma kernel whose
+    #: consumers add each chunk's products into one accumulator tile, one product after another
+    #: (``GPU.wgmma_step_clk`` each), binds a tile of few rows or columns there, not the rate
+    tensor_chain_s: float = 0.0
     tail_factor: float | None = None
     issue_overlaps_memory: bool = False
     fill_share: float = 0.0
@@ -252,6 +261,8 @@ class LaunchShape:
                 raise ScheduleError(f"{k} must be non-negative, got {v!r}")
         if self.threads_per_row is not None and int(self.threads_per_row) < 1:
             raise ScheduleError(f"threads_per_row must be at least 1, got {self.threads_per_row!r}")
+        if not float(self.tensor_chain_s) >= 0:
+            raise ScheduleError(f"tensor_chain_s must be non-negative, got {self.tensor_chain_s!r}")
         if not float(self.tf32x3_flops) >= 0:
             raise ScheduleError(f"tf32x3_flops must be non-negative, got {self.tf32x3_flops!r}")
         if int(self.row_iterations) < 1:
@@ -592,7 +603,8 @@ def predict_kernel(gpu: GPU, work: Work, launch: LaunchShape | None = None, *, n
                  block_latency_s=(chain.fill_s + chain.reduce_s) if chain is not None else 0.0,
                  block_issue_s=chain.steps_s if chain is not None else 0.0, tail_factor=launch.tail_factor,
                  issue_overlaps_memory=launch.issue_overlaps_memory,
-                 fill_share=exposed_fill_share(float(launch.fill_share), bps))
+                 fill_share=exposed_fill_share(float(launch.fill_share), bps),
+                 tensor_floor_s=float(launch.tensor_chain_s))
     ep = None
     if epi is not None:
         # the epilogue's roofline, its compute stretched by the tail like the loop's; its maps run
@@ -785,7 +797,7 @@ def explain_assumptions(gpu: GPU | str, prediction: SchedulePrediction | None = 
     g = get_gpu(gpu) if not isinstance(gpu, GPU) else gpu
     rows: list[tuple[str, object, str]] = []
     for name in ("memory_latency_s", "step_overhead_clk", "shuffle_latency_clk", "sync_latency_clk",
-                 "mma_sync_fraction"):
+                 "mma_sync_fraction", "wgmma_step_clk"):
         if hasattr(g, name):
             rows.append((name, getattr(g, name), g.source_of(name)))
     for lv in g.levels:

@@ -320,6 +320,7 @@ def predict(
     tail_factor: float | None = None,
     issue_overlaps_memory: bool = False,
     fill_share: float = 0.0,
+    tensor_floor_s: float = 0.0,
 ) -> Prediction:
     """Predicted runtime of ``work`` on ``gpu`` (see the module docstring for the assumptions).
 
@@ -339,6 +340,8 @@ def predict(
     together, so nothing else on the chip hides it: a loop of ``n`` steps behind a ring that
     loads ``r`` chunks ahead exposes ``min(1, r / n)`` (a loop no longer than its ring loads,
     then multiplies, as if not overlapped at all).
+    ``tensor_floor_s``: the least time of the tensor term, an SM's share before the tail (a chain
+    of dependent tensor-core products that the tensor rate alone does not bound).
     """
     if not 0.0 <= fill_share <= 1.0:
         raise HardwareError(f"fill_share must be a fraction in [0, 1], got {fill_share!r}")
@@ -363,6 +366,10 @@ def predict(
             compute["cuda"] += v / (gpu.cuda_core_rate(work.cuda_dtype) * eff.cuda)
         elif k == "sfu":
             compute["sfu"] += v / (gpu.sfu_rate() * eff.sfu)
+    if tensor_floor_s < 0:
+        raise HardwareError(f"tensor_floor_s must be non-negative, got {tensor_floor_s!r}")
+    if compute["tensor"] > 0:
+        compute["tensor"] = max(compute["tensor"], tensor_floor_s)
     transfer: dict[str, float] = {}
     for name, b in work.bytes.items():
         lv = gpu.level(name)  # HardwareError for unknown level names

@@ -1029,6 +1029,19 @@ def _elem(dtype: str) -> int:
     return 4 if dtype == "fp32" else 2
 
 
+def _wgmma_step_s(gpu) -> float:
+    """Seconds of one dependent wgmma k16 step on ``gpu`` (0 where the profile states none)."""
+    if gpu is None:
+        return 0.0
+    from ...perfmodel.hardware import get_gpu
+
+    try:
+        g = get_gpu(gpu)
+    except Exception:  # noqa: BLE001 - an unknown GPU states no chain
+        return 0.0
+    return float(getattr(g, "wgmma_step_clk", 0.0)) / g.clock_hz
+
+
 def _sm_count(gpu) -> int:
     if gpu is not None:
         try:
@@ -1414,6 +1427,19 @@ class ContractionFamily:
             # 128 in 2 splits and a combine, its steps priced 3.5 us on top of the L2-bound body;
             # kernels 21.2 -> 15.6 us on an H200 (cuBLAS 13.0), 21.3 -> 15.2 H100
             est.update(stream_steps=0)
+            # but each consumer adds a chunk's BK / 16 products into one accumulator tile, each
+            # wgmma waiting on the one before: a chunk takes at least that chain, whatever the
+            # tensor rate. It binds tiles of few rows or columns (a padded skinny product, 64-row
+            # tiles over a long sum), where splitting the sum shortens each block's chain: H200,
+            # bf16, 4096 x 4096 x 8 on 64 x 64 tiles 17.7 us of kernel unsplit, 9.7 on 64 x 128
+            # tiles in 4 splits (``GPU.wgmma_step_clk``). Ping-pong consumers run two tiles' chains
+            # side by side. An SM's share on average: the roofline's tail takes the busiest SM's
+            # tiles, as for the tensor term
+            steps = _chunk_count(sz, p, cfg.BK)
+            step_s = _wgmma_step_s(gpu)
+            if steps and step_s:
+                chain = math.ceil(steps / cfg.splits) * (cfg.BK // 16) * step_s
+                est.update(tensor_chain_s=chain * blocks / _sm_count(gpu) / (2 if cfg.pingpong else 1))
             if p.rowred is not None:
                 est.update(epilogue_hbm_bytes=epilogue_bytes(diagram, p),
                            epilogue_rate=WGMMA_ROWRED_EPILOGUE_RATE)
