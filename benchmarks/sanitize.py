@@ -292,6 +292,16 @@ def _mma_sync_64x64(d):
     return _lowered(d, MatmulConfig(False, *MMA_CONFIGS[-1]))
 
 
+def _wgmma_64x64(d):
+    """The wgmma template's 64 x 64 tile (one consumer, unsplit) at sizes where Hopper's planner
+    takes the mma.sync tiles (a sum of 72: two chunks of 64, the second mostly past the end, and a
+    chain of dependent wgmma each, where the mma.sync tile's chunks of 32 waste less): its operand
+    views and clipped chunks under the sanitizers."""
+    from napkin.codegen.families.contraction import WGMMA_SPLIT_CONFIGS, MatmulConfig
+
+    return _lowered(d, MatmulConfig(False, *WGMMA_SPLIT_CONFIGS[2], wgmma=True))
+
+
 def _pingpong_wide(d):
     """The ping-pong 128 x 192 tile (192 accumulators a consumer, four staging blocks that go out by
     TMA) on a plain product with more tiles than SMs and edges that are not tile multiples."""
@@ -424,12 +434,12 @@ CASES = [
     Case("matmul_mma.cu.jinja", "batched_matmul", {"n": 2, "a": 77, "b": 72, "c": 42},
          family="contraction", program=_mma_sync_64x64),  # 84-byte rows, padded first
     Case("matmul_wgmma.cu.jinja", "batched_matmul", {"n": 2, "a": 77, "b": 72, "c": 40}, family="contraction",
-         archs=("sm_90a",), label="batched_k72_views"),
+         archs=("sm_90a",), label="batched_k72_views", program=_wgmma_64x64),
     Case("pad_rows.cu.jinja", "matmul", {"a": 77, "b": 71, "c": 42}, family="contraction"),  # copied padded
     Case("matmul_mma.cu.jinja", "mlp", {"a": 65, "b": 72, "c": 136}, family="contraction", program=_mma_sync_64x64),
-    # the same on a small wgmma tile (64 x 128, one consumer, unsplit): Hopper's planner's pick
+    # the same on a small wgmma tile (64 x 64, one consumer, unsplit)
     Case("matmul_wgmma.cu.jinja", "mlp", {"a": 65, "b": 72, "c": 136}, family="contraction", archs=("sm_90a",),
-         label="mlp_small_tile"),
+         label="mlp_small_tile", program=_wgmma_64x64),
     # an epilogue operand tiled like the output (attention's dS = (dP - D) * P), copied into shared
     # memory a tile at a time after the loop; rows of 200 and 77 that are not tile multiples
     Case("matmul_mma.cu.jinja", _staged_epilogue, {"n": 2, "a": 77, "b": 72, "c": 200}, family="contraction",

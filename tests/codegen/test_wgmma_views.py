@@ -64,7 +64,7 @@ def random_layout(seed: int) -> tuple[Diagram, dict]:
 
 #: Seeds of random_layout whose plans copy an operand through a map of its own axes (h200, bf16;
 #: test_random_layouts_take_own_axes_maps holds it).
-RANDOM_SEEDS = [1, 3, 4, 7, 8, 11, 12, 13, 14, 16]
+RANDOM_SEEDS = [18, 22, 26, 30, 31, 42, 46, 47, 48, 50]
 
 
 def test_each_operand_gets_the_view_its_layout_needs():
