@@ -751,6 +751,21 @@ def _few_tiles(diagram: Diagram, p: MatmulProblem, gpu) -> bool:
     return tiles is not None and tiles * 2 <= _sm_count(gpu)
 
 
+#: The most output rows (of the operand on the wgmma tile's row side, a batch element's) for which
+#: only tiles of 64 rows run on wgmma: past them a consumer warpgroup's rows of a 128-row tile all
+#: lie beyond the edge, and it runs its chain of wgmma over zeros beside the other. H200, bf16, a
+#: few vectors by an 11008 x 4096 matrix (4 rows): 128 x 128 tiles on two consumers 48.8 us of
+#: kernel, 0.76 us a chunk, where 64 x 128 tiles over 8192 rows ran 0.40 us a chunk.
+THIN_ROWS = 64
+
+
+def _thin(diagram: Diagram, p: MatmulProblem) -> bool:
+    """Whether the wgmma tile's rows (``p.a``) hold at most :data:`THIN_ROWS` elements: then only
+    64-row wgmma tiles are offered, unsplit as well as split."""
+    n = diagram.sizes.get(p.a)
+    return isinstance(n, int) and n <= THIN_ROWS
+
+
 def _small_output(diagram: Diagram, p: MatmulProblem) -> bool:
     """Whether an output axis (rows or columns, per batch element) has at most
     :data:`SMALL_OUTPUT` elements: then the small block tiles are offered (a 64-row tile would
@@ -1266,8 +1281,10 @@ class ContractionFamily:
                                        *(TF32X3_SMALL_CONFIGS if small else ()))}
             cfgs = [c for c in self.configs(dtype, "mma.sync") if c.key() in offered] + cfgs
         wgmma = self.wgmma_reason(diagram, gpu, dtype=dtype) is None
+        thin = _thin(diagram, p)
         if wgmma:
-            cfgs = [_narrowed(c, diagram.sizes.get(p.c)) for c in self.configs(dtype, "wgmma")] + cfgs
+            cfgs = [_narrowed(c, diagram.sizes.get(p.c)) for c in self.configs(dtype, "wgmma")
+                    if not (thin and c.BM > 64)] + cfgs
             cfgs = list(dict.fromkeys(cfgs))
         for cfg in cfgs:
             if cfg.smem_bytes(p, _elem(dtype)) > limit:
@@ -1287,9 +1304,11 @@ class ContractionFamily:
         if wgmma:
             # the small tiles only split, after the others (the planner keeps the first of equals),
             # and unsplit where 128 x 128 tiles leave over half the SMs idle
-            few = _few_tiles(diagram, p, gpu)
+            few = _few_tiles(diagram, p, gpu) or thin
             for c in WGMMA_SPLIT_CONFIGS:
                 cfg = MatmulConfig(False, *c, wgmma=True)
+                if thin and cfg.BM > 64:
+                    continue
                 if cfg.smem_bytes(p, _elem(dtype)) <= limit:
                     if few:
                         out.append(self.schedule(diagram, cfg, gpu=gpu, dtype=dtype))
