@@ -1303,7 +1303,8 @@ class ContractionFamily:
                     out.append(self.schedule(diagram, replace(cfg, splits=n), gpu=gpu, dtype=dtype))
         if wgmma:
             # the small tiles only split, after the others (the planner keeps the first of equals),
-            # and unsplit where 128 x 128 tiles leave over half the SMs idle
+            # and unsplit where 128 x 128 tiles leave over half the SMs idle or the rows are thin
+            # (then only the 64-row ones)
             few = _few_tiles(diagram, p, gpu) or thin
             for c in WGMMA_SPLIT_CONFIGS:
                 cfg = MatmulConfig(False, *c, wgmma=True)
