@@ -221,6 +221,8 @@ class Prediction:
     compute_time_s: float              # max (or sum) of compute_s, each times wave_factor
     memory_time_s: float               # the slowest level (per-SM levels times wave_factor)
     bound: str                         # the largest single term after the tail: "tensor", "HBM", ...
+                                       # ("tensor chain": the tensor term is its floor, a chain of
+                                       # dependent products, not the rate)
     body_s: float                      # before the tail, the latency chain and launch overhead
     blocks: int | None
     blocks_per_sm: int | None
@@ -368,8 +370,9 @@ def predict(
             compute["sfu"] += v / (gpu.sfu_rate() * eff.sfu)
     if tensor_floor_s < 0:
         raise HardwareError(f"tensor_floor_s must be non-negative, got {tensor_floor_s!r}")
-    if compute["tensor"] > 0:
-        compute["tensor"] = max(compute["tensor"], tensor_floor_s)
+    chained = compute["tensor"] > 0 and tensor_floor_s > compute["tensor"]
+    if chained:
+        compute["tensor"] = tensor_floor_s
     transfer: dict[str, float] = {}
     for name, b in work.bytes.items():
         lv = gpu.level(name)  # HardwareError for unknown level names
@@ -406,6 +409,8 @@ def predict(
     terms = {**s_compute, **s_transfer}
     bound = max(terms, key=lambda k: terms[k]) if any(v > 0 for v in terms.values()) else "none"
     tail_resource = bound if (factor > 1.0 + 1e-12 and bound in stretched) else "none"
+    if chained and bound == "tensor":
+        bound = "tensor chain"  # the floor, not the tensor rate, binds: say so
     # One generation of co-resident blocks on the busiest SM takes max(its share of the body, one
     # block's chain + that block's own share of the body): while one block waits on its chain the
     # others keep the SM's pipes busy. Over the rounds, what the chain adds beyond the body is

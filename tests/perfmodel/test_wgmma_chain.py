@@ -27,6 +27,9 @@ def test_floor_raises_only_a_smaller_tensor_term():
     assert predict(g, w, tensor_floor_s=t / 2).compute_s["tensor"] == pytest.approx(t)
     assert predict(g, w, tensor_floor_s=3 * t).compute_s["tensor"] == pytest.approx(3 * t)
     assert predict(g, w, tensor_floor_s=3 * t).seconds > plain.seconds
+    # the floor, when it binds, is named as the bound
+    assert predict(g, w, tensor_floor_s=1.0).bound == "tensor chain"
+    assert predict(g, w, tensor_floor_s=t / 2).bound != "tensor chain"
     # no tensor work: nothing to floor
     assert predict(g, Work(flops={"cuda": 1e9}, dtype="fp32"), tensor_floor_s=1.0).compute_s["tensor"] == 0.0
     with pytest.raises(HardwareError):
