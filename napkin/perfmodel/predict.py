@@ -261,10 +261,9 @@ class LaunchShape:
                 raise ScheduleError(f"{k} must be non-negative, got {v!r}")
         if self.threads_per_row is not None and int(self.threads_per_row) < 1:
             raise ScheduleError(f"threads_per_row must be at least 1, got {self.threads_per_row!r}")
-        if not float(self.tensor_chain_s) >= 0:
-            raise ScheduleError(f"tensor_chain_s must be non-negative, got {self.tensor_chain_s!r}")
-        if not float(self.tf32x3_flops) >= 0:
-            raise ScheduleError(f"tf32x3_flops must be non-negative, got {self.tf32x3_flops!r}")
+        for k in ("tensor_chain_s", "tf32x3_flops"):
+            if not float(getattr(self, k)) >= 0:
+                raise ScheduleError(f"{k} must be non-negative, got {getattr(self, k)!r}")
         if int(self.row_iterations) < 1:
             raise ScheduleError(f"row_iterations must be at least 1, got {self.row_iterations!r}")
         if not 0.0 < float(self.epilogue_rate) <= 1.0:

@@ -1023,16 +1023,23 @@ def _gpu_key(gpu) -> str | None:
     return getattr(gpu, "key", None) or str(gpu)
 
 
-def _smem_limit(gpu=None, arch: str | None = None) -> int:
-    if gpu is not None:
-        try:
-            from ...perfmodel.hardware import get_gpu
+def _profile(gpu):
+    """The GPU profile ``gpu`` names (a profile, a key or a file), or None: no GPU, or one the
+    profiles do not know (each caller then falls back on its own default)."""
+    if gpu is None:
+        return None
+    from ...perfmodel.hardware import get_gpu
 
-            lv = get_gpu(gpu).level("SMEM")
-            if lv.per_block_bytes:
-                return int(lv.per_block_bytes)
-        except Exception:  # noqa: BLE001 - unknown GPU: fall back on the arch
-            pass
+    try:
+        return get_gpu(gpu)
+    except Exception:  # noqa: BLE001 - an unknown GPU: the caller's default
+        return None
+
+
+def _smem_limit(gpu=None, arch: str | None = None) -> int:
+    g = _profile(gpu)
+    if g is not None and "SMEM" in g.level_names() and g.level("SMEM").per_block_bytes:
+        return int(g.level("SMEM").per_block_bytes)
     if arch and arch.startswith("sm_8") and arch not in ("sm_80", "sm_87"):
         return 99 * 1024
     if arch and arch.startswith("sm_8"):
@@ -1046,26 +1053,14 @@ def _elem(dtype: str) -> int:
 
 def _wgmma_step_s(gpu) -> float:
     """Seconds of one dependent wgmma k16 step on ``gpu`` (0 where the profile states none)."""
-    if gpu is None:
-        return 0.0
-    from ...perfmodel.hardware import get_gpu
-
-    try:
-        g = get_gpu(gpu)
-    except Exception:  # noqa: BLE001 - an unknown GPU states no chain
-        return 0.0
-    return float(getattr(g, "wgmma_step_clk", 0.0)) / g.clock_hz
+    g = _profile(gpu)
+    return g.wgmma_step_clk / g.clock_hz if g is not None else 0.0
 
 
 def _sm_count(gpu) -> int:
-    if gpu is not None:
-        try:
-            from ...perfmodel.hardware import get_gpu
-
-            return int(get_gpu(gpu).sms)
-        except Exception:  # noqa: BLE001 - unknown GPU: an H100's count
-            pass
-    return 132
+    """The GPU's SM count (an H100's, 132, where the GPU is unknown)."""
+    g = _profile(gpu)
+    return int(g.sms) if g is not None else 132
 
 
 def epilogue_tiles(diagram: Diagram, p: MatmulProblem, cfg: MatmulConfig, elem: int) -> list[Value]:
