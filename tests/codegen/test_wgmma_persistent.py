@@ -278,10 +278,10 @@ def test_pingpong_consumers_alternate_items(cfg):
 @pytest.mark.parametrize("pingpong", [True, False], ids=["pingpong", "cooperative"])
 def test_tma_store_blocks_past_the_edges_repeated(pingpong):
     """TMA stores with 64 x 64 blocks wholly past M (rows 320.. of a 300-row batch element) and
-    past N (columns 192.. of 136): such a block is neither staged nor sent. When it was staged
-    without a copy, the next staged block could overwrite a staging block its copy was still
-    reading (H200: the ping-pong kernel wrong in 21 of 60 runs, error up to 5.5e-2); sixteen runs
-    on fresh inputs catch that with near certainty."""
+    past N (columns 192.. of 136): such a block commits an empty bulk group. When it committed
+    none, the next staged block could overwrite a staging block its copy was still reading (H200:
+    the ping-pong kernel wrong in 21 of 60 runs, error up to 5.5e-2); sixteen runs on fresh inputs
+    catch that with near certainty."""
     _hopper()
     from napkin.codegen import compile as napkin_compile
     from napkin.codegen.verify import verify_compiled
