@@ -35,6 +35,8 @@ def main() -> int:
     ap.add_argument("--dtype", default="bf16")
     ap.add_argument("--top", type=int, default=8)
     ap.add_argument("--only", help="comma-separated candidate ranks to time (default: all of the top)")
+    ap.add_argument("--match", help="also time the candidates past the top whose options or tiles contain this "
+                                    "text (e.g. swap_ab)")
     ap.add_argument("--out")
     args = ap.parse_args()
     import torch
@@ -48,7 +50,10 @@ def main() -> int:
     d = load(args.diagram).with_dtype(args.dtype).bind(**parse_sizes([args.sizes] if args.sizes else []))
     fam = get_family(args.family)
     gpu = select.resolve_gpu(args.gpu)
-    ranked = select.rank(d, fam, gpu, args.dtype)[: args.top]
+    every = select.rank(d, fam, gpu, args.dtype)
+    ranked = [r if i < args.top or (args.match and args.match in f"{r.schedule.kernels[0].options} "
+                                    f"{' '.join(str(x) for x in r.schedule.kernels[0].relabels)}") else None
+              for i, r in enumerate(every)]
     only = {int(x) for x in args.only.split(",")} if args.only else None
     torch.manual_seed(0)
     dt = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[args.dtype]
@@ -63,7 +68,7 @@ def main() -> int:
     print(f"{d.name} {d.sizes} {args.dtype} on {torch.cuda.get_device_name()}: eager {te.median_s * 1e6:.1f} us, "
           f"kernels {sum(eager_kernels.values()):.1f} ({listed})", flush=True)
     for i, r in enumerate(ranked):
-        if only is not None and i not in only:
+        if r is None or (only is not None and i not in only):
             continue
         k = r.schedule.kernels[0]
         est = fam.launch_estimate(d, r.schedule, gpu) if hasattr(fam, "launch_estimate") else {}

@@ -310,6 +310,16 @@ def _pingpong_wide(d):
     return _lowered(d, MatmulConfig(False, *WGMMA_PINGPONG_CONFIGS[-1], wgmma=True, pingpong=True))
 
 
+def _swapped(splits):
+    """The swapped wgmma tile (the matrix on the tile's 64 rows, the vectors its 8 columns, the tile
+    leaving transposed by TMA, or its split partials transposed for the combine)."""
+    from dataclasses import replace
+
+    from napkin.codegen.families.contraction import _swap_config, analyze
+
+    return lambda d: _lowered(d, replace(_swap_config(d, analyze(d), "bf16"), splits=splits))
+
+
 def _tf32x3_small(d):
     """The fp32 template's 32 x 32 tile (3xTF32): the small tiles a batch of small products takes."""
     from napkin.codegen.families.contraction import TF32X3_SMALL_CONFIGS, MatmulConfig
@@ -395,6 +405,12 @@ CASES = [
     # the wide ping-pong tile: 11 x 14 tiles of 128 x 192 walked by both consumers of each block
     Case("matmul_wgmma.cu.jinja", "matmul", {"a": 1333, "b": 300, "c": 2600}, family="contraction",
          archs=("sm_90a",), program=_pingpong_wide, label="matmul_pingpong_wide"),
+    # the swapped tile: 5 vectors by a 1000 x 1000 matrix with a bias and GELU after the product
+    # (rows of 1000: a partial tile, a sum that is no whole number of chunks), and split in 2
+    Case("matmul_wgmma.cu.jinja", _skinny_rows, {"a": 1000, "b": 5, "k": 1000}, family="contraction",
+         archs=("sm_90a",), label="swapped_tile", program=_swapped(1)),
+    Case("matmul_wgmma.cu.jinja", _skinny_cols, {"a": 1000, "b": 5, "k": 2000}, family="contraction",
+         archs=("sm_90a",), label="swapped_tile_split", program=_swapped(2)),
     # a residual copied 64 x 64 at a time into each consumer's staging block (cp.async), read there
     # and overwritten by the results (rows of 264 and 333: partial blocks, zero-filled copies)
     Case("matmul_wgmma.cu.jinja", _gemm_residual, {"a": 333, "b": 520, "c": 264}, family="contraction",

@@ -358,7 +358,11 @@ FIELD_SOURCES: dict[str, str] = {
     "wgmma_step_clk": "measured: H200, bf16, wgmma tiles of 64 rows (one consumer warpgroup) over 64 "
                       "chunks of 64: 1024 x 4096 x 1024 on 64 x 128 tiles 15.6 us of kernel and 4096 x "
                       "4096 x 8 on 64 x 64 tiles 17.7 us, 0.24-0.25 us a chunk of four dependent wgmma, "
-                      "about 112 clk each at 1.83 GHz (benchmarks/results/nvidia-h200/wgmma_chain_s27.txt)",
+                      "about 112 clk each at 1.83 GHz (benchmarks/results/nvidia-h200/wgmma_chain_s27.txt); "
+                      "on those kernels' 8-slot rings it is mostly the ring's round trip, not the wgmma's own "
+                      "latency: a dependent chain of m64nNk16 from shared memory runs 19 / 32 / 64 clk a step at "
+                      "N = 8 / 64 / 128 (wgmma_chain_micro_s28.jsonl), and the contraction family divides the "
+                      "step for deeper rings",
     "shuffle_latency_clk": "estimate: one dependent shfl.sync stage and the add/max consuming it "
                            "(~25-35 clk on Volta-to-Hopper SMs in published microbenchmarks)",
     "sync_latency_clk": "estimate: the cross-warp stage of a block-wide reduction: st.shared + "

@@ -120,7 +120,7 @@ ENGINES = ("wgmma", "mma.sync", "simt", "scalar")
 
 
 #: KernelOptions fields that are flags (True or False), not counts.
-_FLAG_OPTIONS = ("persistent",)
+_FLAG_OPTIONS = ("persistent", "swap_ab")
 
 
 @dataclass(frozen=True)
@@ -141,7 +141,11 @@ class KernelOptions:
     - ``splits``: blocks that share one reduced element (a split reduction: fp32 partials in HBM
       and a second, combining launch);
     - ``persistent``: True where the kernel's blocks stay on their SMs and walk its tiles (one
-      block an SM) instead of one tile a block.
+      block an SM) instead of one tile a block;
+    - ``swap_ab``: True where a contraction's operands trade places on the tensor cores: the
+      tile's rows are the output's last axis and its few columns the output's rows (a product
+      of a few vectors by a matrix puts the matrix on the wgmma's 64 rows, the vectors on its
+      N of 8 to 64), and the tile leaves transposed.
 
     >>> KernelOptions(engine="wgmma", stages=4).to_dict()
     {'engine': 'wgmma', 'stages': 4}
@@ -156,6 +160,7 @@ class KernelOptions:
     regs_per_thread: int | None = None
     splits: int | None = None
     persistent: bool | None = None
+    swap_ab: bool | None = None
 
     def __post_init__(self):
         if self.engine is not None and self.engine not in ENGINES:

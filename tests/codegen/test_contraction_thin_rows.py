@@ -7,16 +7,15 @@ from __future__ import annotations
 import pytest
 
 from napkin.cli_common import load
-from napkin.codegen.families.contraction import THIN_ROWS, ContractionFamily, analyze
+from napkin.codegen.families.contraction import THIN_ROWS, ContractionFamily, problem_of
 
 SKINNY = "tests/codegen/skinny_diagrams.py:linear_rows"
 
 
 def _wgmma_tiles(d):
     fam = ContractionFamily()
-    p = analyze(d)
-    return [fam.config_of(p, s) for s in fam.candidates(d, "h200", "bf16")
-            if fam.config_of(p, s).wgmma]
+    return [fam.config_of(problem_of(d, s), s) for s in fam.candidates(d, "h200", "bf16")
+            if fam.config_of(problem_of(d, s), s).wgmma]
 
 
 @pytest.mark.parametrize("b", [1, 4, THIN_ROWS])

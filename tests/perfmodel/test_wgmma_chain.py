@@ -11,7 +11,7 @@ import pytest
 from napkin.cli_common import load
 from napkin.codegen import select
 from napkin.codegen.families import get
-from napkin.codegen.families.contraction import ContractionFamily, analyze
+from napkin.codegen.families.contraction import CHAIN_STAGES, ContractionFamily, problem_of
 from napkin.errors import HardwareError
 from napkin.perfmodel.hardware import get_gpu
 from napkin.perfmodel.roofline import Work, predict
@@ -45,7 +45,7 @@ def _wgmma_estimates(d):
     fam = ContractionFamily()
     out = []
     for s in fam.candidates(d, "h200", "bf16"):
-        cfg = fam.config_of(analyze(d), s)
+        cfg = fam.config_of(problem_of(d, s), s)
         if cfg.wgmma:
             out.append((cfg, fam.launch_estimate(d, s, "h200")))
     return out
@@ -60,6 +60,7 @@ def test_chain_is_steps_times_dependent_wgmma_over_the_sms():
         steps = math.ceil(math.ceil(4096 / cfg.BK) / cfg.splits)
         want = steps * (cfg.BK // 16) * g.wgmma_step_clk / g.clock_hz * est["blocks"] / g.sms
         want /= 2 if cfg.pingpong else 1
+        want *= min(1.0, (CHAIN_STAGES - 2) / (cfg.stages - 2))  # a deeper ring's round trip is shared
         assert est["tensor_chain_s"] == pytest.approx(want)
     # splitting the sum shortens each block's chain
     by_split = {cfg.splits: est["tensor_chain_s"] * g.sms / est["blocks"] for cfg, est in ests if (cfg.BM, cfg.BN) == (64, 128)}
@@ -73,4 +74,16 @@ def test_a_few_vectors_by_a_matrix_over_a_long_sum_split_on_hopper():
     d = load(SKINNY).with_dtype("bf16").bind(a=4096, k=4096, b=8)
     best = select.rank(d, get("contraction"), "h200", "bf16")[0]
     opts = best.schedule.kernels[0].options
-    assert opts.engine == "wgmma" and (opts.splits or 1) > 1, opts
+    # (or the swapped tile, whose 16-slot ring shares the round trip among more chunks in flight)
+    assert opts.engine == "wgmma" and ((opts.splits or 1) > 1 or opts.swap_ab), opts
+
+
+def test_a_deeper_ring_shortens_the_chain_a_chunk():
+    """The step was measured on 8-slot rings; the swapped tile's 16 slots keep 14 chunks in flight
+    against 6, and its chain a chunk is 6 / 14 of theirs (H200: 0.20 against 0.45 us a chunk)."""
+    d = load(SKINNY).with_dtype("bf16").bind(a=4096, k=4096, b=4)
+    per_chunk = {}
+    for cfg, est in _wgmma_estimates(d):
+        chunks = math.ceil(math.ceil(4096 / cfg.BK) / cfg.splits) * est["blocks"] / get_gpu("h200").sms
+        per_chunk[(cfg.stages, cfg.swap)] = est["tensor_chain_s"] / chunks
+    assert per_chunk[(16, True)] == pytest.approx(per_chunk[(8, False)] * 6 / 14)

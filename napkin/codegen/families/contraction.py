@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import functools
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from ...diagrams.axes import is_name
 from ...diagrams.diagram import Diagram
@@ -219,6 +219,9 @@ class MatmulProblem:
     #: which reduction ``rowred`` is (one of :data:`ROW_REDUCTIONS`) and the value it reduces
     rowred_kind: str | None = None
     rowred_x: Value | None = None
+    #: the operands swapped (:func:`swap_problem`): ``a`` is the output's last axis (contiguous)
+    #: and ``c`` its rows, so the output is stored ``[batch][c][a]`` and its tiles leave transposed
+    y_t: bool = False
 
     @property
     def dual(self) -> bool:
@@ -244,6 +247,10 @@ class MatmulConfig:
     tf32x3: bool = False
     #: (wgmma, WM = BM) two consumer warpgroups owning whole tiles, alternating work items
     pingpong: bool = False
+    #: (wgmma) the operands swapped (:func:`swap_problem`): a 64-row tile of the matrix, BN of 8
+    #: to 64 columns of the few output rows, the tile leaving transposed (left out of the repr,
+    #: which names the kernels: a swapped kernel's name and tag say so themselves)
+    swap: bool = field(default=False, repr=False)
 
     @property
     def consumers(self) -> int:
@@ -276,7 +283,8 @@ class MatmulConfig:
         if self.wgmma:
             return KernelOptions(engine="wgmma", stages=self.stages, warpgroups=self.consumers,
                                  blocks_per_sm=self.blocks_per_sm, regs_per_thread=self.consumer_regs(),
-                                 splits=self.splits if self.splits > 1 else None)
+                                 splits=self.splits if self.splits > 1 else None,
+                                 swap_ab=True if self.swap else None)
         return KernelOptions(engine=self.engine, stages=self.stages, warps=self.threads // 32,
                              blocks_per_sm=self.blocks_per_sm, regs_per_thread=self.model_regs(),
                              splits=self.splits if self.splits > 1 else None)
@@ -697,6 +705,10 @@ def wgmma_tma_store(diagram: Diagram, p: MatmulProblem, cfg: MatmulConfig, stage
     """
     if not (WGMMA_TMA_STORE and wgmma_persistent(p) and cfg.splits == 1 and not staged):
         return False
+    if p.y_t:  # the output [batch][c][a]: rows along a, the tile's rows
+        m = diagram.sizes.get(p.a)
+        return (isinstance(m, int) and (m * _elem(p.dtype)) % 16 == 0
+                and tuple(p.out.axis_names) == (*p.batch, p.c, p.a))
     n = diagram.sizes.get(p.c)
     return (isinstance(n, int) and (n * _elem(p.dtype)) % 16 == 0
             and tuple(p.out.axis_names) == (*p.batch, p.a, p.c))
@@ -764,6 +776,102 @@ def _thin(diagram: Diagram, p: MatmulProblem) -> bool:
     64-row wgmma tiles are offered, unsplit as well as split."""
     n = diagram.sizes.get(p.a)
     return isinstance(n, int) and n <= THIN_ROWS
+
+
+#: The ring slots of the kernels ``GPU.wgmma_step_clk`` was measured on: a deeper ring divides the
+#: step by its slots in flight (STAGES - 2) over these kernels' (launch_estimate).
+CHAIN_STAGES = 8
+
+#: The wgmma N of a swapped tile (:func:`swap_problem`): the output's few rows, rounded up to one
+#: of these.
+SWAP_WIDTHS = (8, 16, 32, 64)
+
+#: The most ring slots a swapped tile keeps. Its chunks are small (64 rows of the matrix and BN of
+#: the vectors, 9-16 KB), and each SM must keep enough of the matrix in flight to stream it at the
+#: HBM rate: by Little's law about 2 us of loaded latency times the SM's share of the bandwidth.
+SWAP_MAX_STAGES = 16
+
+
+def swap_problem(p: MatmulProblem) -> MatmulProblem:
+    """``p`` with its operands swapped on the tensor cores: the operand that carries the output's
+    last axis (``p.B``, the matrix of a linear layer) becomes the tile's rows, the output's few
+    rows (``p.a``, the vectors) its columns, and the output tile leaves transposed (``y_t``). A
+    product of a few vectors by a matrix then fills the wgmma's 64 rows with the matrix instead of
+    padding the vectors to 64 rows, and a tile's chunk is 64 rows of the matrix and 8 to 64 of the
+    vectors, so that many chunks fit in flight on every SM.
+
+    >>> from napkin.diagrams import Axis, Diagram, array, contract
+    >>> a, b, k = Axis("a"), Axis("b"), Axis("k")
+    >>> Y = contract(array("x", b, k), array("W", a, k), over=k, out=(b, a), name="Y")
+    >>> p = analyze(Diagram("linear", Y))
+    >>> q = swap_problem(p)
+    >>> (p.A.name, p.a, p.c), (q.A.name, q.a, q.c, q.y_t)
+    (('x', 'b', 'a'), ('W', 'a', 'b', True))
+    """
+    return replace(p, A=p.B, B=p.A, a=p.c, c=p.a, a_kmajor=p.b_kmajor, b_kmajor=p.a_kmajor, y_t=True)
+
+
+def swap_reason(diagram: Diagram, p: MatmulProblem) -> str | None:
+    """Why the swapped tile (:func:`swap_problem`) cannot run ``p``, or None if it can (the wgmma
+    template's own conditions are checked apart): a product with elementwise maps after it only
+    (no dual sum, prologue or row reduction), at most :data:`THIN_ROWS` output rows, the vectors
+    stored with the sum's axis last (an 8-row box of them is one 128-byte swizzle atom), the
+    output's last axis a multiple of 16 bytes behind its batch axes (the transposed tile leaves
+    by TMA), and tensor maps for both operands the other way round.
+
+    >>> from napkin.diagrams import Axis, Diagram, array, contract
+    >>> a, b, k = Axis("a"), Axis("b"), Axis("k")
+    >>> Y = contract(array("x", b, k), array("W", a, k), over=k, out=(b, a), name="Y")
+    >>> d = Diagram("linear", Y).with_dtype("bf16")
+    >>> swap_reason(d.bind(a=4096, b=4, k=4096), analyze(d)) is None
+    True
+    >>> swap_reason(d.bind(a=4096, b=128, k=4096), analyze(d))
+    "the output has more than 64 rows along 'b' (128)"
+    """
+    if p.y_t:
+        return "the operands are swapped already"
+    if p.dual or p.norm is not None or p.rowred is not None:
+        return "a dual sum, an rmsnorm prologue or a row reduction keeps the output's rows on the tile's rows"
+    rows = diagram.sizes.get(p.a)
+    if not _thin(diagram, p):
+        return f"the output has more than {THIN_ROWS} rows along {p.a!r} ({rows})"
+    if not p.a_kmajor:
+        return f"operand {p.A.label()} is not stored with the sum's axis {p.b!r} last"
+    n = diagram.sizes.get(p.c)
+    if not (isinstance(n, int) and n * _elem(p.dtype) % 16 == 0):
+        return f"the output's last axis {p.c!r} ({n}) is not a multiple of 16 bytes (the tile leaves by TMA)"
+    if tuple(p.out.axis_names) != (*p.batch, p.a, p.c):
+        return "the output's batch axes are not in front of its rows"
+    return _operand_views_reason(diagram, swap_problem(p))
+
+
+def _swap_config(diagram: Diagram, p: MatmulProblem, dtype: str) -> MatmulConfig:
+    """The swapped tile for ``p`` (unswapped): 64 rows of the matrix, the fewest of
+    :data:`SWAP_WIDTHS` columns that hold the output's rows, and as many ring slots as fit, up to
+    :data:`SWAP_MAX_STAGES`."""
+    rows = diagram.sizes[p.a]
+    bn = next(w for w in SWAP_WIDTHS if w >= rows)
+    cfg = MatmulConfig(False, 64, bn, 64, 64, bn, 2, wgmma=True, swap=True)
+    return replace(cfg, stages=_swap_stages(cfg, swap_problem(p), _elem(dtype)))
+
+
+def _swap_stages(cfg: MatmulConfig, ps: MatmulProblem, elem: int = 2) -> int:
+    """The most ring slots, up to :data:`SWAP_MAX_STAGES`, with which the swapped tile ``cfg`` of
+    the swapped problem ``ps`` fits the shared memory of sm_90a (2 at least)."""
+    limit = _smem_limit(None, "sm_90a")
+    return next((n for n in range(SWAP_MAX_STAGES, 2, -1) if replace(cfg, stages=n).smem_bytes(ps, elem) <= limit), 2)
+
+
+def problem_of(diagram: Diagram, schedule: Schedule) -> MatmulProblem:
+    """The problem a schedule's kernel runs: :func:`analyze`'s, swapped where its options say
+    ``swap_ab`` (a CodegenError says why the diagram cannot be swapped)."""
+    p = analyze(diagram)
+    if len(schedule.kernels) == 1 and schedule.kernels[0].options.swap_ab:
+        why = swap_reason(diagram, p)
+        if why:
+            raise CodegenError(f"contraction family: the schedule swaps the operands (swap_ab), but {why}")
+        return swap_problem(p)
+    return p
 
 
 def _small_output(diagram: Diagram, p: MatmulProblem) -> bool:
@@ -1310,6 +1418,13 @@ class ContractionFamily:
                         out.append(self.schedule(diagram, cfg, gpu=gpu, dtype=dtype))
                     out += [self.schedule(diagram, replace(cfg, splits=n), gpu=gpu, dtype=dtype)
                             for n in self.split_counts(diagram, p, cfg, gpu)]
+        if wgmma and swap_reason(diagram, p) is None:
+            # a few vectors by a matrix: the matrix on the tile's 64 rows, the vectors its columns
+            cfg = _swap_config(diagram, p, dtype)
+            if cfg.smem_bytes(swap_problem(p), _elem(dtype)) <= limit:
+                out.append(self.schedule(diagram, cfg, gpu=gpu, dtype=dtype))
+                out += [self.schedule(diagram, replace(cfg, splits=n), gpu=gpu, dtype=dtype)
+                        for n in self.split_counts(diagram, swap_problem(p), cfg, gpu)]
         return out
 
     @staticmethod
@@ -1342,8 +1457,9 @@ class ContractionFamily:
         return out
 
     def schedule(self, diagram: Diagram, cfg: MatmulConfig, gpu="h100", dtype: str | None = None) -> Schedule:
-        """The fused schedule of one configuration: groups of a, c at SMEM and RF, stream of b."""
-        p = analyze(diagram)
+        """The fused schedule of one configuration: groups of a, c at SMEM and RF, stream of b
+        (a swapped configuration groups the swapped problem's: :func:`swap_problem`)."""
+        p = swap_problem(analyze(diagram)) if cfg.swap else analyze(diagram)
         # one batch element per block: a group of 1 on each batch axis
         # the outer contracted axes are walked one index at a time: streams of 1
         # a row reduction's tile spans the row: c stays whole in every block (its width, the
@@ -1359,7 +1475,7 @@ class ContractionFamily:
     def launch_estimate(self, diagram: Diagram, schedule: Schedule, gpu=None) -> dict:
         """What the roofline cannot see: blocks, threads, register budget, shared memory and the
         bytes each thread keeps in flight (STAGES - 1 chunks ahead)."""
-        p = analyze(diagram)
+        p = problem_of(diagram, schedule)
         cfg = self.config_of(p, schedule)
         sz = diagram.sizes
         nbatch = math.prod(sz[a] for a in p.batch) if p.batch else 1
@@ -1450,8 +1566,16 @@ class ContractionFamily:
             # tiles in 4 splits (``GPU.wgmma_step_clk``). Ping-pong consumers run two tiles' chains
             # side by side. An SM's share on average: the roofline's tail takes the busiest SM's
             # tiles, as for the tensor term
+            # The step was measured on rings of CHAIN_STAGES slots, and it is a round trip of the
+            # ring more than the wgmma's own: a dependent chain of m64nNk16 from shared memory
+            # runs 19 clk a step at N = 8 and 32 at N = 64 (``wgmma_chain_micro_s28.jsonl``), while
+            # a deeper ring's chunks cost less in proportion to the slots in flight (STAGES - 2):
+            # H200, bf16, 4 vectors by a 4096 x 4096 matrix in 2 splits (128 blocks of 32 chunks):
+            # 0.20 us a chunk on the swapped tile's 16 slots, 0.45 on the 64 x 64 tile's 8
+            # (``swap_ab_s28.txt``). Shallower rings are not charged more (the large tiles' chunks
+            # come mostly from L2, sooner).
             steps = _chunk_count(sz, p, cfg.BK)
-            step_s = _wgmma_step_s(gpu)
+            step_s = _wgmma_step_s(gpu) * min(1.0, (CHAIN_STAGES - 2) / max(1, cfg.stages - 2))
             if steps and step_s:
                 chain = math.ceil(steps / cfg.splits) * (cfg.BK // 16) * step_s
                 est.update(tensor_chain_s=chain * blocks / _sm_count(gpu) / (2 if cfg.pingpong else 1))
@@ -1481,6 +1605,11 @@ class ContractionFamily:
             raise CodegenError("contraction family: the schedule must fuse every box into one kernel "
                                f"(it has {len(schedule.kernels)})")
         k = schedule.kernels[0]
+        if bool(k.options.swap_ab) != p.y_t:  # the problem as the schedule runs it (problem_of)
+            if p.y_t:
+                raise CodegenError("contraction family: the problem given is swapped and the schedule does not "
+                                   "swap the operands (swap_ab)")
+            p = problem_of(schedule.diagram, schedule)
         simt = p.dtype == "fp32"
         default = self.configs(p.dtype)[0]
         sizes = {"BM": None, "BN": None, "BK": None, "WM": None, "WN": None}
@@ -1520,6 +1649,9 @@ class ContractionFamily:
                                f"(the schedule asks for {engine})")
         if p.dual and engine != "wgmma":
             raise CodegenError(f"contraction family: a dual contraction runs on the wgmma template only "
+                               f"(the schedule asks for {engine})")
+        if p.y_t and engine != "wgmma":
+            raise CodegenError(f"contraction family: swapped operands (swap_ab) run on the wgmma template only "
                                f"(the schedule asks for {engine})")
         if engine == "wgmma":
             if splits > 1 and (p.dual or p.norm is not None):
@@ -1595,9 +1727,14 @@ class ContractionFamily:
                  and (c in (WGMMA_PINGPONG_CONFIGS + DUAL_PINGPONG_CONFIGS)) == pingpong]
         if stages is None:
             stages = known[0][5] if known else 4
-        cfg = MatmulConfig(False, BM, BN, BK, WM, WN, stages, 1, wgmma=True, dual=p.dual, pingpong=pingpong)
+        if p.y_t and stages is None:
+            stages = _swap_stages(MatmulConfig(False, BM, BN, BK, WM, WN, 2, wgmma=True, swap=True), p)
+        cfg = MatmulConfig(False, BM, BN, BK, WM, WN, stages, 1, wgmma=True, dual=p.dual, pingpong=pingpong,
+                           swap=p.y_t)
         if BK != 64:
             raise CodegenError(f"{what}: s_{p.b} must be 64 (one 128-byte swizzled row)")
+        if p.y_t:
+            return self._check_swap_config(schedule.diagram, p, cfg, splits, arch, what)
         if WN != BN or BN % 64 or not 64 <= BN <= 256:
             raise CodegenError(f"{what}: w_{p.c} must equal g_{p.c}, a multiple of 64 up to 256 (one wgmma "
                                "spans the block's columns)")
@@ -1625,6 +1762,26 @@ class ContractionFamily:
         smem, limit = cfg.smem_bytes(p, 2), _smem_limit(None, arch)
         if smem > limit:
             raise CodegenError(f"{what}: {stages} stages need {smem} bytes of shared memory; {limit} fit")
+        return cfg
+
+    @staticmethod
+    def _check_swap_config(d: Diagram, p: MatmulProblem, cfg: MatmulConfig, splits: int, arch: str | None,
+                           what: str) -> MatmulConfig:
+        """A swapped tile (``p.y_t``) as the template builds it: one consumer of 64 rows, 8 to 64
+        columns, 2 to :data:`SWAP_MAX_STAGES` slots, the output leaving by TMA unless split."""
+        if cfg.pingpong or cfg.BM != 64 or cfg.WM != 64:
+            raise CodegenError(f"{what}: swapped operands run one consumer warpgroup of 64 rows "
+                               f"(g_{p.a} = w_{p.a} = 64)")
+        if cfg.WN != cfg.BN or cfg.BN not in SWAP_WIDTHS:
+            raise CodegenError(f"{what}: swapped operands take g_{p.c} = w_{p.c} of {', '.join(map(str, SWAP_WIDTHS))}")
+        if not 2 <= cfg.stages <= SWAP_MAX_STAGES:
+            raise CodegenError(f"{what}: stages must be 2 to {SWAP_MAX_STAGES}, got {cfg.stages}")
+        if splits == 1 and not wgmma_tma_store(d, p, cfg, []):
+            raise CodegenError(f"{what}: the swapped tile leaves by TMA: the output's last axis {p.a!r} must be a "
+                               "multiple of 16 bytes behind its batch axes")
+        smem, limit = cfg.smem_bytes(p, 2), _smem_limit(None, arch)
+        if smem > limit:
+            raise CodegenError(f"{what}: {cfg.stages} stages need {smem} bytes of shared memory; {limit} fit")
         return cfg
 
     def _check_config(self, cfg: MatmulConfig, p: MatmulProblem) -> None:
@@ -1667,7 +1824,8 @@ class ContractionFamily:
                 raise CodegenError(f"{what}: stages must be 2 to 6, got {cfg.stages}")
 
     def lower(self, diagram: Diagram, schedule: Schedule, arch: str) -> Program:
-        p = analyze(diagram)
+        p0 = analyze(diagram)
+        p = problem_of(diagram, schedule)
         if not diagram.is_bound:
             raise CodegenError(f"contraction family: bind the sizes of {diagram.name!r} first")
         cfg = self.config_of(p, schedule, arch)
@@ -1699,10 +1857,13 @@ class ContractionFamily:
         elif cfg.splits == 1:
             main = (launch(diagram, p, cfg, arch, padded=padded),)
         else:
+            # (swapped operands write their partials transposed, [split][batch][rows][a] as the output
+            # is stored: the second launch is the unswapped problem's)
             ws = _buffer_name(diagram, f"{diagram.name}_partials", taken)
             nbatch = math.prod(sz[a] for a in p.batch)
-            buffers.append(Buffer(ws, ("split", "batch", p.a, p.c), (cfg.splits, nbatch, sz[p.a], sz[p.c]), "fp32"))
-            main = (launch(diagram, p, cfg, arch, ws=ws, padded=padded), self._combine_launch(diagram, p, cfg, ws))
+            buffers.append(Buffer(ws, ("split", "batch", p0.a, p0.c), (cfg.splits, nbatch, sz[p0.a], sz[p0.c]),
+                                  "fp32"))
+            main = (launch(diagram, p, cfg, arch, ws=ws, padded=padded), self._combine_launch(diagram, p0, cfg, ws))
         return Program(diagram, schedule, self.name, (*pads, *main), tuple(buffers), dict(sz))
 
     def _pad_launch(self, d: Diagram, v: Value, buffer: str, row: int) -> KernelLaunch:
@@ -2021,27 +2182,33 @@ class ContractionFamily:
             # it: read per element behind the bounds check, each of a thread's 128 reads waited
             # for the one before (H100, 128 x 256 bf16 output + a residual, one tile a block:
             # 12.9 us of kernel against 4.1 for the plain product)
-            staged = _tiled_like_output(d, p)[:1] if wgmma_persistent(p) and cfg.splits == 1 else []
+            staged = _tiled_like_output(d, p)[:1] if wgmma_persistent(p) and cfg.splits == 1 and not p.y_t else []
             epi = epilogue_code(d, p.contraction, p.out, index_vars=index_vars, ctype_name=T, start2=p.contraction2,
                                 tile_reads={v.name: "napkin::to_float(sE[tile_r * E_LD + tile_c])" for v in staged})
             params += epi.params
             staged_tiles = _staged_tiles(staged, p, index_vars, T, params)
         tma_store = wgmma_tma_store(d, p, cfg, staged)
+        if p.y_t and cfg.splits == 1 and not tma_store:
+            raise CodegenError("contraction family: swapped operands leave by TMA: the output's last axis "
+                               f"{p.a!r} must be a multiple of 16 bytes behind its batch axes")
         ebuf = cfg.staging_blocks(2) if tma_store else 1
-        if tma_store:
-            params.insert(tmy_at, tensormap_param(p.out, "tmY", (64, 64, 1) if p.batch else (64, 64), name=out_name))
+        if tma_store:  # 64 x 64 blocks; a swapped tile's, 64 along its rows (the output's last axis) x BN
+            box = (64, cfg.BN) if p.y_t else (64, 64)
+            params.insert(tmy_at, tensormap_param(p.out, "tmY", (*box, 1) if p.batch else box, name=out_name))
         layout = ("k" if p.a_kmajor else "m") + ("k" if p.b_kmajor else "n")
         eps = p.norm.op.eps if p.norm is not None else None
         tag = short_hash(T, layout, [str(x) for x in epi.lines], p.batch, p.k_outer, cfg,
                          *(() if not any(views.values()) else ("views", sorted(views.items()))),
                          *(() if not wgmma_persistent(p) else ("persistent", cluster, WGMMA_STAGGER)),
                          *(() if not tma_store else ("tma_store", ebuf)),
+                         *(() if not p.y_t else ("swap_ab",)),
                          *(() if eps is None else ("rmsnorm", eps, p.G is not None)),
                          *(() if red is None else (red, [str(x) for x in post.lines])))
         dual = "_dual" if p.dual else "_rmsnorm" if p.norm is not None else f"_{red}" if red else ""
         split = f"_x{cfg.splits}" if cfg.splits > 1 else ""
         split += f"_c{cluster}" if cluster > 1 else ""
         split += "_pp" if cfg.pingpong else ""
+        split += "_swap" if p.y_t else ""
         kname = Code(f"napkin_mm_wgmma{dual}{split}_{T}_{cfg.BM}x{cfg.BN}x{cfg.BK}_w{cfg.WM}_s{cfg.stages}_{layout}_{tag}")
         wn = cfg.BN * (2 if p.dual else 1)  # the wgmma's N
         nacc = wn // 2
@@ -2049,7 +2216,7 @@ class ContractionFamily:
             kname=kname, T=ctype(T), AB=Code("bf16" if T == "bf16" else "f16"), BM=cfg.BM, BN=wn, DUAL=p.dual,
             SPLITS=1 if p.rowred is not None else cfg.splits, ROWSPLIT=rowsplit,
             PERSISTENT=wgmma_persistent(p), CLUSTER=cluster, PINGPONG=cfg.pingpong,
-            STAGGER=bool(WGMMA_STAGGER), TMA_STORE=tma_store, EBUF=ebuf,
+            STAGGER=bool(WGMMA_STAGGER), TMA_STORE=tma_store, EBUF=ebuf, Y_T=p.y_t,
             WM=cfg.WM, STAGES=cfg.stages, GROUP_M=GROUP_M, A_KMAJOR=p.a_kmajor, B_KMAJOR=p.b_kmajor,
             CONSUMER_REGS=cfg.consumer_regs(), NACC=nacc,
             PROLOGUE=p.norm is not None, PROLOGUE_GAMMA=p.G is not None,
@@ -2089,6 +2256,8 @@ class ContractionFamily:
             extra += (("pingpong", True),)
         if tma_store:
             extra += (("tma_store", ebuf),)
+        if p.y_t:
+            extra += (("swap_ab", True),)
         return KernelLaunch(
             name=str(kname), source=source, grid=(blocks, 1, 1), block=(cfg.threads, 1, 1),
             shared_bytes=cfg.smem_bytes(p, 2), args=tuple(x.arg for x in params),
@@ -2119,6 +2288,8 @@ class ContractionFamily:
                f"one producer warpgroup"] if cfg.pingpong else []),
             f"  A stored {'[a][b]' if p.a_kmajor else '[b][a]'}, B stored "
             f"{'[c][b]' if p.b_kmajor else '[b][c]'}",
+            *([f"  operands swapped (swap_ab): {p.A.label()} on the tile's rows, the output stored "
+               f"[{p.c}][{p.a}] and each tile written transposed (Y_T)"] if p.y_t else []),
         ]
         for ax in p.k_outer:
             lines.append(f"  {ax} -> outer sum (one index at a time: s_{ax} = 1, every chunk of {p.b} per index)")
@@ -2132,7 +2303,8 @@ class ContractionFamily:
                      + "".join(f"; {v.label()} copied 64 x 64 into each consumer's staging block (E{k})"
                                for k, v in enumerate(staged)))
         if tma_blocks:
-            lines.append(f"  output: 64 x 64 blocks through {tma_blocks} swizzled staging block(s) a consumer, "
+            block = f"{cfg.BN} x 64 (transposed)" if p.y_t else "64 x 64"
+            lines.append(f"  output: {block} blocks through {tma_blocks} swizzled staging block(s) a consumer, "
                          "each sent to HBM by a TMA copy (tmY)")
         return lines
 

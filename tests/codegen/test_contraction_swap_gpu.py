@@ -1,0 +1,69 @@
+"""The swapped wgmma tile on the GPU (marked ``gpu``; sm_90a): a few vectors by a matrix with the
+matrix on the tile's 64 rows, the vectors its 8 to 64 columns, the tile leaving transposed.
+
+Each case runs through ``napkin.codegen.verify`` (fresh random inputs, NaN-poisoned outputs, a
+float64 reference): rows and vectors that fill no tile, sums that are not chunk multiples, both
+layouts of the matrix, maps after the product (a bias, GELU and a residual read per element), a
+batch and two small axes, a sum over two axes, and split sums whose partials leave transposed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from napkin.codegen.families.contraction import FAMILY, _swap_config, analyze
+
+try:
+    from . import skinny_diagrams as sd
+except ImportError:  # tests/codegen is not a package: pytest puts its folder on sys.path
+    import skinny_diagrams as sd
+
+pytestmark = pytest.mark.gpu
+
+#: (builder, sizes, splits)
+CASES = [
+    (sd.linear_rows, dict(a=1000, b=5, k=1000), 1),
+    (sd.linear_rows, dict(a=4096, b=1, k=4096), 1),
+    (sd.linear_rows, dict(a=4096, b=3, k=4096), 2),
+    (sd.linear_rows, dict(a=2040, b=16, k=777), 1),
+    (sd.linear_rows, dict(a=520, b=24, k=130), 1),
+    (sd.linear_rows, dict(a=512, b=33, k=200), 1),
+    (sd.linear_rows, dict(a=1032, b=64, k=1100), 3),
+    (sd.linear_cols, dict(a=1000, b=7, k=333), 1),
+    (sd.linear_cols, dict(a=4096, b=4, k=11008), 4),
+    (sd.linear_bias_gelu, dict(a=1000, b=5, k=1024), 1),
+    (sd.linear_bias_gelu, dict(a=1000, b=5, k=1024), 2),
+    (sd.batched_two_small, dict(n=3, a=336, b=2, c=3, k=256), 1),
+    (sd.batched_two_small, dict(n=3, a=336, b=2, c=3, k=1024), 2),
+    (sd.two_sums, dict(a=776, b=4, h=5, d=96), 1),
+]
+
+
+def _hopper():
+    import torch
+
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability() < (9, 0):
+        pytest.skip("the swapped tile runs on wgmma (sm_90a)")
+
+
+@pytest.mark.parametrize("build,sizes,splits", CASES,
+                         ids=[f"{b.__name__}-{'-'.join(map(str, s.values()))}-x{n}" for b, s, n in CASES])
+def test_swapped_tile_matches_the_reference(build, sizes, splits):
+    _hopper()
+    from napkin.codegen import compile as napkin_compile
+    from napkin.codegen.verify import verify_compiled
+
+    d = build().with_dtype("bf16")
+    bound = d.bind(**sizes)
+    cfg = replace(_swap_config(bound, analyze(bound), "bf16"), splits=splits)
+    cd = napkin_compile(d, sizes=sizes, dtype="bf16", family="contraction", schedule=FAMILY.schedule(bound, cfg))
+    main = next(k for k in cd.launches if k.template == "matmul_wgmma.cu.jinja")
+    assert dict(main.tunables).get("swap_ab") is True
+    # (a padded copy of an operand whose rows are not 16-byte multiples may come first)
+    own = [k.template for k in cd.launches if k.template != "pad_rows.cu.jinja"]
+    assert own == ["matmul_wgmma.cu.jinja"] + (["matmul_combine.cu.jinja"] if splits > 1 else [])
+    for seed in (0, 1):
+        rows = verify_compiled(cd, seed=seed)
+        assert rows and all(r.ok for r in rows), f"seed {seed}: {rows}"
