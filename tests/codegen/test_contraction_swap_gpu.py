@@ -67,3 +67,19 @@ def test_swapped_tile_matches_the_reference(build, sizes, splits):
     for seed in (0, 1):
         rows = verify_compiled(cd, seed=seed)
         assert rows and all(r.ok for r in rows), f"seed {seed}: {rows}"
+
+
+def test_a_dynamic_count_of_vectors_keeps_the_swapped_plan():
+    """One plan for 1 to 64 vectors (dynamic b): its swapped kernel, built for each count, covers
+    counts under and over one of its tiles, in fp16 as well."""
+    _hopper()
+    from napkin.codegen import compile as napkin_compile
+    from napkin.codegen.verify import verify_compiled
+
+    for dtype in ("bf16", "fp16"):
+        dd = napkin_compile(sd.linear_rows(), sizes=dict(a=1000, b=64, k=500), dtype=dtype, dynamic={"b": (1, 64)})
+        assert dd.plan.kernels[0].kernel.options.swap_ab is True
+        for b in (1, 7, 33, 64):
+            cd = dd.at({"b": b})
+            rows = verify_compiled(cd, seed=b)
+            assert rows and all(r.ok for r in rows), f"{dtype} b={b}: {rows}"
