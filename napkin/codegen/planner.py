@@ -447,7 +447,10 @@ class _Planner:
             if builds_for is not None:
                 buildable = [s for s in cands if builds_for(s, self.arch)]
                 if cands and not buildable:
-                    refusals.append((fam.name, f"none of its configurations builds for {self.arch}"))
+                    # (a family that says why: a limit of its launch rather than of the arch)
+                    build_reason = getattr(fam, "build_reason", None)
+                    why = build_reason(cands[0], self.arch) if build_reason is not None else None
+                    refusals.append((fam.name, why or f"none of its configurations builds for {self.arch}"))
                 cands = buildable
             if self.fixed:
                 pinned = [s for s in cands if self._pinned_ok(s, sub)]

@@ -57,11 +57,11 @@ from ...diagrams.axes import is_name
 from ...diagrams.diagram import Diagram
 from ...diagrams.ops import Contract, Map, Softmax, Value
 from ...dtypes import dtype as lookup_dtype
-from ...errors import CodegenError
+from ...errors import CodegenError, NapkinError
 from ...perfmodel.schedule import KernelOptions, Schedule
 from ..program import Arg, Buffer, KernelLaunch, Program
 from ..render import Code, comment, comment_lines, ident
-from .attention_problem import AttentionProblem
+from .attention_problem import MAX_WOVEN, AttentionProblem
 from .contraction import _gpu_key, _smem_limit
 from .epilogue import (Param, check_index_size, contiguous_strides, ctype, float_param, index_size_problem,
                        int_param, render, score_chain, short_hash, signature, stride_param, tensor_param)
@@ -621,8 +621,27 @@ class AttentionFamily:
         return schedule.kernels[0].options.engine if len(schedule.kernels) == 1 else None
 
     def builds_for(self, schedule: Schedule, arch: str) -> bool:
-        """Whether ``schedule`` can be built for ``arch`` (the wgmma template needs sm_90a)."""
-        return self._engine(schedule) != "wgmma" or arch == "sm_90a"
+        """Whether ``schedule`` can be built for ``arch`` (see :meth:`build_reason`)."""
+        return self.build_reason(schedule, arch) is None
+
+    def build_reason(self, schedule: Schedule, arch: str) -> str | None:
+        """Why ``schedule`` cannot be built for ``arch``, or None: the wgmma template needs
+        sm_90a, and a launch walks at most :data:`MAX_WOVEN` combinations of the woven axes (its
+        grid.y; packed axes share a tile's rows and do not count)."""
+        if self._engine(schedule) == "wgmma" and arch != "sm_90a":
+            return f"its wgmma kernels need sm_90a, not {arch}"
+        d = schedule.diagram
+        try:
+            p = analyze(d)
+            cfg = self.config_of(p, d, schedule)
+        except NapkinError:  # (lowering says what is wrong with the configuration itself)
+            return None
+        if not all(isinstance(d.sizes.get(a), int) for a in p.woven):
+            return None
+        nz = math.prod(d.sizes[a] for a in p.woven if not (cfg.packed and a in self.packed_axes(p)))
+        if nz > MAX_WOVEN:
+            return f"{nz} woven combinations (heads x batch); a launch takes at most {MAX_WOVEN}"
+        return None
 
     def schedule(self, diagram: Diagram, cfg: AttentionConfig, gpu="h100", dtype: str | None = None) -> Schedule:
         """The schedule a configuration stands for. Unpacked: one combination of the woven axes
@@ -929,8 +948,8 @@ class AttentionFamily:
                 ax["sL"] = ident(ax["axis"], "sL_")
                 params.append(stride_param(ax["sL"], sL[ax["axis"]], "stride of the log-sum-exp"))
         nz = math.prod(sz[a] for a in p.woven if not (cfg.packed and a in self.packed_axes(p)))
-        if nz > 65535:
-            raise CodegenError(f"attention family: {nz} woven combinations (heads x batch); at most 65535")
+        if nz > MAX_WOVEN:
+            raise CodegenError(f"attention family: {nz} woven combinations (heads x batch); at most {MAX_WOVEN}")
         if ws is not None:
             params += [Param(Arg("tensor", ws[0], dtype="fp32", axes=()), Code("float* __restrict__ ws_o")),
                        Param(Arg("tensor", ws[1], dtype="fp32", axes=()), Code("float* __restrict__ ws_lse")),

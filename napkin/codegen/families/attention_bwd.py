@@ -61,11 +61,12 @@ from dataclasses import dataclass
 
 from ...diagrams.diagram import Diagram
 from ...diagrams.ops import Contract, Map, Value
-from ...errors import CodegenError
+from ...errors import CodegenError, NapkinError
 from ...perfmodel.schedule import KernelOptions, Schedule
 from ..program import Arg, Buffer, KernelLaunch, Program
 from ..render import Code, comment, comment_lines, ident
 from . import per_diagram
+from .attention_problem import MAX_WOVEN
 from .contraction import _gpu_key, _smem_limit
 from .epilogue import (FUNCTIONS, Param, check_index_size, contiguous_strides, ctype, float_param, int_param,
                        render, score_chain, short_hash, signature, stride_param, tensor_param)
@@ -512,8 +513,24 @@ class AttentionBackwardFamily:
         return est
 
     def builds_for(self, schedule: Schedule, arch: str) -> bool:
-        """Whether ``schedule`` can be built for ``arch`` (the wgmma kernel needs sm_90a)."""
-        return self._engine(schedule) != "wgmma" or arch == "sm_90a"
+        """Whether ``schedule`` can be built for ``arch`` (see :meth:`build_reason`)."""
+        return self.build_reason(schedule, arch) is None
+
+    def build_reason(self, schedule: Schedule, arch: str) -> str | None:
+        """Why ``schedule`` cannot be built for ``arch``, or None: the wgmma kernel needs sm_90a,
+        and a launch walks at most ``MAX_WOVEN`` combinations of the woven axes (grid.y)."""
+        if self._engine(schedule) == "wgmma" and arch != "sm_90a":
+            return f"its wgmma kernels need sm_90a, not {arch}"
+        d = schedule.diagram
+        try:
+            p = analyze(d)
+        except NapkinError:
+            return None
+        if all(isinstance(d.sizes.get(a), int) for a in p.woven):
+            nz = math.prod(d.sizes[a] for a in p.woven)
+            if nz > MAX_WOVEN:
+                return f"{nz} woven combinations (heads x batch); a launch takes at most {MAX_WOVEN}"
+        return None
 
     def lower(self, diagram: Diagram, schedule: Schedule, arch: str) -> Program:
         reason = self.why_not(diagram)
@@ -542,8 +559,8 @@ class AttentionBackwardFamily:
         check_index_size(Nq, f"axis {p.q!r} of {p.Q.label()}", 2 ** 30, "attention_bwd")
         check_index_size(Nx, f"axis {p.x!r} of {p.K.label()}", 2 ** 30, "attention_bwd")
         nz = math.prod(sz[a] for a in p.woven)
-        if nz > 65535:
-            raise CodegenError(f"attention_bwd family: {nz} woven combinations (heads x batch); at most 65535")
+        if nz > MAX_WOVEN:
+            raise CodegenError(f"attention_bwd family: {nz} woven combinations (heads x batch); at most {MAX_WOVEN}")
         ws_dq, ws_D = _workspace_names(d)
         names = {id(v): d.name_of(v) for v in (p.dQ, p.dK, p.dV)}
         st = {k: contiguous_strides(v) for k, v in dict(Q=p.Q, K=p.K, V=p.V, dO=p.dO, O=p.O, lse=p.lse,

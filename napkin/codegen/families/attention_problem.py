@@ -11,7 +11,12 @@ from dataclasses import dataclass
 
 from ...diagrams.ops import Value
 
-__all__ = ["AttentionProblem"]
+__all__ = ["AttentionProblem", "MAX_WOVEN"]
+
+#: The most combinations of the woven axes (heads x batch) one attention launch walks: its grid.y.
+#: The families refuse more at planning (``build_reason``), so that derive presents no plan that
+#: generate cannot build.
+MAX_WOVEN = 65535
 
 
 @dataclass(frozen=True)

@@ -71,7 +71,7 @@ from ...errors import CodegenError
 from ...perfmodel.schedule import KernelOptions, Schedule
 from ..program import Arg, Buffer, KernelLaunch, Program
 from ..render import Code, comment, comment_lines, ident
-from .attention_problem import AttentionProblem
+from .attention_problem import MAX_WOVEN, AttentionProblem
 from .contraction import _gpu_key, _sm_count, _smem_limit, wgmma_target_reason
 from .epilogue import (Param, check_index_size, contiguous_strides, ctype, float_param, int_param, render,
                        score_chain, short_hash, signature, stride_param, tensor_param, tensormap_param)
@@ -695,8 +695,8 @@ def _launch(d: Diagram, p: AttentionProblem, cfg: WgmmaAttentionConfig, arch: st
             names["sL"] = name("sL_")
             params.append(stride_param(names["sL"], sL[ax], "stride of the log-sum-exp"))
         woven.append(names)
-    if nz > 65535:
-        raise CodegenError(f"attention family: {nz} woven combinations (heads x batch); at most 65535")
+    if nz > MAX_WOVEN:
+        raise CodegenError(f"attention family: {nz} woven combinations (heads x batch); at most {MAX_WOVEN}")
     index_vars = {ax: ident(ax, "i_") for ax in (p.q, p.x, *p.woven)}
     chain = score_chain(d, p.maps, index_vars=index_vars)
     float_idx = max(Nq, Nx) < 2 ** 24

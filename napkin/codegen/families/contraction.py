@@ -862,6 +862,20 @@ def _swap_stages(cfg: MatmulConfig, ps: MatmulProblem, elem: int = 2) -> int:
     return next((n for n in range(SWAP_MAX_STAGES, 2, -1) if replace(cfg, stages=n).smem_bytes(ps, elem) <= limit), 2)
 
 
+#: The most batch elements a contraction kernel takes (grid.y of the mma.sync and SIMT templates;
+#: the wgmma template's limit is the same): past it the family builds nothing, and the planner
+#: takes another family rather than present a plan that cannot be generated.
+MAX_BATCH = 65535
+
+
+def _batch_count(diagram: Diagram) -> int:
+    """The batch elements of ``diagram``'s product (0 where it has none or a size is unbound)."""
+    p = _reason_or_problem(diagram)
+    if isinstance(p, str) or not all(isinstance(diagram.sizes.get(a), int) for a in p.batch):
+        return 0
+    return math.prod(diagram.sizes[a] for a in p.batch) if p.batch else 0
+
+
 def problem_of(diagram: Diagram, schedule: Schedule) -> MatmulProblem:
     """The problem a schedule's kernel runs: :func:`analyze`'s, swapped where its options say
     ``swap_ab`` (a CodegenError says why the diagram cannot be swapped)."""
@@ -1321,8 +1335,18 @@ class ContractionFamily:
     def builds_for(self, schedule: Schedule, arch: str) -> bool:
         """Whether ``schedule`` can be built for ``arch`` (its wgmma configurations need sm_90a:
         a schedule ranked for an H100 but compiled for sm_80 takes the best mma.sync one)."""
+        return self.build_reason(schedule, arch) is None
+
+    def build_reason(self, schedule: Schedule, arch: str) -> str | None:
+        """Why ``schedule`` cannot be built for ``arch``, or None: more batch elements than a launch
+        takes (:data:`MAX_BATCH`), or a wgmma configuration where wgmma does not run."""
+        n = _batch_count(schedule.diagram)
+        if n > MAX_BATCH:
+            return f"{n} batch elements; a launch takes at most {MAX_BATCH}"
         engine = schedule.kernels[0].options.engine if len(schedule.kernels) == 1 else None
-        return engine != "wgmma" or self.wgmma_reason(schedule.diagram, arch=arch) is None
+        if engine == "wgmma":
+            return self.wgmma_reason(schedule.diagram, arch=arch)
+        return None
 
     def candidates(self, diagram: Diagram, gpu, dtype: str) -> list[Schedule]:
         """One fused schedule per tile configuration that fits the GPU's shared memory (the wgmma
@@ -2015,8 +2039,8 @@ class ContractionFamily:
                        stride_param(names["sB"], sB.get(ax, 0), f"stride of {p.B.label()} along {ax}"),
                        stride_param(names["sY"], sY[ax], f"stride of the output along {ax}")]
             batch.append(names)
-        if nbatch > 65535:
-            raise CodegenError(f"contraction family: {nbatch} batch elements; at most 65535")
+        if nbatch > MAX_BATCH:
+            raise CodegenError(f"contraction family: {nbatch} batch elements; at most {MAX_BATCH}")
         kouter = []
         for ax in p.k_outer:
             names = dict(size=ident(ax, "n_"), sA=ident(ax, "sA_"), sB=ident(ax, "sB_"))
@@ -2141,8 +2165,8 @@ class ContractionFamily:
                                  f"rows of {p.B.label()} per index of {ax}"),
                        stride_param(names["sY"], sY[ax], f"stride of the output along {ax}")]
             batch.append(names)
-        if nbatch > 65535:
-            raise CodegenError(f"contraction family: {nbatch} batch elements; at most 65535")
+        if nbatch > MAX_BATCH:
+            raise CodegenError(f"contraction family: {nbatch} batch elements; at most {MAX_BATCH}")
         for ax in p.k_outer:
             names = dict(size=ident(ax, "n_"), rA=ident(ax, "rA_"), rB=ident(ax, "rB_"), oidx=ident(ax, "o_"))
             params += [int_param(names["size"], sz[ax]),
