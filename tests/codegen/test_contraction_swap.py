@@ -46,10 +46,11 @@ def test_the_swapped_problem_trades_the_operands_and_their_axes():
 @pytest.mark.parametrize("build,sizes,why", [
     (sd.linear_rows, dict(a=4096, b=65, k=4096), "more than 64 rows"),
     (sd.linear_rows, dict(a=4095, b=4, k=4096), "not a multiple of 16 bytes"),
+    (sd.linear_rows, dict(a=64, b=4, k=4096), "fills no 64-row tile"),
     (lambda: Diagram("vectors_k_outer", contract(array("W", Axis("a"), Axis("k")), array("x", Axis("k"), Axis("b")),
                                                  over=Axis("k"), out=(Axis("b"), Axis("a")), name="y")),
      dict(a=2048, b=6, k=1000), "sum's axis 'k' last"),
-], ids=["rows", "unaligned-output", "vectors-k-outer"])
+], ids=["rows", "unaligned-output", "small-matrix", "vectors-k-outer"])
 def test_what_may_not_swap_says_why(build, sizes, why):
     d = _bound(build, **sizes)
     assert why in swap_reason(d, analyze(d))

@@ -19,16 +19,22 @@ def _plan(d, gpu="h200", arch="sm_90a"):
     return r.plan
 
 
-def test_a_batch_past_the_launch_limit_leaves_the_contraction_family():
+def test_a_batch_past_the_launch_limit_leaves_the_grid_bound_templates():
+    """The mma.sync and SIMT templates put the batch on grid.y; the wgmma template numbers it in its
+    persistent work items, so Hopper keeps the contraction family and Ampere does not."""
     d = library.get("batched_matmul").with_dtype("bf16").bind(n=MAX_BATCH + 1, a=16, b=16, c=16)
-    s = FAMILY.candidates(d, "h200", "bf16")[0]
-    assert FAMILY.build_reason(s, "sm_90a") == f"{MAX_BATCH + 1} batch elements; a launch takes at most {MAX_BATCH}"
-    plan = _plan(d)
+    mma = next(s for s in FAMILY.candidates(d, "a100-80gb", "bf16") if s.kernels[0].options.engine == "mma.sync")
+    assert FAMILY.build_reason(mma, "sm_80") == (f"{MAX_BATCH + 1} batch elements; a launch of the mma.sync "
+                                                f"template takes at most {MAX_BATCH}")
+    wg = next(s for s in FAMILY.candidates(d, "h200", "bf16") if s.kernels[0].options.engine == "wgmma")
+    assert FAMILY.build_reason(wg, "sm_90a") is None
+    plan = _plan(d, "a100-80gb", "sm_80")
     assert all(k.family != "contraction" for k in plan.kernels)
-    assert any("batch elements; a launch takes at most" in k.why for k in plan.kernels)
-    # at the limit the family still builds it
+    assert any("a launch of the mma.sync template takes at most" in k.why for k in plan.kernels)
+    assert {(k.family, k.kernel.options.engine) for k in _plan(d).kernels} == {("contraction", "wgmma")}
+    # at the limit the mma.sync template still builds it
     ok = library.get("batched_matmul").with_dtype("bf16").bind(n=MAX_BATCH, a=16, b=16, c=16)
-    assert FAMILY.build_reason(FAMILY.candidates(ok, "h200", "bf16")[0], "sm_90a") is None
+    assert FAMILY.build_reason(next(s for s in FAMILY.candidates(ok, "a100-80gb", "bf16")), "sm_80") is None
 
 
 def test_attention_past_the_woven_limit_plans_what_builds():

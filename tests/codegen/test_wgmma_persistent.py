@@ -341,3 +341,20 @@ def test_the_planner_takes_the_tile_measured_fastest(sizes, wide):
     assert _wide_pingpong(cfg) is wide, cfg
     if not wide:
         assert (cfg.BM * cfg.BN, cfg.pingpong) == (128 * 256, False)
+
+
+@pytest.mark.gpu
+def test_a_batch_past_a_grid_dimension():
+    """More batch elements than a grid dimension holds (65535): the persistent kernel numbers them
+    in its work items, so the planner keeps the wgmma template for them (an mma.sync launch, whose
+    grid.y is the batch, is refused at planning)."""
+    _hopper()
+    from napkin.codegen import compile as napkin_compile
+    from napkin.codegen.verify import verify_compiled
+
+    shape = dict(n=70000, a=20, b=40, c=72)
+    cd = napkin_compile(library.get("batched_matmul"), sizes=shape, dtype="bf16")
+    (k,) = [k for k in cd.launches if k.template == "matmul_wgmma.cu.jinja"]
+    assert dict(k.tunables)["persistent"] is True
+    rows = verify_compiled(cd, seed=3)
+    assert rows and all(r.ok for r in rows), rows

@@ -835,6 +835,9 @@ def swap_reason(diagram: Diagram, p: MatmulProblem) -> str | None:
     rows = diagram.sizes.get(p.a)
     if not _thin(diagram, p):
         return f"the output has more than {THIN_ROWS} rows along {p.a!r} ({rows})"
+    cols = diagram.sizes.get(p.c)
+    if not (isinstance(cols, int) and cols > THIN_ROWS):
+        return f"the matrix side {p.c!r} ({cols}) fills no 64-row tile: swapped, it would pad as much"
     if not p.a_kmajor:
         return f"operand {p.A.label()} is not stored with the sum's axis {p.b!r} last"
     n = diagram.sizes.get(p.c)
@@ -862,9 +865,9 @@ def _swap_stages(cfg: MatmulConfig, ps: MatmulProblem, elem: int = 2) -> int:
     return next((n for n in range(SWAP_MAX_STAGES, 2, -1) if replace(cfg, stages=n).smem_bytes(ps, elem) <= limit), 2)
 
 
-#: The most batch elements a contraction kernel takes (grid.y of the mma.sync and SIMT templates;
-#: the wgmma template's limit is the same): past it the family builds nothing, and the planner
-#: takes another family rather than present a plan that cannot be generated.
+#: The most batch elements an mma.sync or SIMT contraction kernel takes (its grid.y; the wgmma
+#: template numbers the batch in its work items): past it those configurations build nothing, and
+#: the planner takes another rather than present a plan that cannot be generated.
 MAX_BATCH = 65535
 
 
@@ -1338,14 +1341,15 @@ class ContractionFamily:
         return self.build_reason(schedule, arch) is None
 
     def build_reason(self, schedule: Schedule, arch: str) -> str | None:
-        """Why ``schedule`` cannot be built for ``arch``, or None: more batch elements than a launch
-        takes (:data:`MAX_BATCH`), or a wgmma configuration where wgmma does not run."""
+        """Why ``schedule`` cannot be built for ``arch``, or None: a wgmma configuration where wgmma
+        does not run, or more batch elements than an mma.sync or SIMT launch takes
+        (:data:`MAX_BATCH`)."""
+        engine = schedule.kernels[0].options.engine if len(schedule.kernels) == 1 else None
+        if engine == "wgmma":  # (its work items number the batch: no grid dimension limits it)
+            return self.wgmma_reason(schedule.diagram, arch=arch)
         n = _batch_count(schedule.diagram)
         if n > MAX_BATCH:
-            return f"{n} batch elements; a launch takes at most {MAX_BATCH}"
-        engine = schedule.kernels[0].options.engine if len(schedule.kernels) == 1 else None
-        if engine == "wgmma":
-            return self.wgmma_reason(schedule.diagram, arch=arch)
+            return f"{n} batch elements; a launch of the {engine} template takes at most {MAX_BATCH}"
         return None
 
     def candidates(self, diagram: Diagram, gpu, dtype: str) -> list[Schedule]:
@@ -2165,8 +2169,6 @@ class ContractionFamily:
                                  f"rows of {p.B.label()} per index of {ax}"),
                        stride_param(names["sY"], sY[ax], f"stride of the output along {ax}")]
             batch.append(names)
-        if nbatch > MAX_BATCH:
-            raise CodegenError(f"contraction family: {nbatch} batch elements; at most {MAX_BATCH}")
         for ax in p.k_outer:
             names = dict(size=ident(ax, "n_"), rA=ident(ax, "rA_"), rB=ident(ax, "rB_"), oidx=ident(ax, "o_"))
             params += [int_param(names["size"], sz[ax]),
@@ -2260,7 +2262,10 @@ class ContractionFamily:
         source = render("matmul_wgmma.cu.jinja", **ctx)
         tiles = math.ceil(M / cfg.BM) * math.ceil(N / cfg.BN)
         # the work items (a split row's column tiles are among the tiles); a persistent grid walks them
+        # (numbered in 32-bit ints: the batch is part of the number, not a grid dimension)
         work = tiles * (1 if p.rowred is not None else cfg.splits) * nbatch
+        if work > 2 ** 31 - 1:
+            raise CodegenError(f"contraction family: {work} work items (tiles x splits x batch); at most 2^31 - 1")
         if wgmma_persistent(p):  # whole clusters, each walking items of `cluster` tiles
             items = math.ceil(math.ceil(M / cfg.BM) / cluster) * math.ceil(N / cfg.BN) * cfg.splits * nbatch
             blocks = min(items, sms // cluster) * cluster
