@@ -136,6 +136,11 @@ class _Run:
         # shift as the previous step left it
         self.shift_boxes = {id(r.shift_box): r for r in plan.rescaled.values()}
         self.shift_before: dict = {}
+        # an rmsnorm over the streamed axis, its row scale factored out of the contraction it feeds
+        # (the RMSNorm -> linear prologue): each such norm's sum of squares so far, and which values
+        # still owe that norm's scale (the norm, products of it, the contraction's accumulator)
+        self.sumsq: dict = {}
+        self.owes: dict = {}
 
     # -- context
     def extent(self, a: str, ranges: dict) -> int:
@@ -215,6 +220,13 @@ class _Run:
         vph = p.phase[id(b)]
         arg_axes = [a.axis_names for a in b.args]
         kind = op.kind
+        owed = {self.owes[id(a)] for a in b.args if id(a) in self.owes}
+        if owed and (kind not in ("contract", "map") or (kind == "map" and op.fn not in ("mul", "scale"))
+                     or len(owed) > 1):
+            raise ScheduleError(f"interpreter: {op.kind} {getattr(op, 'fn', '')!s} reads a value that still owes its "
+                                "rmsnorm's row scale; only products and the contraction carry it")
+        if owed:
+            self.owes[id(b)] = owed.pop()
         if kind == "contract":
             onl = [i for i, a in enumerate(b.args) if id(a) in online]
             if vph == "acc":
@@ -285,8 +297,16 @@ class _Run:
             (x,) = args
             ax = b.axis_names.index(op.over)
             if phase == "body" and op.over == self.s:
-                raise ScheduleError(f"interpreter: {op.how} over the streamed axis {self.s!r} (its row scale "
-                                    "factored out of the contraction) has no rule here")
+                if op.how != "rmsnorm":
+                    raise ScheduleError(f"interpreter: {op.how} over the streamed axis {self.s!r} has no rule "
+                                        "here (only an rmsnorm's row scale factors out of a contraction)")
+                # the chunk passes unscaled; its squares add to the row's sum, and the scale
+                # rsqrt(sum / n + eps) multiplies the contraction's sum once every chunk is in
+                sq = (x * x).sum(ax)
+                self.sumsq[id(b)] = sq if first_step else self.sumsq[id(b)] + sq
+                self.owes[id(b)] = b
+                env[id(b)] = x
+                return
             if op.how == "layernorm":
                 mean = x.mean(ax, keepdims=True)
                 var = ((x - mean) ** 2).mean(ax, keepdims=True)
@@ -396,6 +416,10 @@ class _Run:
                             P = onl[0]
                             rows = tuple(x for x in P.axis_names if x != s)
                             val = val / _align(online[id(P)]["sum"], rows, b.axis_names)
+                        if id(b) in self.owes:  # the rmsnorm's row scale, factored out of the sum
+                            nb = self.owes.pop(id(b))
+                            scale = 1.0 / np.sqrt(self.sumsq[id(nb)] / self.n[s] + nb.op.eps)
+                            val = val * _align(scale, tuple(x for x in nb.axis_names if x != s), b.axis_names)
                     env[id(b)] = val
                     live[self.name(b)] = val
                     if p.level[id(b)] == "SMEM":

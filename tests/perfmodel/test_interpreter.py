@@ -249,3 +249,21 @@ def test_a_contraction_over_more_axes_than_einsum_has_letters_is_refused_with_a_
                                  over=k, name="C"))
     with pytest.raises(ScheduleError, match="at most 52 axes"):
         interpret(Schedule.unfused(d), seed=0)
+
+
+@pytest.mark.parametrize("sizes", [dict(c=256, r=128, x=512), dict(c=300, r=200, x=200)], ids=["tiles", "ragged"])
+def test_the_rmsnorm_prologue_plan_factors_the_row_scale_out_of_the_sum(sizes):
+    """The contraction family's RMSNorm -> linear plan streams x through the norm: each chunk passes
+    unscaled (times gamma), its squares add to the row's sum, and rsqrt(sum / x + eps) multiplies
+    the contraction once every chunk is in; the interpreter runs it so and matches the reference
+    (it refused the plan before)."""
+    from napkin.codegen import compile as napkin_compile
+
+    d = library.get("rmsnorm_linear")
+    sched = napkin_compile(d, sizes=sizes, dtype="bf16", gpu="h200").program.schedule
+    assert [k.family for k in sched.kernels] == ["contraction"]  # the prologue plan: one kernel
+    res = interpret(sched, seed=2)
+    ref = reference(sched.diagram, res.arrays)
+    assert rel_err(res.outputs["Y"], ref["Y"]) < 1e-10
+    c = cost(sched, False, l2_caching=False)
+    assert res.transfers["HBM"] == c.H("HBM")
