@@ -15,7 +15,7 @@ echo "gpu tests rc=$rc"; tail -n 25 "$out/gpu_tests.log"
 for tool in memcheck racecheck synccheck; do
   skip=()
   [ "$tool" = racecheck ] && skip=(--skip attention_bwd_wgmma --skip persistent_walk)
-  timeout "${SAN_TIMEOUT:-100}" compute-sanitizer --tool "$tool" --error-exitcode 9 python3 benchmarks/sanitize.py \
+  timeout "${SAN_TIMEOUT:-240}" compute-sanitizer --tool "$tool" --error-exitcode 9 python3 benchmarks/sanitize.py \
     "${skip[@]}" >"$out/$tool.log" 2>&1
   rc=$?; [ "$rc" -ne 0 ] && status=$rc
   echo "$tool rc=$rc"; tail -n 20 "$out/$tool.log"

@@ -55,3 +55,30 @@ CASES = [
     (linear_bias_gelu, dict(a=1000, b=5, k=1024)), (out_transposed, dict(a=2048, b=6, k=1000)),
     (batched_two_small, dict(n=3, a=333, b=2, c=3, k=256)), (two_sums, dict(a=777, b=4, h=5, d=96)),
 ]
+
+
+#: (builder, sizes, splits): the swapped wgmma tile's cases (its nvcc builds and GPU checks): rows
+#: and vectors that fill no tile, sums that are no whole number of chunks, both layouts of the
+#: matrix, maps after the product, a batch with two small axes, a sum over two axes, splits
+SWAP_CASES = [
+    (linear_rows, dict(a=1000, b=5, k=1000), 1),
+    (linear_rows, dict(a=4096, b=1, k=4096), 1),
+    (linear_rows, dict(a=4096, b=3, k=4096), 2),
+    (linear_rows, dict(a=2040, b=16, k=777), 1),
+    (linear_rows, dict(a=520, b=24, k=130), 1),
+    (linear_rows, dict(a=512, b=33, k=200), 1),
+    (linear_rows, dict(a=1032, b=64, k=1100), 3),
+    (linear_cols, dict(a=1000, b=7, k=333), 1),
+    (linear_cols, dict(a=4096, b=4, k=11008), 4),
+    (linear_bias_gelu, dict(a=1000, b=5, k=1024), 1),
+    (linear_bias_gelu, dict(a=1000, b=5, k=1024), 2),
+    (batched_two_small, dict(n=3, a=336, b=2, c=3, k=256), 1),
+    (batched_two_small, dict(n=3, a=336, b=2, c=3, k=1024), 2),
+    (two_sums, dict(a=776, b=4, h=5, d=96), 1),
+]
+
+
+def case_id(case) -> str:
+    """A test id for a (builder, sizes, splits) case."""
+    build, sizes, splits = case
+    return f"{build.__name__}-{'-'.join(map(str, sizes.values()))}-x{splits}"

@@ -162,15 +162,7 @@ def test_the_planner_swaps_a_few_vectors_by_a_long_matrix():
 
 
 @pytest.mark.nvcc
-@pytest.mark.parametrize("build,sizes,splits", [
-    (sd.linear_rows, dict(a=8192, b=4, k=4096), 1),
-    (sd.linear_rows, dict(a=2040, b=16, k=777), 1),
-    (sd.linear_rows, dict(a=520, b=24, k=130), 1),
-    (sd.linear_rows, dict(a=1032, b=64, k=1100), 3),
-    (sd.linear_cols, dict(a=4096, b=4, k=11008), 4),
-    (sd.linear_bias_gelu, dict(a=1000, b=5, k=1024), 1),
-    (sd.batched_two_small, dict(n=3, a=336, b=2, c=3, k=256), 1),
-], ids=["b4", "b16", "b24", "b64-split", "cols-split", "epilogue", "batch"])
+@pytest.mark.parametrize("build,sizes,splits", sd.SWAP_CASES, ids=[sd.case_id(c) for c in sd.SWAP_CASES])
 def test_swapped_kernels_build_without_spills(build, sizes, splits):
     from napkin.kernels.nvcc import nvcc_compile
 

@@ -22,24 +22,6 @@ except ImportError:  # tests/codegen is not a package: pytest puts its folder on
 
 pytestmark = pytest.mark.gpu
 
-#: (builder, sizes, splits)
-CASES = [
-    (sd.linear_rows, dict(a=1000, b=5, k=1000), 1),
-    (sd.linear_rows, dict(a=4096, b=1, k=4096), 1),
-    (sd.linear_rows, dict(a=4096, b=3, k=4096), 2),
-    (sd.linear_rows, dict(a=2040, b=16, k=777), 1),
-    (sd.linear_rows, dict(a=520, b=24, k=130), 1),
-    (sd.linear_rows, dict(a=512, b=33, k=200), 1),
-    (sd.linear_rows, dict(a=1032, b=64, k=1100), 3),
-    (sd.linear_cols, dict(a=1000, b=7, k=333), 1),
-    (sd.linear_cols, dict(a=4096, b=4, k=11008), 4),
-    (sd.linear_bias_gelu, dict(a=1000, b=5, k=1024), 1),
-    (sd.linear_bias_gelu, dict(a=1000, b=5, k=1024), 2),
-    (sd.batched_two_small, dict(n=3, a=336, b=2, c=3, k=256), 1),
-    (sd.batched_two_small, dict(n=3, a=336, b=2, c=3, k=1024), 2),
-    (sd.two_sums, dict(a=776, b=4, h=5, d=96), 1),
-]
-
 
 def _hopper():
     import torch
@@ -48,8 +30,7 @@ def _hopper():
         pytest.skip("the swapped tile runs on wgmma (sm_90a)")
 
 
-@pytest.mark.parametrize("build,sizes,splits", CASES,
-                         ids=[f"{b.__name__}-{'-'.join(map(str, s.values()))}-x{n}" for b, s, n in CASES])
+@pytest.mark.parametrize("build,sizes,splits", sd.SWAP_CASES, ids=[sd.case_id(c) for c in sd.SWAP_CASES])
 def test_swapped_tile_matches_the_reference(build, sizes, splits):
     _hopper()
     from napkin.codegen import compile as napkin_compile
