@@ -1,5 +1,6 @@
 """The swapped wgmma tile on the GPU (marked ``gpu``; sm_90a): a few vectors by a matrix with the
-matrix on the tile's 64 rows, the vectors its 8 to 64 columns, the tile leaving transposed.
+matrix on the tile's 64 or 128 rows (one or two consumers), the vectors its 8 to 64 columns, the
+tile leaving transposed.
 
 Each case runs through ``napkin.codegen.verify`` (fresh random inputs, NaN-poisoned outputs, a
 float64 reference): rows and vectors that fill no tile, sums that are not chunk multiples, both
@@ -30,15 +31,16 @@ def _hopper():
         pytest.skip("the swapped tile runs on wgmma (sm_90a)")
 
 
+@pytest.mark.parametrize("bm", [64, 128], ids=["one-consumer", "two-consumers"])
 @pytest.mark.parametrize("build,sizes,splits", sd.SWAP_CASES, ids=[sd.case_id(c) for c in sd.SWAP_CASES])
-def test_swapped_tile_matches_the_reference(build, sizes, splits):
+def test_swapped_tile_matches_the_reference(build, sizes, splits, bm):
     _hopper()
     from napkin.codegen import compile as napkin_compile
     from napkin.codegen.verify import verify_compiled
 
     d = build().with_dtype("bf16")
     bound = d.bind(**sizes)
-    cfg = replace(_swap_config(bound, analyze(bound), "bf16"), splits=splits)
+    cfg = replace(_swap_config(bound, analyze(bound), "bf16", bm), splits=splits)
     cd = napkin_compile(d, sizes=sizes, dtype="bf16", family="contraction", schedule=FAMILY.schedule(bound, cfg))
     main = next(k for k in cd.launches if k.template == "matmul_wgmma.cu.jinja")
     assert dict(main.tunables).get("swap_ab") is True

@@ -848,13 +848,13 @@ def swap_reason(diagram: Diagram, p: MatmulProblem) -> str | None:
     return _operand_views_reason(diagram, swap_problem(p))
 
 
-def _swap_config(diagram: Diagram, p: MatmulProblem, dtype: str) -> MatmulConfig:
-    """The swapped tile for ``p`` (unswapped): 64 rows of the matrix, the fewest of
-    :data:`SWAP_WIDTHS` columns that hold the output's rows, and as many ring slots as fit, up to
-    :data:`SWAP_MAX_STAGES`."""
+def _swap_config(diagram: Diagram, p: MatmulProblem, dtype: str, bm: int = 64) -> MatmulConfig:
+    """The swapped tile for ``p`` (unswapped): ``bm`` rows of the matrix (64, one consumer, or 128,
+    two consumers sharing each chunk of the vectors), the fewest of :data:`SWAP_WIDTHS` columns
+    that hold the output's rows, and as many ring slots as fit, up to :data:`SWAP_MAX_STAGES`."""
     rows = diagram.sizes[p.a]
     bn = next(w for w in SWAP_WIDTHS if w >= rows)
-    cfg = MatmulConfig(False, 64, bn, 64, 64, bn, 2, wgmma=True, swap=True)
+    cfg = MatmulConfig(False, bm, bn, 64, 64, bn, 2, wgmma=True, swap=True)
     return replace(cfg, stages=_swap_stages(cfg, swap_problem(p), _elem(dtype)))
 
 
@@ -1447,12 +1447,14 @@ class ContractionFamily:
                     out += [self.schedule(diagram, replace(cfg, splits=n), gpu=gpu, dtype=dtype)
                             for n in self.split_counts(diagram, p, cfg, gpu)]
         if wgmma and swap_reason(diagram, p) is None:
-            # a few vectors by a matrix: the matrix on the tile's 64 rows, the vectors its columns
-            cfg = _swap_config(diagram, p, dtype)
-            if cfg.smem_bytes(swap_problem(p), _elem(dtype)) <= limit:
-                out.append(self.schedule(diagram, cfg, gpu=gpu, dtype=dtype))
-                out += [self.schedule(diagram, replace(cfg, splits=n), gpu=gpu, dtype=dtype)
-                        for n in self.split_counts(diagram, swap_problem(p), cfg, gpu)]
+            # a few vectors by a matrix: the matrix on the tile's 64 or 128 rows, the vectors its
+            # columns
+            for bm in (64, 128):
+                cfg = _swap_config(diagram, p, dtype, bm)
+                if cfg.smem_bytes(swap_problem(p), _elem(dtype)) <= limit:
+                    out.append(self.schedule(diagram, cfg, gpu=gpu, dtype=dtype))
+                    out += [self.schedule(diagram, replace(cfg, splits=n), gpu=gpu, dtype=dtype)
+                            for n in self.split_counts(diagram, swap_problem(p), cfg, gpu)]
         return out
 
     @staticmethod
@@ -1797,9 +1799,9 @@ class ContractionFamily:
                            what: str) -> MatmulConfig:
         """A swapped tile (``p.y_t``) as the template builds it: one consumer of 64 rows, 8 to 64
         columns, 2 to :data:`SWAP_MAX_STAGES` slots, the output leaving by TMA unless split."""
-        if cfg.pingpong or cfg.BM != 64 or cfg.WM != 64:
-            raise CodegenError(f"{what}: swapped operands run one consumer warpgroup of 64 rows "
-                               f"(g_{p.a} = w_{p.a} = 64)")
+        if cfg.pingpong or cfg.BM not in (64, 128) or cfg.WM != 64:
+            raise CodegenError(f"{what}: swapped operands run one or two consumer warpgroups of 64 rows "
+                               f"(g_{p.a} = 64 or 128, w_{p.a} = 64)")
         if cfg.WN != cfg.BN or cfg.BN not in SWAP_WIDTHS:
             raise CodegenError(f"{what}: swapped operands take g_{p.c} = w_{p.c} of {', '.join(map(str, SWAP_WIDTHS))}")
         if not 2 <= cfg.stages <= SWAP_MAX_STAGES:
