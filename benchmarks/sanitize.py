@@ -310,14 +310,15 @@ def _pingpong_wide(d):
     return _lowered(d, MatmulConfig(False, *WGMMA_PINGPONG_CONFIGS[-1], wgmma=True, pingpong=True))
 
 
-def _swapped(splits):
-    """The swapped wgmma tile (the matrix on the tile's 64 rows, the vectors its 8 columns, the tile
-    leaving transposed by TMA, or its split partials transposed for the combine)."""
+def _swapped(splits, bm=64):
+    """The swapped wgmma tile (the matrix on the tile's ``bm`` rows, one consumer a 64 of them, the
+    vectors its 8 columns, the tile leaving transposed by TMA, or its split partials transposed
+    for the combine)."""
     from dataclasses import replace
 
     from napkin.codegen.families.contraction import _swap_config, analyze
 
-    return lambda d: _lowered(d, replace(_swap_config(d, analyze(d), "bf16"), splits=splits))
+    return lambda d: _lowered(d, replace(_swap_config(d, analyze(d), "bf16", bm), splits=splits))
 
 
 def _tf32x3_small(d):
@@ -411,6 +412,8 @@ CASES = [
          archs=("sm_90a",), label="swapped_tile", program=_swapped(1)),
     Case("matmul_wgmma.cu.jinja", _skinny_cols, {"a": 1000, "b": 5, "k": 2000}, family="contraction",
          archs=("sm_90a",), label="swapped_tile_split", program=_swapped(2)),
+    Case("matmul_wgmma.cu.jinja", _skinny_rows, {"a": 1000, "b": 5, "k": 1000}, family="contraction",
+         archs=("sm_90a",), label="swapped_tile_two_consumers", program=_swapped(1, 128)),
     # a residual copied 64 x 64 at a time into each consumer's staging block (cp.async), read there
     # and overwritten by the results (rows of 264 and 333: partial blocks, zero-filled copies)
     Case("matmul_wgmma.cu.jinja", _gemm_residual, {"a": 333, "b": 520, "c": 264}, family="contraction",
