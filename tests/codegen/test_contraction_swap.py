@@ -189,3 +189,11 @@ def test_a_configuration_says_it_is_swapped():
     cfg = MatmulConfig(False, 64, 8, 64, 64, 8, 16, wgmma=True, swap=True)
     assert cfg.options().swap_ab is True and MatmulConfig(False, 64, 64, 64, 64, 64, 8, wgmma=True).options().swap_ab is None
     assert "swap" not in repr(cfg)  # (the repr names kernels; a swapped kernel's own name says it)
+
+
+def test_a_hand_written_swapped_schedule_without_stages_takes_the_deepest_ring():
+    d = _bound(sd.linear_rows, a=4096, b=4, k=4096)
+    s = _swapped(d)
+    k = s.kernels[0]
+    s = s.replace(kernels=(k.replace(options=replace(k.options, stages=None)),))
+    assert FAMILY.config_of(problem_of(d, s), s).stages == SWAP_MAX_STAGES

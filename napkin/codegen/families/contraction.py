@@ -247,8 +247,8 @@ class MatmulConfig:
     tf32x3: bool = False
     #: (wgmma, WM = BM) two consumer warpgroups owning whole tiles, alternating work items
     pingpong: bool = False
-    #: (wgmma) the operands swapped (:func:`swap_problem`): a 64-row tile of the matrix, BN of 8
-    #: to 64 columns of the few output rows, the tile leaving transposed (left out of the repr,
+    #: (wgmma) the operands swapped (:func:`swap_problem`): a 64- or 128-row tile of the matrix, BN
+    #: of 8 to 64 columns of the few output rows, the tile leaving transposed (left out of the repr,
     #: which names the kernels: a swapped kernel's name and tag say so themselves)
     swap: bool = field(default=False, repr=False)
 
@@ -814,7 +814,8 @@ def swap_problem(p: MatmulProblem) -> MatmulProblem:
 def swap_reason(diagram: Diagram, p: MatmulProblem) -> str | None:
     """Why the swapped tile (:func:`swap_problem`) cannot run ``p``, or None if it can (the wgmma
     template's own conditions are checked apart): a product with elementwise maps after it only
-    (no dual sum, prologue or row reduction), at most :data:`THIN_ROWS` output rows, the vectors
+    (no dual sum, prologue or row reduction), at most :data:`THIN_ROWS` output rows and more than
+    that along the matrix's own axis (else swapped it pads as much), the vectors
     stored with the sum's axis last (an 8-row box of them is one 128-byte swizzle atom), the
     output's last axis a multiple of 16 bytes behind its batch axes (the transposed tile leaves
     by TMA), and tensor maps for both operands the other way round.
@@ -840,9 +841,8 @@ def swap_reason(diagram: Diagram, p: MatmulProblem) -> str | None:
         return f"the matrix side {p.c!r} ({cols}) fills no 64-row tile: swapped, it would pad as much"
     if not p.a_kmajor:
         return f"operand {p.A.label()} is not stored with the sum's axis {p.b!r} last"
-    n = diagram.sizes.get(p.c)
-    if not (isinstance(n, int) and n * _elem(p.dtype) % 16 == 0):
-        return f"the output's last axis {p.c!r} ({n}) is not a multiple of 16 bytes (the tile leaves by TMA)"
+    if cols * _elem(p.dtype) % 16:
+        return f"the output's last axis {p.c!r} ({cols}) is not a multiple of 16 bytes (the tile leaves by TMA)"
     if tuple(p.out.axis_names) != (*p.batch, p.a, p.c):
         return "the output's batch axes are not in front of its rows"
     return _operand_views_reason(diagram, swap_problem(p))
@@ -1755,10 +1755,10 @@ class ContractionFamily:
         table = [*WGMMA_CONFIGS, *WGMMA_PINGPONG_CONFIGS] if not p.dual else [*DUAL_CONFIGS, *DUAL_PINGPONG_CONFIGS]
         known = [c for c in table if (c[0], c[1], c[3]) == (BM, BN, WM)
                  and (c in (WGMMA_PINGPONG_CONFIGS + DUAL_PINGPONG_CONFIGS)) == pingpong]
+        if stages is None and p.y_t:  # as many slots as fit (a schedule written by hand may not say)
+            stages = _swap_stages(MatmulConfig(False, BM, BN, BK, WM, WN, 2, wgmma=True, swap=True), p)
         if stages is None:
             stages = known[0][5] if known else 4
-        if p.y_t and stages is None:
-            stages = _swap_stages(MatmulConfig(False, BM, BN, BK, WM, WN, 2, wgmma=True, swap=True), p)
         cfg = MatmulConfig(False, BM, BN, BK, WM, WN, stages, 1, wgmma=True, dual=p.dual, pingpong=pingpong,
                            swap=p.y_t)
         if BK != 64:
@@ -1797,8 +1797,8 @@ class ContractionFamily:
     @staticmethod
     def _check_swap_config(d: Diagram, p: MatmulProblem, cfg: MatmulConfig, splits: int, arch: str | None,
                            what: str) -> MatmulConfig:
-        """A swapped tile (``p.y_t``) as the template builds it: one consumer of 64 rows, 8 to 64
-        columns, 2 to :data:`SWAP_MAX_STAGES` slots, the output leaving by TMA unless split."""
+        """A swapped tile (``p.y_t``) as the template builds it: one or two consumers of 64 rows, 8
+        to 64 columns, 2 to :data:`SWAP_MAX_STAGES` slots, the output leaving by TMA unless split."""
         if cfg.pingpong or cfg.BM not in (64, 128) or cfg.WM != 64:
             raise CodegenError(f"{what}: swapped operands run one or two consumer warpgroups of 64 rows "
                                f"(g_{p.a} = 64 or 128, w_{p.a} = 64)")
