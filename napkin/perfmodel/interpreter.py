@@ -220,9 +220,10 @@ class _Run:
         vph = p.phase[id(b)]
         arg_axes = [a.axis_names for a in b.args]
         kind = op.kind
-        owed = {self.owes[id(a)] for a in b.args if id(a) in self.owes}
+        owing = [self.owes[id(a)] for a in b.args if id(a) in self.owes]
+        owed = set(owing)
         if owed and (kind not in ("contract", "map") or (kind == "map" and op.fn not in ("mul", "scale"))
-                     or len(owed) > 1):
+                     or len(owing) > 1):  # (two owing factors would owe the scale twice)
             raise ScheduleError(f"interpreter: {op.kind} {getattr(op, 'fn', '')!s} reads a value that still owes its "
                                 "rmsnorm's row scale; only products and the contraction carry it")
         if owed:

@@ -60,9 +60,10 @@ The assumptions that are not datasheet facts are named, with where their numbers
   three H200 measurements, named there);
 * **wgmma chain** (``tensor_chain_s``): a wgmma kernel's consumer adds each chunk's ``BK / 16``
   products into one accumulator tile, one after another (``GPU.wgmma_step_clk`` each, measured
-  on an H200), so the tensor term is at least the busiest SM's tiles times their chunks times
-  that chain: it binds tiles of few rows or columns over a long sum (a few vectors by a matrix),
-  where splitting the sum shortens each block's chain;
+  on an H200 with 8-slot rings, whose round trip it mostly is; the contraction family divides it
+  for deeper rings), so the tensor term is at least the busiest SM's tiles times their chunks
+  times that chain: it binds tiles of few rows or columns over a long sum (a few vectors by a
+  matrix), where splitting the sum shortens each block's chain;
 * **calibrated factors**: ``family=`` applies the profile's ``efficiency[family]`` fractions
   (written by the calibration step; none on datasheet profiles).
 

@@ -633,10 +633,11 @@ class AttentionFamily:
         d = schedule.diagram
         try:
             p = analyze(d)
-            cfg = self.config_of(p, d, schedule)
+            if not all(isinstance(d.sizes.get(a), int) for a in p.woven) or \
+                    math.prod(d.sizes[a] for a in p.woven) <= MAX_WOVEN:
+                return None
+            cfg = self.config_of(p, d, schedule)  # (only past the limit: packed axes do not count)
         except NapkinError:  # (lowering says what is wrong with the configuration itself)
-            return None
-        if not all(isinstance(d.sizes.get(a), int) for a in p.woven):
             return None
         nz = math.prod(d.sizes[a] for a in p.woven if not (cfg.packed and a in self.packed_axes(p)))
         if nz > MAX_WOVEN:
