@@ -275,6 +275,31 @@ def _persistent_walk(d):
     return dataclasses.replace(program, launches=(dataclasses.replace(launch, grid=(5, 1, 1)),))
 
 
+def _persistent_walk_two_stage(d):
+    """The d = 128 two-stage loop with one P buffer (K and V released apart), persistent, 5 blocks
+    walking causal tiles of different lengths."""
+    import dataclasses
+
+    from napkin.codegen.families import attention_wgmma
+    from napkin.codegen.families.attention import FAMILY
+
+    cfg = dataclasses.replace(attention_wgmma.configs(128, masked=True)[0], persistent=True)
+    assert cfg.overlap and cfg.one_p, cfg
+    program = attention_wgmma.lower_config(FAMILY, d, cfg)
+    (launch,) = program.launches
+    return dataclasses.replace(program, launches=(dataclasses.replace(launch, grid=(5, 1, 1)),))
+
+
+def _pingpong_176(d):
+    """The d = 128 two-stage loop over 176-key chunks with ping-pong between the consumers, one
+    tile a block (keys past the last chunk's end zeroed in V before P V)."""
+    from napkin.codegen.families import attention_wgmma
+    from napkin.codegen.families.attention import FAMILY
+
+    (cfg,) = [c for c in attention_wgmma.configs(128) if c.pingpong]
+    return attention_wgmma.lower_config(FAMILY, d, cfg)
+
+
 def _lowered(d, cfg):
     """The program of contraction configuration ``cfg`` for ``d`` (a tile the planner would not
     take at sizes small enough for the sanitizers)."""
@@ -494,6 +519,11 @@ CASES = [
          family="attention", archs=("sm_90a",)),
     Case("attention_wgmma.cu.jinja", "attention_causal", {"h": 3, "q": 777, "x": 1000, "d": 64},
          family="attention", archs=("sm_90a",), program=_persistent_walk, label="persistent_walk"),
+    Case("attention_wgmma.cu.jinja", "attention_causal", {"h": 3, "q": 777, "x": 1000, "d": 128},
+         family="attention", archs=("sm_90a",), program=_persistent_walk_two_stage,
+         label="persistent_walk_two_stage"),
+    Case("attention_wgmma.cu.jinja", "mha", {"h": 2, "q": 300, "x": 1000, "d": 128},
+         family="attention", archs=("sm_90a",), program=_pingpong_176, label="attention_pingpong_176"),
     # fp8 (e4m3) attention on Hopper: the V-transpose pre-pass and the 8-bit wgmma kernel, causal,
     # lengths that are not multiples of the 128-key chunk (the pre-pass writes zeros past x)
     Case("attention_wgmma_fp8.cu.jinja", "attention_causal", {"h": 2, "q": 1000, "x": 777, "d": 128},

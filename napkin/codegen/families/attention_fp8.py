@@ -321,10 +321,10 @@ def lower_config(fam, diagram: Diagram, cfg: Fp8AttentionConfig, arch: str = "sm
     why = reason(p, diagram, arch=arch)
     if why:
         raise CodegenError(f"attention family: {why}")
-    if (cfg.D not in CONFIGS or cfg.consumers != 2 or not 2 <= cfg.stages <= 8 or not 0 <= cfg.poly <= 16
+    if (cfg.D not in CONFIGS or cfg.consumers != 2 or not 2 <= cfg.stages <= 7 or not 0 <= cfg.poly <= 16
             or (cfg.pingpong and not cfg.overlap)):
         raise CodegenError(f"attention family (fp8): {cfg} is not a configuration the template builds "
-                           "(two consumers, 2 to 8 stages, 0 to 16 exps of 16 on the FMA pipe, ping-pong "
+                           "(two consumers, 2 to 7 stages, 0 to 16 exps of 16 on the FMA pipe, ping-pong "
                            "only with the two-stage loop)")
     sz = diagram.sizes
     vt = _names(diagram, p)
