@@ -97,8 +97,8 @@ def test_refusals():
     d64 = bound("mha", d=64)
     with pytest.raises(CodegenError, match="ping-pong"):
         W.lower_config(FAMILY, d64, dataclasses.replace(W.configs(64)[2], pingpong=True))  # three consumers
-    with pytest.raises(CodegenError, match="persistent"):
-        W.lower_config(FAMILY, d64, dataclasses.replace(W.configs(64)[0], pingpong=True, persistent=True))
+    with pytest.raises(CodegenError, match="one P buffer"):
+        W.lower_config(FAMILY, d64, dataclasses.replace(W.configs(64)[0], overlap=False, one_p=True))
     g = bound("gqa", d=128)
     with pytest.raises(CodegenError, match="persistent"):
         W.lower_config(FAMILY, g, dataclasses.replace(W.configs(128)[0], pack=3, persistent=True))
@@ -136,19 +136,27 @@ def test_persistent_blocks_take_one_sm_each_and_walk_every_tile(gpu, sms):
 
 # ---------------------------------------------------------------------------- nvcc builds
 
+NAMES = ("mha", "attention_causal", "attention_alibi", "attention_window")
+
+
 def _cases():
+    """(diagram, dtype, configuration, offered): the configurations the planner offers for each
+    diagram (the loop :func:`W.loop_for` gives its scores, a persistent one's twin of one tile a
+    block), checked for spills; and variants it does not offer there (persistent where the table
+    says one tile a block, ping-pong toggled), checked for serialised wgmma only (the GPU tests
+    run them)."""
     out = []
     for D in (64, 128):  # the other head dimensions: test_attention_wgmma_dims.py
-        for c in W.configs(D):
-            # the configuration's own loop, and ping-pong where it has two stages and two consumers
-            # (the two-stage loop at d = 128, not offered, spills with masks)
-            variants = {c, dataclasses.replace(c, persistent=not c.persistent)}
-            if c.consumers == 2 and c.overlap:
-                variants.add(dataclasses.replace(c, pingpong=True, persistent=False))
-            for v in sorted(variants, key=str):
-                for name in ("mha", "attention_causal", "attention_alibi", "attention_window"):
-                    out.append((name, "bf16", v))
-        out.append(("gqa", "fp16", W.configs(D)[0]))
+        for name in NAMES:
+            d = bound(name, d=D)
+            for c in W.configs(D, *W.score_kinds(FAMILY.problem(d), d)):
+                offered = {c, dataclasses.replace(c, persistent=False)}  # (candidates: a persistent one's twin)
+                more = {dataclasses.replace(c, persistent=True)}
+                if c.consumers == 2 and c.overlap:
+                    more |= {dataclasses.replace(c, pingpong=not c.pingpong, persistent=pers) for pers in (False, True)}
+                out += [(name, "bf16", v, True) for v in sorted(offered, key=str)]
+                out += [(name, "bf16", v, False) for v in sorted(more - offered, key=str)]
+        out.append(("gqa", "fp16", W.configs(D, masked=True)[0], True))
     return out
 
 
@@ -158,8 +166,9 @@ CASES = _cases()
 SPILL_OK = {("attention_alibi", 128, 176)}
 
 #: Bytes of spill loads a persistent kernel may have (none where it is one tile a block): the tile
-#: loop's state beside S, P and O at the 168-register cap (ptxas reports 4 bytes for most, 44 for
-#: a sliding window at d = 128, whose tiles start at a key chunk of their own).
+#: loop's state beside S, P and O at the 168-register cap (ptxas reports 4-16 bytes for most, 36
+#: causal and 48 for a sliding window at d = 128 in the two-stage loop, whose tiles start at a key
+#: chunk of their own).
 PERSISTENT_SPILL_LOADS = 48
 
 
@@ -168,7 +177,7 @@ def builds():
     from napkin.kernels.nvcc import nvcc_compile
 
     def build(case):
-        name, dtype, cfg = case
+        name, dtype, cfg, _ = case
         d = bound(name, dtype, d=cfg.D)
         (k,) = W.lower_config(FAMILY, d, cfg).launches
         return k, nvcc_compile(k.source, "sm_90a")
@@ -179,16 +188,19 @@ def builds():
 
 @pytest.mark.nvcc
 @pytest.mark.parametrize("i", range(len(CASES)), ids=[f"{n}-{t}-d{c.D}-q{c.BQ}x{c.BX}s{c.stages}"
-                                                       f"{'-2st' if c.overlap else ''}{'-pp' if c.pingpong else ''}"
+                                                       f"{'-2st' if c.overlap else ''}{'-1p' if c.one_p else ''}{'-pp' if c.pingpong else ''}"
                                                        f"{'-pers' if c.persistent else ''}"
-                                                       for n, t, c in CASES])
+                                                       f"{'' if o else '-notoffered'}"
+                                                       for n, t, c, o in CASES])
 def test_builds_without_spills_or_serialised_wgmma(builds, i):
-    name, _, cfg = CASES[i]
+    name, _, cfg, offered = CASES[i]
     launch, usage = builds[i]
     k = usage[launch.name]
     print(f"{launch.name}: {k.registers} registers at entry, {launch.shared_bytes} B shared")
     assert "C7513" not in usage.log, "ptxas serialised the wgmma"
-    if cfg.persistent:
+    if not offered:
+        pass
+    elif cfg.persistent:
         assert k.spill_loads <= PERSISTENT_SPILL_LOADS and k.stack_bytes <= 32, k
     elif (name, cfg.D, cfg.BX) not in SPILL_OK:
         assert not k.spills and k.stack_bytes == 0

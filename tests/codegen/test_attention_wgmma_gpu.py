@@ -80,26 +80,34 @@ def test_the_planner_picks_it_where_the_model_predicts_it_faster():
     assert [k.template for k in c.program.launches] == ["attention_wgmma.cu.jinja"]
 
 
-@pytest.mark.parametrize("variant", [(False, False, False), (False, False, True), (True, False, False),
-                                     (True, False, True), (True, True, False)],
-                         ids=["one-stage", "one-stage-persistent", "two-stage", "two-stage-persistent",
-                              "two-stage-pingpong"])
+#: (two stages, ping-pong, persistent, one P buffer): None keeps the configuration's own choice
+VARIANTS = {"one-stage": (False, False, False, False), "one-stage-persistent": (False, False, True, False),
+            "two-stage": (True, False, False, False), "two-stage-persistent": (True, False, True, False),
+            "two-stage-1p": (True, False, False, True), "two-stage-1p-persistent": (True, False, True, True),
+            "two-stage-pingpong": (True, True, False, None), "two-stage-pingpong-persistent": (True, True, True, None)}
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
 @pytest.mark.parametrize("name", ["mha", "attention_causal", "attention_window"])
 @pytest.mark.parametrize("D", attention_wgmma.HEAD_DIMS)
 def test_every_variant_of_the_loop(name, D, variant):
-    """Each way the consumers walk the chunks (one at a time; two stages; two stages with ping-pong
-    between two warpgroups), one tile a block or persistent, whichever the defaults are, on every
-    configuration it applies to; chunk counts odd and even (the two-stage loop walks them in pairs)."""
+    """Each way the consumers walk the chunks (one at a time; two stages with two P buffers or
+    one; two stages with ping-pong between two warpgroups), one tile a block or persistent, on
+    every configuration it applies to and whose tiles fit the registers; chunk counts odd and even
+    (the two-stage loop with two P buffers walks them in pairs)."""
     import dataclasses
 
     from napkin.codegen.api import CompiledDiagram
     from napkin.codegen.verify import verify_compiled
 
-    overlap, pingpong, persistent = variant
+    overlap, pingpong, persistent, one_p = VARIANTS[variant]
     for cfg in attention_wgmma.configs(D):
         if pingpong and cfg.consumers != 2:
             continue
-        cfg = dataclasses.replace(cfg, overlap=overlap, pingpong=pingpong, persistent=persistent)
+        cfg = dataclasses.replace(cfg, overlap=overlap, pingpong=pingpong, persistent=persistent,
+                                  one_p=cfg.one_p if one_p is None else one_p)
+        if cfg.consumer_need() + 24 > cfg.consumer_regs():
+            continue  # S, P and O do not fit: the planner never offers it
         for q, x in ((1000, 1000), (129, 777), (3 * cfg.BX - 5, 3 * cfg.BX)):  # q <= x: rows with keys
             d = library.get(name).bind(**sizes(name, q=q, x=x, d=D))
             program = attention_wgmma.lower_config(FAMILY, d, cfg)
@@ -170,7 +178,9 @@ def test_persistent_blocks_walk_several_tiles(name, D, overlap):
     from napkin.codegen.api import CompiledDiagram
     from napkin.codegen.verify import verify_compiled
 
-    cfg = dataclasses.replace(attention_wgmma.configs(D)[0], overlap=overlap, persistent=True)
+    cfg = attention_wgmma.configs(D)[0]
+    cfg = dataclasses.replace(cfg, overlap=overlap, one_p=cfg.one_p and overlap, pingpong=cfg.pingpong and overlap,
+                              persistent=True)
     for q, x, h, blocks in ((1000, 1000, 40, None), (1000, 777, 40, None), (777, 1000, 3, 5)):
         d = library.get(name).bind(**sizes(name, q=q, x=x, d=D, h=h))
         program = attention_wgmma.lower_config(FAMILY, d, cfg)

@@ -11,6 +11,14 @@ warpgroups=.., stages=..)``. §4.4 of the design derives how many consumer warpg
 registers of a warpgroup's S (64 x s_x), P and O (64 x d) tiles and the shared memory of the ring
 give two at d = 128, two or three at d = 64 (:data:`CONFIGS`).
 
+The loop (a configuration's ``overlap``, ``one_p`` and ``pingpong``): one chunk at a time (S, the
+softmax, P·V), or two stages, where chunk j's softmax runs while chunk j - 1's P·V is in flight
+(§4.4's exp beside wgmma), its P in a second register buffer or, with ``one_p``, left in S's
+registers until that P·V is done (FA3's layout); ping-pong makes the two consumer warpgroups take
+turns issuing their products. K and V are released apart, so chunk j + 2's K lands while chunk j's
+softmax and P·V run. Scores with a modifier (ALiBi, soft-capping) or, over 176-key chunks with
+ping-pong, a mask keep one chunk at a time (:func:`loop_for`: the registers).
+
 Offered (by :meth:`AttentionFamily.candidates`) where the GPU has wgmma, the head dimension is one
 of :data:`HEAD_DIMS` (64, 80, 96, 128, 192, 256), q is more than the decode tiles' 64 rows, and each
 of Q, K, V is stored as rows of d (its q or x the second-to-last axis, every other axis whole rows),
@@ -54,8 +62,8 @@ unpacked ones.
 >>> d = library.get("mha").bind(h=16, q=4096, x=4096, d=128)
 >>> wgmma_reason(analyze(d), d, "h100"), wgmma_reason(analyze(d), d, "a100-80gb")
 (None, 'a100-80gb (sm_80) has no wgmma (it needs sm_90a)')
->>> [(c.BQ, c.BX, c.overlap) for c in configs(128)][0], [(c.BQ, c.BX, c.overlap) for c in configs(64)][0]
-((128, 128, False), (128, 128, True))
+>>> [(c.BQ, c.BX, c.overlap, c.one_p) for c in configs(128)][0], [(c.BQ, c.BX, c.overlap) for c in configs(64)][0]
+((128, 128, True, True), (128, 128, True))
 """
 
 from __future__ import annotations
@@ -77,7 +85,7 @@ from .epilogue import (Param, check_index_size, contiguous_strides, ctype, float
                        score_chain, short_hash, signature, stride_param, tensor_param, tensormap_param)
 
 __all__ = ["WgmmaAttentionConfig", "CONFIGS", "HEAD_DIMS", "configs", "wgmma_reason", "candidates", "schedule",
-           "config_of", "launch_estimate", "lower", "lower_config", "TEMPLATE", "PINGPONG"]
+           "config_of", "launch_estimate", "lower", "lower_config", "TEMPLATE"]
 
 TEMPLATE = "attention_wgmma.cu.jinja"
 
@@ -102,23 +110,25 @@ TEMPLATE = "attention_wgmma.cu.jinja"
 #: Q tile); at d = 256, 80-key chunks ran at 654 TFLOP/s against 558 for 64 (seq 8k), one consumer
 #: at 427, the two-stage loop (two P buffers beside O: ptxas spills) at 479, with ping-pong 488;
 #: at d = 192 the two-stage loop ran at 508 against 629 one chunk at a time.
+#: At d = 128 (sessions 29, H200): with K and V released apart (the producer copies chunk j + 2's
+#: K while chunk j's softmax and P V run; a slot of both, released after P V, kept the two-stage
+#: loop a chunk short of its prefetch) the two-stage loop with one P buffer (``one_p``) is faster
+#: than one chunk at a time: 128-key chunks persistent, 505-549 against 448-480 TFLOP/s at seq 2k,
+#: 570-594 against 542-596 at 8k-16k, causal 411-422 / 525-540 / 553-556 against 388-404 / 503-506
+#: / 529-535; 176-key chunks with ping-pong run 581-606 at 8k-16k and 517-590 causal but 345-471 at
+#: 2k (``benchmarks/results/nvidia-h200/attention_loops_s29.jsonl``). Entries: (consumers, s_x,
+#: stages, two stages[, ping-pong, one P buffer]).
 CONFIGS = {
     64: ((2, 128, 3, True), (2, 128, 4, True), (3, 64, 4, True)),
     80: ((3, 64, 3, True), (3, 64, 4, True)),
     96: ((3, 64, 3, True),),
-    128: ((2, 128, 2, False), (2, 128, 3, False), (2, 176, 2, False)),
+    128: ((2, 128, 2, True, False, True), (2, 128, 3, True, False, True), (2, 176, 2, True, True, True)),
     192: ((2, 112, 2, False), (2, 96, 2, False), (2, 64, 3, False)),
     256: ((2, 80, 2, False), (2, 64, 2, False)),
 }
 
 #: The head dimensions the template is offered for.
 HEAD_DIMS = tuple(sorted(CONFIGS))
-
-#: Whether two consumer warpgroups take turns issuing their products (ping-pong, named barriers),
-#: so that one's softmax runs while the other's wgmma keep the tensor cores busy. Built and
-#: tested, off: it measured no faster than the warpgroups' own interleaving (H200: d = 64 439
-#: against 459 TFLOP/s, d = 128 506 against 494, both two-stage).
-PINGPONG = False
 
 #: The chunk sizes (s_x) whose configurations run persistent blocks, per head dimension: a block
 #: an SM walking tiles handed out by an atomic counter (each block's first tile by its index), in
@@ -167,6 +177,7 @@ class WgmmaAttentionConfig:
     stages: int
     overlap: bool = False  # two stages inside a warpgroup: S of chunk j beside P V of chunk j - 1
     pingpong: bool = False  # two consumers take turns issuing their products (needs overlap)
+    one_p: bool = False  # two stages with one P buffer: probabilities packed once the P V in flight is done
     pack: int = 1  # GQA: heads of the packed axis sharing the tile's rows (BQ / pack queries each)
     pad_pv: bool = False  # P V at N = DP (the zero columns too) instead of N = D
     persistent: bool = False  # one block an SM walking tiles (the table: :data:`PERSISTENT`)
@@ -194,18 +205,20 @@ class WgmmaAttentionConfig:
         """Why the template cannot build this combination of variants, or None.
 
         >>> WgmmaAttentionConfig(64, 128, 2, 2, overlap=True, persistent=True, pack=2).variant_reason()
-        'persistent blocks take neither ping-pong nor GQA packing'
+        'persistent blocks do not take GQA packing'
         """
         if self.pingpong and (self.consumers != 2 or not self.overlap):
             return "ping-pong takes two consumer warpgroups, each with its two stages"
-        if self.persistent and (self.pingpong or self.pack > 1):
-            return "persistent blocks take neither ping-pong nor GQA packing"
+        if self.one_p and not self.overlap:
+            return "one P buffer is a variant of the two-stage loop"
+        if self.persistent and self.pack > 1:
+            return "persistent blocks do not take GQA packing"
         return None
 
     def consumer_need(self) -> int:
         """Registers a consumer thread's tiles take: S (BX / 2 fp32), P (BX / 4, twice with two
-        stages) and O (NV / 2)."""
-        return self.BX // 2 + self.BX // 4 * (2 if self.overlap else 1) + self.NV // 2
+        stages and two P buffers) and O (NV / 2)."""
+        return self.BX // 2 + self.BX // 4 * (2 if self.overlap and not self.one_p else 1) + self.NV // 2
 
     @property
     def threads(self) -> int:
@@ -233,10 +246,41 @@ class WgmmaAttentionConfig:
                              regs_per_thread=self.consumer_regs(), persistent=True if self.persistent else None)
 
 
-def configs(D: int) -> list[WgmmaAttentionConfig]:
-    """The configurations for head dimension ``D``, best first (none where it has no table)."""
-    return [WgmmaAttentionConfig(D, bx, c, st, overlap=two, persistent=bx in PERSISTENT.get(D, ()))
-            for c, bx, st, two in CONFIGS.get(D, ())]
+def configs(D: int, masked: bool = False, modified: bool = False) -> list[WgmmaAttentionConfig]:
+    """The configurations for head dimension ``D``, best first (none where it has no table), with
+    the loop each runs for scores with masks (``masked``) or with score modifiers (``modified``:
+    :func:`loop_for`).
+
+    >>> [(c.BX, c.overlap, c.pingpong) for c in configs(128)]
+    [(128, True, False), (128, True, False), (176, True, True)]
+    >>> [(c.BX, c.overlap, c.pingpong) for c in configs(128, masked=True)]
+    [(128, True, False), (128, True, False), (176, False, False)]
+    """
+    out = []
+    for c, bx, st, two, *more in CONFIGS.get(D, ()):
+        pp, one_p = (*more, False, False)[:2]
+        cfg = WgmmaAttentionConfig(D, bx, c, st, overlap=two, pingpong=pp, one_p=one_p,
+                                   persistent=bx in PERSISTENT.get(D, ()))
+        out.append(loop_for(cfg, masked, modified))
+    return out
+
+
+def loop_for(cfg: WgmmaAttentionConfig, masked: bool, modified: bool) -> WgmmaAttentionConfig:
+    """The loop ``cfg`` runs for scores with masks or modifiers. The two-stage loop with one P
+    buffer holds S, the P in flight and O at once: beside a score modifier's per-score work (ALiBi's
+    bias: 148-152 bytes of spills at d = 128) and, with ping-pong over 176-key chunks, beside a
+    mask's (12-20 bytes), ptxas spills, so those run one chunk at a time (the loop measured before,
+    which builds without spills there)."""
+    if cfg.one_p and (modified or (masked and cfg.pingpong)):
+        return replace(cfg, overlap=False, one_p=False, pingpong=False)
+    return cfg
+
+
+def score_kinds(p: AttentionProblem, diagram: Diagram) -> tuple[bool, bool]:
+    """(masked, modified): whether the scores pass a mask, and a map other than a positive scale."""
+    index_vars = {ax: ident(ax, "i_") for ax in (p.q, p.x, *p.woven)}
+    chain = score_chain(diagram, p.maps, index_vars=index_vars)
+    return bool(chain.masks), bool(chain.nomask.lines)
 
 
 def _rows_layout_problem(v, row_axis: str, last: str, sizes) -> str | None:
@@ -341,7 +385,7 @@ def candidates(fam, diagram: Diagram, gpu, dtype: str) -> list[Schedule]:
     limit = _smem_limit(gpu)
     out, seen = [], set()
     packs = () if pack_reason(p, diagram) else [g for g in PACKS if g <= sz[_packed_axes(p)[0]]]
-    for c in configs(diagram.axes[p.d].bound_size):
+    for c in configs(diagram.axes[p.d].bound_size, *score_kinds(p, diagram)):
         key = (c.consumers, c.stages) if p.lse is not None else c  # x whole: one chunk per row tiling
         if c.smem_bytes() <= limit and key not in seen:
             seen.add(key)
@@ -395,7 +439,7 @@ def config_of(p: AttentionProblem, diagram: Diagram, sched: Schedule) -> WgmmaAt
         f"it groups {p.q} at SMEM and in 64-row warpgroups at RF, streams {p.x} at SMEM, one combination "
         "of the woven axes a block", packs=_packed_axes(p))
     opts = sched.kernels[0].options
-    table = configs(D)
+    table = configs(D, *score_kinds(p, diagram)) if isinstance(D, int) else []
     if not table:
         raise CodegenError(f"attention family (wgmma): head dimension {D}; the template takes "
                            f"{', '.join(map(str, HEAD_DIMS))}")
@@ -408,8 +452,9 @@ def config_of(p: AttentionProblem, diagram: Diagram, sched: Schedule) -> WgmmaAt
         BX = same[0].BX
     cfg = WgmmaAttentionConfig(D, BX, consumers, stages, pack=pack)
     known = [c for c in table if (c.BX, c.consumers, c.stages) == (cfg.BX, cfg.consumers, cfg.stages)]
-    cfg = replace(cfg, overlap=known[0].overlap if known else False, pingpong=PINGPONG and consumers == 2
-                  and (known[0].overlap if known else False), pad_pv=known[0].pad_pv if known else False)
+    if known:  # the loop the table measured fastest for these tiles
+        cfg = replace(cfg, overlap=known[0].overlap, pingpong=known[0].pingpong, one_p=known[0].one_p,
+                      pad_pv=known[0].pad_pv)
     cfg = replace(cfg, persistent=bool(opts.persistent))
     what = f"attention family (wgmma): g_{p.q}={BQ}, w_{p.q}={WQ}, s_{p.x}={cfg.BX}, warpgroups={consumers}"
     if BQ is not None and BQ != cfg.BQ:
@@ -432,8 +477,8 @@ def config_of(p: AttentionProblem, diagram: Diagram, sched: Schedule) -> WgmmaAt
         raise CodegenError(f"{what}: s_{p.x} must be a multiple of 16 up to 256 (one wgmma's N)")
     if cfg.variant_reason():
         raise CodegenError(f"{what}: {cfg.variant_reason()}")
-    if not 2 <= cfg.stages <= 8:
-        raise CodegenError(f"{what}: stages must be 2 to 8")
+    if not 2 <= cfg.stages <= 6:
+        raise CodegenError(f"{what}: stages must be 2 to 6")
     # S (BX / 2), P (BX / 4, twice with two stages) and O (NV / 2) registers a consumer thread,
     # and some 24 more
     need = cfg.consumer_need()
@@ -711,7 +756,8 @@ def _launch(d: Diagram, p: AttentionProblem, cfg: WgmmaAttentionConfig, arch: st
     lse = p.lse is not None
     tag = short_hash(T, [str(x) for x in chain.full.lines], [str(x) for x in chain.nomask.lines], p.woven, causal,
                      window, always_mask, cfg, float_idx, pingpong, lse)
-    more = (f"_p{cfg.pack}" if pack else "") + ("_lse" if lse else "")
+    more = (f"_p{cfg.pack}" if pack else "") + ("_lse" if lse else "") + ("_2st" if cfg.overlap else "")
+    more += ("_1p" if cfg.one_p else "") + ("_pp" if pingpong else "")
     kname = Code(f"napkin_attn_wgmma_{T}_d{cfg.D}_q{cfg.BQ}_x{cfg.BX}_s{cfg.stages}{more}_{tag}")
     legend = [
         "(sequence lengths and woven sizes are kernel arguments; D is compiled in)",
@@ -739,7 +785,7 @@ def _launch(d: Diagram, p: AttentionProblem, cfg: WgmmaAttentionConfig, arch: st
         **shared_context(p, chain, index_vars, float_idx, (causal, window, always_mask), cfg.BX // 2, cfg.NV // 2),
         nomask_body=chain.nomask.body("          "), nomask_result=chain.nomask.result,
         NOMASK_NEEDED=bool(chain.nomask.lines), chain_desc=comment(", ".join(chain.boxes) or "none"),
-        PINGPONG=pingpong, OVERLAP=cfg.overlap, LSE=p.lse is not None, PERSISTENT=cfg.persistent,
+        PINGPONG=pingpong, OVERLAP=cfg.overlap, ONE_P=cfg.one_p, LSE=p.lse is not None, PERSISTENT=cfg.persistent,
     )
     source = render(TEMPLATE, **ctx)
     grid = (math.ceil(Nq / cfg.QT) * (-(-sz[packed[0]] // cfg.pack) if packed else 1), nz, 1)
@@ -747,7 +793,7 @@ def _launch(d: Diagram, p: AttentionProblem, cfg: WgmmaAttentionConfig, arch: st
         grid = (min(grid[0] * nz, sms), 1, 1)
     tunables = (("BQ", cfg.BQ), ("BX", cfg.BX), ("WQ", 64), ("stages", cfg.stages), ("D", cfg.D),
                 ("warpgroups", cfg.consumers), ("engine", "wgmma"), ("causal", causal), ("window", window),
-                ("overlap", cfg.overlap), ("pingpong", pingpong), ("pack", cfg.pack), ("NV", cfg.NV),
+                ("overlap", cfg.overlap), ("pingpong", pingpong), ("one_p", cfg.one_p), ("pack", cfg.pack), ("NV", cfg.NV),
                 ("persistent", cfg.persistent))
     return KernelLaunch(
         name=str(kname), source=source, grid=grid, block=(cfg.threads, 1, 1), shared_bytes=smem,
