@@ -110,14 +110,15 @@ TEMPLATE = "attention_wgmma.cu.jinja"
 #: Q tile); at d = 256, 80-key chunks ran at 654 TFLOP/s against 558 for 64 (seq 8k), one consumer
 #: at 427, the two-stage loop (two P buffers beside O: ptxas spills) at 479, with ping-pong 488;
 #: at d = 192 the two-stage loop ran at 508 against 629 one chunk at a time.
-#: At d = 128 (sessions 29, H200): with K and V released apart (the producer copies chunk j + 2's
-#: K while chunk j's softmax and P V run; a slot of both, released after P V, kept the two-stage
-#: loop a chunk short of its prefetch) the two-stage loop with one P buffer (``one_p``) is faster
-#: than one chunk at a time: 128-key chunks persistent, 505-549 against 448-480 TFLOP/s at seq 2k,
-#: 570-594 against 542-596 at 8k-16k, causal 411-422 / 525-540 / 553-556 against 388-404 / 503-506
-#: / 529-535; 176-key chunks with ping-pong run 581-606 at 8k-16k and 517-590 causal but 345-471 at
-#: 2k (``benchmarks/results/nvidia-h200/attention_loops_s29.jsonl``). Entries: (consumers, s_x,
-#: stages, two stages[, ping-pong, one P buffer]).
+#: At d = 128 (twenty-ninth session, H200): with K and V released apart (the producer copies chunk
+#: j + 2's K while chunk j's softmax and P V run; one barrier for both, released after P V, kept the
+#: two-stage loop a chunk short of its prefetch) the two-stage loop with one P buffer (``one_p``)
+#: is faster than one chunk at a time: 128-key chunks persistent 505-549 against 448-480 TFLOP/s at
+#: seq 2k, 570-594 against 542-596 at 8k-16k, causal 411-422 / 525-540 / 553-556 against 388-404 /
+#: 503-506 / 529-535; 176-key chunks with ping-pong 581-606 at 8k-16k but 345-471 at 2k
+#: (``benchmarks/results/nvidia-h200/attention_loops_s29.jsonl``); the planner's picks in one call
+#: +2-8 % at all ten d = 128 points (``attention_wgmma.json``, BENCHMARKS.md). Entries:
+#: (consumers, s_x, stages, two stages[, ping-pong, one P buffer]).
 CONFIGS = {
     64: ((2, 128, 3, True), (2, 128, 4, True), (3, 64, 4, True)),
     80: ((3, 64, 3, True), (3, 64, 4, True)),
