@@ -136,8 +136,8 @@ HEAD_DIMS = tuple(sorted(CONFIGS))
 #: FA3's longest-first order over sections of heads (:func:`l2_section`); the producer copies the
 #: next tile's first K/V chunks into the slots the last tile frees and its Q as soon as the
 #: consumers' last S = Q K^T of the tile is done, so the next tile's loads overlap this tile's last
-#: P V and its epilogue, and there is no block start-up a tile. Not with ping-pong (its turns are
-#: counted a tile) or GQA packing. Measured on an H100 (bf16, 16 heads, 16k tokens, two runs,
+#: P V and its epilogue, and there is no block start-up a tile. Not with GQA packing (ping-pong
+#: takes it: both warpgroups take the same turns a tile). Measured on an H100 (bf16, 16 heads, 16k tokens, two runs,
 #: docs/attention_hopper_gap.md): d = 64 (128-key chunks, two stages) faster at every point of
 #: issue #13's sweep (+5-12 % non-causal, +1-11 % causal); d = 128 with 128-key chunks (the
 #: causal tiles) +30 % at seq 1k, +10-13 % at 2k, +7 % at 4k, even at 8k-16k; d = 128 with
@@ -492,9 +492,10 @@ def config_of(p: AttentionProblem, diagram: Diagram, sched: Schedule) -> WgmmaAt
 def launch_estimate(fam, diagram: Diagram, sched: Schedule, gpu=None) -> dict:
     """Blocks, threads, registers, shared memory and bytes in flight (the ring's K and V chunks
     over the block's threads), and how it issues: wgmma reads its operands from shared memory
-    itself (the datasheet tensor path, operand traffic overlapped); the softmax's exp and the
-    products of one warpgroup run one after the other (no ping-pong yet), while the other
-    warpgroups of the SM overlap them only as their scheduling happens to.
+    itself (the datasheet tensor path, operand traffic overlapped); the tensor, CUDA-core and SFU
+    terms add (``overlap_compute=False``): what a warpgroup's two-stage loop and the other
+    warpgroup hide of its softmax is not credited (one chunk at a time measured within a few per
+    cent of the sum; the two-stage loop at d = 128 runs up to 19 % faster than it from seq 4k).
 
     The per-SM tail is the one the tiles' order gives (:func:`tile_tail`): one tile a block, the
     hardware hands the grid's tiles out in order (a head's longest rows first where causal, head
