@@ -772,6 +772,10 @@ def _launch(d: Diagram, p: AttentionProblem, cfg: WgmmaAttentionConfig, arch: st
         *[f"  {ax} -> packed: PACK_G = {cfg.pack} heads x QT = {cfg.QT} queries a tile (grid.x); K, V loaded once "
           "for them" for ax in packed],
         f"  engine: wgmma + TMA; registers {PRODUCER_REGS} (producer) / {cfg.consumer_regs()} (consumers)",
+        "  loop: " + ("two stages (a chunk's softmax beside the last chunk's P V), "
+                      + ("one P buffer" if cfg.one_p else "two P buffers")
+                      + (", ping-pong between the consumers" if pingpong else "")
+                      if cfg.overlap else "one chunk at a time (S, softmax, P V)"),
         *(["  persistent: one block an SM (grid.x), walking the q tiles x woven combinations, longest first"]
           if cfg.persistent else []),
         f"  score modifiers: {', '.join(chain.boxes) or 'none'}; softmax scale folded: {chain.factor:.6g}",
