@@ -106,7 +106,7 @@ def test_every_variant_of_the_loop(name, D, variant):
             continue
         cfg = dataclasses.replace(cfg, overlap=overlap, pingpong=pingpong, persistent=persistent,
                                   one_p=cfg.one_p if one_p is None else one_p)
-        if cfg.consumer_need() + 24 > cfg.consumer_regs():
+        if not cfg.fits_registers():
             continue  # S, P and O do not fit: the planner never offers it
         for q, x in ((1000, 1000), (129, 777), (3 * cfg.BX - 5, 3 * cfg.BX)):  # q <= x: rows with keys
             d = library.get(name).bind(**sizes(name, q=q, x=x, d=D))

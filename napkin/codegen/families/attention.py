@@ -61,7 +61,7 @@ from ...errors import CodegenError, NapkinError
 from ...perfmodel.schedule import KernelOptions, Schedule
 from ..program import Arg, Buffer, KernelLaunch, Program
 from ..render import Code, comment, comment_lines, ident
-from .attention_problem import MAX_WOVEN, AttentionProblem
+from .attention_problem import MAX_WOVEN, AttentionProblem, woven_reason
 from .contraction import _gpu_key, _smem_limit
 from .epilogue import (Param, check_index_size, contiguous_strides, ctype, float_param, index_size_problem,
                        int_param, render, score_chain, short_hash, signature, stride_param, tensor_param)
@@ -639,10 +639,7 @@ class AttentionFamily:
             cfg = self.config_of(p, d, schedule)  # (only past the limit: packed axes do not count)
         except NapkinError:  # (lowering says what is wrong with the configuration itself)
             return None
-        nz = math.prod(d.sizes[a] for a in p.woven if not (cfg.packed and a in self.packed_axes(p)))
-        if nz > MAX_WOVEN:
-            return f"{nz} woven combinations (heads x batch); a launch takes at most {MAX_WOVEN}"
-        return None
+        return woven_reason(math.prod(d.sizes[a] for a in p.woven if not (cfg.packed and a in self.packed_axes(p))))
 
     def schedule(self, diagram: Diagram, cfg: AttentionConfig, gpu="h100", dtype: str | None = None) -> Schedule:
         """The schedule a configuration stands for. Unpacked: one combination of the woven axes
@@ -949,8 +946,8 @@ class AttentionFamily:
                 ax["sL"] = ident(ax["axis"], "sL_")
                 params.append(stride_param(ax["sL"], sL[ax["axis"]], "stride of the log-sum-exp"))
         nz = math.prod(sz[a] for a in p.woven if not (cfg.packed and a in self.packed_axes(p)))
-        if nz > MAX_WOVEN:
-            raise CodegenError(f"attention family: {nz} woven combinations (heads x batch); at most {MAX_WOVEN}")
+        if why := woven_reason(nz):
+            raise CodegenError(f"attention family: {why}")
         if ws is not None:
             params += [Param(Arg("tensor", ws[0], dtype="fp32", axes=()), Code("float* __restrict__ ws_o")),
                        Param(Arg("tensor", ws[1], dtype="fp32", axes=()), Code("float* __restrict__ ws_lse")),

@@ -66,7 +66,7 @@ from ...perfmodel.schedule import KernelOptions, Schedule
 from ..program import Arg, Buffer, KernelLaunch, Program
 from ..render import Code, comment, comment_lines, ident
 from . import per_diagram
-from .attention_problem import MAX_WOVEN
+from .attention_problem import woven_reason
 from .contraction import _gpu_key, _smem_limit
 from .epilogue import (FUNCTIONS, Param, check_index_size, contiguous_strides, ctype, float_param, int_param,
                        render, score_chain, short_hash, signature, stride_param, tensor_param)
@@ -527,9 +527,7 @@ class AttentionBackwardFamily:
         except NapkinError:
             return None
         if all(isinstance(d.sizes.get(a), int) for a in p.woven):
-            nz = math.prod(d.sizes[a] for a in p.woven)
-            if nz > MAX_WOVEN:
-                return f"{nz} woven combinations (heads x batch); a launch takes at most {MAX_WOVEN}"
+            return woven_reason(math.prod(d.sizes[a] for a in p.woven))
         return None
 
     def lower(self, diagram: Diagram, schedule: Schedule, arch: str) -> Program:
@@ -559,8 +557,8 @@ class AttentionBackwardFamily:
         check_index_size(Nq, f"axis {p.q!r} of {p.Q.label()}", 2 ** 30, "attention_bwd")
         check_index_size(Nx, f"axis {p.x!r} of {p.K.label()}", 2 ** 30, "attention_bwd")
         nz = math.prod(sz[a] for a in p.woven)
-        if nz > MAX_WOVEN:
-            raise CodegenError(f"attention_bwd family: {nz} woven combinations (heads x batch); at most {MAX_WOVEN}")
+        if why := woven_reason(nz):
+            raise CodegenError(f"attention_bwd family: {why}")
         ws_dq, ws_D = _workspace_names(d)
         names = {id(v): d.name_of(v) for v in (p.dQ, p.dK, p.dV)}
         st = {k: contiguous_strides(v) for k, v in dict(Q=p.Q, K=p.K, V=p.V, dO=p.dO, O=p.O, lse=p.lse,

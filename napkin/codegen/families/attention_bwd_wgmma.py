@@ -52,7 +52,7 @@ from ...errors import CodegenError
 from ...perfmodel.schedule import KernelOptions, Schedule
 from ..program import Arg, Buffer, KernelLaunch, Program
 from ..render import Code, comment, comment_lines, ident
-from .attention_problem import MAX_WOVEN
+from .attention_problem import woven_reason
 from .contraction import _gpu_key, _smem_limit, wgmma_target_reason
 from .epilogue import (Param, check_index_size, contiguous_strides, ctype, float_param, int_param, render,
                        short_hash, signature, stride_param, tensor_param, tensormap_param)
@@ -283,8 +283,8 @@ def _program(fam, diagram: Diagram, sched: Schedule, p, cfg: WgmmaBackwardConfig
     check_index_size(Nq, f"axis {p.q!r} of {p.Q.label()}", 2 ** 30, "attention_bwd")
     check_index_size(Nx, f"axis {p.x!r} of {p.K.label()}", 2 ** 30, "attention_bwd")
     nz = math.prod(sz[a] for a in p.woven)
-    if nz > MAX_WOVEN:
-        raise CodegenError(f"attention_bwd family: {nz} woven combinations (heads x batch); at most {MAX_WOVEN}")
+    if why := woven_reason(nz):
+        raise CodegenError(f"attention_bwd family: {why}")
     NqP = math.ceil(Nq / cfg.BQ) * cfg.BQ
     ws_dq, ws_D = fam.workspace_names(d)
     ws_L = ws_D + "_lse"

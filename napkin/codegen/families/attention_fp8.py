@@ -74,7 +74,7 @@ from ...errors import CodegenError
 from ...perfmodel.schedule import KernelOptions, Schedule
 from ..program import Arg, Buffer, KernelLaunch, Program
 from ..render import Code, comment, comment_lines, ident
-from .attention_problem import MAX_WOVEN, AttentionProblem
+from .attention_problem import AttentionProblem, woven_reason
 from .attention_wgmma import (PRODUCER_REGS, _masks, _rows_layout_problem, mask_legend, read_tiles,
                               shared_context, tma_rows_reason)
 from .contraction import _gpu_key, _smem_limit, wgmma_target_reason
@@ -430,8 +430,8 @@ def _launch(d: Diagram, p: AttentionProblem, cfg: Fp8AttentionConfig, vt: str, a
                    int_param(names["rV"], rows["rV"], f"rows of {vt} per index of {ax}"),
                    stride_param(names["sO"], sO[ax], f"stride of the output along {ax}")]
         woven.append(names)
-    if nz > MAX_WOVEN:
-        raise CodegenError(f"attention family: {nz} woven combinations (heads x batch); at most {MAX_WOVEN}")
+    if why := woven_reason(nz):
+        raise CodegenError(f"attention family: {why}")
     chain, index_vars = _chain(p, d)
     float_idx = max(Nq, Nx) < 2 ** 24
     params.append(float_param("scale_log2", chain.factor * LOG2E))

@@ -11,12 +11,21 @@ from dataclasses import dataclass
 
 from ...diagrams.ops import Value
 
-__all__ = ["AttentionProblem", "MAX_WOVEN"]
+__all__ = ["AttentionProblem", "MAX_WOVEN", "woven_reason"]
 
 #: The most combinations of the woven axes (heads x batch) one attention launch walks: its grid.y.
 #: The families refuse more at planning (``build_reason``), so that derive presents no plan that
 #: generate cannot build.
 MAX_WOVEN = 65535
+
+
+def woven_reason(nz: int) -> str | None:
+    """Why ``nz`` combinations of the woven axes do not fit one launch, or None.
+
+    >>> woven_reason(65536)
+    '65536 woven combinations (heads x batch); a launch takes at most 65535'
+    """
+    return f"{nz} woven combinations (heads x batch); a launch takes at most {MAX_WOVEN}" if nz > MAX_WOVEN else None
 
 
 @dataclass(frozen=True)

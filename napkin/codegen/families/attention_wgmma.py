@@ -79,7 +79,7 @@ from ...errors import CodegenError
 from ...perfmodel.schedule import KernelOptions, Schedule
 from ..program import Arg, Buffer, KernelLaunch, Program
 from ..render import Code, comment, comment_lines, ident
-from .attention_problem import MAX_WOVEN, AttentionProblem
+from .attention_problem import AttentionProblem, woven_reason
 from .contraction import _gpu_key, _sm_count, _smem_limit, wgmma_target_reason
 from .epilogue import (Param, check_index_size, contiguous_strides, ctype, float_param, int_param, render,
                        score_chain, short_hash, signature, stride_param, tensor_param, tensormap_param)
@@ -220,6 +220,10 @@ class WgmmaAttentionConfig:
         """Registers a consumer thread's tiles take: S (BX / 2 fp32), P (BX / 4, twice with two
         stages and two P buffers) and O (NV / 2)."""
         return self.BX // 2 + self.BX // 4 * (2 if self.overlap and not self.one_p else 1) + self.NV // 2
+
+    def fits_registers(self) -> bool:
+        """Whether S, P and O and some 24 more registers fit what a consumer thread gets."""
+        return self.consumer_need() + 24 <= self.consumer_regs()
 
     @property
     def threads(self) -> int:
@@ -480,12 +484,9 @@ def config_of(p: AttentionProblem, diagram: Diagram, sched: Schedule) -> WgmmaAt
         raise CodegenError(f"{what}: {cfg.variant_reason()}")
     if not 2 <= cfg.stages <= 6:
         raise CodegenError(f"{what}: stages must be 2 to 6")
-    # S (BX / 2), P (BX / 4, twice with two stages) and O (NV / 2) registers a consumer thread,
-    # and some 24 more
-    need = cfg.consumer_need()
-    if need + 24 > cfg.consumer_regs():
-        raise CodegenError(f"{what}: S, P and O need {need} registers a thread; {consumers} consumers get "
-                           f"{cfg.consumer_regs()}")
+    if not cfg.fits_registers():
+        raise CodegenError(f"{what}: S, P and O need {cfg.consumer_need()} registers a thread; {consumers} "
+                           f"consumers get {cfg.consumer_regs()}")
     return cfg
 
 
@@ -742,8 +743,8 @@ def _launch(d: Diagram, p: AttentionProblem, cfg: WgmmaAttentionConfig, arch: st
             names["sL"] = name("sL_")
             params.append(stride_param(names["sL"], sL[ax], "stride of the log-sum-exp"))
         woven.append(names)
-    if nz > MAX_WOVEN:
-        raise CodegenError(f"attention family: {nz} woven combinations (heads x batch); at most {MAX_WOVEN}")
+    if why := woven_reason(nz):
+        raise CodegenError(f"attention family: {why}")
     index_vars = {ax: ident(ax, "i_") for ax in (p.q, p.x, *p.woven)}
     chain = score_chain(d, p.maps, index_vars=index_vars)
     float_idx = max(Nq, Nx) < 2 ** 24
