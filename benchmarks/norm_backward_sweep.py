@@ -7,7 +7,8 @@ A SPEC is ``name:r:x[:tpr:splits:prefetch[:blocks_per_sm[:combine_depth[:nohoist
 ``rmsnorm0`` (nothing saved: rstd recomputed, what benchmarks/backward.py times), ``rmsnorm``
 (rstd saved) or ``layernorm`` (mean and rstd saved); without ``tpr`` the planner's pick on the GPU
 at hand; ``combine_depth`` overrides the module's COMBINE_DEPTH (the combine's loads in flight),
-``nohoist`` turns the rowwise family's HOIST_ROW_FACTORS off (where the tree has it).
+``nohoist`` turns the rowwise family's HOIST_ROW_FACTORS off (where the tree has it); ``tpr``
+may be written ``TxR``: T threads a row, R rows a block (warp mode, T <= 32; default 1 row).
 Each point: the launch's tunables, the relative error of every output against the diagram's
 float64 reference (bound 1e-2), and the median time (CUDA events, L2 flushed, inputs rotated:
 :mod:`napkin.bench.timing`) as microseconds and as a fraction of the copy rate over the minimal
@@ -76,7 +77,9 @@ def point(spec: str, copy_bps: float) -> dict:
             rw.MAX_SQUEEZE = 1000  # explicit points may cut the budget further than the family allows
             d = prepare(grad, sizes=dict(r=r, x=x), dtype="bf16")
             s = rw.analyse(d)
-            cfg = rw.make_chain_config(s, int(f[3]), 1, splits=int(f[4]), prefetch=int(f[5]), blocks_per_sm=bps)
+            tpr, _, rpb = f[3].partition("x")
+            cfg = rw.make_chain_config(s, int(tpr), int(rpb or 1), splits=int(f[4]), prefetch=int(f[5]),
+                                       blocks_per_sm=bps)
             schedule = rw.chain_schedule_for(s, cfg, "h100")
         cd = compile(grad, sizes=dict(r=r, x=x), dtype="bf16", schedule=schedule,
                      family="rowwise" if schedule is not None else None)

@@ -16,8 +16,9 @@ import re
 import pytest
 
 from napkin.codegen import families
-from napkin.codegen.families.rowwise import COMBINE_COLS, COUNTERS, FAMILY, SPILL_FREE_SQUEEZE, THREADS_PER_ROW, \
-    ChainShape, analyse, chain_regs_need, wave_splits
+from napkin.codegen.families.rowwise import COMBINE_COLS, COMBINE_DEPTH, COUNTERS, FAMILY, MAX_COMBINE_ROUNDS, \
+    MIN_COMBINE_COLS, SPILL_FREE_SQUEEZE, THREADS_PER_ROW, ChainShape, analyse, chain_regs_need, \
+    chain_schedule_for, combine_rounds, combine_slices, make_chain_config, wave_splits
 from napkin.codegen.lower import SMEM_TOLERANCE, lower
 from napkin.codegen.partition import kernel_problem, plan_units
 from napkin.codegen.planner import _Planner, derive
@@ -215,11 +216,37 @@ def test_every_configuration_lowers_back_to_itself():
         assert (t["THREADS_PER_ROW"], t["SPLITS"]) == (o.threads_per_row, o.splits)
         assert p.launches[0].grid[0] == o.splits and p.buffers[0].shape == (2, o.splits, 256)
         assert len(p.launches) == 1 and [b.zeroed for b in p.buffers] == [False, True]
-        # a tile of the in-kernel sum is COMBINE_COLS columns, the block's threads in slices of them
-        slices = p.launches[0].block[0] // COMBINE_COLS
+        # a tile of the in-kernel sum is MIN_COMBINE_COLS..COMBINE_COLS columns, the block's threads
+        # in slices of them: the fewest slices that add the partials in MAX_COMBINE_ROUNDS rounds
+        # of loads in flight, else the narrowest tile
+        threads = p.launches[0].block[0]
+        slices = dict(p.launches[0].tunables)["COMBINE_SLICES"]
+        depth = dict(p.launches[0].tunables)["COMBINE_DEPTH"]
         assert f"constexpr int CSLICES = {slices};" in p.launches[0].source
-        assert dict(p.launches[0].tunables)["COMBINE_SLICES"] == slices
+        assert threads % slices == 0 and MIN_COMBINE_COLS <= threads // slices <= COMBINE_COLS
+        assert depth == min(COMBINE_DEPTH, -(-o.splits // slices))
+        rounds = -(-o.splits // (slices * depth))
+        fewer = [f for f in range(1, slices) if threads % f == 0 and threads // f <= COMBINE_COLS]
+        if rounds <= MAX_COMBINE_ROUNDS:  # and no fewer slices would do
+            assert all(-(-o.splits // (f * COMBINE_DEPTH)) > MAX_COMBINE_ROUNDS for f in fewer)
+        else:
+            assert threads // slices == MIN_COMBINE_COLS
         assert p.launches[0].block[0] == 32 * o.warps
+
+
+def test_the_combine_takes_narrower_tiles_only_for_many_rounds():
+    # 64-thread blocks over 1024 splits: 16-column tiles (4 slices) would add 256 partials a thread
+    # in 16 rounds of 16; 8-column tiles (8 slices) take 8. 128 threads over 512 splits keep 16
+    # columns (4 rounds), 256 threads over 264 keep them (2 rounds).
+    sub = whole(norm_grad("rmsnorm", r=8192, x=1024))
+    shape = analyse(sub)
+    for tpr, splits, slices, rounds in ((64, 1024, 8, 8), (64, 48, 4, 1), (128, 512, 8, 4), (256, 264, 16, 2)):
+        cfg = make_chain_config(shape, tpr, 1, splits=splits)
+        assert (combine_slices(cfg), combine_rounds(cfg)) == (slices, rounds), (tpr, splits)
+        sched = chain_schedule_for(shape, cfg, "h200")
+        src = FAMILY.lower(sub, sched, "sm_90a").launches[0].source
+        assert f"constexpr int CSLICES = {slices};" in src
+        assert f"__shared__ float cmb[CSLICES][CCOLS + 1];" in src and f"tile of {tpr // slices} columns" in src
 
 
 def test_column_reductions_need_the_row_in_registers():

@@ -834,10 +834,10 @@ def lower_shape(shape: RowwiseShape, cfg: Config, schedule: Schedule, arch: str,
 #   sealed the word; any other block arrives and exits. The last to arrive always helps (as the
 #   next index if it had not registered) and seals the word, so every helper reads the final count
 #   H from it;
-# - helper h then adds tiles h, h + H, ... of ``COMBINE_COLS`` columns of one column reduction (no
-#   ticket counter: a shorter chain of atomics after the last row); a tile's ``splits`` partials
-#   are added in one fixed order (``THREADS / COMBINE_COLS`` interleaved slices of the blocks, all
-#   of a thread's loads in flight at once up to ``COMBINE_DEPTH``, then the slices in order),
+# - helper h then adds tiles h, h + H, ... of ``THREADS / slices`` columns of one column reduction
+#   (no ticket counter: a shorter chain of atomics after the last row); a tile's ``splits`` partials
+#   are added in one fixed order (``slices`` interleaved slices of the blocks, :func:`combine_slices`;
+#   all of a thread's loads in flight at once up to ``COMBINE_DEPTH``, then the slices in order),
 #   whoever adds it: the same inputs give the same bits, whatever the timing, the helpers or the
 #   prefetch depth;
 # - a helper counts itself done with the counters once it has read H (before its tiles); the last
@@ -917,13 +917,23 @@ COL_VALUES = 16
 #: Column reductions: the most chunks a thread of a block fitted to the row holds (fitted_threads;
 #: two 16-byte chunks of 16-bit values are COL_VALUES).
 FIT_CHUNKS = 2
-#: Combining column partials in the chain kernel: a tile is ``COMBINE_COLS`` columns, each added by
-#: ``THREADS / COMBINE_COLS`` threads (slices, :func:`combine_slices`) over interleaved blocks (then
-#: the slices in order), with up to ``COMBINE_DEPTH`` partials a thread loads before it adds them
-#: (bytes in flight; :func:`combine_depth`). The slices fix the order of the sum (and so its bits);
-#: the depth does not change it. 16 columns keep every thread of a block loading (a 512-thread
-#: block's 32 slices load 8-9 of 264 partials each, a 128-thread block's 8 slices 33 in 3 rounds).
+#: Combining column partials in the chain kernel: a tile is ``THREADS / slices`` columns, each
+#: added by ``slices`` threads (:func:`combine_slices`) over interleaved blocks (then the slices in
+#: order), with up to ``COMBINE_DEPTH`` partials a thread loads before it adds them (bytes in
+#: flight; :func:`combine_depth`). The slices fix the order of the sum (and so its bits); the depth
+#: does not change it. A thread's share of ``splits`` partials takes ``ceil(splits / (slices x
+#: depth))`` dependent rounds of L2 loads (:func:`combine_rounds`). Tiles are ``COMBINE_COLS``
+#: columns (a 512-thread block's 32 slices load 8-9 of 264 partials each, a 128-thread block's 8
+#: slices 33 in 3 rounds), narrower (down to ``MIN_COMBINE_COLS``, a 32-byte sector of each
+#: partial row) only where that leaves more than ``MAX_COMBINE_ROUNDS`` rounds. Measured on an
+#: H200 (bf16, `norm_backward_combine_slices_s30.jsonl`): the 64-thread blocks of the rmsnorm
+#: backward over 8192 x 1024 (1024 splits, 16 rounds of 4 slices) ran 28.1 us, 25.6 with 8-column
+#: tiles (8 rounds); where 16-column tiles take 2-4 rounds, 8-column tiles (1-2 rounds) ran 0.5-3 %
+#: slower (layernorm 8192 x 2048 37.8 -> 38.8 us, 16384 x 4096 122.0 -> 122.9). Loading the next
+#: round while adding one (double-buffered loads) measured the same as this.
 COMBINE_COLS = 16
+MIN_COMBINE_COLS = 8
+MAX_COMBINE_ROUNDS = 4
 COMBINE_DEPTH = 16
 #: Column reductions' arrival counters (32-bit words of a zeroed workspace): blocks arrived and
 #: helpers registered (the low and high half of one 64-bit word), blocks started, helpers done.
@@ -1629,8 +1639,25 @@ def col_smem_bytes(shape: ChainShape, cfg: ChainConfig) -> int:
 
 
 def combine_slices(cfg: ChainConfig) -> int:
-    """Threads adding one column of a tile of the in-kernel combine (they fix its order)."""
-    return max(1, cfg.threads // COMBINE_COLS)
+    """Threads adding one column of a tile of the in-kernel combine (they fix its order): a tile
+    of :data:`COMBINE_COLS` columns, or where that takes more than :data:`MAX_COMBINE_ROUNDS`
+    rounds of :data:`COMBINE_DEPTH` loads a thread, the fewest slices dividing the block's
+    threads that take at most that many, else those of a :data:`MIN_COMBINE_COLS`-column tile.
+
+    >>> import dataclasses
+    >>> c = ChainConfig(64, 1, 8, 2, 2, False, 1024, 1)
+    >>> combine_slices(c), combine_rounds(c), combine_slices(dataclasses.replace(c, splits=48))
+    (8, 8, 4)
+    >>> w = dataclasses.replace(c, threads_per_row=256, splits=264)
+    >>> combine_slices(w), combine_rounds(w)
+    (16, 2)
+    """
+    t = cfg.threads
+    fits = [s for s in range(1, t + 1) if t % s == 0 and MIN_COMBINE_COLS <= t // s <= COMBINE_COLS]
+    if not fits:  # a block of fewer than MIN_COMBINE_COLS threads: one slice
+        return max(1, t // COMBINE_COLS)
+    need = -(-(cfg.splits or 1) // (COMBINE_DEPTH * MAX_COMBINE_ROUNDS))
+    return next((s for s in fits if s >= need), fits[-1])
 
 
 def combine_depth(cfg: ChainConfig) -> int:
@@ -1639,13 +1666,19 @@ def combine_depth(cfg: ChainConfig) -> int:
     return max(1, min(COMBINE_DEPTH, -(-(cfg.splits or 1) // combine_slices(cfg))))
 
 
+def combine_rounds(cfg: ChainConfig) -> int:
+    """Rounds of :func:`combine_depth` loads one thread of the combine adds a tile in."""
+    return max(1, -(-(cfg.splits or 1) // (combine_slices(cfg) * combine_depth(cfg))))
+
+
 def combine_smem_bytes(shape: ChainShape, cfg: ChainConfig) -> int:
     """Shared memory of the in-kernel combine of column partials: the slices' sums of a tile
-    (slices x (``COMBINE_COLS`` + 1) floats) and four words (the block's role, its share of the
-    tiles, the helpers)."""
+    (slices x (columns + 1) floats) and four words (the block's role, its share of the tiles,
+    the helpers)."""
     if not shape.cols:
         return 0
-    return 4 * combine_slices(cfg) * (COMBINE_COLS + 1) + 16
+    slices = combine_slices(cfg)
+    return 4 * slices * (cfg.threads // slices + 1) + 16
 
 
 def block_reductions(shape: ChainShape) -> int:
@@ -1924,7 +1957,7 @@ def lower_chain(shape: ChainShape, cfg: ChainConfig, schedule: Schedule, arch: s
             sched_lines.append(f"the column partials take {col_smem_bytes(shape, cfg)} bytes of dynamic shared memory "
                                f"(the block's {chain_smem_bytes(shape, cfg)} pass the {MAX_STATIC_SMEM} it may declare)")
         sched_lines.append(f"the partial rows added in this kernel: the blocks still there when the last one "
-                           f"arrives take every H-th tile of {COMBINE_COLS} columns (H helpers; counters "
+                           f"arrives take every H-th tile of {cfg.threads // combine_slices(cfg)} columns (H helpers; counters "
                            f"{_ws_name(shape, 'colcount')}, zeroed once, left zero), each added in a fixed order "
                            "(deterministic); no second launch")
     sched_lines += [f"schedule: {r}" for k in schedule.kernels for r in k.relabels]
