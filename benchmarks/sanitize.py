@@ -530,6 +530,9 @@ CASES = [
          dtype="fp8", family="attention", archs=("sm_90a",)),
     Case("attention_fp8_vt.cu.jinja", "mha", {"h": 2, "q": 300, "x": 1000, "d": 256},
          dtype="fp8", family="attention", archs=("sm_90a",)),
+    # unmasked scores at d = 128: the two-stage loop with ping-pong over a ring of five stages
+    Case("attention_wgmma_fp8.cu.jinja", "mha", {"h": 2, "q": 1000, "x": 777, "d": 128},
+         dtype="fp8", family="attention", archs=("sm_90a",), label="attention_fp8_pingpong"),
     # GQA packing on the Hopper kernel: g query heads a tile, d=96 padded to 128 by TMA's zero fill
     Case("attention_wgmma.cu.jinja", "gqa", {"h": 2, "j": 4, "q": 1500, "x": 1500, "d": 96},
          family="attention", archs=("sm_90a",)),

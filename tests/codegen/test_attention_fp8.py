@@ -87,8 +87,10 @@ def test_lower_reads_the_tiles_and_refuses_others():
     d = bound("attention_causal")
     for cfg in F8.configs(128):
         s = F8.schedule(FAMILY, d, cfg)
-        assert F8.config_of(analyze(d), d, s) == cfg
+        # masked scores take the configuration without ping-pong (it measured slower there)
+        assert F8.config_of(analyze(d), d, s) == F8.turns_for(cfg, masked=True)
         main = FAMILY.lower(d, s, "sm_90a").launches[1]
+        assert "ping-pong (this kernel)" not in main.source
         assert main.block == (cfg.threads, 1, 1) and main.grid == (-(-1000 // cfg.BQ), 2, 1)
         assert main.shared_bytes == cfg.smem_bytes() and main.model_smem_bytes == cfg.model_smem_bytes()
         assert f"constexpr int STAGES = {cfg.stages};" in main.source
@@ -97,6 +99,20 @@ def test_lower_reads_the_tiles_and_refuses_others():
         FAMILY.lower(d, bad, "sm_90a")
     with pytest.raises(CodegenError, match="ping-pong only with the two-stage loop"):
         F8.lower_config(FAMILY, d, F8.Fp8AttentionConfig(128, 2, 3, False, 0, True))
+
+
+def test_scores_without_masks_take_turns():
+    # the table's first d = 128 configuration runs ping-pong where no mask is applied, and its
+    # explicit lowering keeps what it is given whatever the scores
+    first = F8.configs(128)[0]
+    assert first.pingpong and first.overlap
+    d = bound("mha")
+    s = F8.schedule(FAMILY, d, first)
+    assert F8.config_of(analyze(d), d, s) == first
+    assert "ping-pong (this kernel)" in FAMILY.lower(d, s, "sm_90a").launches[1].source
+    causal = bound("attention_causal")
+    assert "ping-pong (this kernel)" in F8.lower_config(FAMILY, causal, first).launches[1].source
+    assert F8.turns_for(first, masked=False) == first
 
 
 def test_a_table_row_with_ping_pong_needs_the_two_stage_loop(monkeypatch):

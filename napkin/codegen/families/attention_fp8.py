@@ -33,7 +33,10 @@ and a degree-3 minimax polynomial, relative error 7.5e-5) instead of the SFU's M
 the model prices there (``launch_estimate``'s ``exp_fma_share``: that share of the SFU work moves
 to the CUDA cores at :data:`FMA_FLOPS_PER_EXP` each); and ``pingpong``, the two consumers taking
 turns issuing their products (named barriers), with the two-stage loop. Both are built and
-tested (GPU tests, memcheck and racecheck) and off in the table: neither measured faster (below).
+tested (GPU tests, memcheck and racecheck). The polynomial is off in the table (it measured no
+faster, below); ping-pong is on at d = 128 with five stages for scores without masks (:func:`turns_for`), since K
+and V are released apart (on an H200, seq 8k: 898 TFLOP/s against 853 for four stages without
+it; causal 775 without it against 740; ``fp8_sweep_s30.jsonl``).
 
 Measured (H100, 16 heads, 16k tokens a batch, seq 4k / 8k / 16k, the planner's tiles, the
 pre-pass included, ``benchmarks/attention_fp8.py``): d = 256 999 / 1108 / 1091 TFLOP/s
@@ -60,8 +63,8 @@ key blocks; other masks are applied to every chunk); elsewhere one clear reason.
 >>> d = library.get("mha").bind(h=16, q=4096, x=4096, d=128).with_dtype("fp8")
 >>> reason(analyze(d), d, "h100") is None, reason(analyze(d), d, "a100-80gb")
 (True, 'dtype fp8: the fp8 attention template multiplies on the 8-bit wgmma; a100-80gb (sm_80) has no wgmma (it needs sm_90a)')
->>> [(c.D, c.BQ, c.BX, c.stages, c.overlap) for c in configs(128)][0]
-(128, 128, 128, 4, True)
+>>> [(c.D, c.BQ, c.BX, c.stages, c.overlap, c.pingpong) for c in configs(128)][0]
+(128, 128, 128, 5, True, True)
 """
 
 from __future__ import annotations
@@ -75,14 +78,14 @@ from ...perfmodel.schedule import KernelOptions, Schedule
 from ..program import Arg, Buffer, KernelLaunch, Program
 from ..render import Code, comment, comment_lines, ident
 from .attention_problem import AttentionProblem, woven_reason
-from .attention_wgmma import (PRODUCER_REGS, _masks, _rows_layout_problem, mask_legend, read_tiles,
+from .attention_wgmma import (PRODUCER_REGS, _masks, _rows_layout_problem, mask_legend, read_tiles, score_kinds,
                               shared_context, tma_rows_reason)
 from .contraction import _gpu_key, _smem_limit, wgmma_target_reason
 from .epilogue import (Param, check_index_size, contiguous_strides, float_param, int_param, render, score_chain,
                        short_hash, signature, stride_param)
 
 __all__ = ["Fp8AttentionConfig", "CONFIGS", "HEAD_DIMS", "BX", "RMS_TOLERANCE", "configs", "reason",
-           "structure_reason", "candidates", "schedule", "config_of", "lower_config", "launch_estimate", "lower", "with_scales", "TEMPLATE",
+           "structure_reason", "candidates", "schedule", "config_of", "turns_for", "lower_config", "launch_estimate", "lower", "with_scales", "TEMPLATE",
            "VT_TEMPLATE", "SCALES", "FMA_FLOPS_PER_EXP"]
 
 TEMPLATE = "attention_wgmma_fp8.cu.jinja"
@@ -102,8 +105,13 @@ BX = 128
 #: one chunk at a time, 805 four, 784 two, 687 two stages with the two-stage loop (too shallow a
 #: ring to feed it); d = 256: 1137 with two stages, 1129 with three (one chunk at a time: two P
 #: buffers do not fit beside S and O there).
+#: Since K and V are released apart (the producer refills a K slot once S is done), a deeper ring
+#: feeds the two-stage loop with ping-pong better: on an H200 (seq 8192, 2 x 16 heads, the pre-pass
+#: included, one call, ``fp8_sweep_s30.jsonl``) five stages with ping-pong 898 TFLOP/s non-causal
+#: and 742 causal, four without it 853 and 740, five without it 869 and 775, six with it 899 and
+#: 743; a polynomial share of 2 of 16 exps lost 1-5 % everywhere.
 CONFIGS = {
-    128: ((2, 4, True), (2, 3, True), (2, 2, False)),
+    128: ((2, 5, True, 0, True), (2, 4, True), (2, 3, True), (2, 2, False)),
     256: ((2, 2, False), (2, 3, False)),
 }
 
@@ -265,7 +273,18 @@ def config_of(p: AttentionProblem, diagram: Diagram, sched: Schedule) -> Fp8Atte
     if not known:
         raise CodegenError(f"{what}, stages={cfg.stages}: the template builds (warpgroups, stages) in "
                            f"{[(c.consumers, c.stages) for c in table]} at d = {D}")
-    return cfg
+    return turns_for(cfg, score_kinds(p, diagram)[0])
+
+
+def turns_for(cfg: Fp8AttentionConfig, masked: bool) -> Fp8AttentionConfig:
+    """``cfg`` for scores with or without masks: masked scores (causal, sliding window) run without
+    ping-pong, which measured slower there (H200, seq 8192, five stages: causal 742 TFLOP/s with it,
+    775 without; non-causal 898 with it, 869 without; ``fp8_sweep_s30.jsonl``).
+
+    >>> turns_for(Fp8AttentionConfig(128, 2, 5, True, 0, True), masked=True).pingpong
+    False
+    """
+    return replace(cfg, pingpong=False) if masked and cfg.pingpong else cfg
 
 
 def _vt_shape(p: AttentionProblem, sz) -> tuple[int, int, int]:
