@@ -113,6 +113,10 @@ def test_scores_without_masks_take_turns():
     causal = bound("attention_causal")
     assert "ping-pong (this kernel)" in F8.lower_config(FAMILY, causal, first).launches[1].source
     assert F8.turns_for(first, masked=False) == first
+    # the planner offers masked scores the table without its ping-pong rows: four stages, as before
+    offered = [s.kernels[0].options.stages for s in F8.candidates(FAMILY, causal, "h200", "fp8")]
+    assert offered == [c.stages for c in F8.configs(128) if not c.pingpong]
+    assert [s.kernels[0].options.stages for s in F8.candidates(FAMILY, d, "h200", "fp8")][0] == first.stages
 
 
 def test_a_table_row_with_ping_pong_needs_the_two_stage_loop(monkeypatch):

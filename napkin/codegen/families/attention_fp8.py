@@ -34,9 +34,10 @@ the model prices there (``launch_estimate``'s ``exp_fma_share``: that share of t
 to the CUDA cores at :data:`FMA_FLOPS_PER_EXP` each); and ``pingpong``, the two consumers taking
 turns issuing their products (named barriers), with the two-stage loop. Both are built and
 tested (GPU tests, memcheck and racecheck). The polynomial is off in the table (it measured no
-faster, below); ping-pong is on at d = 128 with five stages for scores without masks (:func:`turns_for`), since K
-and V are released apart (on an H200, seq 8k: 898 TFLOP/s against 853 for four stages without
-it; causal 775 without it against 740; ``fp8_sweep_s30.jsonl``).
+faster, below); ping-pong is on at d = 128 with five stages for scores without masks (:func:`candidates`,
+:func:`turns_for`), since K and V are released apart (on an H200, the planner's picks, seq 4k /
+8k / 16k: 821-827 / 899-901 / 896-943 TFLOP/s against 776 / 851 / 872 for four stages without
+it; ``attention_fp8_s30.jsonl``); masked scores keep four stages without it.
 
 Measured (H100, 16 heads, 16k tokens a batch, seq 4k / 8k / 16k, the planner's tiles, the
 pre-pass included, ``benchmarks/attention_fp8.py``): d = 256 999 / 1108 / 1091 TFLOP/s
@@ -226,15 +227,17 @@ def reason(p: AttentionProblem, diagram: Diagram, gpu=None, arch: str | None = N
 
 
 def candidates(fam, diagram: Diagram, gpu, dtype: str) -> list[Schedule]:
-    """One schedule per configuration that fits the shared memory; a CodegenError with the
-    reason where the template cannot run the diagram on ``gpu`` (the planner reports it)."""
+    """One schedule per configuration that fits the shared memory (for masked scores, those
+    without ping-pong: :func:`turns_for`); a CodegenError with the reason where the template
+    cannot run the diagram on ``gpu`` (the planner reports it)."""
     p = fam.problem(diagram)
     why = reason(p, diagram, gpu)
     if why is not None:
         raise CodegenError(f"attention family: {why}")
     limit = _smem_limit(gpu)
+    masked = score_kinds(p, diagram)[0]
     return [schedule(fam, diagram, c, gpu) for c in configs(diagram.axes[p.d].bound_size)
-            if c.smem_bytes() <= limit]
+            if c.smem_bytes() <= limit and not (masked and c.pingpong)]
 
 
 def schedule(fam, diagram: Diagram, cfg: Fp8AttentionConfig, gpu="h100") -> Schedule:
@@ -279,7 +282,10 @@ def config_of(p: AttentionProblem, diagram: Diagram, sched: Schedule) -> Fp8Atte
 def turns_for(cfg: Fp8AttentionConfig, masked: bool) -> Fp8AttentionConfig:
     """``cfg`` for scores with or without masks: masked scores (causal, sliding window) run without
     ping-pong, which measured slower there (H200, seq 8192, five stages: causal 742 TFLOP/s with it,
-    775 without; non-causal 898 with it, 869 without; ``fp8_sweep_s30.jsonl``).
+    775 without; non-causal 898 with it, 869 without; ``fp8_sweep_s30.jsonl``). The planner does
+    not offer the table's ping-pong rows for masked scores (:func:`candidates`), so they keep four
+    stages: five without ping-pong ran causal seq 8k and 16k 4-5 % faster but 4k 5 % slower
+    (``attention_fp8_s30.jsonl``); this is for a schedule that names five stages all the same.
 
     >>> turns_for(Fp8AttentionConfig(128, 2, 5, True, 0, True), masked=True).pingpong
     False
