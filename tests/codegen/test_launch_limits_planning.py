@@ -37,19 +37,63 @@ def test_a_batch_past_the_launch_limit_leaves_the_grid_bound_templates():
     assert FAMILY.build_reason(next(s for s in FAMILY.candidates(ok, "a100-80gb", "bf16")), "sm_80") is None
 
 
-def test_attention_past_the_woven_limit_plans_what_builds():
-    mha_b = library.get("mha").weave(Axis("b"), name="mha_b")
-    d = mha_b.with_dtype("bf16").bind(b=MAX_WOVEN // 32 + 1, h=32, q=16, x=128, d=64)
+def test_attention_past_the_woven_limit_says_why():
+    """Past 2^31 - 1 combinations (the kernels number them and their tiles in ints) a schedule says
+    why it cannot be built; up to it every count builds (the next test)."""
     from napkin.codegen.families import get
 
+    mha_b = library.get("mha").weave(Axis("b"), name="mha_b")
+    d = mha_b.with_dtype("bf16").bind(b=MAX_WOVEN // 32 + 1, h=32, q=16, x=128, d=64)
     att = get("attention")
     s = att.candidates(d, "h200", "bf16")[0]
     assert att.build_reason(s, "sm_90a") == (f"{MAX_WOVEN // 32 * 32 + 32} woven combinations (heads x batch); "
                                              f"a launch takes at most {MAX_WOVEN}")
-    plan = _plan(d)
-    assert all(k.family != "attention" for k in plan.kernels)
     small = mha_b.with_dtype("bf16").bind(b=4, h=32, q=16, x=128, d=64)
     assert [k.family for k in _plan(small).kernels] == ["attention"]
+
+
+FOLD = "blockIdx.y + static_cast<long long>(gridDim.y) * blockIdx.z"
+
+
+def test_attention_past_grid_y_folds_the_woven_combinations_into_grid_z():
+    """More heads x batch than grid.y holds (65535: window attention over many windows, a large
+    decode batch without GQA) stays on the attention kernels, forward and backward, bf16 and fp8:
+    the combinations go on along grid.z, and only a launch past 65535 has the fold in its source."""
+    from napkin.codegen.families import attention_fp8, get
+    from napkin.codegen.families.attention_problem import woven_grid
+
+    mha_b = library.get("mha").weave(Axis("b"), name="mha_b")
+    nz = 2049 * 32
+    assert woven_grid(nz) == (32784, 2)
+    for arch, gpu in (("sm_90a", "h200"), ("sm_80", "a100-80gb")):
+        plan = _plan(mha_b.with_dtype("bf16").bind(b=2049, h=32, q=100, x=128, d=64), gpu, arch)
+        assert [k.family for k in plan.kernels] == ["attention"], arch
+        (main,) = build(plan, arch=arch).launches
+        if main.grid[1:] == (1, 1):  # a persistent walk numbers its tiles itself
+            assert FOLD not in main.source
+        else:
+            assert main.grid[1:] == (32784, 2) and FOLD in main.source and f">= {nz}LL) return;" in main.source
+        small = build(_plan(mha_b.with_dtype("bf16").bind(b=4, h=32, q=100, x=128, d=64), gpu, arch), arch=arch)
+        assert FOLD not in small.launches[0].source
+    # the mma.sync forward unsplit, on Hopper too (what the planner takes where wgmma does not fit)
+    att = get("attention")
+    d = mha_b.with_dtype("bf16").bind(b=2049, h=32, q=100, x=128, d=64)
+    mma = next(s for s in att.candidates(d, "h200", "bf16") if s.kernels[0].options.engine != "wgmma")
+    (launch,) = att.lower(d, mma, "sm_90a").launches
+    assert launch.grid[1:] == (32784, 2) and FOLD in launch.source
+    # fp8: the V-transpose pre-pass (one block row a head) and the kernel
+    d8 = mha_b.with_dtype("fp8").bind(b=2049, h=32, q=100, x=128, d=128)
+    prog = att.lower(d8, attention_fp8.schedule(att, d8, attention_fp8.configs(128)[0]), "sm_90a")
+    assert [(L.grid[1:], FOLD in L.source) for L in prog.launches] == [((32784, 2), True)] * 2
+    # the backward, on both engines
+    from napkin.codegen.families.attention_bwd import FAMILY as BWD
+
+    g = library.get("mha").weave(Axis("b"), name="mha_b").with_dtype("bf16").grad(save={"O", "P_lse"})
+    g = g.bind(b=2049, h=32, q=100, x=128, d=64)
+    for arch, gpu in (("sm_90a", "h200"), ("sm_80", "a100-80gb")):
+        for s in BWD.candidates(g, gpu, "bf16")[:2]:
+            main = [L for L in BWD.lower(g, s, arch).launches if L.grid[1] > 1]
+            assert [(L.grid[1:], FOLD in L.source) for L in main] == [((32784, 2), True)], (arch, s)
 
 
 def test_a_wgmma_configuration_says_it_needs_sm_90a():

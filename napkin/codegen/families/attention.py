@@ -61,7 +61,7 @@ from ...errors import CodegenError, NapkinError
 from ...perfmodel.schedule import KernelOptions, Schedule
 from ..program import Arg, Buffer, KernelLaunch, Program
 from ..render import Code, comment, comment_lines, ident
-from .attention_problem import MAX_WOVEN, AttentionProblem, woven_reason
+from .attention_problem import MAX_WOVEN, AttentionProblem, fold_woven, woven_grid, woven_reason
 from .contraction import _gpu_key, _smem_limit
 from .epilogue import (Param, check_index_size, contiguous_strides, ctype, float_param, index_size_problem,
                        int_param, render, score_chain, short_hash, signature, stride_param, tensor_param)
@@ -627,7 +627,7 @@ class AttentionFamily:
     def build_reason(self, schedule: Schedule, arch: str) -> str | None:
         """Why ``schedule`` cannot be built for ``arch``, or None: the wgmma template needs
         sm_90a, and a launch walks at most :data:`MAX_WOVEN` combinations of the woven axes (its
-        grid.y; packed axes share a tile's rows and do not count)."""
+        grid.y, then grid.z; packed axes share a tile's rows and do not count)."""
         if self._engine(schedule) == "wgmma" and arch != "sm_90a":
             return f"its wgmma kernels need sm_90a, not {arch}"
         d = schedule.diagram
@@ -948,6 +948,9 @@ class AttentionFamily:
         nz = math.prod(sz[a] for a in p.woven if not (cfg.packed and a in self.packed_axes(p)))
         if why := woven_reason(nz):
             raise CodegenError(f"attention family: {why}")
+        if fold_woven(nz) and cfg.splits > 1:
+            raise CodegenError(f"attention family: {nz} woven combinations run past grid.y into grid.z, "
+                               f"which the {cfg.splits} splits of {p.x} would take; run it unsplit")
         if ws is not None:
             params += [Param(Arg("tensor", ws[0], dtype="fp32", axes=()), Code("float* __restrict__ ws_o")),
                        Param(Arg("tensor", ws[1], dtype="fp32", axes=()), Code("float* __restrict__ ws_lse")),
@@ -1006,10 +1009,11 @@ class AttentionFamily:
             NROWS=Code("Np" if cfg.packed else "Nq"), SPLIT=ws is not None, ws_o=Code("ws_o"), ws_lse=Code("ws_lse"),
             MASK_RANGE=causal is not None or window is not None, KV_COLUMNS=cfg.kv_columns,
             KV_UNROLL=cfg.kv_unroll, WX=cfg.wx, LSE=p.lse is not None,
-            SPLITS=cfg.splits, NB=combine_batch(cfg.splits),
+            SPLITS=cfg.splits, NB=combine_batch(cfg.splits), FOLD=fold_woven(nz), NZ=nz,
         )
         source = render("attention_fwd.cu.jinja", **ctx)
-        grid = (math.ceil(nrows / cfg.BQ), nz, cfg.splits)
+        gy, gz = woven_grid(nz)
+        grid = (math.ceil(nrows / cfg.BQ), gy, gz * cfg.splits)
         tunables = (("BQ", cfg.BQ), ("BX", cfg.BX), ("SX", cfg.SX), ("WQ", cfg.WQ), ("stages", cfg.stages), ("D", cfg.D),
                     ("blocks_per_sm", cfg.blocks_per_sm),
                     ("q_in_regs", cfg.q_in_regs), ("causal", causal), ("window", window),

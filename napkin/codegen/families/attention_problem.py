@@ -11,21 +11,47 @@ from dataclasses import dataclass
 
 from ...diagrams.ops import Value
 
-__all__ = ["AttentionProblem", "MAX_WOVEN", "woven_reason"]
+__all__ = ["AttentionProblem", "MAX_WOVEN", "MAX_GRID_Y", "woven_reason", "woven_grid", "fold_woven"]
 
-#: The most combinations of the woven axes (heads x batch) one attention launch walks: its grid.y.
-#: The families refuse more at planning (``build_reason``), so that derive presents no plan that
-#: generate cannot build.
-MAX_WOVEN = 65535
+#: The most blocks a launch's grid.y (and grid.z) holds. An attention launch walks the combinations
+#: of the woven axes (heads x batch) along grid.y; past this many they continue along grid.z
+#: (:func:`woven_grid`: combination ``blockIdx.y + gridDim.y * blockIdx.z``, the blocks past the
+#: last returning at once), in the same order, so a head's query tiles still run side by side.
+MAX_GRID_Y = 65535
+
+#: The most combinations of the woven axes one attention launch walks: every combination and its
+#: query tiles must number under 2^31 (the kernels index them as ints), and grid.y x grid.z holds
+#: at most 65535^2. The families refuse more at planning (``build_reason``), so that derive
+#: presents no plan that generate cannot build.
+MAX_WOVEN = 2 ** 31 - 1
 
 
 def woven_reason(nz: int) -> str | None:
     """Why ``nz`` combinations of the woven axes do not fit one launch, or None.
 
-    >>> woven_reason(65536)
-    '65536 woven combinations (heads x batch); a launch takes at most 65535'
+    >>> woven_reason(65536) is None, woven_reason(2 ** 31)
+    (True, '2147483648 woven combinations (heads x batch); a launch takes at most 2147483647')
     """
     return f"{nz} woven combinations (heads x batch); a launch takes at most {MAX_WOVEN}" if nz > MAX_WOVEN else None
+
+
+def fold_woven(nz: int) -> bool:
+    """Whether ``nz`` woven combinations run past grid.y into grid.z (:func:`woven_grid`)."""
+    return nz > MAX_GRID_Y
+
+
+def woven_grid(nz: int) -> tuple[int, int]:
+    """(grid.y, grid.z) of a launch walking ``nz`` woven combinations: ``(nz, 1)`` up to
+    :data:`MAX_GRID_Y`, else as few grid.z slices as hold them, grid.y as even as it goes (the
+    last slice's blocks past ``nz`` return at once).
+
+    >>> woven_grid(4096), woven_grid(65536), woven_grid(200000)
+    ((4096, 1), (32768, 2), (50000, 4))
+    """
+    if nz <= MAX_GRID_Y:
+        return nz, 1
+    z = -(-nz // MAX_GRID_Y)
+    return -(-nz // z), z
 
 
 @dataclass(frozen=True)

@@ -79,7 +79,7 @@ from ...errors import CodegenError
 from ...perfmodel.schedule import KernelOptions, Schedule
 from ..program import Arg, Buffer, KernelLaunch, Program
 from ..render import Code, comment, comment_lines, ident
-from .attention_problem import AttentionProblem, woven_reason
+from .attention_problem import AttentionProblem, fold_woven, woven_grid, woven_reason
 from .contraction import _gpu_key, _sm_count, _smem_limit, wgmma_target_reason
 from .epilogue import (Param, check_index_size, contiguous_strides, ctype, float_param, int_param, render,
                        score_chain, short_hash, signature, stride_param, tensor_param, tensormap_param)
@@ -793,9 +793,11 @@ def _launch(d: Diagram, p: AttentionProblem, cfg: WgmmaAttentionConfig, arch: st
         nomask_body=chain.nomask.body("          "), nomask_result=chain.nomask.result,
         NOMASK_NEEDED=bool(chain.nomask.lines), chain_desc=comment(", ".join(chain.boxes) or "none"),
         PINGPONG=pingpong, OVERLAP=cfg.overlap, ONE_P=cfg.one_p, LSE=p.lse is not None, PERSISTENT=cfg.persistent,
+        FOLD=fold_woven(nz) and not cfg.persistent, NZ=nz,
     )
     source = render(TEMPLATE, **ctx)
-    grid = (math.ceil(Nq / cfg.QT) * (-(-sz[packed[0]] // cfg.pack) if packed else 1), nz, 1)
+    gy, gz = woven_grid(nz)  # past 65535 combinations grid.z counts on (FOLD)
+    grid = (math.ceil(Nq / cfg.QT) * (-(-sz[packed[0]] // cfg.pack) if packed else 1), gy, gz)
     if cfg.persistent:  # one block an SM at most, each walking tiles
         grid = (min(grid[0] * nz, sms), 1, 1)
     tunables = (("BQ", cfg.BQ), ("BX", cfg.BX), ("WQ", 64), ("stages", cfg.stages), ("D", cfg.D),
