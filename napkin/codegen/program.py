@@ -20,6 +20,25 @@ from ..diagrams.diagram import Diagram
 from ..perfmodel.schedule import Schedule
 
 
+#: The most blocks a launch's grid.y (and grid.z) holds.
+MAX_GRID_Y = 65535
+
+
+def fold_grid(n: int) -> tuple[int, int]:
+    """(grid.y, grid.z) of a launch whose blocks walk ``n`` items along grid.y (a batch, the heads
+    of attention): ``(n, 1)`` up to :data:`MAX_GRID_Y`, else as few grid.z slices as hold them,
+    grid.y as even as it goes. The kernel's item is ``blockIdx.y + gridDim.y * blockIdx.z`` (the
+    order of ``n`` along grid.y alone), and the last slice's blocks past ``n`` return at once.
+
+    >>> fold_grid(4096), fold_grid(65536), fold_grid(200000)
+    ((4096, 1), (32768, 2), (50000, 4))
+    """
+    if n <= MAX_GRID_Y:
+        return n, 1
+    z = -(-n // MAX_GRID_Y)
+    return -(-n // z), z
+
+
 @dataclass(frozen=True)
 class Arg:
     """One launch argument: a tensor (by array name) or a scalar value."""

@@ -20,21 +20,37 @@ def _plan(d, gpu="h200", arch="sm_90a"):
 
 
 def test_a_batch_past_the_launch_limit_leaves_the_grid_bound_templates():
-    """The mma.sync and SIMT templates put the batch on grid.y; the wgmma template numbers it in its
-    persistent work items, so Hopper keeps the contraction family and Ampere does not."""
+    """The mma.sync and SIMT templates put the batch on grid.y and grid.z: past 65535^2 elements
+    they say why they cannot be built."""
     d = library.get("batched_matmul").with_dtype("bf16").bind(n=MAX_BATCH + 1, a=16, b=16, c=16)
     mma = next(s for s in FAMILY.candidates(d, "a100-80gb", "bf16") if s.kernels[0].options.engine == "mma.sync")
     assert FAMILY.build_reason(mma, "sm_80") == (f"{MAX_BATCH + 1} batch elements; a launch of the mma.sync "
                                                 f"template takes at most {MAX_BATCH}")
-    wg = next(s for s in FAMILY.candidates(d, "h200", "bf16") if s.kernels[0].options.engine == "wgmma")
-    assert FAMILY.build_reason(wg, "sm_90a") is None
-    plan = _plan(d, "a100-80gb", "sm_80")
-    assert all(k.family != "contraction" for k in plan.kernels)
-    assert any("a launch of the mma.sync template takes at most" in k.why for k in plan.kernels)
-    assert {(k.family, k.kernel.options.engine) for k in _plan(d).kernels} == {("contraction", "wgmma")}
-    # at the limit the mma.sync template still builds it
     ok = library.get("batched_matmul").with_dtype("bf16").bind(n=MAX_BATCH, a=16, b=16, c=16)
     assert FAMILY.build_reason(next(s for s in FAMILY.candidates(ok, "a100-80gb", "bf16")), "sm_80") is None
+
+
+def test_a_batch_past_grid_y_folds_into_grid_z():
+    """70000 batched products on Ampere stay on the contraction family's grid-bound templates (they
+    went to the scalar fallback before): the batch goes on along grid.z, only past 65535."""
+    d = library.get("batched_matmul").with_dtype("bf16").bind(n=70000, a=40, b=72, c=24)
+    plan = _plan(d, "a100-80gb", "sm_80")
+    assert [k.family for k in plan.kernels] == ["contraction"]
+    launches = build(plan, arch="sm_80").launches
+    main = next(L for L in launches if L.grid[1] > 1)
+    assert main.grid[1:] == (35000, 2) and "if (zb >= 70000LL) return;" in main.source
+    # both grid-bound templates (fp32 offers SIMT tiles beside mma.sync), split and not
+    d32 = library.get("batched_matmul").with_dtype("fp32").bind(n=70000, a=40, b=72, c=24)
+    seen = set()
+    for s in FAMILY.candidates(d32, "a100-80gb", "fp32"):
+        o = s.kernels[0].options
+        (L,) = [x for x in FAMILY.lower(d32, s, "sm_80").launches if x.grid[1] > 1]
+        assert L.grid[1:] == (35000, 2) and "if (zb >= 70000LL) return;" in L.source, o
+        seen.add(o.engine)
+    assert seen == {"mma.sync", "simt"}
+    small = build(_plan(library.get("batched_matmul").with_dtype("bf16").bind(n=700, a=40, b=72, c=24),
+                        "a100-80gb", "sm_80"), arch="sm_80")
+    assert all("zb >= " not in L.source for L in small.launches)
 
 
 def test_attention_past_the_woven_limit_says_why():

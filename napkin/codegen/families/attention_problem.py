@@ -10,14 +10,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ...diagrams.ops import Value
+from ..program import MAX_GRID_Y, fold_grid
 
 __all__ = ["AttentionProblem", "MAX_WOVEN", "MAX_GRID_Y", "woven_reason", "woven_grid", "fold_woven"]
 
-#: The most blocks a launch's grid.y (and grid.z) holds. An attention launch walks the combinations
-#: of the woven axes (heads x batch) along grid.y; past this many they continue along grid.z
-#: (:func:`woven_grid`: combination ``blockIdx.y + gridDim.y * blockIdx.z``, the blocks past the
-#: last returning at once), in the same order, so a head's query tiles still run side by side.
-MAX_GRID_Y = 65535
+#: An attention launch walks the combinations of the woven axes (heads x batch) along grid.y; past
+#: :data:`MAX_GRID_Y` they continue along grid.z (:func:`woven_grid`), in the same order, so a
+#: head's query tiles still run side by side.
 
 #: The most combinations of the woven axes one attention launch walks: every combination and its
 #: query tiles must number under 2^31 (the kernels index them as ints), and grid.y x grid.z holds
@@ -41,17 +40,12 @@ def fold_woven(nz: int) -> bool:
 
 
 def woven_grid(nz: int) -> tuple[int, int]:
-    """(grid.y, grid.z) of a launch walking ``nz`` woven combinations: ``(nz, 1)`` up to
-    :data:`MAX_GRID_Y`, else as few grid.z slices as hold them, grid.y as even as it goes (the
-    last slice's blocks past ``nz`` return at once).
+    """(grid.y, grid.z) of a launch walking ``nz`` woven combinations (:func:`~napkin.codegen.program.fold_grid`).
 
-    >>> woven_grid(4096), woven_grid(65536), woven_grid(200000)
-    ((4096, 1), (32768, 2), (50000, 4))
+    >>> woven_grid(4096), woven_grid(65568)
+    ((4096, 1), (32784, 2))
     """
-    if nz <= MAX_GRID_Y:
-        return nz, 1
-    z = -(-nz // MAX_GRID_Y)
-    return -(-nz // z), z
+    return fold_grid(nz)
 
 
 @dataclass(frozen=True)

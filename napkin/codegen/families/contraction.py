@@ -50,7 +50,7 @@ from ...diagrams.diagram import Diagram
 from ...diagrams.ops import Contract, Map, Value
 from ...errors import CodegenError
 from ...perfmodel.schedule import KernelOptions, Schedule
-from ..program import Arg, Buffer, KernelLaunch, Program
+from ..program import MAX_GRID_Y, Arg, Buffer, KernelLaunch, Program, fold_grid
 from ..render import Code, comment_lines, ident
 from .epilogue import (FUNCTIONS, Param, check_epilogue, check_index_size, contiguous_strides, ctype, cuda_float, epilogue_code,
                        index_size_problem, int_param, render, short_hash, signature, stride_param, tensor_param, tensormap_param)
@@ -865,10 +865,12 @@ def _swap_stages(cfg: MatmulConfig, ps: MatmulProblem, elem: int = 2) -> int:
     return next((n for n in range(SWAP_MAX_STAGES, 2, -1) if replace(cfg, stages=n).smem_bytes(ps, elem) <= limit), 2)
 
 
-#: The most batch elements an mma.sync or SIMT contraction kernel takes (its grid.y; the wgmma
-#: template numbers the batch in its work items): past it those configurations build nothing, and
-#: the planner takes another rather than present a plan that cannot be generated.
-MAX_BATCH = 65535
+#: The most batch elements an mma.sync or SIMT contraction kernel takes: they go along grid.y and,
+#: past its 65535, on along grid.z (``fold_grid``: element ``blockIdx.y + gridDim.y * blockIdx.z``,
+#: the last slice's blocks past them returning at once), so 65535^2 (the wgmma template numbers the
+#: batch in its work items). Past it those configurations build nothing, and the planner takes
+#: another rather than present a plan that cannot be generated.
+MAX_BATCH = MAX_GRID_Y * MAX_GRID_Y
 
 
 def _batch_count(diagram: Diagram) -> int:
@@ -2047,6 +2049,9 @@ class ContractionFamily:
             batch.append(names)
         if nbatch > MAX_BATCH:
             raise CodegenError(f"contraction family: {nbatch} batch elements; at most {MAX_BATCH}")
+        if nbatch > MAX_GRID_Y and cfg.splits > 1:  # (never offered: the batch fills the SMs)
+            raise CodegenError(f"contraction family: {nbatch} batch elements run past grid.y into grid.z, whose "
+                               f"split partials' layout counts grid.y alone; run it unsplit")
         kouter = []
         for ax in p.k_outer:
             names = dict(size=ident(ax, "n_"), sA=ident(ax, "sA_"), sB=ident(ax, "sB_"))
@@ -2084,6 +2089,7 @@ class ContractionFamily:
             kname=kname, T=ctype(T), BM=cfg.BM, BN=cfg.BN, BK=cfg.BK, WM=cfg.WM, WN=cfg.WN,
             STAGES=cfg.stages, SPLITS=cfg.splits, GROUP_M=GROUP_M, MIN_BLOCKS=cfg.blocks_per_sm,
             A_KMAJOR=p.a_kmajor, B_KMAJOR=p.b_kmajor, TF32X3=cfg.tf32x3, KSUM=TF32X3_KSUM,
+            FOLD=nbatch > MAX_GRID_Y, NBATCH=nbatch,
             params=signature(params), batch=batch, kouter=kouter, legend=legend,
             idx_a=index_vars[p.a], idx_c=index_vars[p.c],
             epi_body=epi.body("    "), epi_result=epi.result, epi_identity=epi.is_identity, tiles=tiles,
@@ -2098,7 +2104,7 @@ class ContractionFamily:
         if cfg.splits > 1:
             tunables += (("splits", cfg.splits),)
         return KernelLaunch(
-            name=str(kname), source=source, grid=(tiles * cfg.splits, nbatch, 1), block=(cfg.threads, 1, 1),
+            name=str(kname), source=source, grid=(tiles * cfg.splits, *fold_grid(nbatch)), block=(cfg.threads, 1, 1),
             shared_bytes=smem, args=tuple(x.arg for x in params), template=template,
             tunables=tunables, model_smem_bytes=cfg.model_smem_bytes(elem),
             model_regs_per_thread=cfg.model_regs(),

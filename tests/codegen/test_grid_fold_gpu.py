@@ -1,8 +1,10 @@
-"""Attention past 65535 woven combinations (heads x batch: window attention over many windows, a
-large decode batch without GQA) on a GPU (marked ``gpu``; skipped elsewhere): the combinations go
-on from grid.y into grid.z. The forward (the planner's pick, the mma.sync tiles, the Hopper tiles
-one a block), fp8 with its V-transpose pre-pass, and the backward, each checked on fresh random
-inputs with NaN-poisoned outputs against the reference; each launch's grid is checked to fold.
+"""Launches past grid.y's 65535 on a GPU (marked ``gpu``; skipped elsewhere): attention with more
+woven combinations (heads x batch: window attention over many windows, a large decode batch
+without GQA) and contractions with more batch elements than that, their items going on from
+grid.y into grid.z. Attention's forward (the planner's pick, the mma.sync tiles, the Hopper tiles
+one a block), fp8 with its V-transpose pre-pass, and the backward; the contraction family's
+mma.sync and SIMT tiles. Each is checked on fresh random inputs with NaN-poisoned outputs against
+the reference, and each launch's grid is checked to fold.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import dataclasses
 import pytest
 
 from napkin.codegen.families import attention_fp8, attention_wgmma
+from napkin.codegen.families import contraction as C
 from napkin.codegen.families.attention import FAMILY
 from napkin.diagrams import Axis, library
 
@@ -137,3 +140,21 @@ def test_the_backward(name):
         err = float((got[k].double() - want[k]).norm() / want[k].norm())
         print(f"{name} backward {k}: relative error {err:.2e}")
         assert err < 1e-2, f"{k}: relative error {err:.3g}"
+
+
+@pytest.mark.parametrize("dtype,engine", [("bf16", "mma.sync"), ("fp32", "mma.sync"), ("fp32", "simt")])
+def test_a_contraction_batch_past_grid_y(dtype, engine):
+    """70000 batched 40 x 24 x 72 products on the grid-bound templates (the tiles an A100 is
+    offered; they run on any sm_80+ GPU)."""
+    from napkin.codegen import compile as napkin_compile
+    from napkin.codegen.verify import verify
+
+    diagram = library.get("batched_matmul")
+    shape = dict(n=70000, a=40, b=72, c=24)
+    bound = diagram.with_dtype(dtype).bind(**shape)
+    sched = next(s for s in C.FAMILY.candidates(bound, "a100-80gb", dtype) if s.kernels[0].options.engine == engine)
+    report = verify(diagram, dtype=dtype, shapes=[shape], family="contraction", schedule=sched)
+    print(report)
+    assert report.ok, str(report)
+    (launch,) = [L for L in napkin_compile(bound, family="contraction", schedule=sched).launches if L.grid[1] > 1]
+    assert launch.grid[1:] == (35000, 2)
