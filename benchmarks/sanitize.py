@@ -211,6 +211,13 @@ def _attention_causal_grad():
     return library.get("attention_causal").grad(save={"O", "P_lse"})
 
 
+def _mha_many_heads():
+    """Attention woven over a batch axis as well: b x h past grid.y's 65535 folds into grid.z."""
+    from napkin.diagrams import Axis, library
+
+    return library.get("mha").weave(Axis("b"), name="mha_b")
+
+
 def _layernorm_grad():
     from napkin.diagrams import library
 
@@ -479,6 +486,11 @@ CASES = [
          family="contraction", program=_mma_sync_64x64),  # 84-byte rows, padded first
     Case("matmul_wgmma.cu.jinja", "batched_matmul", {"n": 2, "a": 77, "b": 72, "c": 40}, family="contraction",
          archs=("sm_90a",), label="batched_k72_views", program=_wgmma_64x64),
+    # a batch past grid.y's 65535 (it goes on along grid.z; the last slice's blocks past it return)
+    Case("matmul_mma.cu.jinja", "batched_matmul", {"n": 70000, "a": 40, "b": 72, "c": 24}, family="contraction",
+         program=_mma_sync_64x64, label="batched_grid_fold"),
+    Case("attention_fwd.cu.jinja", _mha_many_heads, {"b": 2049, "h": 32, "q": 20, "x": 40, "d": 64},
+         family="attention", label="attention_grid_fold"),
     Case("pad_rows.cu.jinja", "matmul", {"a": 77, "b": 71, "c": 42}, family="contraction"),  # copied padded
     Case("matmul_mma.cu.jinja", "mlp", {"a": 65, "b": 72, "c": 136}, family="contraction", program=_mma_sync_64x64),
     # the same on a small wgmma tile (64 x 64, one consumer, unsplit)
