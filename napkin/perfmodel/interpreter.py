@@ -446,6 +446,8 @@ def interpret(schedule: Schedule, inputs: Mapping[str, np.ndarray] | None = None
     ``sizes`` binds axis and tile sizes; unbound axes are also bound from the input shapes.
     Returns the outputs, the elements moved per level (``"HBM"``/``"L2"``: loads + stores at the
     block boundary, ``"SMEM"``: SMEM↔RF), per-kernel detail and the memory peaks (elements).
+    A tile larger than its axis runs over the axis alone (:meth:`Schedule.clipped_view`), so a
+    derived plan runs at any size.
     """
     sched = schedule.bind(sizes) if sizes else schedule
     d = sched.diagram
@@ -475,6 +477,9 @@ def interpret(schedule: Schedule, inputs: Mapping[str, np.ndarray] | None = None
         for r in k.relabels:
             if r.is_symbolic:
                 raise ScheduleError(f"interpret needs a numeric size for {r.symbol} (pass sizes={{'{r.symbol}': ...}})")
+    # a tile larger than its axis (a derived 16-row tile over 5 rows) holds only the axis, as a
+    # partial last group holds only its real elements
+    sched = sched.clipped_view()
     n = {a: int(ax.size) for a, ax in d.axes.items()}
     rng = np.random.default_rng(seed)
     hbm: dict[str, np.ndarray] = {}

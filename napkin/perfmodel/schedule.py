@@ -448,6 +448,39 @@ class Schedule:
         except Exception:  # noqa: BLE001 - a diagram that cannot take the padded sizes: cost as given
             return self
 
+    def clipped_view(self) -> Schedule:
+        """The schedule as it runs over the real elements: a tile that overhangs its axis (a
+        16-row tile on 5 rows, a 128-key chunk of 100 keys) holds only the axis, as a partial
+        last tile holds only its real elements, and a warp tile at most its block's. What the CPU
+        interpreter executes and counts (the cost model prices the whole tile:
+        :meth:`padded_view`).
+
+        >>> from napkin.diagrams import library
+        >>> s = Schedule.fused(library.get("attention").bind(q=5, x=100, d=16), groups={"q": 16},
+        ...                    streams={"x": 128}, rf_groups={"q": 16})
+        >>> [(r.symbol, r.size) for r in s.clipped_view().kernels[0].relabels]
+        [('g_q', 5), ('w_q', 5), ('s_x', 100)]
+        """
+        d = self.diagram
+        kernels, changed = [], False
+        for k in self.kernels:
+            block: dict[str, int] = {}
+            for r in k.relabels:
+                n = d.axes[r.axis].size if r.axis in d.axes else None
+                if r.level == "SMEM" and isinstance(r.size, int) and isinstance(n, int):
+                    block[r.axis] = min(r.size, n)
+            rels = []
+            for r in k.relabels:
+                n = d.axes[r.axis].size if r.axis in d.axes else None
+                cap = block.get(r.axis, n) if r.level == "RF" else n
+                if isinstance(r.size, int) and isinstance(cap, int) and r.size > cap:
+                    rels.append(dataclasses.replace(r, size=cap))
+                    changed = True
+                else:
+                    rels.append(r)
+            kernels.append(k.replace(relabels=tuple(rels)))
+        return self.replace(kernels=tuple(kernels)) if changed else self
+
     def kernel(self, name: str) -> Kernel:
         """The kernel called ``name``."""
         for k in self.kernels:
