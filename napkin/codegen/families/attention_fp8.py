@@ -34,8 +34,8 @@ the model prices there (``launch_estimate``'s ``exp_fma_share``: that share of t
 to the CUDA cores at :data:`FMA_FLOPS_PER_EXP` each); and ``pingpong``, the two consumers taking
 turns issuing their products (named barriers), with the two-stage loop. Both are built and
 tested (GPU tests, memcheck and racecheck). The polynomial is off in the table (it measured no
-faster, below); ping-pong is on at d = 128 with five stages for scores without masks (:func:`candidates`,
-:func:`turns_for`), since K and V are released apart (on an H200, the planner's picks, seq 4k /
+faster, below); ping-pong is on at d = 128 with five stages for scores without masks
+(:func:`candidates`, :func:`turns_for`), since K and V are released apart (on an H200, the planner's picks, seq 4k /
 8k / 16k: 821-827 / 899-901 / 896-943 TFLOP/s against 776 / 851 / 872 for four stages without
 it; ``attention_fp8_s30.jsonl``); masked scores keep four stages without it.
 
@@ -86,8 +86,8 @@ from .epilogue import (Param, check_index_size, contiguous_strides, float_param,
                        short_hash, signature, stride_param)
 
 __all__ = ["Fp8AttentionConfig", "CONFIGS", "HEAD_DIMS", "BX", "RMS_TOLERANCE", "configs", "reason",
-           "structure_reason", "candidates", "schedule", "config_of", "turns_for", "lower_config", "launch_estimate", "lower", "with_scales", "TEMPLATE",
-           "VT_TEMPLATE", "SCALES", "FMA_FLOPS_PER_EXP"]
+           "structure_reason", "candidates", "schedule", "config_of", "turns_for", "lower_config",
+           "launch_estimate", "lower", "with_scales", "TEMPLATE", "VT_TEMPLATE", "SCALES", "FMA_FLOPS_PER_EXP"]
 
 TEMPLATE = "attention_wgmma_fp8.cu.jinja"
 VT_TEMPLATE = "attention_fp8_vt.cu.jinja"

@@ -12,11 +12,7 @@ from dataclasses import dataclass
 from ...diagrams.ops import Value
 from ..program import MAX_GRID_Y, fold_grid
 
-__all__ = ["AttentionProblem", "MAX_WOVEN", "MAX_GRID_Y", "woven_reason", "woven_grid", "fold_woven"]
-
-#: An attention launch walks the combinations of the woven axes (heads x batch) along grid.y; past
-#: :data:`MAX_GRID_Y` they continue along grid.z (:func:`woven_grid`), in the same order, so a
-#: head's query tiles still run side by side.
+__all__ = ["AttentionProblem", "MAX_WOVEN", "woven_reason", "woven_grid", "fold_woven"]
 
 #: The most combinations of the woven axes one attention launch walks: every combination and its
 #: query tiles must number under 2^31 (the kernels index them as ints), and grid.y x grid.z holds
@@ -40,7 +36,9 @@ def fold_woven(nz: int) -> bool:
 
 
 def woven_grid(nz: int) -> tuple[int, int]:
-    """(grid.y, grid.z) of a launch walking ``nz`` woven combinations (:func:`~napkin.codegen.program.fold_grid`).
+    """(grid.y, grid.z) of a launch walking ``nz`` woven combinations: an attention launch walks
+    them along grid.y and, past its 65535, on along grid.z in the same order
+    (:func:`~napkin.codegen.program.fold_grid`), so a head's query tiles still run side by side.
 
     >>> woven_grid(4096), woven_grid(65568)
     ((4096, 1), (32784, 2))

@@ -1957,8 +1957,8 @@ def lower_chain(shape: ChainShape, cfg: ChainConfig, schedule: Schedule, arch: s
             sched_lines.append(f"the column partials take {col_smem_bytes(shape, cfg)} bytes of dynamic shared memory "
                                f"(the block's {chain_smem_bytes(shape, cfg)} pass the {MAX_STATIC_SMEM} it may declare)")
         sched_lines.append(f"the partial rows added in this kernel: the blocks still there when the last one "
-                           f"arrives take every H-th tile of {cfg.threads // combine_slices(cfg)} columns (H helpers; counters "
-                           f"{_ws_name(shape, 'colcount')}, zeroed once, left zero), each added in a fixed order "
+                           f"arrives take every H-th tile of {cfg.threads // combine_slices(cfg)} columns (H helpers; "
+                           f"counters {_ws_name(shape, 'colcount')}, zeroed once, left zero), each added in a fixed order "
                            "(deterministic); no second launch")
     sched_lines += [f"schedule: {r}" for k in schedule.kernels for r in k.relabels]
     ctx = dict(
