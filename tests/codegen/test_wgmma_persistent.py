@@ -346,14 +346,16 @@ def test_the_planner_takes_the_tile_measured_fastest(sizes, wide):
 @pytest.mark.gpu
 def test_a_batch_past_a_grid_dimension():
     """More batch elements than a grid dimension holds (65535): the persistent kernel numbers them
-    in its work items, so the planner keeps the wgmma template for them (an mma.sync launch, whose
-    grid.y is the batch, is refused at planning)."""
+    in its work items (the mma.sync and SIMT templates fold them into grid.z instead, and the
+    planner now takes them there: tests/codegen/test_grid_fold_gpu.py)."""
     _hopper()
     from napkin.codegen import compile as napkin_compile
     from napkin.codegen.verify import verify_compiled
 
     shape = dict(n=70000, a=20, b=40, c=72)
-    cd = napkin_compile(library.get("batched_matmul"), sizes=shape, dtype="bf16")
+    d = library.get("batched_matmul").with_dtype("bf16").bind(**shape)
+    sched = next(s for s in FAMILY.candidates(d, "h200", "bf16") if s.kernels[0].options.engine == "wgmma")
+    cd = napkin_compile(d, schedule=sched, family="contraction")
     (k,) = [k for k in cd.launches if k.template == "matmul_wgmma.cu.jinja"]
     assert dict(k.tunables)["persistent"] is True
     rows = verify_compiled(cd, seed=3)
