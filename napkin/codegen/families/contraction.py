@@ -12,8 +12,8 @@ tile rows reduced to fp32 partials, a small second launch combining them).
 
 Roles are read off the diagram: ``c`` is the output's last (contiguous) axis, the operand that
 carries it is ``B`` and the other ``A``; ``a`` is A's own axis (the last of them in the output
-if several); every other output axis is a batch axis (grid.y), broadcast where an operand lacks
-it. Each operand may be stored either way round — ``A[a,b]`` or ``A[b,a]``, ``B[b,c]`` or
+if several); every other output axis is a batch axis (grid.y, and past its 65535 on along grid.z:
+:data:`MAX_BATCH`), broadcast where an operand lacks it. Each operand may be stored either way round — ``A[a,b]`` or ``A[b,a]``, ``B[b,c]`` or
 ``B[c,b]`` (nn.Linear) — as its last axis says.
 
 Templates: ``matmul_wgmma.cu.jinja`` (Hopper, sm_90a: TMA copies into swizzled shared tiles,
