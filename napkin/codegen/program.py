@@ -33,10 +33,16 @@ def fold_grid(n: int) -> tuple[int, int]:
     >>> fold_grid(4096), fold_grid(65536), fold_grid(200000)
     ((4096, 1), (32768, 2), (50000, 4))
     """
-    if n <= MAX_GRID_Y:
+    if not grid_folds(n):
         return n, 1
     z = -(-n // MAX_GRID_Y)
     return -(-n // z), z
+
+
+def grid_folds(n: int) -> bool:
+    """Whether ``n`` items run past grid.y into grid.z (:func:`fold_grid`): the kernel then reads
+    its item from both and returns past ``n``."""
+    return n > MAX_GRID_Y
 
 
 @dataclass(frozen=True)

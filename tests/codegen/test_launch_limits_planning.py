@@ -76,11 +76,11 @@ def test_attention_past_grid_y_folds_the_woven_combinations_into_grid_z():
     decode batch without GQA) stays on the attention kernels, forward and backward, bf16 and fp8:
     the combinations go on along grid.z, and only a launch past 65535 has the fold in its source."""
     from napkin.codegen.families import attention_fp8, get
-    from napkin.codegen.families.attention_problem import woven_grid
+    from napkin.codegen.program import fold_grid
 
     mha_b = library.get("mha").weave(Axis("b"), name="mha_b")
     nz = 2049 * 32
-    assert woven_grid(nz) == (32784, 2)
+    assert fold_grid(nz) == (32784, 2)
     for arch, gpu in (("sm_90a", "h200"), ("sm_80", "a100-80gb")):
         plan = _plan(mha_b.with_dtype("bf16").bind(b=2049, h=32, q=100, x=128, d=64), gpu, arch)
         assert [k.family for k in plan.kernels] == ["attention"], arch

@@ -59,9 +59,9 @@ from ...diagrams.ops import Contract, Map, Softmax, Value
 from ...dtypes import dtype as lookup_dtype
 from ...errors import CodegenError, NapkinError
 from ...perfmodel.schedule import KernelOptions, Schedule
-from ..program import Arg, Buffer, KernelLaunch, Program
+from ..program import Arg, Buffer, KernelLaunch, Program, fold_grid, grid_folds
 from ..render import Code, comment, comment_lines, ident
-from .attention_problem import MAX_WOVEN, AttentionProblem, fold_woven, woven_grid, woven_reason
+from .attention_problem import MAX_WOVEN, AttentionProblem, woven_reason
 from .contraction import _gpu_key, _smem_limit
 from .epilogue import (Param, check_index_size, contiguous_strides, ctype, float_param, index_size_problem,
                        int_param, render, score_chain, short_hash, signature, stride_param, tensor_param)
@@ -948,7 +948,7 @@ class AttentionFamily:
         nz = math.prod(sz[a] for a in p.woven if not (cfg.packed and a in self.packed_axes(p)))
         if why := woven_reason(nz):
             raise CodegenError(f"attention family: {why}")
-        if fold_woven(nz) and cfg.splits > 1:
+        if grid_folds(nz) and cfg.splits > 1:
             raise CodegenError(f"attention family: {nz} woven combinations run past grid.y into grid.z, "
                                f"which the {cfg.splits} splits of {p.x} would take; run it unsplit")
         if ws is not None:
@@ -1009,10 +1009,10 @@ class AttentionFamily:
             NROWS=Code("Np" if cfg.packed else "Nq"), SPLIT=ws is not None, ws_o=Code("ws_o"), ws_lse=Code("ws_lse"),
             MASK_RANGE=causal is not None or window is not None, KV_COLUMNS=cfg.kv_columns,
             KV_UNROLL=cfg.kv_unroll, WX=cfg.wx, LSE=p.lse is not None,
-            SPLITS=cfg.splits, NB=combine_batch(cfg.splits), FOLD=fold_woven(nz), NZ=nz,
+            SPLITS=cfg.splits, NB=combine_batch(cfg.splits), FOLD=grid_folds(nz), NZ=nz,
         )
         source = render("attention_fwd.cu.jinja", **ctx)
-        gy, gz = woven_grid(nz)
+        gy, gz = fold_grid(nz)
         grid = (math.ceil(nrows / cfg.BQ), gy, gz * cfg.splits)
         tunables = (("BQ", cfg.BQ), ("BX", cfg.BX), ("SX", cfg.SX), ("WQ", cfg.WQ), ("stages", cfg.stages), ("D", cfg.D),
                     ("blocks_per_sm", cfg.blocks_per_sm),

@@ -63,10 +63,10 @@ from ...diagrams.diagram import Diagram
 from ...diagrams.ops import Contract, Map, Value
 from ...errors import CodegenError, NapkinError
 from ...perfmodel.schedule import KernelOptions, Schedule
-from ..program import Arg, Buffer, KernelLaunch, Program
+from ..program import Arg, Buffer, KernelLaunch, Program, fold_grid, grid_folds
 from ..render import Code, comment, comment_lines, ident
 from . import per_diagram
-from .attention_problem import fold_woven, woven_grid, woven_reason
+from .attention_problem import woven_reason
 from .contraction import _gpu_key, _smem_limit
 from .epilogue import (FUNCTIONS, Param, check_index_size, contiguous_strides, ctype, float_param, int_param,
                        render, score_chain, short_hash, signature, stride_param, tensor_param)
@@ -619,7 +619,7 @@ class AttentionBackwardFamily:
         ]
         if causal is not None:
             legend.append(f"  causal (offset {causal}): query tiles above a key block's diagonal skipped")
-        ctx = dict(kname=kname, T=ctype(T), D=cfg.D, BX=cfg.BX, BQ=cfg.BQ, FOLD=fold_woven(nz), NZ=nz,
+        ctx = dict(kname=kname, T=ctype(T), D=cfg.D, BX=cfg.BX, BQ=cfg.BQ, FOLD=grid_folds(nz), NZ=nz,
                    params=signature(main), prep_params=signature(prep), dq_params=signature(dq),
                    woven=woven, legend=comment_lines(legend), CAUSAL=causal, ALWAYS_MASK=always_mask,
                    IDX_ROW=index_vars[p.q], IDX_COL=index_vars[p.x],
@@ -635,7 +635,7 @@ class AttentionBackwardFamily:
             KernelLaunch(name=f"{kname}_prep", source=src["prep"], grid=(math.ceil(rows / 8), 1, 1), block=(256, 1, 1), shared_bytes=0,
                          args=tuple(x.arg for x in prep), tunables=(("D", cfg.D),), model_smem_bytes=0,
                          model_regs_per_thread=32, **common),
-            KernelLaunch(name=str(kname), source=src["main"], grid=(math.ceil(Nx / cfg.BX), *woven_grid(nz)),
+            KernelLaunch(name=str(kname), source=src["main"], grid=(math.ceil(Nx / cfg.BX), *fold_grid(nz)),
                          block=(cfg.threads, 1, 1),
                          shared_bytes=cfg.smem_bytes(), args=tuple(x.arg for x in main), tunables=tunables,
                          model_smem_bytes=cfg.model_smem_bytes(), model_regs_per_thread=cfg.model_regs(), **common),

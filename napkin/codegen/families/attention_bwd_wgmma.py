@@ -50,9 +50,9 @@ from dataclasses import dataclass
 from ...diagrams.diagram import Diagram
 from ...errors import CodegenError
 from ...perfmodel.schedule import KernelOptions, Schedule
-from ..program import Arg, Buffer, KernelLaunch, Program
+from ..program import Arg, Buffer, KernelLaunch, Program, fold_grid, grid_folds
 from ..render import Code, comment, comment_lines, ident
-from .attention_problem import fold_woven, woven_grid, woven_reason
+from .attention_problem import woven_reason
 from .contraction import _gpu_key, _smem_limit, wgmma_target_reason
 from .epilogue import (Param, check_index_size, contiguous_strides, ctype, float_param, int_param, render,
                        short_hash, signature, stride_param, tensor_param, tensormap_param)
@@ -361,7 +361,7 @@ def _program(fam, diagram: Diagram, sched: Schedule, p, cfg: WgmmaBackwardConfig
     o_ops, o_cons = regs("c", cfg.D // 2)
     q_ops, q_cons = regs("c", cfg.dq_n // 2)
     ctx = dict(kname=kname, T=ctype(T), AB=Code("bf16" if T == "bf16" else "f16"), D=cfg.D, BQ=cfg.BQ,
-               FOLD=fold_woven(nz), NZ=nz,
+               FOLD=grid_folds(nz), NZ=nz,
                STAGES=cfg.stages, CONSUMERS=cfg.consumers, PRODUCER_REGS=PRODUCER_REGS,
                CONSUMER_REGS=cfg.consumer_regs(), DQ_N=cfg.dq_n, DQ_LOCAL=cfg.dq_local,
                s_operands=s_ops, s_constraints=s_cons, o_operands=o_ops, o_constraints=o_cons,
@@ -383,7 +383,7 @@ def _program(fam, diagram: Diagram, sched: Schedule, p, cfg: WgmmaBackwardConfig
         KernelLaunch(name=f"{kname}_prep", source=src["prep"], grid=(math.ceil(nz * NqP / 8), 1, 1),
                      block=(256, 1, 1), shared_bytes=0, args=tuple(x.arg for x in prep), template=TEMPLATE,
                      tunables=(("D", cfg.D), ("BQ", cfg.BQ)), model_smem_bytes=0, model_regs_per_thread=32),
-        KernelLaunch(name=str(kname), source=src["main"], grid=(math.ceil(Nx / cfg.BX), *woven_grid(nz)),
+        KernelLaunch(name=str(kname), source=src["main"], grid=(math.ceil(Nx / cfg.BX), *fold_grid(nz)),
                      block=(cfg.threads, 1, 1), shared_bytes=smem, args=tuple(x.arg for x in main),
                      template=TEMPLATE, tunables=tunables, model_smem_bytes=cfg.model_smem_bytes(),
                      model_regs_per_thread=cfg.consumer_regs()),

@@ -76,9 +76,9 @@ from dataclasses import dataclass, replace
 from ...diagrams.diagram import Diagram
 from ...errors import CodegenError
 from ...perfmodel.schedule import KernelOptions, Schedule
-from ..program import Arg, Buffer, KernelLaunch, Program
+from ..program import Arg, Buffer, KernelLaunch, Program, fold_grid, grid_folds
 from ..render import Code, comment, comment_lines, ident
-from .attention_problem import AttentionProblem, fold_woven, woven_grid, woven_reason
+from .attention_problem import AttentionProblem, woven_reason
 from .attention_wgmma import (PRODUCER_REGS, _masks, _rows_layout_problem, mask_legend, read_tiles, score_kinds,
                               shared_context, tma_rows_reason)
 from .contraction import _gpu_key, _smem_limit, wgmma_target_reason
@@ -237,7 +237,7 @@ def candidates(fam, diagram: Diagram, gpu, dtype: str) -> list[Schedule]:
     limit = _smem_limit(gpu)
     masked = score_kinds(p, diagram)[0]
     return [schedule(fam, diagram, c, gpu) for c in configs(diagram.axes[p.d].bound_size)
-            if c.smem_bytes() <= limit and not (masked and c.pingpong)]
+            if c.smem_bytes() <= limit and turns_for(c, masked) == c]
 
 
 def schedule(fam, diagram: Diagram, cfg: Fp8AttentionConfig, gpu="h100") -> Schedule:
@@ -402,8 +402,8 @@ def _vt_launch(d: Diagram, p: AttentionProblem, vt: str, XP: int, heads: int) ->
     legend = [f"diagram {d.name}: {p.V.label()} (fp8) -> {vt}[kv_head,{p.d},x_padded]",
               f"  {p.x} -> Nx keys, XP = {XP} (whole chunks of {BX}); {p.d} -> D = {D}; heads = {heads} (grid.y)"]
     source = render(VT_TEMPLATE, kname=kname, D=D, THREADS=VT_THREADS, params=signature(params),
-                    legend=comment_lines(legend), FOLD=fold_woven(heads), NZ=heads)
-    return KernelLaunch(name=str(kname), source=source, grid=(XP // BX, *woven_grid(heads)), block=(VT_THREADS, 1, 1),
+                    legend=comment_lines(legend), FOLD=grid_folds(heads), NZ=heads)
+    return KernelLaunch(name=str(kname), source=source, grid=(XP // BX, *fold_grid(heads)), block=(VT_THREADS, 1, 1),
                         shared_bytes=0, args=tuple(x.arg for x in params), template=VT_TEMPLATE,
                         tunables=(("D", D),), model_smem_bytes=BX * (D + 4), model_regs_per_thread=32)
 
@@ -494,14 +494,14 @@ def _launch(d: Diagram, p: AttentionProblem, cfg: Fp8AttentionConfig, vt: str, a
         params=signature(params), legend=comment_lines(legend), woven=woven,
         **shared_context(p, chain, index_vars, float_idx, (causal, window, always_mask), BX // 2, cfg.D // 2),
         chain_desc=comment(", ".join(chain.boxes) or "none"), OVERLAP=cfg.overlap, POLY=cfg.poly,
-        PINGPONG=cfg.pingpong, FOLD=fold_woven(nz), NZ=nz,
+        PINGPONG=cfg.pingpong, FOLD=grid_folds(nz), NZ=nz,
     )
     source = render(TEMPLATE, **ctx)
     tunables = (("BQ", cfg.BQ), ("BX", BX), ("WQ", 64), ("stages", cfg.stages), ("D", cfg.D),
                 ("warpgroups", cfg.consumers), ("engine", "wgmma"), ("dtype", "fp8"), ("causal", causal),
                 ("window", window), ("overlap", cfg.overlap), ("poly", cfg.poly), ("pingpong", cfg.pingpong))
     return KernelLaunch(
-        name=str(kname), source=source, grid=(math.ceil(Nq / cfg.BQ), *woven_grid(nz)), block=(cfg.threads, 1, 1),
+        name=str(kname), source=source, grid=(math.ceil(Nq / cfg.BQ), *fold_grid(nz)), block=(cfg.threads, 1, 1),
         shared_bytes=smem, args=tuple(x.arg for x in params), template=TEMPLATE, tunables=tunables,
         model_smem_bytes=cfg.model_smem_bytes(), model_regs_per_thread=cfg.consumer_regs(),
     )

@@ -10,14 +10,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ...diagrams.ops import Value
-from ..program import MAX_GRID_Y, fold_grid
 
-__all__ = ["AttentionProblem", "MAX_WOVEN", "woven_reason", "woven_grid", "fold_woven"]
+__all__ = ["AttentionProblem", "MAX_WOVEN", "woven_reason"]
 
-#: The most combinations of the woven axes one attention launch walks: every combination and its
-#: query tiles must number under 2^31 (the kernels index them as ints), and grid.y x grid.z holds
-#: at most 65535^2. The families refuse more at planning (``build_reason``), so that derive
-#: presents no plan that generate cannot build.
+#: The most combinations of the woven axes one attention launch walks (along grid.y and, past its
+#: 65535, on along grid.z in the same order: :func:`~napkin.codegen.program.fold_grid`, so a head's
+#: query tiles still run side by side): every combination and its query tiles must number under
+#: 2^31 (the kernels index them as ints), and grid.y x grid.z holds at most 65535^2. The families
+#: refuse more at planning (``build_reason``), so that derive presents no plan that generate
+#: cannot build.
 MAX_WOVEN = 2 ** 31 - 1
 
 
@@ -28,22 +29,6 @@ def woven_reason(nz: int) -> str | None:
     (True, '2147483648 woven combinations (heads x batch); a launch takes at most 2147483647')
     """
     return f"{nz} woven combinations (heads x batch); a launch takes at most {MAX_WOVEN}" if nz > MAX_WOVEN else None
-
-
-def fold_woven(nz: int) -> bool:
-    """Whether ``nz`` woven combinations run past grid.y into grid.z (:func:`woven_grid`)."""
-    return nz > MAX_GRID_Y
-
-
-def woven_grid(nz: int) -> tuple[int, int]:
-    """(grid.y, grid.z) of a launch walking ``nz`` woven combinations: an attention launch walks
-    them along grid.y and, past its 65535, on along grid.z in the same order
-    (:func:`~napkin.codegen.program.fold_grid`), so a head's query tiles still run side by side.
-
-    >>> woven_grid(4096), woven_grid(65568)
-    ((4096, 1), (32784, 2))
-    """
-    return fold_grid(nz)
 
 
 @dataclass(frozen=True)

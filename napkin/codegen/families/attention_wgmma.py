@@ -77,9 +77,9 @@ from ...diagrams.axes import is_name
 from ...diagrams.diagram import Diagram
 from ...errors import CodegenError
 from ...perfmodel.schedule import KernelOptions, Schedule
-from ..program import Arg, Buffer, KernelLaunch, Program
+from ..program import Arg, Buffer, KernelLaunch, Program, fold_grid, grid_folds
 from ..render import Code, comment, comment_lines, ident
-from .attention_problem import AttentionProblem, fold_woven, woven_grid, woven_reason
+from .attention_problem import AttentionProblem, woven_reason
 from .contraction import _gpu_key, _sm_count, _smem_limit, wgmma_target_reason
 from .epilogue import (Param, check_index_size, contiguous_strides, ctype, float_param, int_param, render,
                        score_chain, short_hash, signature, stride_param, tensor_param, tensormap_param)
@@ -793,10 +793,10 @@ def _launch(d: Diagram, p: AttentionProblem, cfg: WgmmaAttentionConfig, arch: st
         nomask_body=chain.nomask.body("          "), nomask_result=chain.nomask.result,
         NOMASK_NEEDED=bool(chain.nomask.lines), chain_desc=comment(", ".join(chain.boxes) or "none"),
         PINGPONG=pingpong, OVERLAP=cfg.overlap, ONE_P=cfg.one_p, LSE=p.lse is not None, PERSISTENT=cfg.persistent,
-        FOLD=fold_woven(nz) and not cfg.persistent, NZ=nz,
+        FOLD=grid_folds(nz) and not cfg.persistent, NZ=nz,
     )
     source = render(TEMPLATE, **ctx)
-    gy, gz = woven_grid(nz)  # past 65535 combinations grid.z counts on (FOLD)
+    gy, gz = fold_grid(nz)  # past 65535 combinations grid.z counts on (FOLD)
     grid = (math.ceil(Nq / cfg.QT) * (-(-sz[packed[0]] // cfg.pack) if packed else 1), gy, gz)
     if cfg.persistent:  # one block an SM at most, each walking tiles
         grid = (min(grid[0] * nz, sms), 1, 1)

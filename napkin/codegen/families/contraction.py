@@ -50,7 +50,7 @@ from ...diagrams.diagram import Diagram
 from ...diagrams.ops import Contract, Map, Value
 from ...errors import CodegenError
 from ...perfmodel.schedule import KernelOptions, Schedule
-from ..program import MAX_GRID_Y, Arg, Buffer, KernelLaunch, Program, fold_grid
+from ..program import MAX_GRID_Y, Arg, Buffer, KernelLaunch, Program, fold_grid, grid_folds
 from ..render import Code, comment_lines, ident
 from .epilogue import (FUNCTIONS, Param, check_epilogue, check_index_size, contiguous_strides, ctype, cuda_float, epilogue_code,
                        index_size_problem, int_param, render, short_hash, signature, stride_param, tensor_param, tensormap_param)
@@ -2049,7 +2049,7 @@ class ContractionFamily:
             batch.append(names)
         if nbatch > MAX_BATCH:
             raise CodegenError(f"contraction family: {nbatch} batch elements; at most {MAX_BATCH}")
-        if nbatch > MAX_GRID_Y and cfg.splits > 1:  # (never offered: the batch fills the SMs)
+        if grid_folds(nbatch) and cfg.splits > 1:  # (never offered: the batch fills the SMs)
             raise CodegenError(f"contraction family: {nbatch} batch elements run past grid.y into grid.z, whose "
                                f"split partials' layout counts grid.y alone; run it unsplit")
         kouter = []
@@ -2089,7 +2089,7 @@ class ContractionFamily:
             kname=kname, T=ctype(T), BM=cfg.BM, BN=cfg.BN, BK=cfg.BK, WM=cfg.WM, WN=cfg.WN,
             STAGES=cfg.stages, SPLITS=cfg.splits, GROUP_M=GROUP_M, MIN_BLOCKS=cfg.blocks_per_sm,
             A_KMAJOR=p.a_kmajor, B_KMAJOR=p.b_kmajor, TF32X3=cfg.tf32x3, KSUM=TF32X3_KSUM,
-            FOLD=nbatch > MAX_GRID_Y, NBATCH=nbatch,
+            FOLD=grid_folds(nbatch), NBATCH=nbatch,
             params=signature(params), batch=batch, kouter=kouter, legend=legend,
             idx_a=index_vars[p.a], idx_c=index_vars[p.c],
             epi_body=epi.body("    "), epi_result=epi.result, epi_identity=epi.is_identity, tiles=tiles,
