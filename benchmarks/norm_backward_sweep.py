@@ -3,9 +3,10 @@
 
     PYTHONPATH=<tree> python3 benchmarks/norm_backward_sweep.py SPEC... [--out FILE] [--budget-s S]
 
-A SPEC is ``name:r:x[:tpr:splits:prefetch[:blocks_per_sm[:combine_depth[:nohoist]]]]]``: ``name`` is
+A SPEC is ``name[@dtype]:r:x[:tpr:splits:prefetch[:blocks_per_sm[:combine_depth[:nohoist]]]]]``: ``name`` is
 ``rmsnorm0`` (nothing saved: rstd recomputed, what benchmarks/backward.py times), ``rmsnorm``
-(rstd saved) or ``layernorm`` (mean and rstd saved); without ``tpr`` the planner's pick on the GPU
+(rstd saved) or ``layernorm`` (mean and rstd saved), ``dtype`` bf16 (the default), fp16 or fp32
+(inputs and outputs); without ``tpr`` the planner's pick on the GPU
 at hand; ``combine_depth`` overrides the module's COMBINE_DEPTH (the combine's loads in flight),
 ``nohoist`` turns the rowwise family's HOIST_ROW_FACTORS off (where the tree has it); ``tpr``
 may be written ``TxR``: T threads a row, R rows a block (warp mode, T <= 32; default 1 row).
@@ -27,22 +28,26 @@ SAVES = {"rmsnorm0": set(), "rmsnorm": {"N_rstd"}, "layernorm": {"N_rstd", "N_me
 EPS = {"rmsnorm": 1e-6, "layernorm": 1e-5}
 
 
-def inputs(name: str, r: int, x: int, seed: int):
+DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+
+
+def inputs(name: str, r: int, x: int, seed: int, dtype: str = "bf16"):
     import torch
 
+    t = getattr(torch, DTYPES[dtype])
     g = torch.Generator(device="cuda").manual_seed(seed)
-    X = (torch.randn(r, x, device="cuda", generator=g) * 2 + 0.5).bfloat16()
-    env = {"X": X, "gamma": (torch.randn(x, device="cuda", generator=g) + 1).bfloat16(),
-           "beta": torch.randn(x, device="cuda", generator=g).bfloat16(),
-           "dY": torch.randn(r, x, device="cuda", generator=g).bfloat16()}
+    X = (torch.randn(r, x, device="cuda", generator=g) * 2 + 0.5).to(t)
+    env = {"X": X, "gamma": (torch.randn(x, device="cuda", generator=g) + 1).to(t),
+           "beta": torch.randn(x, device="cuda", generator=g).to(t),
+           "dY": torch.randn(r, x, device="cuda", generator=g).to(t)}
     X64 = X.double()
     lib = name.rstrip("0")
     if lib == "rmsnorm":
-        env["N_rstd"] = torch.rsqrt((X64 * X64).mean(-1) + EPS[lib]).bfloat16()
+        env["N_rstd"] = torch.rsqrt((X64 * X64).mean(-1) + EPS[lib]).to(t)
     else:
         mu = X64.mean(-1)
-        env["N_mean"] = mu.bfloat16()
-        env["N_rstd"] = torch.rsqrt(((X64 - mu[:, None]) ** 2).mean(-1) + EPS[lib]).bfloat16()
+        env["N_mean"] = mu.to(t)
+        env["N_rstd"] = torch.rsqrt(((X64 - mu[:, None]) ** 2).mean(-1) + EPS[lib]).to(t)
     return env
 
 
@@ -56,7 +61,9 @@ def point(spec: str, copy_bps: float) -> dict:
     from napkin.diagrams import library
 
     f = spec.split(":")
-    name, r, x = f[0], int(f[1]), int(f[2])
+    name, _, dtype = f[0].partition("@")
+    dtype = dtype or "bf16"
+    r, x = int(f[1]), int(f[2])
     lib = name.rstrip("0")
     rec = {"spec": spec}
     depth0 = rw.COMBINE_DEPTH
@@ -75,19 +82,19 @@ def point(spec: str, copy_bps: float) -> dict:
         schedule = None
         if len(f) > 3:
             rw.MAX_SQUEEZE = 1000  # explicit points may cut the budget further than the family allows
-            d = prepare(grad, sizes=dict(r=r, x=x), dtype="bf16")
+            d = prepare(grad, sizes=dict(r=r, x=x), dtype=dtype)
             s = rw.analyse(d)
             tpr, _, rpb = f[3].partition("x")
             cfg = rw.make_chain_config(s, int(tpr), int(rpb or 1), splits=int(f[4]), prefetch=int(f[5]),
                                        blocks_per_sm=bps)
             schedule = rw.chain_schedule_for(s, cfg, "h100")
-        cd = compile(grad, sizes=dict(r=r, x=x), dtype="bf16", schedule=schedule,
+        cd = compile(grad, sizes=dict(r=r, x=x), dtype=dtype, schedule=schedule,
                      family="rowwise" if schedule is not None else None)
         rec["kernels"] = [k.family for k in cd.plan.kernels]
         rec["passes"] = [k.source.count("// ---- pass") for k in cd.launches]
         rec["tunables"] = [dict(k.tunables) for k in cd.launches]
         rec["regs"] = [k.model_regs_per_thread for k in cd.launches]
-        sets = [inputs(name, r, x, seed) for seed in range(3)]
+        sets = [inputs(name, r, x, seed, dtype) for seed in range(3)]
         args = [tuple(e[n] for n in cd.input_names) for e in sets]
         got = cd(*args[0])
         got = got if isinstance(got, tuple) else (got,)
@@ -101,7 +108,8 @@ def point(spec: str, copy_bps: float) -> dict:
         t = time_fn(lambda *a: cd(*a), warmup=10, reps=60, rotate=args)
         rec["us"] = t.median_s * 1e6
         vectors = 2 if lib == "rmsnorm" else 3
-        rec["copy_fraction"] = 2 * (3 * r * x + vectors * x) / t.median_s / copy_bps
+        size = 4 if dtype == "fp32" else 2
+        rec["copy_fraction"] = size * (3 * r * x + vectors * x) / t.median_s / copy_bps
         del ref, got, again, sets, args
     except Exception as e:  # noqa: BLE001 - reported, the other points still run
         rec["error"] = f"{type(e).__name__}: {e}"[:400]

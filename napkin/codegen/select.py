@@ -335,6 +335,8 @@ def _shape_of(est: dict | None, fam, schedule: Schedule):
         facts["issue_overlaps_memory"] = True
     if est.get("fill_share"):  # the ring's fill and drain, exposed in a loop of few steps
         facts["fill_share"] = float(est["fill_share"])
+    if est.get("tail_l2_rounds"):  # an in-kernel combine's dependent rounds after the loop
+        facts["tail_l2_rounds"] = int(est["tail_l2_rounds"])
     return LaunchShape(blocks=int(est["blocks"]), threads=int(est["threads"]), regs_per_thread=int(est["regs"]),
                        smem_bytes=int(est.get("smem") or 0),
                        in_flight_bytes_per_thread=est.get("in_flight_bytes_per_thread") or None,

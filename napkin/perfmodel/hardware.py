@@ -368,6 +368,11 @@ FIELD_SOURCES: dict[str, str] = {
     "sync_latency_clk": "estimate: the cross-warp stage of a block-wide reduction: st.shared + "
                         "__syncthreads + ld.shared (~2 x 30 clk shared-memory latency + ~20 clk barrier)",
     "launch_overhead_s": "estimate: back-to-back kernel launches on one stream cost a few microseconds each",
+    "l2_round_clk": "measured and fitted: H200, bf16 rmsnorm backward over 8192 x 1024 (64-thread blocks, 1024 column "
+                    "partials): its in-kernel combine in 16 dependent rounds of L2 loads a thread ran 28.1 us, "
+                    "in 8 rounds 25.6 (norm_backward_combine_slices_s30.jsonl): 0.31 us a round, about 570 clk "
+                    "at 1.83 GHz (an L2 hit's own latency is a few hundred clk; the partials of many blocks "
+                    "queue behind each other)",
     "efficiency": "calibrated per family (napkin.bench.calibration); empty on datasheet profiles",
 }
 
@@ -446,6 +451,11 @@ class GPU:
     #: Latency of the cross-warp stage of a reduction that spans several warps (shared-memory
     #: store, barrier, load), clocks (finite, >= 0; estimate).
     sync_latency_clk: float = field(default=80.0, metadata=_check("non_negative"))
+    #: One round of dependent loads from L2 after a kernel's loop, clocks (finite, >= 0): the
+    #: in-kernel combine of partials other blocks wrote, whose rounds run one after another once
+    #: the last block arrives, with nothing of the kernel left to overlap them (fitted; see
+    #: :data:`FIELD_SOURCES`).
+    l2_round_clk: float = field(default=570.0, metadata=_check("non_negative"))
     #: Fixed cost of one kernel launch, seconds (finite, >= 0), added to every kernel's time
     #: (estimate).
     launch_overhead_s: float = field(default=3e-6, metadata=_check("non_negative"))

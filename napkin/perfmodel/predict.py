@@ -195,6 +195,10 @@ class LaunchShape:
     issue_overlaps_memory: the kernel's loads run ahead of its per-step gaps (a deep cp.async ring
         whose chunks are large beside a step's overhead), so the gaps count on the compute side of
         the roofline (:func:`~napkin.perfmodel.roofline.predict`); False: they add.
+    tail_l2_rounds: rounds of dependent loads from L2 the kernel runs once after every block's
+        loop, with nothing of its own left to overlap them: the row-wise family's in-kernel combine
+        of column partials (the arrival, then each helper's rounds over the partials other blocks
+        wrote). Each costs ``GPU.l2_round_clk``, added to the kernel's time (0: none).
     fill_share: the share of the loop's smaller time (compute or HBM) that its ring's fill and
         drain leave exposed, in a kernel whose blocks run one tile each and start together
         (``min(1, chunks loaded ahead / steps)``; 0: the roofline overlaps them whole); an SM
@@ -241,6 +245,7 @@ class LaunchShape:
     tail_factor: float | None = None
     issue_overlaps_memory: bool = False
     fill_share: float = 0.0
+    tail_l2_rounds: int = 0
 
     def __post_init__(self) -> None:
         if int(self.blocks) < 1 or int(self.threads) < 1:
@@ -267,6 +272,8 @@ class LaunchShape:
                 raise ScheduleError(f"{k} must be non-negative, got {getattr(self, k)!r}")
         if int(self.row_iterations) < 1:
             raise ScheduleError(f"row_iterations must be at least 1, got {self.row_iterations!r}")
+        if int(self.tail_l2_rounds) < 0:
+            raise ScheduleError(f"tail_l2_rounds must be non-negative, got {self.tail_l2_rounds!r}")
         if not 0.0 < float(self.epilogue_rate) <= 1.0:
             raise ScheduleError(f"epilogue_rate must be a fraction in (0, 1], got {self.epilogue_rate!r}")
         if not 0.0 <= float(self.fill_share) <= 1.0:
@@ -351,6 +358,7 @@ class KernelPrediction:
     #: ``roofline`` (which then prices the loop alone); None without one
     epilogue: Prediction | None = None
     epilogue_wait_s: float = 0.0  # the epilogue's waits for its loads (launch.epilogue_waits), every round
+    tail_s: float = 0.0  # the rounds of L2 loads after every block's loop (launch.tail_l2_rounds), once
 
     @property
     def epilogue_s(self) -> float:
@@ -359,7 +367,8 @@ class KernelPrediction:
 
     @property
     def seconds(self) -> float:
-        return max(self.roofline.seconds + self.epilogue_s, self.latency_floor_s + self.roofline.launch_overhead_s)
+        return max(self.roofline.seconds + self.epilogue_s,
+                   self.latency_floor_s + self.roofline.launch_overhead_s) + self.tail_s
 
     @property
     def bound(self) -> str:
@@ -405,7 +414,7 @@ class SchedulePrediction:
                 "bound": k.bound, "waves": k.roofline.waves, "latency_floor_s": k.latency_floor_s,
                 "tensor_path": k.roofline.tensor_path, "wave_factor": k.roofline.wave_factor,
                 "tail_resource": k.roofline.tail_resource, "latency_chain_s": k.roofline.latency_s,
-                "epilogue_s": k.epilogue_s,
+                "epilogue_s": k.epilogue_s, "tail_s": k.tail_s,
             } for k in self.kernels],
         }
 
@@ -621,8 +630,9 @@ def predict_kernel(gpu: GPU, work: Work, launch: LaunchShape | None = None, *, n
         wait = int(launch.epilogue_waits) * (ep.rounds or 1) * latency
     floor = latency_floor(gpu, float(work.bytes.get("HBM", 0.0)), launch, bps, memory_latency_s,
                           float(work.bytes.get("L2", 0.0)) or None)
+    tail = gpu.clocks_to_s(int(launch.tail_l2_rounds) * float(getattr(gpu, "l2_round_clk", 0.0)))
     return KernelPrediction(name, int(launch.blocks), bps or 1, regs, int(launch.smem_bytes), limit, rp,
-                            floor, launch, chain, launch_assumed, ep, wait)
+                            floor, launch, chain, launch_assumed, ep, wait, tail)
 
 
 #: Co-resident blocks an SM holds whose fills stay in step: beyond them, blocks that started together
@@ -797,7 +807,7 @@ def explain_assumptions(gpu: GPU | str, prediction: SchedulePrediction | None = 
     g = get_gpu(gpu) if not isinstance(gpu, GPU) else gpu
     rows: list[tuple[str, object, str]] = []
     for name in ("memory_latency_s", "step_overhead_clk", "shuffle_latency_clk", "sync_latency_clk",
-                 "mma_sync_fraction", "wgmma_step_clk"):
+                 "mma_sync_fraction", "wgmma_step_clk", "l2_round_clk"):
         if hasattr(g, name):
             rows.append((name, getattr(g, name), g.source_of(name)))
     for lv in g.levels:
@@ -855,6 +865,9 @@ def explain_assumptions(gpu: GPU | str, prediction: SchedulePrediction | None = 
                 rows.append((f"{pre}.{f}", v, f"{who}; None fields filled from the kernel's cost"))
         if ls.in_flight_bytes_per_thread:
             rows.append((f"{pre}.in_flight_bytes_per_thread", ls.in_flight_bytes_per_thread, who))
+        if ls.tail_l2_rounds:
+            rows.append((f"{pre}.tail_l2_rounds", ls.tail_l2_rounds,
+                         f"{who}: dependent rounds of L2 loads after the loop (an in-kernel combine)"))
         if ls.epilogue_hbm_bytes:
             rows.append((f"{pre}.epilogue_hbm_bytes", ls.epilogue_hbm_bytes,
                          f"{who}: moved after the loop, not overlapped with it"))

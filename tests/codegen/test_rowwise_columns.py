@@ -479,6 +479,48 @@ def test_more_than_16_values_a_thread_only_where_fewer_run_fewer_blocks(monkeypa
     assert [(c.threads_per_row, c.splits) for c in many] == [(128, 373)]
 
 
+@pytest.mark.parametrize("name", ["rmsnorm", "layernorm"])
+@pytest.mark.parametrize("x", [768, 1024])
+def test_narrow_16_bit_rows_take_a_warp_a_row_over_a_wave(name, x):
+    """Rows of 768-1024 16-bit values: a warp holds each row (24-32 values a thread, no barrier in
+    a row's reductions), 4 rows a block over a wave of blocks, where 64 threads a row over 1024
+    blocks combined 4x the partials in 8 rounds (H200, bf16, 8192 rows: rmsnorm 26.5 -> 19.4 us at
+    768, 25.7 -> 22.7 at 1024). fp32 rows keep their block rows (no faster there), and so does a
+    warp configuration of fewer blocks than the GPU has SMs."""
+    from napkin.codegen.families.rowwise import COL_VALUES
+
+    gpu = resolve_gpu("h200")
+    sub = whole(norm_grad(name, r=8192, x=x))
+    cands = [FAMILY.config(sub, c) for c in FAMILY.candidates(sub, gpu, "bf16")]
+    warp = [c for c in cands if c.values_per_thread > COL_VALUES]
+    assert warp and all(not c.block_mode and c.splits >= gpu.sms for c in warp)
+    (pk,) = derive(norm_grad(name, r=8192, x=x), gpu, "bf16").plan.kernels
+    o = pk.kernel.options
+    assert (o.threads_per_row, o.warps, o.splits) == (32, 4, {768: 342, 1024: 256}[x])
+    sub32 = whole(norm_grad(name, "fp32", r=8192, x=x))
+    assert all(FAMILY.config(sub32, c).values_per_thread <= COL_VALUES or FAMILY.config(sub32, c).splits < gpu.sms
+               or FAMILY.config(sub32, c).block_mode for c in FAMILY.candidates(sub32, gpu, "fp32"))
+    few = whole(norm_grad(name, r=1024, x=256))  # 8 threads a row over 32 blocks: not proposed
+    assert all(FAMILY.config(few, c).values_per_thread <= COL_VALUES or FAMILY.config(few, c).splits >= gpu.sms
+               for c in FAMILY.candidates(few, gpu, "bf16"))
+
+
+def test_the_combine_rounds_are_priced_after_the_loop():
+    """The in-kernel combine's rounds of L2 loads come once after every block's loop
+    (``tail_l2_rounds``: the arrival and :func:`combine_rounds`), each ``GPU.l2_round_clk``."""
+    gpu = resolve_gpu("h200")
+    sub = whole(norm_grad("rmsnorm", r=8192, x=1024))
+    shape = analyse(sub)
+    for tpr, rpb, splits in ((64, 1, 1024), (32, 4, 256)):
+        cfg = make_chain_config(shape, tpr, rpb, splits=splits)
+        sched = chain_schedule_for(shape, cfg, "h200")
+        assert FAMILY.launch_estimate(sub, sched, gpu)["tail_l2_rounds"] == 1 + combine_rounds(cfg)
+        k = predict_schedule(sub, FAMILY, sched, gpu).kernel
+        assert k.tail_s == pytest.approx((1 + combine_rounds(cfg)) * gpu.l2_round_clk / gpu.clock_hz)
+        base = max(k.roofline.seconds + k.epilogue_s, k.latency_floor_s + k.roofline.launch_overhead_s)
+        assert k.seconds == pytest.approx(base + k.tail_s)
+
+
 def test_blocks_fitted_to_a_row_of_no_power_of_two_chunks():
     """A row of 5000 bf16 values is 625 chunks: blocks of 320 and 640 threads hold it with 2 and 1
     chunks a thread (one row a block); not for fp32 rows (nvcc spilled them). The
@@ -542,6 +584,9 @@ def _launches() -> list:
     # rows of 5000: the planner's pick and the blocks fitted to the row; a row of 256 (warp mode)
     cases += [(whole(norm_grad(n, "bf16", r=4096, x=5000)), f"{n}_bf16_5000") for n in ("rmsnorm", "layernorm")]
     cases += [(whole(norm_grad("rmsnorm", "bf16", r=300, x=256)), "rms_bf16_256")]
+    # narrow 16-bit rows over many: a warp a row, 24 and 32 values a thread (the planner's picks)
+    cases += [(whole(norm_grad(n, "bf16", r=8192, x=x)), f"{n}_bf16_{x}_warp") for n in ("rmsnorm", "layernorm")
+              for x in (768, 1024)]
     for sub, tag in cases:
         cands = FAMILY.candidates(sub, "h100", sub.nodes[0].dtype)
         # the first, middle and last, and every block fitted to the row

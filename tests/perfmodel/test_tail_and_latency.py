@@ -5,6 +5,8 @@ every term (a 1 GB copy of 264 blocks took 4x its bandwidth time), stream chunk 
 row-wise configurations tied, and no function listed the model's assumptions.
 """
 
+import dataclasses
+
 import pytest
 
 from napkin.diagrams import library
@@ -179,7 +181,7 @@ def test_latency_constants_are_named_profile_fields_with_sources(h100):
         g = get_gpu(key)
         assert g.step_overhead_clk > 0 and g.shuffle_latency_clk > 0 and g.sync_latency_clk > 0
         for f in ("memory_latency_s", "step_overhead_clk", "shuffle_latency_clk", "sync_latency_clk",
-                  "mma_sync_fraction", "launch_overhead_s"):
+                  "mma_sync_fraction", "launch_overhead_s", "l2_round_clk"):
             assert f in g.sources and ("estimate" in g.source_of(f) or "measured" in g.source_of(f)
                                        or "datasheet" in g.source_of(f))
     tweaked = h100.with_overrides(step_overhead_clk=50.0, sources={"step_overhead_clk": "measured here"})
@@ -194,7 +196,7 @@ def test_explain_assumptions_lists_every_named_constant(h100):
     rows = explain_assumptions(h100)
     names = {n for n, _, _ in rows}
     for n in ("memory_latency_s", "step_overhead_clk", "shuffle_latency_clk", "sync_latency_clk",
-              "mma_sync_fraction", "launch_overhead_s", "L2.bandwidth", "SMEM.bandwidth",
+              "mma_sync_fraction", "launch_overhead_s", "l2_round_clk", "L2.bandwidth", "SMEM.bandwidth",
               "LaunchAssumptions.threads_per_block", "FILL_LOCKED_BLOCKS"):
         assert n in names, n
     assert all(isinstance(src, str) and src for _, _, src in rows)
@@ -285,3 +287,20 @@ def test_maps_after_the_loop_without_bytes(h200):
     assert after.seconds == pytest.approx(over.seconds + after.epilogue.seconds, rel=0.02)
     plain = Work(flops={"tensor": 1e12}, bytes={"HBM": 1e8}, dtype="bf16")
     assert predict_kernel(h200, plain, LaunchShape(**{**base.__dict__, "epilogue_maps": True})).epilogue is None
+
+
+def test_rounds_of_l2_loads_after_the_loop_add_once(h200):
+    """``tail_l2_rounds`` (an in-kernel combine after every block's loop) adds its rounds of
+    ``l2_round_clk`` to the kernel once, whatever bounds the loop; a negative count is refused."""
+    w = Work(bytes={"HBM": 64e6}, dtype="bf16")
+    plain = LaunchShape(blocks=264, threads=128, regs_per_thread=64, smem_bytes=0, in_flight_bytes_per_thread=64)
+    tail = dataclasses.replace(plain, tail_l2_rounds=4)
+    a, b = predict_kernel(h200, w, plain), predict_kernel(h200, w, tail)
+    assert a.tail_s == 0.0 and b.tail_s == pytest.approx(4 * h200.l2_round_clk / h200.clock_hz)
+    assert b.seconds == pytest.approx(a.seconds + b.tail_s)
+    few = dataclasses.replace(tail, blocks=4)  # latency-bound: the rounds still add
+    c = predict_kernel(h200, w, few)
+    assert c.bound == "latency" and c.seconds == pytest.approx(
+        predict_kernel(h200, w, dataclasses.replace(few, tail_l2_rounds=0)).seconds + c.tail_s)
+    with pytest.raises(ScheduleError, match="tail_l2_rounds"):
+        dataclasses.replace(plain, tail_l2_rounds=-1)

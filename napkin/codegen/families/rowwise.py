@@ -1524,9 +1524,12 @@ def chain_configs(shape: ChainShape, sms: int = DEFAULT_SMS, per_sm=None) -> lis
         # row's budget cut for two (where a configuration runs two on its own, the cut measured the same)
         out += squeezed
     if shape.cols:
-        # more than COL_VALUES values a thread only where no configuration of fewer runs as many blocks
+        # more than COL_VALUES values a thread only where no configuration of fewer runs as many
+        # blocks, or in 16-bit rows a warp holds over at least a wave of blocks (see COL_VALUES)
         few = [c.splits or 0 for c in out if c.values_per_thread <= COL_VALUES]
-        out = [c for c in out if c.values_per_thread <= COL_VALUES or not any(f >= (c.splits or 0) for f in few)]
+        warp_rows = lookup_dtype(shape.dtype).bytes == 2
+        out = [c for c in out if c.values_per_thread <= COL_VALUES or not any(f >= (c.splits or 0) for f in few)
+               or (warp_rows and not c.block_mode and (c.splits or 0) >= sms)]
     if out or shape.cols:
         return sorted(out, key=lambda c: (not 8 <= c.values_per_thread <= 32, -c.values_per_thread, c.threads,
                                           c.splits or 0, c.prefetch))
@@ -1585,7 +1588,8 @@ def chain_launch_estimate(shape: ChainShape, cfg: ChainConfig) -> dict:
     column reductions: ``splits`` blocks, each running its row groups one after another
     (``row_iterations``; no streamed loop of the model's) with ``prefetch`` groups' loads in flight,
     the fp32 partials written and read back by the blocks still there when the last arrives
-    (``extra_hbm_bytes``, the tail; no second launch)."""
+    (``extra_hbm_bytes``; no second launch), in :func:`combine_rounds` dependent rounds of L2
+    loads after the arrival's (``tail_l2_rounds``: once, after every block's loop)."""
     blocks = cfg.blocks(shape)
     b = lookup_dtype(shape.dtype).bytes
     first = [sum(1 for v in shape.fresh if shape.uses(v)[:1] == (p,)) for p in range(shape.passes)]
@@ -1601,7 +1605,7 @@ def chain_launch_estimate(shape: ChainShape, cfg: ChainConfig) -> dict:
                reductions=red_passes)
     if cfg.splits:
         est.update(row_iterations=cfg.iterations(shape), stream_steps=0,
-                   extra_hbm_bytes=2 * partial_bytes(shape, cfg))
+                   extra_hbm_bytes=2 * partial_bytes(shape, cfg), tail_l2_rounds=1 + combine_rounds(cfg))
     if cfg.stream:
         again = sum(len(shape.uses(v)) - 1 for v in shape.fresh)
         if again:
