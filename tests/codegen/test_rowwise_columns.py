@@ -82,8 +82,12 @@ def test_a_user_written_chain_plans_as_one_kernel(sizes):
     # the column max starts at -inf and merges by max_nan (a NaN stays): per element, over the block's rows, in the combine
     (launch,) = p.launches
     src = launch.source
-    assert "colpart[1][slot][col_word(c, e)] = (-INFINITY)" in src
-    assert "colpart[1][slot][col_word(c0 + u, e)] = napkin::max_nan(" in src
+    # (in registers over the block's rows where the budget holds them: colpart_in_registers)
+    regs = dict(launch.tunables)["COLPART_REGS"]
+    init, acc = (("rc_1[c][e]", "rc_1[c0 + u][e]") if regs else
+                 ("colpart[1][slot][col_word(c, e)]", "colpart[1][slot][col_word(c0 + u, e)]"))
+    assert f"{init} = (-INFINITY)" in src and f"{acc} = napkin::max_nan(" in src
+    assert ("colpart[1][slot][col_word(c, e)] = rc_1[c][e];" in src) == bool(regs)
     assert "a = napkin::max_nan(a, colpart[1][s][w])" in src
     assert "a = napkin::max_nan(a, v[j]);" in src and "t = napkin::max_nan(t, cmb[s][cx]);" in src
     assert "v[j] = b < SPLITS ? __ldcg(p + (long long)b * XSIZE) : (-INFINITY);" in src
@@ -262,9 +266,16 @@ def test_the_generated_source_says_how_it_runs():
     splits = dict(main.tunables)["SPLITS"]
     iters = -(-4096 // (splits * dict(main.tunables)["ROWS_PER_BLOCK"]))
     assert f"constexpr int SPLITS = {splits};" in main.source and f"constexpr int ITERS = {iters};" in main.source
-    acc = "colpart[{}][slot][col_word(c0 + u, e)]"
+    # the partials of the thread's columns: in registers over the block's rows (the budget holds
+    # them: colpart_in_registers), to the slot's shared-memory words once after the loop
+    assert dict(main.tunables)["COLPART_REGS"] == 1
+    acc = "rc_{}[c0 + u][e]"
     assert f"{acc.format(0)} = ({acc.format(0)} + a_" in main.source        # dgamma += dY·N
     assert f"{acc.format(1)} = ({acc.format(1)} + a_dY)" in main.source     # dbeta += dY
+    assert "colpart[0][slot][col_word(c0 + u, e)]" not in main.source
+    flush = main.source.index("colpart[1][slot][col_word(c, e)] = rc_1[c][e];")
+    assert main.source.index("for (int it0 = 0; it0 < ITERS; it0 += PREFETCH)") < flush \
+        < main.source.index("// ---- column partials: row blockIdx.x")
     # the row group PREFETCH groups ahead (X, dY and the saved statistics) is loaded while this one
     # is worked on, into slot d of the registers in flight
     depth = dict(main.tunables)["PREFETCH"]

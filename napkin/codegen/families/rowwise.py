@@ -1354,7 +1354,8 @@ def chain_regs_need(shape: ChainShape, cfg: ChainConfig) -> int:
     scalars = sum(1 for v in (*shape.diagram.inputs, *shape.diagram.nodes) if not shape.is_full(v))
     index = 2 * len(shape.row_axes) + 2 * (len(shape.red) - 1)
     ragged = 4 if not _even(shape, cfg) else 0
-    # column reductions: their partials live in shared memory; the row loop's state and addresses,
+    # column reductions: their partials live in shared memory (colpart_in_registers: registers only
+    # where they fit this footprint's budget); the row loop's state and addresses,
     # and the next row group's raw vectors (4 registers a chunk) and scalars, loaded ahead
     cols = 6 + 2 * len(shape.cols) if shape.cols else 0
     # the groups in flight, and of a 16-bit row the raw vectors of the group worked on while the
@@ -1707,6 +1708,41 @@ def colpart_dynamic(shape: ChainShape, cfg: ChainConfig) -> bool:
     return bool(shape.cols) and chain_smem_bytes(shape, cfg) > MAX_STATIC_SMEM
 
 
+def colpart_in_registers(shape: ChainShape, cfg: ChainConfig) -> bool:
+    """Whether each thread adds its column partials in registers over the block's rows (one fp32
+    register a value of its columns and column reduction) and writes them to shared memory once,
+    after the loop, instead of a read, add and write of shared memory for every row: for 16-bit
+    rows whose column reductions are sums, where the footprint with those registers stays within
+    :data:`SPILL_FREE_SQUEEZE` of the kernel's register budget (the budget, and so the blocks an
+    SM, is the same either way). The norm
+    backwards issue ~24 instructions a value with too few warps to hide their latency (ncu, H200,
+    rmsnorm 8192 x 1024 and 8192 x 2048: 0.35-0.52 instructions a clock a scheduler, the kernel's
+    elapsed clocks); three of them were the shared-memory update. Same budget, same bits, H200,
+    bf16 (``norm_backward_colpart_regs_s31.jsonl``, us): layernorm 4096 x 4096 40.3 -> 38.0,
+    16384 x 4096 121.7 -> 114.6, 8192 x 2048 37.6 -> 36.6; rmsnorm 8192 x 8192 116.7 -> 112.1,
+    8192 x 4096 59.5 -> 58.5. Beyond the bound ptxas spilled: the layernorm backward's warp rows
+    over 1024 values (64 partials a thread over a budget of 200) ran 26.1 -> 33.0. Within it
+    ptxas (sm_90a) still spilled an fp32 row of 4096 on 256 threads (84 bytes, 15 registers over
+    the budget by the formula) and a user's chain with a column max beside its sum (124 bytes, 26
+    over): neither is proposed registers.
+
+    >>> from napkin.diagrams import library
+    >>> from napkin.codegen.prepare import prepare
+    >>> def cfg(name, x, tpr, rpb, splits):
+    ...     save = {"rmsnorm": {"N_rstd"}, "layernorm": {"N_rstd", "N_mean"}}[name]
+    ...     s = analyse(prepare(library.get(name).grad(save=save), sizes=dict(r=8192, x=x), dtype="bf16"))
+    ...     return colpart_in_registers(s, make_chain_config(s, tpr, rpb, splits=splits))
+    >>> cfg("layernorm", 2048, 128, 1, 512), cfg("layernorm", 1024, 32, 4, 256)
+    (True, False)
+    """
+    if not shape.cols or cfg.stream or lookup_dtype(shape.dtype).bytes != 2:
+        return False
+    if any(c.how != "sum" for c in shape.cols):
+        return False
+    need = chain_regs_need(shape, cfg) + len(shape.cols) * cfg.values_per_thread
+    return need - chain_regs_estimate(shape, cfg) <= SPILL_FREE_SQUEEZE
+
+
 def chain_smem_bytes(shape: ChainShape, cfg: ChainConfig) -> int:
     """Shared memory of the chain kernel: the block reductions' scratch (one row per block: two
     halves, rounds alternate, of 32 floats a reduction of the busiest pass), the column partials'
@@ -1817,14 +1853,15 @@ def lower_chain(shape: ChainShape, cfg: ChainConfig, schedule: Schedule, arch: s
     ws = ident(_ws_name(shape), "ws_")
     cnt = ident(_ws_name(shape, "colcount"), "cnt_")
     cols = []
+    in_regs = colpart_in_registers(shape, cfg)
     for k, c in enumerate(shape.cols):
         fmt, ident0, _ = _CHAIN_OPS[c.how]
-        acc = Code(f"colpart[{k}][slot][col_word(c0 + u, e)]")
+        acc = Code(f"rc_{k}[c0 + u][e]" if in_regs else f"colpart[{k}][slot][col_word(c0 + u, e)]")
         cols.append(dict(
             index=k, acc=acc, identity=Code(ident0), what=comment(f"{c.how} of {name(c.source)} over the rows: "
                                                                   f"{name(c.result)}"),
             step=Code(fmt.format(a=acc, b=ident(name(c.source), "a_"))),
-            init=Code(f"colpart[{k}][slot][col_word(c, e)]"),
+            init=Code(f"colpart[{k}][slot][col_word(c, e)]"), reg=Code(f"rc_{k}"),
             merge=Code(fmt.format(a="a", b=f"colpart[{k}][s][w]")),
             offset=c_i64(k * (cfg.splits or 0) * shape.xsize),
             out=ident(shape.col_out[k][0], "out_"), scale=float(c.scale),
@@ -1956,7 +1993,9 @@ def lower_chain(shape: ChainShape, cfg: ChainConfig, schedule: Schedule, arch: s
         sched_lines.append(f"column reductions ({', '.join(name(c.result) for c in shape.cols)}): SPLITS = "
                            f"{cfg.splits} blocks, {cfg.iterations(shape)} row group(s) each, PREFETCH = "
                            f"{cfg.prefetch} group(s) loaded ahead, fp32 partials of "
-                           "each thread's columns in shared memory, one partial row per block")
+                           "each thread's columns in " + ("registers over the rows, then shared memory"
+                                                          if in_regs else "shared memory")
+                           + ", one partial row per block")
         if dynamic_partials:
             sched_lines.append(f"the column partials take {col_smem_bytes(shape, cfg)} bytes of dynamic shared memory "
                                f"(the block's {chain_smem_bytes(shape, cfg)} pass the {MAX_STATIC_SMEM} it may declare)")
@@ -1969,7 +2008,7 @@ def lower_chain(shape: ChainShape, cfg: ChainConfig, schedule: Schedule, arch: s
         kernel=kernel_name, T=T, dtype=shape.dtype, kind="chain", arch=comment(arch), diagram=comment(d.name),
         cols=cols, ws=ws, cnt=cnt, CSLICES=combine_slices(cfg), CDEPTH=combine_depth(cfg), SPLITS=cfg.splits or 0,
         ITERS=cfg.iterations(shape), NCOLS=len(cols), NRED=block_reductions(shape),
-        COLPART_DYNAMIC=dynamic_partials,
+        COLPART_DYNAMIC=dynamic_partials, COLPART_REGS=in_regs,
         pf_scalars=pf_scalars, pf_vectors=pf_vectors, held_vectors=held_vectors, PREFETCH=cfg.prefetch,
         XSTRIDE=c_i64(shape.xsize),
         legend_rows=comment(legend_rows), legend_x=comment(", ".join(red)),
@@ -1993,7 +2032,7 @@ def lower_chain(shape: ChainShape, cfg: ChainConfig, schedule: Schedule, arch: s
         # 32-bit counters (COUNTERS) in a zeroed fp32 buffer (zero bits): the runner zero-fills it once
         args += (Arg("tensor", _ws_name(shape, "colcount"), dtype="fp32", axes=()),)
         tunables += (("SPLITS", cfg.splits), ("PREFETCH", cfg.prefetch), ("COMBINE_SLICES", combine_slices(cfg)),
-                     ("COMBINE_DEPTH", combine_depth(cfg)))
+                     ("COMBINE_DEPTH", combine_depth(cfg)), ("COLPART_REGS", int(in_regs)))
     return KernelLaunch(
         name=str(kernel_name), source=src, grid=grid, block=(cfg.threads, 1, 1),
         shared_bytes=col_smem_bytes(shape, cfg) if dynamic_partials else 0, args=args,
