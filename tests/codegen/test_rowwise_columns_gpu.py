@@ -307,3 +307,21 @@ def test_the_rmsnorm_backward_that_recomputes_rstd(sizes):
         got = got if isinstance(got, tuple) else (got,)
         for n, g in zip(cd.output_names, got):
             assert torch.equal(g, outs[n]), n
+
+
+@pytest.mark.parametrize("name", ["rmsnorm", "layernorm"])
+@pytest.mark.parametrize("sizes", [dict(r=8191, x=768), dict(r=4001, x=1024), dict(r=3001, x=2048),
+                                   dict(r=2999, x=4096)])
+def test_warp_rows_and_partials_in_registers(name, sizes):
+    """The planner's picks at the widths where it now takes a warp a row (768-1024: 24-32 values a
+    thread over a wave of blocks) or adds the column partials in registers (COLPART_REGS, 2048 and
+    4096), with γ converted to floats once before the row loop: fresh inputs, NaN-filled outputs,
+    row counts that leave a ragged last row group, against the float64 reference and autograd."""
+    cd, _, _ = run_norm_grad(name, sizes, "bf16", seed=sizes["r"])
+    (launch,) = cd.program.launches
+    t = dict(launch.tunables)
+    if sizes["x"] <= 1024:
+        assert (t["THREADS_PER_ROW"], t["ROWS_PER_BLOCK"]) == (32, 4), t
+    assert "hf_gamma[u][e] = napkin::to_float(hv_gamma[u].x[e]);" in launch.source
+    else:
+        assert t["COLPART_REGS"] == 1 and "rc_0[c0 + u][e]" in launch.source, t
