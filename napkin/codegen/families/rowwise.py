@@ -1324,11 +1324,7 @@ def resident(shape: ChainShape, cfg: ChainConfig) -> tuple[Value, ...]:
     """The inputs a chain kernel with column reductions loads once, before its loop over the row
     groups, and keeps in registers: vectors holding the row's axes only, in its order
     (``gamma[x]``): a thread's columns are the same in every row it works on, so each row would
-    read the same 16 bytes again (from L2, a wait in every pass of every row). They are converted
-    to floats there too: ptxas converted the raw vectors again in every pass of every row (two
-    byte permutes a value and row for γ in the norm backwards), and once before the loop, at the
-    same register budget, ran 1-14 % faster (H200, bf16, the planner's picks, rmsnorm and
-    layernorm backwards over rows of 768-8192: `norm_backward_held_floats_s31.jsonl`)."""
+    read the same 16 bytes again (from L2, a wait in every pass of every row)."""
     if not shape.cols or cfg.stream:
         return ()
     used = {id(v) for p in range(shape.passes) for v in shape.need(p)}
@@ -1725,10 +1721,11 @@ def colpart_in_registers(shape: ChainShape, cfg: ChainConfig) -> bool:
     bf16 (``norm_backward_colpart_regs_s31.jsonl``, us): layernorm 4096 x 4096 40.3 -> 38.0,
     16384 x 4096 121.7 -> 114.6, 8192 x 2048 37.6 -> 36.6; rmsnorm 8192 x 8192 116.7 -> 112.1,
     8192 x 4096 59.5 -> 58.5. Beyond the bound ptxas spilled: the layernorm backward's warp rows
-    over 1024 values (64 partials a thread over a budget of 200) ran 26.1 -> 33.0, and the
-    rmsnorm backward's over 768 (24 values a thread) spilled 88 bytes on sm_90a with γ's floats
-    held (:func:`resident`); the warp rows' 24-32 values a thread gained nothing in registers
-    (rmsnorm 8192 x 1024 22.7 -> 22.6 us). Within the bound ptxas (sm_90a) still spilled an fp32
+    over 1024 values (64 partials a thread over a budget of 200) ran 26.1 -> 33.0; within it the
+    warp rows' 24-32 values a thread gained next to nothing (rmsnorm 8192 x 1024 22.7 -> 22.6 us,
+    8192 x 768 19.4 -> 19.3) and left ptxas no room for more (the rmsnorm backward's over 768
+    spilled 88 bytes on sm_90a with γ's 24 values a thread also held as floats), so rows of more
+    than COL_VALUES values a thread keep shared memory. Within the bound ptxas (sm_90a) still spilled an fp32
     row of 4096 on 256 threads (84 bytes, 15 registers over the budget by the formula) and a
     user's chain with a column max beside its sum (124 bytes, 26 over): neither is proposed
     registers.
@@ -1856,7 +1853,7 @@ def lower_chain(shape: ChainShape, cfg: ChainConfig, schedule: Schedule, arch: s
     pf_vectors = [(ident(name(v), "pf_"), ident(name(v), "in_")) for v in pf if shape.access[id(v)] == "row"]
     held = resident(shape, cfg)
     held_ids = {id(v) for v in held}
-    held_vectors = [(ident(name(v), "hv_"), ident(name(v), "in_"), ident(name(v), "hf_")) for v in held]
+    held_vectors = [(ident(name(v), "hv_"), ident(name(v), "in_")) for v in held]
     link_ids = {id(v) for c in (*shape.chains, *shape.cols) for v in c.links}
     # column reductions: per-thread partials of the thread's columns (chunk c0 + u, element e)
     ws = ident(_ws_name(shape), "ws_")
@@ -1911,8 +1908,8 @@ def lower_chain(shape: ChainShape, cfg: ChainConfig, schedule: Schedule, arch: s
                 into.append(Code(f"const float {ident(nm, 'a_')} = ({where} < limit) ? napkin::to_float("
                                  f"{ident(nm, 'in_')}[{ident(nm, 'off_')} + {terms}]) : 0.f;"))
                 continue
-            if id(v) in held_ids:  # loaded and converted to floats once, before the loop over the row groups
-                elem.append(Code(f"const float {ident(nm, 'a_')} = {ident(nm, 'hf_')}[u][e];"))
+            if id(v) in held_ids:  # loaded once, before the loop over the row groups
+                elem.append(Code(f"const float {ident(nm, 'a_')} = napkin::to_float({ident(nm, 'hv_')}[u].x[e]);"))
                 continue
             buf = ident(nm, "kv_") if id(v) in kept_ids else ident(nm, "ld_")
             if id(v) not in kept_ids:
