@@ -579,3 +579,11 @@ def test_a_pin_no_family_can_honour_says_why_first(pin, why):
     not every family's refusal of the box."""
     err = exit_2(["cost", "matmul", "-s", "a=512,b=256,c=256", *pin], why)
     assert "rowwise:" not in err
+
+
+def test_a_stream_longer_than_its_axis_is_named_first():
+    """A pinned chunk longer than its axis (no family builds one) is named before the families'
+    refusals, which alone read as a list of every configuration."""
+    err = exit_2(["cost", "attention", "-s", "q=128,x=128,d=64", "--stream", "x=1000"],
+                 "the pinned stream x=1000 is longer than axis x (128 values)")
+    assert err.index("longer than axis x") < err.index("derive found no kernel")

@@ -567,8 +567,9 @@ class _Planner:
             c = self.evaluate((b,))
             if c.best is None:
                 pin = " with the pinned tiling" if self.fixed else ""
-                return (f"derive found no kernel that runs box {b!r} of {self.d.name!r}{pin} on "
-                        f"{self.gpu.name} ({self.arch}): {whole}box {b!r} alone, {c.refusal()}")
+                return (f"{_overlong_pins(self.d, self.fixed)}derive found no kernel that runs box {b!r} of "
+                        f"{self.d.name!r}{pin} on {self.gpu.name} ({self.arch}): {whole}box {b!r} alone, "
+                        f"{c.refusal()}")
         return f"derive found no plan for {self.d.name!r}" + (f": {whole[:-2]}" if whole else "")
 
     def decisions(self, runs: list[KernelChoice]) -> list[str]:
@@ -632,6 +633,20 @@ def _check_pins(d: Diagram, fixed: Mapping[str, tuple[int, str, str]]) -> None:
         if kind == "group" and a not in kept:
             raise ScheduleError(f"group {a}={size}: no box keeps axis {a!r} (it is summed over); a group tiles an "
                                 "axis of a box's result: stream it instead")
+
+
+def _overlong_pins(d: Diagram, fixed: Mapping[str, tuple[int, str, str]]) -> str:
+    """The pins longer than their axis, said first where nothing honours the pins (a family may
+    still build a tile that overhangs a short axis, so they are not refused outright), else "".
+
+    >>> from napkin.diagrams import library
+    >>> _overlong_pins(library.get("attention").bind(q=128, x=128, d=64), {"x": (1000, "SMEM", "stream")})
+    'the pinned stream x=1000 is longer than axis x (128 values), which is likely why: '
+    """
+    long = [f"{kind} {a}={size}" + f" is longer than axis {a} ({d.sizes[a]} values)"
+            for a, (size, _level, kind) in fixed.items()
+            if isinstance(d.sizes.get(a), int) and size > d.sizes[a]]
+    return f"the pinned {'; '.join(long)}, which is likely why: " if long else ""
 
 
 def _limit(fam, attr: str, default: int) -> int:
