@@ -643,7 +643,7 @@ def _overlong_pins(d: Diagram, fixed: Mapping[str, tuple[int, str, str]]) -> str
     >>> _overlong_pins(library.get("attention").bind(q=128, x=128, d=64), {"x": (1000, "SMEM", "stream")})
     'the pinned stream x=1000 is longer than axis x (128 values), which is likely why: '
     """
-    long = [f"{kind} {a}={size}" + f" is longer than axis {a} ({d.sizes[a]} values)"
+    long = [f"{kind} {a}={size} is longer than axis {a} ({d.sizes[a]} values)"
             for a, (size, _level, kind) in fixed.items()
             if isinstance(d.sizes.get(a), int) and size > d.sizes[a]]
     return f"the pinned {'; '.join(long)}, which is likely why: " if long else ""

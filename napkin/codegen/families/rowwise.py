@@ -1725,10 +1725,10 @@ def colpart_in_registers(shape: ChainShape, cfg: ChainConfig) -> bool:
     warp rows' 24-32 values a thread gained next to nothing (rmsnorm 8192 x 1024 22.7 -> 22.6 us,
     8192 x 768 19.4 -> 19.3) and left ptxas no room for more (the rmsnorm backward's over 768
     spilled 88 bytes on sm_90a with γ's 24 values a thread also held as floats), so rows of more
-    than COL_VALUES values a thread keep shared memory. Within the bound ptxas (sm_90a) still spilled an fp32
-    row of 4096 on 256 threads (84 bytes, 15 registers over the budget by the formula) and a
-    user's chain with a column max beside its sum (124 bytes, 26 over): neither is proposed
-    registers.
+    than COL_VALUES values a thread keep shared memory. Within the bound ptxas (sm_90a) still
+    spilled an fp32 row of 4096 on 256 threads (84 bytes, 15 registers over the budget by the
+    formula) and a user's chain with a column max beside its sum (124 bytes, 26 over): neither is
+    proposed registers.
 
     >>> from napkin.diagrams import library
     >>> from napkin.codegen.prepare import prepare
