@@ -304,3 +304,7 @@ def test_rounds_of_l2_loads_after_the_loop_add_once(h200):
         predict_kernel(h200, w, dataclasses.replace(few, tail_l2_rounds=0)).seconds + c.tail_s)
     with pytest.raises(ScheduleError, match="tail_l2_rounds"):
         dataclasses.replace(plain, tail_l2_rounds=-1)
+    rows = {n: (v, src) for n, v, src in explain_assumptions(h200, kernels=[b])}
+    assert rows["kernel[kernel].tail_l2_rounds"][0] == 4 and "after the loop" in rows["kernel[kernel].tail_l2_rounds"][1]
+    assert rows["l2_round_clk"][0] == h200.l2_round_clk
+    assert "kernel[kernel].tail_l2_rounds" not in {n for n, _, _ in explain_assumptions(h200, kernels=[a])}
