@@ -28,13 +28,12 @@ SAVES = {"rmsnorm0": set(), "rmsnorm": {"N_rstd"}, "layernorm": {"N_rstd", "N_me
 EPS = {"rmsnorm": 1e-6, "layernorm": 1e-5}
 
 
-DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
-
-
 def inputs(name: str, r: int, x: int, seed: int, dtype: str = "bf16"):
     import torch
 
-    t = getattr(torch, DTYPES[dtype])
+    from napkin.dtypes import torch_dtype
+
+    t = torch_dtype(dtype)
     g = torch.Generator(device="cuda").manual_seed(seed)
     X = (torch.randn(r, x, device="cuda", generator=g) * 2 + 0.5).to(t)
     env = {"X": X, "gamma": (torch.randn(x, device="cuda", generator=g) + 1).to(t),
@@ -59,6 +58,7 @@ def point(spec: str, copy_bps: float) -> dict:
     from napkin.codegen.api import compile
     from napkin.codegen.prepare import prepare
     from napkin.diagrams import library
+    from napkin.dtypes import dtype as lookup_dtype
 
     f = spec.split(":")
     name, _, dtype = f[0].partition("@")
@@ -108,7 +108,7 @@ def point(spec: str, copy_bps: float) -> dict:
         t = time_fn(lambda *a: cd(*a), warmup=10, reps=60, rotate=args)
         rec["us"] = t.median_s * 1e6
         vectors = 2 if lib == "rmsnorm" else 3
-        size = 4 if dtype == "fp32" else 2
+        size = lookup_dtype(dtype).bytes
         rec["copy_fraction"] = size * (3 * r * x + vectors * x) / t.median_s / copy_bps
         del ref, got, again, sets, args
     except Exception as e:  # noqa: BLE001 - reported, the other points still run
