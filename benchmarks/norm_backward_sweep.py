@@ -9,7 +9,9 @@ A SPEC is ``name[@dtype]:r:x[:tpr:splits:prefetch[:blocks_per_sm[:combine_depth[
 (inputs and outputs); without ``tpr`` the planner's pick on the GPU
 at hand; ``combine_depth`` overrides the module's COMBINE_DEPTH (the combine's loads in flight),
 ``nohoist`` turns the rowwise family's HOIST_ROW_FACTORS off (where the tree has it); ``tpr``
-may be written ``TxR``: T threads a row, R rows a block (warp mode, T <= 32; default 1 row).
+may be written ``TxR``: T threads a row, R rows a block (warp mode, T <= 32; default 1 row);
+``prefetch`` written ``sU`` streams the row instead, U chunks a thread in flight (a row too long
+for registers).
 Each point: the launch's tunables, the relative error of every output against the diagram's
 float64 reference (bound 1e-2), and the median time (CUDA events, L2 flushed, inputs rotated:
 :mod:`napkin.bench.timing`) as microseconds and as a fraction of the copy rate over the minimal
@@ -85,8 +87,11 @@ def point(spec: str, copy_bps: float) -> dict:
             d = prepare(grad, sizes=dict(r=r, x=x), dtype=dtype)
             s = rw.analyse(d)
             tpr, _, rpb = f[3].partition("x")
-            cfg = rw.make_chain_config(s, int(tpr), int(rpb or 1), splits=int(f[4]), prefetch=int(f[5]),
-                                       blocks_per_sm=bps)
+            if f[5].startswith("s"):
+                cfg = rw.make_chain_config(s, int(tpr), int(rpb or 1), int(f[5][1:]), splits=int(f[4]))
+            else:
+                cfg = rw.make_chain_config(s, int(tpr), int(rpb or 1), splits=int(f[4]), prefetch=int(f[5]),
+                                           blocks_per_sm=bps)
             schedule = rw.chain_schedule_for(s, cfg, "h100")
         cd = compile(grad, sizes=dict(r=r, x=x), dtype=dtype, schedule=schedule,
                      family="rowwise" if schedule is not None else None)

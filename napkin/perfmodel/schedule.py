@@ -120,7 +120,7 @@ ENGINES = ("wgmma", "mma.sync", "simt", "scalar")
 
 
 #: KernelOptions fields that are flags (True or False), not counts.
-_FLAG_OPTIONS = ("persistent", "swap_ab")
+_FLAG_OPTIONS = ("persistent", "swap_ab", "streamed")
 
 
 @dataclass(frozen=True)
@@ -145,7 +145,9 @@ class KernelOptions:
     - ``swap_ab``: True where a contraction's operands trade places on the tensor cores: the
       tile's rows are the output's last axis and its few columns the output's rows (a product
       of a few vectors by a matrix puts the matrix on the wgmma's 64 rows, the vectors on its
-      N of 8 to 64), and the tile leaves transposed.
+      N of 8 to 64), and the tile leaves transposed;
+    - ``streamed``: True where a row-wise kernel reads its row again in every pass (``stages``
+      chunks a thread in flight) instead of holding it in registers: a row too long for them.
 
     >>> KernelOptions(engine="wgmma", stages=4).to_dict()
     {'engine': 'wgmma', 'stages': 4}
@@ -161,6 +163,7 @@ class KernelOptions:
     splits: int | None = None
     persistent: bool | None = None
     swap_ab: bool | None = None
+    streamed: bool | None = None
 
     def __post_init__(self):
         if self.engine is not None and self.engine not in ENGINES:

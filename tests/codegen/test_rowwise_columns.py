@@ -17,13 +17,14 @@ import pytest
 
 from napkin.codegen import families
 from napkin.codegen.families.rowwise import COMBINE_COLS, COMBINE_DEPTH, COUNTERS, FAMILY, MAX_COMBINE_ROUNDS, \
-    MIN_COMBINE_COLS, SPILL_FREE_SQUEEZE, THREADS_PER_ROW, ChainShape, analyse, chain_regs_need, \
-    chain_schedule_for, combine_rounds, combine_slices, make_chain_config, wave_splits
+    MIN_COMBINE_COLS, SPILL_FREE_SQUEEZE, THREADS_PER_ROW, ChainShape, analyse, chain_configs, chain_regs_need, \
+    chain_schedule_for, column_chunks, combine_rounds, combine_slices, make_chain_config, partial_bytes, wave_splits
 from napkin.codegen.lower import SMEM_TOLERANCE, lower
 from napkin.codegen.partition import kernel_problem, plan_units
 from napkin.codegen.planner import _Planner, derive
 from napkin.codegen.prepare import prepare
 from napkin.codegen.select import model_cost, predict_schedule, resolve_gpu
+from napkin.errors import CodegenError
 from napkin.diagrams import Axis, Diagram, array, library, map_fn, mean_over, reduce, rsqrt, square, \
     sum_over
 
@@ -121,7 +122,9 @@ def test_what_is_no_column_reduction_is_refused_with_the_reason(build, sizes, wo
 @pytest.mark.parametrize("name, sizes", [("rmsnorm", dict(r=16384, x=4096)), ("rmsnorm", dict(r=4096, x=4096)),
                                          ("layernorm", dict(r=16384, x=4096)), ("layernorm", dict(r=4096, x=4096)),
                                          ("rmsnorm", dict(r=777, x=1000)), ("layernorm", dict(r=37, x=4095)),
-                                         ("rmsnorm", dict(r=3000, x=5000)), ("layernorm", dict(r=4096, x=5000))])
+                                         ("rmsnorm", dict(r=3000, x=5000)), ("layernorm", dict(r=4096, x=5000)),
+                                         # rows too long for registers: streamed, partials in shared memory
+                                         ("rmsnorm", dict(r=8192, x=16384)), ("layernorm", dict(r=4096, x=12288))])
 def test_the_planner_fuses_the_column_reductions_into_the_row_kernel(name, sizes, gpu):
     d = norm_grad(name, **sizes)
     der = derive(d, gpu, "bf16")
@@ -253,10 +256,41 @@ def test_the_combine_takes_narrower_tiles_only_for_many_rounds():
         assert f"__shared__ float cmb[CSLICES][CCOLS + 1];" in src and f"tile of {tpr // slices} columns" in src
 
 
-def test_column_reductions_need_the_row_in_registers():
-    # a row of 70001 values only runs streamed: no place for the partials, so the family refuses it
+def test_column_reductions_need_their_partials_on_chip():
+    # a row of 70001 values only runs streamed, and its partials (273 KiB) pass what a block may hold
     why = FAMILY.explain(whole(norm_grad("rmsnorm", r=4, x=70001)))
-    assert why is not None and "column reduction" in why, why
+    assert why is not None and "column reduction" in why and "273 KiB" in why, why
+    assert FAMILY.explain(whole(norm_grad("rmsnorm", r=4, x=32768))) is None  # 128 KiB: streamed
+
+
+@pytest.mark.parametrize("name, x", [("rmsnorm", 16384), ("layernorm", 10240), ("rmsnorm", 9999)])
+def test_rows_too_long_for_registers_stream_and_lower_back_to_themselves(name, x):
+    sub = whole(norm_grad(name, r=8192, x=x))
+    s = analyse(sub)
+    assert not [c for c in chain_configs(s, 132) if not c.stream]  # no register configuration holds it
+    cands = FAMILY.candidates(sub, "h200", "bf16")
+    assert cands and all(c.kernels[0].options.streamed for c in cands)
+    for c in cands:
+        cfg = FAMILY.config(sub, c)
+        assert cfg.stream and cfg.rows_per_block == 1 and cfg.chunks_per_thread % cfg.unroll == 0
+        assert FAMILY.config(sub, chain_schedule_for(s, cfg, "h200")) == cfg
+        launch = FAMILY.lower(sub, c, "sm_90a").launches[0]
+        t = dict(launch.tunables)
+        assert (t["STREAM"], t["UNROLL"], t["SPLITS"]) == (1, cfg.unroll, cfg.splits)
+        assert "#pragma unroll 1" in launch.source and f"constexpr int COL_CHUNKS = {column_chunks(s, cfg)};" in launch.source
+        # the later pass re-reads the row from L2: priced at the L2 rate, not as HBM bytes
+        est = FAMILY.launch_estimate(sub, c, "h200")
+        assert est["extra_l2_bytes"] == 8192 * x * 2 * sum(len(s.uses(v)) - 1 for v in s.fresh) > 0
+        assert est["extra_hbm_bytes"] == 2 * partial_bytes(s, cfg)
+
+
+def test_a_streamed_row_with_column_reductions_is_checked():
+    s = analyse(whole(norm_grad("rmsnorm", r=64, x=16384)))
+    for kwargs, words in [(dict(threads_per_row=128, rows_per_block=1, stream_unroll=2), "256"),
+                          (dict(threads_per_row=256, rows_per_block=2, stream_unroll=2), "one row"),
+                          (dict(threads_per_row=256, rows_per_block=1, stream_unroll=2, prefetch=2), "ahead")]:
+        with pytest.raises(CodegenError, match=words):
+            make_chain_config(s, splits=64, **kwargs)
 
 
 def test_the_generated_source_says_how_it_runs():
@@ -553,8 +587,8 @@ def test_blocks_fitted_to_a_row_of_no_power_of_two_chunks():
             assert cfg.prefetch == 1 and cfg.blocks_per_sm in (None, 2)
             assert cfg.chunks_per_thread == -(-625 // cfg.threads_per_row)
     src = FAMILY.lower(whole(norm_grad("layernorm", r=4096, x=5000)), cands[0], "sm_90a").launches[0].source
-    assert "constexpr int LAST_LANES = CHUNKS - (CHUNKS_PER_THREAD - 1) * THREADS_PER_ROW;" in src
-    assert "if (c < CHUNKS_PER_THREAD - 1 || lane < LAST_LANES)" in src
+    assert "constexpr int LAST_LANES = CHUNKS - (COL_CHUNKS - 1) * THREADS_PER_ROW;" in src
+    assert "if (c < COL_CHUNKS - 1 || lane < LAST_LANES)" in src
 
 
 @pytest.mark.parametrize("x, fitted", [(5120, (320, 640)), (2560, (160, 320)), (7168, (448, 896)),
@@ -595,6 +629,9 @@ def _launches() -> list:
     # rows of 5000: the planner's pick and the blocks fitted to the row; a row of 256 (warp mode)
     cases += [(whole(norm_grad(n, "bf16", r=4096, x=5000)), f"{n}_bf16_5000") for n in ("rmsnorm", "layernorm")]
     cases += [(whole(norm_grad("rmsnorm", "bf16", r=300, x=256)), "rms_bf16_256")]
+    # rows too long for registers, streamed (a row of no 16-byte multiple, fp32, two column reductions)
+    cases += [(whole(norm_grad(n, dt, r=4096, x=x)), f"{n}_{dt}_{x}_streamed")
+              for n, dt, x in (("rmsnorm", "bf16", 16384), ("layernorm", "bf16", 10001), ("layernorm", "fp32", 12000))]
     # narrow 16-bit rows over many: a warp a row, 24 and 32 values a thread (the planner's picks)
     cases += [(whole(norm_grad(n, "bf16", r=8192, x=x)), f"{n}_bf16_{x}_warp") for n in ("rmsnorm", "layernorm")
               for x in (768, 1024)]

@@ -324,3 +324,34 @@ def test_warp_rows_and_partials_in_registers(name, sizes):
         assert (t["THREADS_PER_ROW"], t["ROWS_PER_BLOCK"]) == (32, 4), t
     else:
         assert t["COLPART_REGS"] == 1 and "rc_0[c0 + u][e]" in launch.source, t
+
+
+@pytest.mark.parametrize("name, sizes, dtype", [("rmsnorm", dict(r=1000, x=16384), "bf16"),
+                                                ("layernorm", dict(r=777, x=16384), "bf16"),
+                                                ("rmsnorm", dict(r=613, x=10240), "bf16"),
+                                                ("layernorm", dict(r=301, x=10001), "bf16"),
+                                                ("rmsnorm", dict(r=257, x=12000), "fp32"),
+                                                ("layernorm", dict(r=129, x=9999), "fp32")])
+def test_rows_too_long_for_registers_stream_with_their_column_reductions(name, sizes, dtype):
+    """Rows no register configuration holds (past 8192 16-bit values): the planner's pick streams
+    the row in every pass, the column partials in shared memory, in one launch (before: two
+    kernels). Rows of no 16-byte multiple (10001, 9999 fp32) and thread chunks rounded up to whole
+    steps (10240 on 256 threads: 5 chunks in steps of 4); fresh inputs, NaN-filled outputs, against
+    the float64 reference and autograd, and the same bits on a second call."""
+    import torch
+
+    cd, args, outs = run_norm_grad(name, sizes, dtype, seed=sizes["x"])
+    (launch,) = cd.program.launches
+    assert dict(launch.tunables)["STREAM"] == 1, dict(launch.tunables)
+    again = cd(*(args[n] for n in cd.input_names))
+    again = again if isinstance(again, tuple) else (again,)
+    for n, g in zip(cd.output_names, again):
+        assert torch.equal(g, outs[n]), n
+
+
+def test_every_streamed_configuration_of_a_long_row():
+    d = prepare(library.get("layernorm").grad(save=SAVES["layernorm"]), sizes=dict(r=555, x=10240), dtype="bf16")
+    cands = FAMILY.candidates(d, "h200", "bf16")
+    assert len(cands) >= 3 and all(s.kernels[0].options.streamed for s in cands)
+    for s in cands:
+        run_norm_grad("layernorm", dict(r=555, x=10240), "bf16", schedule=s, seed=len(cands))

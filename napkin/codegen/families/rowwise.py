@@ -1234,7 +1234,7 @@ class ChainConfig:
         stages = self.unroll if self.stream else (self.prefetch if self.splits else None)
         return KernelOptions(threads_per_row=self.threads_per_row, warps=self.threads // 32, stages=stages,
                              regs_per_thread=chain_regs_estimate(shape, self), splits=self.splits,
-                             blocks_per_sm=self.blocks_per_sm)
+                             blocks_per_sm=self.blocks_per_sm, streamed=True if self.stream else None)
 
     def groups(self, shape: ChainShape) -> int:
         """Groups of ``rows_per_block`` rows (the blocks of a kernel without column reductions)."""
@@ -1268,12 +1268,12 @@ def make_chain_config(shape: ChainShape, threads_per_row: int, rows_per_block: i
     if shape.cols:
         # column reductions: per-thread partials of fixed columns, in registers (register mode)
         groups = max(1, -(-shape.nrows // rows_per_block))
-        if stream_unroll is not None:
-            raise CodegenError("rowwise: column reductions keep their per-thread partials in registers; a "
-                               "streamed row has none to keep them in")
         if splits is None or not 1 <= splits <= groups:
             raise CodegenError(f"rowwise: column reductions need a block count (splits) in 1..{groups} (the "
                                f"groups of {rows_per_block} rows), got {splits}")
+        if stream_unroll is not None:
+            return _streamed_columns_config(shape, base, threads_per_row, rows_per_block, stream_unroll,
+                                            splits, prefetch, blocks_per_sm)
         depth = DEFAULT_PREFETCH if prefetch is None else prefetch
         if not 1 <= depth <= MAX_PREFETCH:
             raise CodegenError(f"rowwise: column reductions load 1..{MAX_PREFETCH} row groups ahead (stages), "
@@ -1303,6 +1303,39 @@ def make_chain_config(shape: ChainShape, threads_per_row: int, rows_per_block: i
                            f"in flight, not {threads_per_row} and {stream_unroll}")
     cpt = -(-base.chunks_per_thread // stream_unroll) * stream_unroll
     return ChainConfig(threads_per_row, 1, base.vec, cpt, stream_unroll, True)
+
+
+def _streamed_columns_config(shape: ChainShape, base: Config, threads_per_row: int, rows_per_block: int,
+                             unroll: int, splits: int, prefetch: int | None,
+                             blocks_per_sm: int | None) -> ChainConfig:
+    """Column reductions over a row too long for registers (:func:`streamed_column_configs`): one
+    row a block of :data:`STREAM_THREADS` threads, every pass loading ``unroll`` chunks a thread at
+    a time, the partials in shared memory. A thread's chunks are rounded up to whole steps of
+    ``unroll`` (those past the row load nothing and hold no column: :func:`column_chunks`)."""
+    if threads_per_row not in STREAM_THREADS or unroll not in STREAM_UNROLLS or rows_per_block != 1:
+        raise CodegenError(f"rowwise: a streamed row with column reductions runs one row a block on "
+                           f"{STREAM_THREADS} threads with {STREAM_UNROLLS} chunks in flight, not "
+                           f"{rows_per_block} row(s) of {threads_per_row} threads and {unroll}")
+    if prefetch not in (None, 1) or blocks_per_sm is not None:
+        raise CodegenError("rowwise: a streamed row loads no row group ahead (stages) and keeps its own "
+                           "register budget (blocks_per_sm)")
+    cpt = -(-base.chunks_per_thread // unroll) * unroll
+    return ChainConfig(threads_per_row, 1, base.vec, cpt, unroll, True, splits, 1)
+
+
+def column_chunks(shape: ChainShape, cfg: ChainConfig) -> int:
+    """The chunks of a thread that hold columns of the row (the column partials' words follow
+    them): ``chunks_per_thread``, but where a streamed row's last step of ``unroll`` chunks runs
+    past the row's end for every lane.
+
+    >>> from napkin.diagrams import library
+    >>> from napkin.codegen.prepare import prepare
+    >>> s = analyse(prepare(library.get("rmsnorm").grad(save={"N_rstd"}), sizes=dict(r=64, x=10240), dtype="bf16"))
+    >>> c = make_chain_config(s, 256, 1, 4, splits=64)
+    >>> c.chunks_per_thread, column_chunks(s, c)
+    (8, 5)
+    """
+    return min(cfg.chunks_per_thread, -(-(-(-shape.xsize // cfg.vec)) // cfg.threads_per_row))
 
 
 def _loaded(shape: ChainShape, p: int, cfg: ChainConfig) -> tuple[list[Value], list[Value]]:
@@ -1379,9 +1412,11 @@ def _even(shape, cfg) -> bool:
 
 def _slack(cfg: ChainConfig) -> int:
     """Registers the budget keeps over the footprint: 8, or none with column reductions and one
-    row group in flight (the footprint counts the group worked on and the one loaded as whole
-    vectors, which ptxas overlaps; 8 more would cost a resident block of a 256-thread row)."""
-    return 0 if cfg.splits and cfg.prefetch == 1 else 8
+    row group in flight in register mode (the footprint counts the group worked on and the one
+    loaded as whole vectors, which ptxas overlaps; 8 more would cost a resident block of a
+    256-thread row). A streamed row keeps the 8: without them nvcc (sm_90a) spilled the fp32
+    layernorm backward's row of 12000 on 256 threads, two chunks in flight."""
+    return 0 if cfg.splits and cfg.prefetch == 1 and not cfg.stream else 8
 
 
 def _squeezed(cfg: ChainConfig, blocks_per_sm: int) -> int:
@@ -1526,6 +1561,8 @@ def chain_configs(shape: ChainShape, sms: int = DEFAULT_SMS, per_sm=None) -> lis
         # every configuration on its own budget holds one block an SM, too few loads in flight: the
         # row's budget cut for two (where a configuration runs two on its own, the cut measured the same)
         out += squeezed
+    if shape.cols and not out:
+        out = streamed_column_configs(shape, sms, per_sm)
     if shape.cols:
         # more than COL_VALUES values a thread only where no configuration of fewer runs as many
         # blocks, or in 16-bit rows a warp holds over at least a wave of blocks (see COL_VALUES)
@@ -1544,6 +1581,42 @@ def chain_configs(shape: ChainShape, sms: int = DEFAULT_SMS, per_sm=None) -> lis
     return out
 
 
+def streamed_column_configs(shape: ChainShape, sms: int = DEFAULT_SMS, per_sm=None) -> list[ChainConfig]:
+    """Column reductions over a row that no register-mode configuration holds (rows of more than
+    8192 16-bit values: the norm backwards at a model width of 12288 or 16384): one row a block,
+    each pass streaming the row through ``unroll`` chunks a thread at a time, the column partials
+    in shared memory (the row's length in fp32 words a column reduction), one wave of blocks.
+    The first pass reads the row from HBM; the later ones find it in L2 (a wave's rows are a few
+    MiB), so HBM still moves every input once. Before, such a row ran two kernels, the column
+    reductions reading the row's inputs from HBM again.
+
+    >>> from napkin.diagrams import library
+    >>> from napkin.codegen.prepare import prepare
+    >>> grad = library.get("rmsnorm").grad(save={"N_rstd"})
+    >>> s = analyse(prepare(grad, sizes=dict(r=8192, x=16384), dtype="bf16"))
+    >>> sorted({(c.threads_per_row, c.unroll, c.stream) for c in streamed_column_configs(s)})
+    [(256, 2, True), (256, 4, True), (512, 2, True), (512, 4, True)]
+    """
+    out = []
+    for tpr in STREAM_THREADS:
+        for unroll in STREAM_UNROLLS:
+            try:
+                probe = make_chain_config(shape, tpr, 1, unroll, splits=1)
+            except CodegenError:
+                continue
+            smem = chain_smem_bytes(shape, probe)
+            budget = min(MAX_REGS, 65536 // probe.threads)
+            if smem > MAX_COL_SMEM or chain_regs_need(shape, probe) + _slack(probe) > budget:
+                continue
+            resident = DEFAULT_BLOCKS_PER_SM if per_sm is None else \
+                per_sm(probe.threads, chain_regs_estimate(shape, probe), smem)
+            if resident < 1:
+                continue
+            splits = _rotatable_splits(shape, wave_splits(shape.nrows, sms * resident), 1)
+            out.append(make_chain_config(shape, tpr, 1, unroll, splits=splits))
+    return out
+
+
 def chain_config_from_schedule(shape: ChainShape, schedule: Schedule) -> ChainConfig:
     """The configuration a schedule's kernel names (threads per row, warps, ``stages`` for a
     streamed row, ``splits`` with column reductions), or the family's preferred one where it names
@@ -1556,6 +1629,9 @@ def chain_config_from_schedule(shape: ChainShape, schedule: Schedule) -> ChainCo
         if shape.cols:  # stages: the row groups loaded ahead
             if splits is None:  # a schedule that names no block count: one wave's worth
                 splits = min(max(1, -(-shape.nrows // rows)), DEFAULT_SMS * DEFAULT_BLOCKS_PER_SM)
+            if opts.streamed:  # stages: the chunks a thread has in flight
+                return make_chain_config(shape, tpr, rows, opts.stages or STREAM_UNROLLS[0], splits,
+                                         None, opts.blocks_per_sm)
             return make_chain_config(shape, tpr, rows, None, splits, opts.stages, opts.blocks_per_sm)
         return make_chain_config(shape, tpr, rows, opts.stages, splits)
     options = chain_configs(shape)
@@ -1611,7 +1687,10 @@ def chain_launch_estimate(shape: ChainShape, cfg: ChainConfig) -> dict:
                    extra_hbm_bytes=2 * partial_bytes(shape, cfg), tail_l2_rounds=1 + combine_rounds(cfg))
     if cfg.stream:
         again = sum(len(shape.uses(v)) - 1 for v in shape.fresh)
-        if again:
+        if again and cfg.splits:
+            # a wave of blocks, one row each (a few MiB): the later passes find the row in L2
+            est["extra_l2_bytes"] = again * shape.nrows * shape.xsize * b
+        elif again:
             est["extra_hbm_bytes"] = again * shape.nrows * shape.xsize * b
     return est
 
@@ -1999,8 +2078,10 @@ def lower_chain(shape: ChainShape, cfg: ChainConfig, schedule: Schedule, arch: s
     dynamic_partials = colpart_dynamic(shape, cfg)  # the column partials past static shared memory
     if shape.cols:
         sched_lines.append(f"column reductions ({', '.join(name(c.result) for c in shape.cols)}): SPLITS = "
-                           f"{cfg.splits} blocks, {cfg.iterations(shape)} row group(s) each, PREFETCH = "
-                           f"{cfg.prefetch} group(s) loaded ahead, fp32 partials of "
+                           f"{cfg.splits} blocks, {cfg.iterations(shape)} row group(s) each, "
+                           + ("no group loaded ahead (each pass streams the row: the first from HBM, the "
+                              "others from L2)" if cfg.stream else f"PREFETCH = {cfg.prefetch} group(s) loaded ahead")
+                           + ", fp32 partials of "
                            "each thread's columns in " + ("registers over the rows, then shared memory"
                                                           if in_regs else "shared memory")
                            + ", one partial row per block")
@@ -2021,6 +2102,7 @@ def lower_chain(shape: ChainShape, cfg: ChainConfig, schedule: Schedule, arch: s
         XSTRIDE=c_i64(shape.xsize),
         legend_rows=comment(legend_rows), legend_x=comment(", ".join(red)),
         TPR=cfg.threads_per_row, RPB=cfg.rows_per_block, VEC=cfg.vec, CPT=cfg.chunks_per_thread,
+        COL_CPT=column_chunks(shape, cfg),
         UNROLL=cfg.unroll, stream=cfg.stream, REGS=chain_regs_estimate(shape, cfg), THREADS=cfg.threads,
         XSIZE=shape.xsize, NROWS=c_i64(nrows), EVEN=_even(shape, cfg), block_mode=cfg.block_mode, **rotation,
         same_lines=same_lines,
@@ -2096,8 +2178,11 @@ class RowwiseFamily:
         if isinstance(s, ChainShape):
             if not chain_configs(s):
                 if s.cols:
+                    words = 4 * len(s.cols) * -(-s.xsize // s.vec) * s.vec
                     return (f"no configuration keeps a row of {s.xsize} {s.dtype} values and the partials of its "
-                            f"{len(s.cols)} column reduction(s) in registers")
+                            f"{len(s.cols)} column reduction(s) on chip: a streamed row's partials take "
+                            f"{words // 1024} KiB of shared memory, past the {MAX_COL_SMEM // 1024} KiB a block may "
+                            "hold them in")
                 return f"no configuration runs a row of {s.xsize} {s.dtype} values"
             return None
         if not configs(s):
