@@ -88,7 +88,8 @@ def point(spec: str, copy_bps: float) -> dict:
             s = rw.analyse(d)
             tpr, _, rpb = f[3].partition("x")
             if f[5].startswith("s"):
-                cfg = rw.make_chain_config(s, int(tpr), int(rpb or 1), int(f[5][1:]), splits=int(f[4]))
+                cfg = rw.make_chain_config(s, int(tpr), int(rpb or 1), int(f[5][1:]), splits=int(f[4]),
+                                           blocks_per_sm=bps)
             else:
                 cfg = rw.make_chain_config(s, int(tpr), int(rpb or 1), splits=int(f[4]), prefetch=int(f[5]),
                                            blocks_per_sm=bps)

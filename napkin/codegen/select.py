@@ -313,7 +313,7 @@ def _shape_of(est: dict | None, fam, schedule: Schedule):
     # the latency chain's facts a family may know better than the cost model (threads per row of a
     # reduction; the rest is filled in from the kernel's cost)
     for k in ("stream_steps", "reductions", "reductions_per_step", "threads_per_row", "row_iterations",
-              "exp_fma_share", "fma_flops_per_exp"):  # and the exponentials it computes on the FMA pipe
+              "row_round_trips", "row_l2_rounds", "exp_fma_share", "fma_flops_per_exp"):  # and the exponentials it computes on the FMA pipe
         if est.get(k) is not None:
             facts[k] = est[k]
     if est.get("epilogue_hbm_bytes"):  # a phase after the loop that the roofline must not overlap

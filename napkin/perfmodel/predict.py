@@ -185,6 +185,11 @@ class LaunchShape:
     row_iterations: how many times one block runs its load -> reduce -> store chain one after
         another (a block looping over batches of rows); 1: a block handles its rows at once, so
         more rows per block (fewer blocks) or more blocks per SM hide the chain.
+    row_round_trips: memory round trips one row iteration waits for one after another (1: its
+        first load; a streamed row's first pass: one a step of chunks, each loaded after the last
+        is used), each ``GPU.memory_latency_s``.
+    row_l2_rounds: dependent round trips to L2 one row iteration waits for besides (a streamed
+        row's later passes, which find the row in L2: one a step), each ``GPU.l2_round_clk``.
     exp_fma_share: the share of the kernel's SFU work (exponentials) it computes on the FMA pipe
         instead (a polynomial, as the fp8 attention template's ``ex2_fma``); each such exp costs
         ``fma_flops_per_exp`` CUDA-core FLOPs (an FMA-pipe instruction counted as 2, as the rate
@@ -235,6 +240,8 @@ class LaunchShape:
     reductions_per_step: int | None = None
     threads_per_row: int | None = None
     row_iterations: int = 1
+    row_round_trips: int = 1
+    row_l2_rounds: int = 0
     exp_fma_share: float = 0.0
     fma_flops_per_exp: float = 0.0
     tf32x3_flops: float = 0.0
@@ -270,8 +277,11 @@ class LaunchShape:
         for k in ("tensor_chain_s", "tf32x3_flops"):
             if not float(getattr(self, k)) >= 0:
                 raise ScheduleError(f"{k} must be non-negative, got {getattr(self, k)!r}")
-        if int(self.row_iterations) < 1:
-            raise ScheduleError(f"row_iterations must be at least 1, got {self.row_iterations!r}")
+        if int(self.row_iterations) < 1 or int(self.row_round_trips) < 1:
+            raise ScheduleError(f"row_iterations and row_round_trips must be at least 1, got "
+                                f"{self.row_iterations!r} and {self.row_round_trips!r}")
+        if int(self.row_l2_rounds) < 0:
+            raise ScheduleError(f"row_l2_rounds must be non-negative, got {self.row_l2_rounds!r}")
         if int(self.tail_l2_rounds) < 0:
             raise ScheduleError(f"tail_l2_rounds must be non-negative, got {self.tail_l2_rounds!r}")
         if not 0.0 < float(self.epilogue_rate) <= 1.0:
@@ -565,8 +575,9 @@ def reduction_latency_clk(gpu: GPU, threads_per_row: int | None) -> float:
 def block_latency(gpu: GPU, launch: LaunchShape | None, memory_latency_s: float | None = None) -> LatencyChain | None:
     """The latency chain of one block of ``launch`` (None when the launch says nothing of it):
     ``(fill + reductions × L_red) × row_iterations + stream_steps × (step_overhead +
-    reductions_per_step × L_red)``, with the fill ``gpu.memory_latency_s`` (or
-    ``memory_latency_s``) and ``L_red`` from :func:`reduction_latency_clk`."""
+    reductions_per_step × L_red)``, with the fill ``row_round_trips`` times ``gpu.memory_latency_s``
+    (or ``memory_latency_s``) and ``row_l2_rounds`` times ``gpu.l2_round_clk``, and ``L_red`` from
+    :func:`reduction_latency_clk`."""
     if launch is None or not launch.has_chain:
         return None
     latency = memory_latency_s if memory_latency_s is not None else getattr(gpu, "memory_latency_s",
@@ -575,7 +586,8 @@ def block_latency(gpu: GPU, launch: LaunchShape | None, memory_latency_s: float 
     steps = float(launch.stream_steps or 0.0)
     per_step = float(getattr(gpu, "step_overhead_clk", 0.0)) + (launch.reductions_per_step or 0) * red
     rows = int(launch.row_iterations)
-    fill = latency * rows
+    l2_round = float(getattr(gpu, "l2_round_clk", 0.0)) * int(launch.row_l2_rounds)
+    fill = (latency * int(launch.row_round_trips) + l2_round / gpu.clock_hz) * rows
     steps_s = gpu.clocks_to_s(steps * per_step) if hasattr(gpu, "clocks_to_s") else steps * per_step / gpu.clock_hz
     reduce_s = (launch.reductions or 0) * red * rows / gpu.clock_hz
     return LatencyChain(fill, steps_s, reduce_s, red, fill + steps_s + reduce_s)
@@ -863,6 +875,11 @@ def explain_assumptions(gpu: GPU | str, prediction: SchedulePrediction | None = 
             v = getattr(ls, f)
             if v is not None:
                 rows.append((f"{pre}.{f}", v, f"{who}; None fields filled from the kernel's cost"))
+        if ls.row_round_trips != 1 or ls.row_l2_rounds:
+            rows.append((f"{pre}.row_round_trips", ls.row_round_trips,
+                         f"{who}: memory round trips a row iteration waits for one after another"))
+            rows.append((f"{pre}.row_l2_rounds", ls.row_l2_rounds,
+                         f"{who}: dependent L2 round trips a row iteration waits for besides"))
         if ls.in_flight_bytes_per_thread:
             rows.append((f"{pre}.in_flight_bytes_per_thread", ls.in_flight_bytes_per_thread, who))
         if ls.tail_l2_rounds:

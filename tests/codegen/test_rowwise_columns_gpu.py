@@ -329,14 +329,15 @@ def test_warp_rows_and_partials_in_registers(name, sizes):
 @pytest.mark.parametrize("name, sizes, dtype", [("rmsnorm", dict(r=1000, x=16384), "bf16"),
                                                 ("layernorm", dict(r=777, x=16384), "bf16"),
                                                 ("rmsnorm", dict(r=613, x=10240), "bf16"),
-                                                ("layernorm", dict(r=301, x=10001), "bf16"),
+                                                ("layernorm", dict(r=301, x=10000), "bf16"),
                                                 ("rmsnorm", dict(r=257, x=12000), "fp32"),
-                                                ("layernorm", dict(r=129, x=9999), "fp32")])
+                                                ("layernorm", dict(r=129, x=9996), "fp32"),
+                                                ("rmsnorm", dict(r=513, x=24576), "bf16")])
 def test_rows_too_long_for_registers_stream_with_their_column_reductions(name, sizes, dtype):
     """Rows no register configuration holds (past 8192 16-bit values): the planner's pick streams
     the row in every pass, the column partials in shared memory, in one launch (before: two
-    kernels). Rows of no 16-byte multiple (10001, 9999 fp32) and thread chunks rounded up to whole
-    steps (10240 on 256 threads: 5 chunks in steps of 4); fresh inputs, NaN-filled outputs, against
+    kernels). Rows whose last chunks only some threads hold (10000 on 512 threads: 2.4 chunks a
+    thread; 9996 fp32) and two steps of chunks (24576); fresh inputs, NaN-filled outputs, against
     the float64 reference and autograd, and the same bits on a second call."""
     import torch
 

@@ -860,6 +860,18 @@ CHAIN_BASE_REGS = 16
 #: Threads per row (one row per block) and chunks in flight per thread of a streamed row.
 STREAM_THREADS = (256, 512, 1024)
 STREAM_UNROLLS = (2, 4)
+#: A streamed row with column reductions (:func:`streamed_column_configs`): the threads a row the
+#: family proposes and the chunks a thread may have in flight (any of STREAM_THREADS in a schedule).
+#: On an H200 (bf16 backwards, 8192 rows, a call, L2 flushed; ``norm_backward_streamed_s32.jsonl``)
+#: two blocks an SM beat one at every width timed but the widest: the rmsnorm backward over 16384
+#: values 242.5 us on 512 threads at two an SM (the budget cut to 64) against 287.2-298.9 at one and
+#: 257.9 on 256 threads (two an SM, 1024 threads at one: 279.2); over 12288 188.5 against 248.5, over
+#: 10240 201.0 against 260.1-261.2; the layernorm backward over 12288 269.2 against 260.5-265.2; the
+#: rmsnorm backward over 24576 446.3 against 405.2 (three chunks at one an SM). A block meets its
+#: row's barriers alone; one block an SM leaves the SM idle at each. The cut spills on sm_90a (up to
+#: 196 bytes at 10240) and still measured faster there.
+COLUMN_STREAM_THREADS = (512, 256)
+COLUMN_STREAM_UNROLLS = (4, 3, 2)
 #: Column reductions: the blocks are one wave (:func:`wave_splits` of SMs × the blocks one SM holds
 #: at once: no second wave, every block the same number of row groups give or take one, the fewest
 #: partials that do it); the SMs and blocks per SM assumed where no GPU is named; the most
@@ -1312,15 +1324,36 @@ def _streamed_columns_config(shape: ChainShape, base: Config, threads_per_row: i
     row a block of :data:`STREAM_THREADS` threads, every pass loading ``unroll`` chunks a thread at
     a time, the partials in shared memory. A thread's chunks are rounded up to whole steps of
     ``unroll`` (those past the row load nothing and hold no column: :func:`column_chunks`)."""
-    if threads_per_row not in STREAM_THREADS or unroll not in STREAM_UNROLLS or rows_per_block != 1:
+    if threads_per_row not in STREAM_THREADS or unroll not in COLUMN_STREAM_UNROLLS or rows_per_block != 1:
         raise CodegenError(f"rowwise: a streamed row with column reductions runs one row a block on "
-                           f"{STREAM_THREADS} threads with {STREAM_UNROLLS} chunks in flight, not "
+                           f"{STREAM_THREADS} threads with {COLUMN_STREAM_UNROLLS} chunks in flight, not "
                            f"{rows_per_block} row(s) of {threads_per_row} threads and {unroll}")
-    if prefetch not in (None, 1) or blocks_per_sm is not None:
-        raise CodegenError("rowwise: a streamed row loads no row group ahead (stages) and keeps its own "
-                           "register budget (blocks_per_sm)")
+    if prefetch not in (None, 1):
+        raise CodegenError("rowwise: a streamed row loads no row group ahead (stages)")
     cpt = -(-base.chunks_per_thread // unroll) * unroll
-    return ChainConfig(threads_per_row, 1, base.vec, cpt, unroll, True, splits, 1)
+    cfg = ChainConfig(threads_per_row, 1, base.vec, cpt, unroll, True, splits, 1)
+    if blocks_per_sm is None:
+        return cfg
+    cap, need = _squeezed(cfg, blocks_per_sm), chain_regs_need(shape, cfg)
+    if blocks_per_sm < 1 or cap < need - MAX_SQUEEZE:
+        raise CodegenError(f"rowwise: {blocks_per_sm} blocks of {cfg.threads} threads an SM leave "
+                           f"{max(cap, 0)} registers a thread, more than {MAX_SQUEEZE} under the "
+                           f"footprint of {need} (it would spill)")
+    return dataclasses.replace(cfg, blocks_per_sm=blocks_per_sm)
+
+
+def _holds_a_step(shape: ChainShape, cfg: ChainConfig, blocks_per_sm: int) -> bool:
+    """Whether a streamed row's register budget cut for ``blocks_per_sm`` blocks an SM still holds
+    one step's loads in flight (``unroll`` 16-byte chunks of each vector the first pass loads, 4
+    registers each), the chunk it unpacks and the base registers. ptxas may spill the rest (the
+    values it keeps for the later passes, where a thread's chunks are one step) and the kernel
+    still ran fastest; a load in flight that it spills waits there. H200, bf16, 8192 rows, the cut
+    to 64: the rmsnorm backward over 10240 (three chunks a step, 36 registers of loads; 196 bytes
+    spilled) 201.0 us against 260.1 on its own budget, over 12288 188.5 against 248.5, the layernorm
+    backward over 10240 268.8 against 327.9 (256 threads); over 16384 four chunks a step (48
+    registers of loads; 72 bytes spilled) 360.1 us against 242.5 two a step."""
+    loads = sum(1 for v in _loaded(shape, 0, cfg)[0] if shape.access[id(v)] == "row")
+    return _squeezed(cfg, blocks_per_sm) >= 4 * cfg.unroll * loads + cfg.vec + CHAIN_BASE_REGS
 
 
 def column_chunks(shape: ChainShape, cfg: ChainConfig) -> int:
@@ -1414,9 +1447,12 @@ def _slack(cfg: ChainConfig) -> int:
     """Registers the budget keeps over the footprint: 8, or none with column reductions and one
     row group in flight in register mode (the footprint counts the group worked on and the one
     loaded as whole vectors, which ptxas overlaps; 8 more would cost a resident block of a
-    256-thread row). A streamed row keeps the 8: without them nvcc (sm_90a) spilled the fp32
-    layernorm backward's row of 12000 on 256 threads, two chunks in flight."""
-    return 0 if cfg.splits and cfg.prefetch == 1 and not cfg.stream else 8
+    256-thread row). A streamed row with column reductions keeps 16: on 8 nvcc spilled the
+    rmsnorm backward's row of 16384 on 512 threads, four chunks in flight (28 bytes on sm_80), on
+    none the fp32 layernorm backward's row of 12000 on 256 threads."""
+    if cfg.stream and cfg.splits:
+        return 16
+    return 0 if cfg.splits and cfg.prefetch == 1 else 8
 
 
 def _squeezed(cfg: ChainConfig, blocks_per_sm: int) -> int:
@@ -1500,14 +1536,14 @@ def _rotatable_splits(shape: ChainShape, splits: int | None, rows_per_block: int
     return splits - splits % step if splits >= step else splits
 
 
-def _squeezable(shape: ChainShape, probe: ChainConfig, per_sm) -> bool:
+def _squeezable(shape: ChainShape, probe: ChainConfig, per_sm, most: int = MAX_SQUEEZE) -> bool:
     """Column reductions: whether the family proposes ``probe`` (one block an SM on its own budget)
     on a budget cut for two blocks an SM: a 16-bit row (fp32 ones spilled), the cut within
-    :data:`MAX_SQUEEZE` of the footprint, and two blocks fitting (``per_sm``, where given)."""
+    ``most`` (:data:`MAX_SQUEEZE`) of the footprint, and two blocks fitting (``per_sm``, where given)."""
     if lookup_dtype(shape.dtype).bytes != 2:
         return False
     cap = _squeezed(probe, 2)
-    if cap < chain_regs_need(shape, probe) - MAX_SQUEEZE:
+    if cap < chain_regs_need(shape, probe) - most:
         return False
     return per_sm is None or per_sm(probe.threads, cap, chain_smem_bytes(shape, probe)) >= 2
 
@@ -1562,7 +1598,7 @@ def chain_configs(shape: ChainShape, sms: int = DEFAULT_SMS, per_sm=None) -> lis
         # row's budget cut for two (where a configuration runs two on its own, the cut measured the same)
         out += squeezed
     if shape.cols and not out:
-        out = streamed_column_configs(shape, sms, per_sm)
+        return streamed_column_configs(shape, sms, per_sm)  # in their order of preference
     if shape.cols:
         # more than COL_VALUES values a thread only where no configuration of fewer runs as many
         # blocks, or in 16-bit rows a warp holds over at least a wave of blocks (see COL_VALUES)
@@ -1590,20 +1626,40 @@ def streamed_column_configs(shape: ChainShape, sms: int = DEFAULT_SMS, per_sm=No
     MiB), so HBM still moves every input once. Before, such a row ran two kernels, the column
     reductions reading the row's inputs from HBM again.
 
+    Proposed, in this order (the planner keeps it where the model ties them):
+    :data:`COLUMN_STREAM_THREADS` a row, steps of :data:`COLUMN_STREAM_UNROLLS` chunks (those that
+    hold a thread's chunks exactly where one does), each on its own register budget and, for
+    16-bit rows held one block an SM by it, on one cut for two where the cut
+    still holds a step's loads in flight (:func:`_holds_a_step`).
+    The model weighs them by their latency chain: a row iteration waits for a round trip a step,
+    to HBM in the first pass and to L2 in the others (``row_round_trips``, ``row_l2_rounds``),
+    which a second block an SM hides. Rows that are not whole 16-byte vectors are not proposed
+    (the streamed grid is not rotated).
+
     >>> from napkin.diagrams import library
     >>> from napkin.codegen.prepare import prepare
     >>> grad = library.get("rmsnorm").grad(save={"N_rstd"})
     >>> s = analyse(prepare(grad, sizes=dict(r=8192, x=16384), dtype="bf16"))
-    >>> sorted({(c.threads_per_row, c.unroll, c.stream) for c in streamed_column_configs(s)})
-    [(256, 2, True), (256, 4, True), (512, 2, True), (512, 4, True)]
+    >>> h200 = _per_sm(_gpu_of("h200"))  # 512 threads hold one block an SM on their own budget
+    >>> [(c.threads_per_row, c.unroll, c.blocks_per_sm) for c in streamed_column_configs(s, 132, h200)]
+    [(512, 4, None), (512, 2, 2), (512, 2, None), (256, 4, None), (256, 2, None)]
     """
-    out = []
-    for tpr in STREAM_THREADS:
-        for unroll in STREAM_UNROLLS:
+    if shape.xsize % shape.vec:
+        # not whole 16-byte vectors: a streamed grid is not rotated (rotation_source), and 7 rows in 8
+        # load value by value: the rmsnorm backward over 8192 x 10001 bf16 ran 471.4 us against 400.0
+        # for the row kernel and the column kernel apart (H200), which the planner keeps
+        return []
+    out = []  # (configuration, blocks an SM), in order of preference: ties of the model go first
+    for tpr in COLUMN_STREAM_THREADS:
+        for unroll in COLUMN_STREAM_UNROLLS:
             try:
                 probe = make_chain_config(shape, tpr, 1, unroll, splits=1)
             except CodegenError:
                 continue
+            if probe.chunks_per_thread > column_chunks(shape, probe) and any(
+                    -(-column_chunks(shape, probe) // u) * u == column_chunks(shape, probe)
+                    for u in COLUMN_STREAM_UNROLLS):
+                continue  # chunks past the row where steps of another size hold it exactly
             smem = chain_smem_bytes(shape, probe)
             budget = min(MAX_REGS, 65536 // probe.threads)
             if smem > MAX_COL_SMEM or chain_regs_need(shape, probe) + _slack(probe) > budget:
@@ -1612,9 +1668,12 @@ def streamed_column_configs(shape: ChainShape, sms: int = DEFAULT_SMS, per_sm=No
                 per_sm(probe.threads, chain_regs_estimate(shape, probe), smem)
             if resident < 1:
                 continue
+            if resident == 1 and _squeezable(shape, probe, per_sm) and _holds_a_step(shape, probe, 2):
+                splits = _rotatable_splits(shape, wave_splits(shape.nrows, sms * 2), 1)
+                out.append((make_chain_config(shape, tpr, 1, unroll, splits=splits, blocks_per_sm=2), 2))
             splits = _rotatable_splits(shape, wave_splits(shape.nrows, sms * resident), 1)
-            out.append(make_chain_config(shape, tpr, 1, unroll, splits=splits))
-    return out
+            out.append((make_chain_config(shape, tpr, 1, unroll, splits=splits), resident))
+    return [c for c, _ in out]
 
 
 def chain_config_from_schedule(shape: ChainShape, schedule: Schedule) -> ChainConfig:
@@ -1688,8 +1747,12 @@ def chain_launch_estimate(shape: ChainShape, cfg: ChainConfig) -> dict:
     if cfg.stream:
         again = sum(len(shape.uses(v)) - 1 for v in shape.fresh)
         if again and cfg.splits:
-            # a wave of blocks, one row each (a few MiB): the later passes find the row in L2
+            # a wave of blocks, one row each (a few MiB): the later passes find the row in L2; a row
+            # iteration waits for a round trip a step (the next step's loads go out after this
+            # one's values are used): to HBM in the first pass, to L2 in the others
             est["extra_l2_bytes"] = again * shape.nrows * shape.xsize * b
+            steps = -(-column_chunks(shape, cfg) // cfg.unroll)
+            est.update(row_round_trips=steps, row_l2_rounds=steps * (shape.passes - 1))
         elif again:
             est["extra_hbm_bytes"] = again * shape.nrows * shape.xsize * b
     return est
@@ -1719,8 +1782,11 @@ def partial_bytes(shape: ChainShape, cfg: ChainConfig) -> int:
 
 def col_smem_bytes(shape: ChainShape, cfg: ChainConfig) -> int:
     """Shared memory of the column partials: one fp32 row (the row's chunks, the last chunk of
-    each thread packed: only the lanes that have one get words) per column reduction and row of
-    the block; each thread adds into its own words only."""
+    each thread packed: only the lanes that have one get words; a streamed row's lanes each have
+    words for all their :func:`column_chunks`) per column reduction and row of the block; each
+    thread adds into its own words only."""
+    if cfg.stream:
+        return 4 * len(shape.cols) * column_chunks(shape, cfg) * cfg.vec * cfg.threads_per_row
     return 4 * len(shape.cols) * cfg.rows_per_block * (-(-shape.xsize // cfg.vec)) * cfg.vec
 
 
