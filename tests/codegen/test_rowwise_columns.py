@@ -695,6 +695,11 @@ DEEP_CUT_SPILL_BYTES = 32
 #: on 512 threads, three chunks, the budget cut to 64, 196 / 464 bytes spilled on sm_90a, against
 #: 260.1-285.0 for the configurations that do not spill).
 STREAM_KEPT_SPILL_BYTES = 512
+#: A kernel with two paths (the aligned one, ``constexpr bool AL = true``): its second copy of the row
+#: loop costs ptxas a few registers where the budget is tight (the layernorm backward in fp16 over
+#: rows of 4096 on 256 threads: 12 / 16 bytes on sm_90a; over 8192 x 4096 it ran 64.8 -> 59.5 us
+#: with the two paths on an H200).
+TWO_PATH_SPILL_BYTES = 16
 
 
 @pytest.mark.nvcc
@@ -713,7 +718,8 @@ def test_the_kernels_build_within_the_model(arch):
         r = usage[k.name]
         where = f"{k.name} ({arch}, {dict(k.tunables)})"
         allowed = DEEP_CUT_SPILL_BYTES if k.name.endswith("_deep") else \
-            STREAM_KEPT_SPILL_BYTES if k.name.endswith("_kept") else 0
+            STREAM_KEPT_SPILL_BYTES if k.name.endswith("_kept") else \
+            TWO_PATH_SPILL_BYTES if "constexpr bool AL = true;" in k.source else 0
         if max(r.spill_stores, r.spill_loads) > allowed:
             problems.append(f"{where}: spills {r.spill_stores} / {r.spill_loads} bytes (stores / loads)")
         if r.registers > k.model_regs_per_thread or k.model_regs_per_thread - r.registers > max(32, 0.6 * k.model_regs_per_thread):

@@ -356,3 +356,55 @@ def test_every_streamed_configuration_of_a_long_row():
     assert len(cands) >= 3 and all(s.kernels[0].options.streamed for s in cands)
     for s in cands:
         run_norm_grad("layernorm", dict(r=555, x=10240), "bf16", schedule=s, seed=len(cands))
+
+
+@pytest.mark.parametrize("name, sizes", [("rmsnorm", dict(r=1000, x=1024)), ("layernorm", dict(r=333, x=4096)),
+                                         ("rmsnorm", dict(r=300, x=12288))])
+@pytest.mark.parametrize("shifted", ["X", "dY", "dX", None])
+def test_both_paths_of_a_row_of_whole_vectors(name, sizes, shifted):
+    """A 16-bit row of whole vectors runs one of two paths, chosen once by the kernel: every array it
+    reads or writes by vectors starts on a 16-byte boundary (no check per chunk), or one does not
+    (a contiguous view one value into its storage: the checked loads). Both against the float64
+    reference, outputs NaN-filled, the same bits either way."""
+    import torch
+
+    d = library.get(name).grad(save=SAVES[name])
+    cd = compile(d, sizes=sizes, dtype="bf16")
+    (launch,) = cd.program.launches
+    assert "constexpr bool AL = true;" in launch.source and "constexpr bool AL = false;" in launch.source
+
+    def shifted_copy(t, shift):
+        flat = torch.empty(t.numel() + shift, dtype=t.dtype, device="cuda")
+        view = flat[shift:].view(t.shape)
+        view.copy_(t)
+        return view
+
+    gen = torch.Generator(device="cuda").manual_seed(sizes["x"])
+    r, x = sizes["r"], sizes["x"]
+    X = (torch.randn(r, x, device="cuda", generator=gen) * 2 + 0.5).to(torch.bfloat16)
+    env = {"X": X, "gamma": (torch.randn(x, device="cuda", generator=gen) + 1).to(torch.bfloat16),
+           "beta": torch.randn(x, device="cuda", generator=gen).to(torch.bfloat16),
+           "dY": torch.randn(r, x, device="cuda", generator=gen).to(torch.bfloat16)}
+    X64 = X.double()
+    mu = X64.mean(-1)
+    if name == "rmsnorm":
+        env["N_rstd"] = torch.rsqrt((X64 * X64).mean(-1) + EPS[name]).to(torch.bfloat16)
+    else:
+        env["N_mean"] = mu.to(torch.bfloat16)
+        env["N_rstd"] = torch.rsqrt(((X64 - mu[:, None]) ** 2).mean(-1) + EPS[name]).to(torch.bfloat16)
+    args = {n: env[n] for n in cd.input_names}
+    plain = cd.empty_outputs(device="cuda", fill=float("nan"))
+    cd(**args, out=plain)
+    if shifted in args:
+        args = dict(args, **{shifted: shifted_copy(args[shifted], 1)})
+    outs = cd.empty_outputs(device="cuda", fill=float("nan"))
+    if shifted == "dX":
+        outs["dX"] = shifted_copy(outs["dX"], 1)
+    cd(**args, out=outs)
+    torch.cuda.synchronize()
+    ref = cd.diagram.reference({k: v.double() for k, v in args.items()}, dtype=torch.float64)
+    for n in cd.output_names:
+        assert not torch.isnan(outs[n]).any(), n
+        err = rel_err(outs[n], ref[n])
+        assert err <= TOL["bf16"], f"{name} {sizes} {shifted} {n}: relative error {err:.2e}"
+        assert torch.equal(outs[n], plain[n]), f"{n}: the two paths differ in bits"

@@ -6,6 +6,8 @@
 //                                        they span, joined by funnel shifts
 //   load_vec / store_vec                 16 bytes of a row with a bounds-checked scalar fallback
 //                                        for the row's tail and for unaligned addresses
+//   load_vec_al / store_vec_al           the same where the caller knows the row aligned (and
+//                                        every chunk inside it): no check per chunk
 //   values_to_boundary / load_vec_rot /  a row that starts between two 16-byte boundaries: the
 //   load_vec_rot_own / store_vec_rot /   values before the first boundary, and 16 bytes of a grid
 //   store_vec_rot_own                    rotated by them (whole chunks aligned; the head comes last)
@@ -80,6 +82,32 @@ NAPKIN_DEVICE void load_vec(Vec16<T>& v, const T* row, int col, int limit, T fil
   } else {
 #pragma unroll
     for (int i = 0; i < N; ++i) v.x[i] = (col + i < limit) ? p[i] : fill;
+  }
+}
+
+// load_vec where the caller knows more (a row kernel's two paths): AL, that row + col is 16-byte
+// aligned wherever the chunk is inside the row (every array starts on a 16-byte boundary and a row
+// is whole vectors); with EVEN too, that limit is 0 (no row: `fill`) or covers the chunk. Then one
+// 16-byte load under the row's own check, no check per chunk; otherwise load_vec.
+template <bool AL, bool EVEN, typename T>
+NAPKIN_DEVICE void load_vec_al(Vec16<T>& v, const T* row, int col, int limit, T fill) {
+  constexpr int N = Vec16<T>::size;
+  if constexpr (AL && EVEN) {
+    if (limit > 0) {
+      *reinterpret_cast<uint4*>(v.x) = load16(row + col);
+    } else {
+#pragma unroll
+      for (int i = 0; i < N; ++i) v.x[i] = fill;
+    }
+  } else if constexpr (AL) {
+    if (col + N <= limit) {
+      *reinterpret_cast<uint4*>(v.x) = load16(row + col);
+    } else {
+#pragma unroll
+      for (int i = 0; i < N; ++i) v.x[i] = (col + i < limit) ? row[col + i] : fill;
+    }
+  } else {
+    load_vec(v, row, col, limit, fill);
   }
 }
 
@@ -188,6 +216,26 @@ NAPKIN_DEVICE void store_vec(T* row, int col, int limit, const Vec16<T>& v) {
     for (int i = 0; i < N; ++i) {
       if (col + i < limit) p[i] = v.x[i];
     }
+  }
+}
+
+// store_vec with load_vec_al's knowledge (AL, EVEN): one 16-byte store under the row's check.
+template <bool AL, bool EVEN, typename T>
+NAPKIN_DEVICE void store_vec_al(T* row, int col, int limit, const Vec16<T>& v) {
+  constexpr int N = Vec16<T>::size;
+  if constexpr (AL && EVEN) {
+    if (limit > 0) store16(row + col, *reinterpret_cast<const uint4*>(v.x));
+  } else if constexpr (AL) {
+    if (col + N <= limit) {
+      store16(row + col, *reinterpret_cast<const uint4*>(v.x));
+    } else {
+#pragma unroll
+      for (int i = 0; i < N; ++i) {
+        if (col + i < limit) row[col + i] = v.x[i];
+      }
+    }
+  } else {
+    store_vec(row, col, limit, v);
   }
 }
 
