@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 import time
 
@@ -97,7 +98,7 @@ def point(spec: str, copy_bps: float) -> dict:
         cd = compile(grad, sizes=dict(r=r, x=x), dtype=dtype, schedule=schedule,
                      family="rowwise" if schedule is not None else None)
         rec["kernels"] = [k.family for k in cd.plan.kernels]
-        rec["passes"] = [k.source.count("// ---- pass") for k in cd.launches]
+        rec["passes"] = [len(set(re.findall(r"// ---- pass \d+", k.source))) for k in cd.launches]
         rec["tunables"] = [dict(k.tunables) for k in cd.launches]
         rec["regs"] = [k.model_regs_per_thread for k in cd.launches]
         sets = [inputs(name, r, x, seed, dtype) for seed in range(3)]

@@ -344,12 +344,13 @@ def test_the_generated_source_says_how_it_runs():
     # is worked on, into slot d of the registers in flight
     depth = dict(main.tunables)["PREFETCH"]
     assert f"constexpr int PREFETCH = {depth};" in main.source
-    assert "napkin::load_vec(pf_X[d][u], in_X + next_row * 4096LL, col0, next_limit" in main.source
+    assert re.search(r"napkin::load_vec(_al<AL, EVEN>)?\(pf_X\[d\]\[u\], in_X \+ next_row \* 4096LL, col0, "
+                     r"next_limit", main.source)
     assert "kv_X[u] = pf_X[d][u];" in main.source and "pf_N_rstd[d] = next_limit ?" in main.source
     assert "next_row = row + (long long)PREFETCH * SPLITS * ROWS_PER_BLOCK" in main.source
     # gamma holds the row's axis only: each thread loads its columns once, before the row loop
     loop = main.source.index("for (int it0 = 0; it0 < ITERS; it0 += PREFETCH)")
-    assert 0 < main.source.index("napkin::load_vec(hv_gamma[u], in_gamma,") < loop
+    assert 0 < re.search(r"napkin::load_vec(_al<AL, EVEN>)?\(hv_gamma\[u\], in_gamma,", main.source).start() < loop
     assert "a_gamma = napkin::to_float(hv_gamma[u].x[e]);" in main.source and "ld_gamma" not in main.source
     assert "out_dgamma[col]" in comb.source and "out_dbeta[col]" in comb.source
     # the sum of the partial rows keeps CDEPTH partials in flight per thread, added in the order of b,

@@ -12,6 +12,8 @@ holds at once (its late blocks start after the early ones have left: those must 
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from napkin.codegen.api import compile
@@ -287,7 +289,7 @@ def test_the_rmsnorm_backward_that_recomputes_rstd(sizes):
 
     cd = compile(library.get("rmsnorm").grad(), sizes=sizes, dtype="bf16")
     assert [k.family for k in cd.plan.kernels] == ["rowwise"] and len(cd.launches) == 1
-    assert cd.launches[0].source.count("// ---- pass") == 2
+    assert len(set(re.findall(r"// ---- pass \d+", cd.launches[0].source))) == 2
     gen = torch.Generator(device="cuda").manual_seed(9)
     r, x = sizes["r"], sizes["x"]
     env = {"X": (torch.randn(r, x, device="cuda", generator=gen) * 2 + 0.5).bfloat16(),
