@@ -54,42 +54,57 @@ def torch_grads(name: str, X, g, b, dY):
     return torch.autograd.grad(y, ins, dY.double())
 
 
-def run_norm_grad(name: str, sizes: dict, dtype: str, *, schedule=None, seed: int = 0):
-    """The fused backward of ``name`` (its statistics saved as napkin.torch saves them) on fresh
-    inputs into NaN-filled outputs, against torch.autograd; returns the compiled diagram and outputs."""
+def norm_inputs(name: str, r: int, x: int, dtype: str, seed: int) -> dict:
+    """Fresh random X, gamma, beta, dY of an r x x norm and the statistics napkin.torch saves for
+    its backward (rstd; and the mean, layernorm), rounded to ``dtype``."""
     import torch
 
     tdt = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[dtype]
-    d = library.get(name).grad(save=SAVES[name])
-    cd = compile(d, sizes=sizes, dtype=dtype, schedule=schedule, family="rowwise" if schedule is not None else None)
-    fams = [k.family for k in cd.plan.kernels]
-    assert fams == ["rowwise"], str(cd.plan)
     gen = torch.Generator(device="cuda").manual_seed(seed)
-    r, x = sizes["r"], sizes["x"]
     X = (torch.randn(r, x, device="cuda", generator=gen) * 2 + 0.5).to(tdt)
-    g = (torch.randn(x, device="cuda", generator=gen) + 1).to(tdt)
-    b = torch.randn(x, device="cuda", generator=gen).to(tdt)
-    dY = torch.randn(r, x, device="cuda", generator=gen).to(tdt)
+    env = {"X": X, "gamma": (torch.randn(x, device="cuda", generator=gen) + 1).to(tdt),
+           "beta": torch.randn(x, device="cuda", generator=gen).to(tdt),
+           "dY": torch.randn(r, x, device="cuda", generator=gen).to(tdt)}
     X64 = X.double()
-    env = {"X": X, "gamma": g, "beta": b, "dY": dY}
     if name == "rmsnorm":
         env["N_rstd"] = torch.rsqrt((X64 * X64).mean(-1) + EPS[name]).to(tdt)
     else:
         mu = X64.mean(-1)
         env["N_mean"] = mu.to(tdt)
         env["N_rstd"] = torch.rsqrt(((X64 - mu[:, None]) ** 2).mean(-1) + EPS[name]).to(tdt)
+    return env
+
+
+def assert_matches_reference(cd, args: dict, outs: dict, tol: float, what: str) -> None:
+    """Every output written (no NaN left of the fill) and within ``tol`` of the diagram's float64
+    reference on the same inputs (the saved statistics as given)."""
+    import torch
+
+    ref = cd.diagram.reference({k: v.double() for k, v in args.items()}, dtype=torch.float64)
+    for n in cd.output_names:
+        assert not torch.isnan(outs[n]).any(), f"{what} {n}: NaN (unwritten)"
+        err = rel_err(outs[n], ref[n])
+        assert err <= tol, f"{what} {n}: relative error {err:.2e} (reference)"
+
+
+def run_norm_grad(name: str, sizes: dict, dtype: str, *, schedule=None, seed: int = 0):
+    """The fused backward of ``name`` (its statistics saved as napkin.torch saves them) on fresh
+    inputs into NaN-filled outputs, against torch.autograd; returns the compiled diagram and outputs."""
+    import torch
+
+    d = library.get(name).grad(save=SAVES[name])
+    cd = compile(d, sizes=sizes, dtype=dtype, schedule=schedule, family="rowwise" if schedule is not None else None)
+    fams = [k.family for k in cd.plan.kernels]
+    assert fams == ["rowwise"], str(cd.plan)
+    r, x = sizes["r"], sizes["x"]
+    env = norm_inputs(name, r, x, dtype, seed)
+    X, g, b, dY = env["X"], env["gamma"], env["beta"], env["dY"]
     args = {n: env[n] for n in cd.input_names}
     outs = cd.empty_outputs(device="cuda", fill=float("nan"))
     cd(**args, out=outs)
     torch.cuda.synchronize()
     opts = cd.plan.kernels[0].kernel.options
-    # the diagram's float64 reference on the same inputs (the saved statistics as given)
-    ref = cd.diagram.reference({k: v.double() for k, v in args.items()}, dtype=torch.float64)
-    for n in cd.output_names:
-        got = outs[n]
-        assert not torch.isnan(got).any(), f"{name} {dtype} {sizes} {n} ({opts}): NaN (unwritten)"
-        err = rel_err(got, ref[n])
-        assert err <= TOL[dtype], f"{name} {dtype} {sizes} {n} ({opts}): relative error {err:.2e} (reference)"
+    assert_matches_reference(cd, args, outs, TOL[dtype], f"{name} {dtype} {sizes} ({opts})")
     if x >= 64:
         # torch.autograd of the forward; the statistics napkin saves are rounded to the dtype, which
         # rows of a few values amplify (x = 3: dX is a small difference), so only longer rows
@@ -167,11 +182,7 @@ def test_a_user_written_chain_with_a_column_sum_and_max(dtype):
     outs = cd.empty_outputs(device="cuda", fill=float("nan"))
     cd(**x, out=outs)
     torch.cuda.synchronize()
-    ref = cd.diagram.reference({k: v.double() for k, v in x.items()}, dtype=torch.float64)
-    for n in cd.output_names:
-        assert not torch.isnan(outs[n]).any(), n
-        err = rel_err(outs[n], ref[n])
-        assert err <= (1e-2 if dtype == "bf16" else 1e-5), f"{n}: relative error {err:.2e}"
+    assert_matches_reference(cd, x, outs, 1e-2 if dtype == "bf16" else 1e-5, dtype)
 
 
 @pytest.mark.parametrize("name, sizes, splits", [("rmsnorm", dict(r=777, x=1000), 100),   # 8 groups a block
@@ -381,19 +392,7 @@ def test_both_paths_of_a_row_of_whole_vectors(name, sizes, shifted):
         view.copy_(t)
         return view
 
-    gen = torch.Generator(device="cuda").manual_seed(sizes["x"])
-    r, x = sizes["r"], sizes["x"]
-    X = (torch.randn(r, x, device="cuda", generator=gen) * 2 + 0.5).to(torch.bfloat16)
-    env = {"X": X, "gamma": (torch.randn(x, device="cuda", generator=gen) + 1).to(torch.bfloat16),
-           "beta": torch.randn(x, device="cuda", generator=gen).to(torch.bfloat16),
-           "dY": torch.randn(r, x, device="cuda", generator=gen).to(torch.bfloat16)}
-    X64 = X.double()
-    mu = X64.mean(-1)
-    if name == "rmsnorm":
-        env["N_rstd"] = torch.rsqrt((X64 * X64).mean(-1) + EPS[name]).to(torch.bfloat16)
-    else:
-        env["N_mean"] = mu.to(torch.bfloat16)
-        env["N_rstd"] = torch.rsqrt(((X64 - mu[:, None]) ** 2).mean(-1) + EPS[name]).to(torch.bfloat16)
+    env = norm_inputs(name, sizes["r"], sizes["x"], "bf16", sizes["x"])
     args = {n: env[n] for n in cd.input_names}
     plain = cd.empty_outputs(device="cuda", fill=float("nan"))
     cd(**args, out=plain)
@@ -404,9 +403,6 @@ def test_both_paths_of_a_row_of_whole_vectors(name, sizes, shifted):
         outs["dX"] = shifted_copy(outs["dX"], 1)
     cd(**args, out=outs)
     torch.cuda.synchronize()
-    ref = cd.diagram.reference({k: v.double() for k, v in args.items()}, dtype=torch.float64)
+    assert_matches_reference(cd, args, outs, TOL["bf16"], f"{name} {sizes} {shifted}")
     for n in cd.output_names:
-        assert not torch.isnan(outs[n]).any(), n
-        err = rel_err(outs[n], ref[n])
-        assert err <= TOL["bf16"], f"{name} {sizes} {shifted} {n}: relative error {err:.2e}"
         assert torch.equal(outs[n], plain[n]), f"{n}: the two paths differ in bits"
