@@ -311,6 +311,8 @@ def test_rows_of_no_whole_vectors_keep_their_column_reductions_apart():
     # a streamed grid is not rotated: 7 rows in 8 would load value by value (slower than apart)
     d = norm_grad("rmsnorm", r=8192, x=10001)
     assert not FAMILY.candidates(whole(d), "h200", "bf16")
+    why = FAMILY.explain(whole(d))
+    assert "16-byte vectors" in why and "run apart" in why, why
     assert len(derive(d, "h200", "bf16").plan.kernels) == 2
 
 

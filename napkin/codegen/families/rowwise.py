@@ -1536,14 +1536,14 @@ def _rotatable_splits(shape: ChainShape, splits: int | None, rows_per_block: int
     return splits - splits % step if splits >= step else splits
 
 
-def _squeezable(shape: ChainShape, probe: ChainConfig, per_sm, most: int = MAX_SQUEEZE) -> bool:
+def _squeezable(shape: ChainShape, probe: ChainConfig, per_sm) -> bool:
     """Column reductions: whether the family proposes ``probe`` (one block an SM on its own budget)
     on a budget cut for two blocks an SM: a 16-bit row (fp32 ones spilled), the cut within
-    ``most`` (:data:`MAX_SQUEEZE`) of the footprint, and two blocks fitting (``per_sm``, where given)."""
+    :data:`MAX_SQUEEZE` of the footprint, and two blocks fitting (``per_sm``, where given)."""
     if lookup_dtype(shape.dtype).bytes != 2:
         return False
     cap = _squeezed(probe, 2)
-    if cap < chain_regs_need(shape, probe) - most:
+    if cap < chain_regs_need(shape, probe) - MAX_SQUEEZE:
         return False
     return per_sm is None or per_sm(probe.threads, cap, chain_smem_bytes(shape, probe)) >= 2
 
@@ -2260,8 +2260,12 @@ class RowwiseFamily:
             return s
         if isinstance(s, ChainShape):
             if not chain_configs(s):
+                words = 4 * len(s.cols) * -(-s.xsize // s.vec) * s.vec
+                if s.cols and s.xsize % s.vec and words <= MAX_COL_SMEM:
+                    return (f"no configuration keeps a row of {s.xsize} {s.dtype} values in registers, and a "
+                            f"streamed one that is no whole number of 16-byte vectors is not rotated (7 rows in 8 "
+                            f"would load value by value): its {len(s.cols)} column reduction(s) run apart")
                 if s.cols:
-                    words = 4 * len(s.cols) * -(-s.xsize // s.vec) * s.vec
                     return (f"no configuration keeps a row of {s.xsize} {s.dtype} values and the partials of its "
                             f"{len(s.cols)} column reduction(s) on chip: a streamed row's partials take "
                             f"{words // 1024} KiB of shared memory, past the {MAX_COL_SMEM // 1024} KiB a block may "
