@@ -1292,15 +1292,7 @@ def make_chain_config(shape: ChainShape, threads_per_row: int, rows_per_block: i
                                f"got {prefetch}")
         cfg = ChainConfig(threads_per_row, rows_per_block, base.vec, base.chunks_per_thread,
                           base.chunks_per_thread, False, splits, depth)
-        if blocks_per_sm is None:
-            return cfg
-        cap = _squeezed(cfg, blocks_per_sm)
-        need = chain_regs_need(shape, cfg)
-        if blocks_per_sm < 1 or cap < need - MAX_SQUEEZE:
-            raise CodegenError(f"rowwise: {blocks_per_sm} blocks of {cfg.threads} threads an SM leave "
-                               f"{max(cap, 0)} registers a thread, more than {MAX_SQUEEZE} under the "
-                               f"footprint of {need} (it would spill)")
-        return dataclasses.replace(cfg, blocks_per_sm=blocks_per_sm)
+        return _with_budget_cut(shape, cfg, blocks_per_sm)
     if blocks_per_sm is not None:
         raise CodegenError("rowwise: blocks_per_sm (a register budget cut) only with column reductions")
     if prefetch is not None:
@@ -1331,7 +1323,13 @@ def _streamed_columns_config(shape: ChainShape, base: Config, threads_per_row: i
     if prefetch not in (None, 1):
         raise CodegenError("rowwise: a streamed row loads no row group ahead (stages)")
     cpt = -(-base.chunks_per_thread // unroll) * unroll
-    cfg = ChainConfig(threads_per_row, 1, base.vec, cpt, unroll, True, splits, 1)
+    return _with_budget_cut(shape, ChainConfig(threads_per_row, 1, base.vec, cpt, unroll, True, splits, 1),
+                            blocks_per_sm)
+
+
+def _with_budget_cut(shape: ChainShape, cfg: ChainConfig, blocks_per_sm: int | None) -> ChainConfig:
+    """``cfg`` with its register budget cut so that ``blocks_per_sm`` blocks share an SM (None: its
+    own budget), checked: at most :data:`MAX_SQUEEZE` registers under the footprint."""
     if blocks_per_sm is None:
         return cfg
     cap, need = _squeezed(cfg, blocks_per_sm), chain_regs_need(shape, cfg)
@@ -2001,6 +1999,7 @@ def lower_chain(shape: ChainShape, cfg: ChainConfig, schedule: Schedule, arch: s
         lookup_dtype(shape.dtype).bytes == 2 and (not cfg.stream or _even(shape, cfg)) and all(
         st % shape.vec == 0 for v in vector_arrays for a, st in _strides_of(v, sizes).items() if a in K)
     LV = Code("load_vec_al<AL, EVEN>" if aligned_path else "load_vec")
+    SV = Code("store_vec_al<AL, EVEN>" if aligned_path else "store_vec")
     al_check = Code(" && ".join(f"napkin::is_aligned({ident(name(v), 'in_' if v.is_input else 'out_')}, 16)"
                                 for v in vector_arrays)) if aligned_path else None
     # with column reductions a block loops over row groups: the first pass's loads of the arrays laid
@@ -2189,7 +2188,7 @@ def lower_chain(shape: ChainShape, cfg: ChainConfig, schedule: Schedule, arch: s
         XSIZE=shape.xsize, NROWS=c_i64(nrows), EVEN=_even(shape, cfg), block_mode=cfg.block_mode, **rotation,
         same_lines=same_lines,
         params=params, row_index=row_index, offsets=offsets, row_scalars=row_scalars, LV=LV,
-        SV=Code("store_vec_al<AL, EVEN>" if aligned_path else "store_vec"), al_check=al_check,
+        SV=SV, al_check=al_check,
         first_scalars=scalar_maps.get(0, []), kept_decl=kept_decl, passes=passes, row_stores=row_stores,
         schedule_lines=[comment(s) for s in sched_lines],
     )
