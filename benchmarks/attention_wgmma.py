@@ -68,8 +68,9 @@ def main() -> None:
                     help="with --variants: the persistent variant again with each of these L2 budgets (MiB) "
                          "for its tile order's sections of heads (attention_wgmma.L2_SECTION_BYTES)")
     ap.add_argument("--extra", nargs="*", default=[],
-                    help="more configurations to time, each D,consumers,s_x,stages,two_stages[,persistent] "
-                         "(1 or 0; persistent defaults to the table, attention_wgmma.PERSISTENT)")
+                    help="more configurations to time, each D,consumers,s_x,stages,two_stages[,persistent"
+                         "[,pingpong[,one_p]]] (1 or 0; persistent defaults to the table, "
+                         "attention_wgmma.PERSISTENT; ping-pong and one P buffer to 0)")
     ap.add_argument("--gqa", type=int, default=0, help="query heads per K/V head (16 query heads in all)")
     ap.add_argument("--json")
     a = ap.parse_args()
@@ -138,12 +139,16 @@ def main() -> None:
                         picks[key] = prog.schedule
                         compiled[key] = CompiledDiagram(prog, arch="sm_90a")
                 for spec in a.extra:
-                    dd, cons, bx, st, two, *pers = (int(v) for v in spec.split(","))
+                    dd, cons, bx, st, two, *more = (int(v) for v in spec.split(","))
                     if dd != D:
                         continue
-                    pers = bool(pers[0]) if pers else bx in attention_wgmma.PERSISTENT.get(dd, ())
-                    cfg = attention_wgmma.WgmmaAttentionConfig(dd, bx, cons, st, overlap=bool(two), persistent=pers)
-                    key = f"x_q{cfg.BQ}x{bx}s{st}{'_2st' if two else '_1st'}{'_pers' if pers else ''}"
+                    pers = bool(more[0]) if more else bx in attention_wgmma.PERSISTENT.get(dd, ())
+                    pp, one_p = (bool(v) for v in (*more[1:], 0, 0)[:2])
+                    cfg = attention_wgmma.WgmmaAttentionConfig(dd, bx, cons, st, overlap=bool(two), persistent=pers,
+                                                               pingpong=pp, one_p=one_p)
+                    cfg = attention_wgmma.loop_for(cfg, *attention_wgmma.score_kinds(FAMILY.problem(d), d))
+                    key = (f"x_q{cfg.BQ}x{bx}s{st}{'_2st' if cfg.overlap else '_1st'}{'_pp' if cfg.pingpong else ''}"
+                           f"{'_1p' if cfg.one_p else ''}{'_pers' if pers else ''}")
                     prog = attention_wgmma.lower_config(FAMILY, d, cfg)
                     picks[key] = prog.schedule
                     compiled[key] = CompiledDiagram(prog, arch="sm_90a")

@@ -120,7 +120,7 @@ ENGINES = ("wgmma", "mma.sync", "simt", "scalar")
 
 
 #: KernelOptions fields that are flags (True or False), not counts.
-_FLAG_OPTIONS = ("persistent", "swap_ab", "streamed")
+_FLAG_OPTIONS = ("persistent", "swap_ab", "streamed", "row_in_smem")
 
 
 @dataclass(frozen=True)
@@ -147,7 +147,10 @@ class KernelOptions:
       of a few vectors by a matrix puts the matrix on the wgmma's 64 rows, the vectors on its
       N of 8 to 64), and the tile leaves transposed;
     - ``streamed``: True where a row-wise kernel reads its row again in every pass (``stages``
-      chunks a thread in flight) instead of holding it in registers: a row too long for them.
+      chunks a thread in flight) instead of holding it in registers: a row too long for them;
+    - ``row_in_smem``: True where such a streamed row keeps the inputs its later passes read
+      again in shared memory, written there by the pass that first loads them (HBM reads each
+      row once).
 
     >>> KernelOptions(engine="wgmma", stages=4).to_dict()
     {'engine': 'wgmma', 'stages': 4}
@@ -164,6 +167,7 @@ class KernelOptions:
     persistent: bool | None = None
     swap_ab: bool | None = None
     streamed: bool | None = None
+    row_in_smem: bool | None = None
 
     def __post_init__(self):
         if self.engine is not None and self.engine not in ENGINES:

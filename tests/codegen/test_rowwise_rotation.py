@@ -68,12 +68,19 @@ def test_rows_of_no_whole_vectors_rotate_their_grid(name, sizes, dtype):
     ("softmax", dict(r=64, x=4096), "bf16"),            # whole vectors: nothing to rotate
     ("softmax", dict(r=64, x=4092), "fp32"),            # whole fp32 vectors (4 values)
     ("layernorm", dict(r=64, x=5), "bf16"),             # shorter than a vector
-    ("log_softmax", dict(r=4, x=70001), "bf16"),        # streamed: the chunk loop is not unrolled
 ])
 def test_other_rows_keep_their_grid(name, sizes, dtype):
     d = bound(name, sizes, dtype)
     for _, cfg, k in _launches(d, dtype):
         assert "load_vec_rot" not in k.source and "values_to_boundary" not in k.source
+
+
+def test_streamed_rows_are_shifted_not_rotated():
+    # the chunk loop of a streamed row is not unrolled, so a rotated chunk's wrap checks would stay
+    # in every chunk: its grid is shifted to the row's 16-byte lines instead (test_rowwise_streamed.py)
+    d = bound("log_softmax", dict(r=4, x=70001), "bf16")
+    for _, cfg, k in _launches(d, "bf16"):
+        assert cfg.stream and "load_vec_rot" not in k.source and "load_vec_sh" in k.source
 
 
 def test_column_reductions_keep_their_grid_with_the_switch_off(monkeypatch):

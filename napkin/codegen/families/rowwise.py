@@ -611,6 +611,59 @@ def rotation_source(shape: "RowwiseShape | ChainShape", cfg: "Config | ChainConf
     return rows[0] if rows else None
 
 
+def shift_source(shape: "ChainShape") -> Value | None:
+    """The input whose rows a streamed row's grid is shifted for, where a row is not a whole
+    number of 16-byte vectors (and has no column reductions), else None. A streamed row keeps its
+    grid unrotated (:func:`rotation_source`: its loop over chunks is not unrolled, so a rotated
+    chunk's wrap checks stay in every chunk); on a grid starting at the row's first value, seven
+    rows in eight of 16-bit values then load and store value by value (H200, softmax over 4096 x
+    50257 bf16: 717 us, 28 % of the copy rate, torch 361). Shifted, the grid starts at the 16-byte
+    boundary at or before the row's first value: chunk ``k`` holds columns ``VEC·k − shift`` on,
+    ``shift`` the row's values past that boundary, so every chunk of this input (and of each array
+    laid out as it is) inside the row is one aligned access, and the row's first and last chunks
+    are masked (:func:`grid_chunks`: one chunk more a row). The input is the first read row after
+    row.
+
+    >>> from napkin.diagrams import library
+    >>> from napkin.codegen.prepare import prepare
+    >>> def rows(x): return analyse(prepare(library.get("softmax"), sizes=dict(r=4, x=x), dtype="bf16"))
+    >>> shift_source(rows(50257)).name, shift_source(rows(50256))
+    ('X', None)
+    """
+    if not isinstance(shape, ChainShape) or shape.cols or shape.xsize % shape.vec == 0:
+        return None
+    rows = [v for v in shape.diagram.inputs
+            if shape.access.get(id(v)) == "row" and v.axis_names == (*shape.row_axes, *shape.red)]
+    return rows[0] if rows else None
+
+
+def grid_chunks(shape: "ChainShape") -> int:
+    """16-byte chunks of a streamed row's grid: the row's, and one more where the grid is shifted
+    (:func:`shift_source`: the chunk that holds the row's first value starts before it)."""
+    return -(-shape.xsize // shape.vec) + (1 if shift_source(shape) is not None else 0)
+
+
+#: Shared memory a streamed row may keep of its inputs (:func:`row_cache`): what an A100 gives a
+#: block, less the block reductions' scratch (the plans stay valid on every GPU).
+MAX_ROW_SMEM = 160 * 1024
+
+
+def row_cache(shape: "ChainShape", cfg: "ChainConfig", budget: int) -> list[Value]:
+    """The inputs a streamed row keeps in shared memory, most passes first, as many as ``budget``
+    bytes hold: those that a later pass reads again (without it, from L2 where the row is still
+    there, else from HBM: a softmax over rows of 50257 reads them three times). The pass that first
+    loads an input writes each of its 16-byte chunks to the block's shared memory as it uses it, and
+    every later pass reads the chunk back from there: a thread reads back only the chunks it wrote
+    (chunk ``k = c·THREADS_PER_ROW + lane`` at word ``k``, consecutive lanes on consecutive 16-byte
+    words), so no barrier is needed. Each input takes :func:`grid_chunks` · 16 bytes."""
+    if not cfg.stream or shape.cols:
+        return []
+    again = [v for v in shape.fresh if shape.access.get(id(v)) == "row" and len(shape.uses(v)) > 1]
+    again.sort(key=lambda v: -len(shape.uses(v)))
+    each = 16 * grid_chunks(shape)
+    return again[:max(0, budget - chain_scratch_bytes(shape, cfg)) // each]
+
+
 def column_kernel_rows(shape: "ChainShape", cfg: "ChainConfig") -> list[Value]:
     """The inputs a kernel with column reductions reads row after row in its loop (the vectors held
     for every row, :func:`resident`, are loaded once): on its rotated grid each must start at the
@@ -1227,6 +1280,7 @@ class ChainConfig:
     splits: int | None = None   # with column reductions: the blocks, each looping over row groups
     prefetch: int = 1           # with column reductions: row groups loaded ahead of the one worked on
     blocks_per_sm: int | None = None   # with column reductions: the register budget cut to keep this many
+    cached: int = 0             # a streamed row: inputs kept in shared memory for the later passes (row_cache)
 
     @property
     def threads(self) -> int:
@@ -1246,7 +1300,8 @@ class ChainConfig:
         stages = self.unroll if self.stream else (self.prefetch if self.splits else None)
         return KernelOptions(threads_per_row=self.threads_per_row, warps=self.threads // 32, stages=stages,
                              regs_per_thread=chain_regs_estimate(shape, self), splits=self.splits,
-                             blocks_per_sm=self.blocks_per_sm, streamed=True if self.stream else None)
+                             blocks_per_sm=self.blocks_per_sm, streamed=True if self.stream else None,
+                             row_in_smem=True if self.cached else None)
 
     def groups(self, shape: ChainShape) -> int:
         """Groups of ``rows_per_block`` rows (the blocks of a kernel without column reductions)."""
@@ -1263,12 +1318,15 @@ class ChainConfig:
 
 def make_chain_config(shape: ChainShape, threads_per_row: int, rows_per_block: int,
                       stream_unroll: int | None = None, splits: int | None = None,
-                      prefetch: int | None = None, blocks_per_sm: int | None = None) -> ChainConfig:
+                      prefetch: int | None = None, blocks_per_sm: int | None = None,
+                      row_in_smem: bool = False) -> ChainConfig:
     """A chain configuration, checked: ``stream_unroll`` chunks in flight of a streamed row; with
     column reductions ``splits`` blocks looping over the row groups, each loading ``prefetch`` of
     them ahead (1..:data:`MAX_PREFETCH`; default :data:`DEFAULT_PREFETCH`), and optionally a
     register budget cut so that ``blocks_per_sm`` blocks share an SM (at most
-    :data:`MAX_SQUEEZE` registers under the footprint, else ptxas would spill)."""
+    :data:`MAX_SQUEEZE` registers under the footprint, else ptxas would spill); a streamed row
+    without column reductions may keep its re-read inputs in shared memory (``row_in_smem``:
+    :func:`row_cache`)."""
     if shape.cols and threads_per_row in fitted_threads(shape):
         # a block of whole warps sized to the row (one row per block; see fitted_threads)
         if rows_per_block != 1:
@@ -1300,13 +1358,23 @@ def make_chain_config(shape: ChainShape, threads_per_row: int, rows_per_block: i
     if splits is not None:
         raise CodegenError("rowwise: splits (blocks looping over rows) only with column reductions")
     if stream_unroll is None:
+        if row_in_smem:
+            raise CodegenError("rowwise: row_in_smem (the row kept in shared memory) only for a streamed row")
         return ChainConfig(threads_per_row, rows_per_block, base.vec, base.chunks_per_thread,
                            base.chunks_per_thread, False)
     if threads_per_row not in STREAM_THREADS or stream_unroll not in STREAM_UNROLLS:
         raise CodegenError(f"rowwise: a streamed row runs {STREAM_THREADS} threads with {STREAM_UNROLLS} chunks "
                            f"in flight, not {threads_per_row} and {stream_unroll}")
-    cpt = -(-base.chunks_per_thread // stream_unroll) * stream_unroll
-    return ChainConfig(threads_per_row, 1, base.vec, cpt, stream_unroll, True)
+    # a row that is not whole vectors runs on the shifted grid (grid_chunks): one chunk more
+    cpt = -(-(-(-grid_chunks(shape) // threads_per_row)) // stream_unroll) * stream_unroll
+    cfg = ChainConfig(threads_per_row, 1, base.vec, cpt, stream_unroll, True)
+    if not row_in_smem:
+        return cfg
+    cached = len(row_cache(shape, cfg, MAX_ROW_SMEM))
+    if not cached:
+        raise CodegenError(f"rowwise: no input of this row is read by two passes and fits the {MAX_ROW_SMEM} "
+                           "bytes of shared memory a block may keep (row_in_smem)")
+    return dataclasses.replace(cfg, cached=cached)
 
 
 def _streamed_columns_config(shape: ChainShape, base: Config, threads_per_row: int, rows_per_block: int,
@@ -1612,6 +1680,12 @@ def chain_configs(shape: ChainShape, sms: int = DEFAULT_SMS, per_sm=None) -> lis
             cfg = make_chain_config(shape, tpr, 1, u)
             if chain_regs_need(shape, cfg) + 8 <= min(MAX_REGS, 65536 // cfg.threads):
                 out.append(cfg)
+                # the same with the inputs read again kept in shared memory, where one block fits
+                if row_cache(shape, cfg, MAX_ROW_SMEM) and not shape.cols:
+                    kept = make_chain_config(shape, tpr, 1, u, row_in_smem=True)
+                    if per_sm is None or per_sm(kept.threads, chain_regs_estimate(shape, kept),
+                                                chain_smem_bytes(shape, kept)) >= 1:
+                        out.append(kept)
     return out
 
 
@@ -1690,7 +1764,7 @@ def chain_config_from_schedule(shape: ChainShape, schedule: Schedule) -> ChainCo
                 return make_chain_config(shape, tpr, rows, opts.stages or STREAM_UNROLLS[0], splits,
                                          None, opts.blocks_per_sm)
             return make_chain_config(shape, tpr, rows, None, splits, opts.stages, opts.blocks_per_sm)
-        return make_chain_config(shape, tpr, rows, opts.stages, splits)
+        return make_chain_config(shape, tpr, rows, opts.stages, splits, row_in_smem=bool(opts.row_in_smem))
     options = chain_configs(shape)
     if not options:
         raise CodegenError(f"rowwise: no configuration runs a row of {shape.xsize} {shape.dtype} values")
@@ -1720,7 +1794,8 @@ def chain_schedule_for(shape: ChainShape, cfg: ChainConfig, gpu: str | None) -> 
 def chain_launch_estimate(shape: ChainShape, cfg: ChainConfig) -> dict:
     """Blocks, threads, registers, shared memory and bytes in flight of a chain kernel, the
     dependent cross-thread reductions of its passes, and a streamed row's re-reads (each pass
-    after an input's first reads it again; counted at the HBM rate, ``extra_hbm_bytes``). With
+    after an input's first reads it again; counted at the HBM rate, ``extra_hbm_bytes``; none for
+    the inputs it keeps in shared memory, :func:`row_cache`, whose bytes limit its blocks an SM). With
     column reductions: ``splits`` blocks, each running its row groups one after another
     (``row_iterations``; no streamed loop of the model's) with ``prefetch`` groups' loads in flight,
     the fp32 partials written and read back by the blocks still there when the last arrives
@@ -1743,7 +1818,9 @@ def chain_launch_estimate(shape: ChainShape, cfg: ChainConfig) -> dict:
         est.update(row_iterations=cfg.iterations(shape), stream_steps=0,
                    extra_hbm_bytes=2 * partial_bytes(shape, cfg), tail_l2_rounds=1 + combine_rounds(cfg))
     if cfg.stream:
-        again = sum(len(shape.uses(v)) - 1 for v in shape.fresh)
+        # the inputs kept in shared memory (row_cache) come from HBM once
+        kept = {id(v) for v in row_cache(shape, cfg, MAX_ROW_SMEM)[:cfg.cached]}
+        again = sum(len(shape.uses(v)) - 1 for v in shape.fresh if id(v) not in kept)
         if again and cfg.splits:
             # a wave of blocks, one row each (a few MiB): the later passes find the row in L2; a row
             # iteration waits for a round trip a step (the next step's loads go out after this
@@ -1894,12 +1971,22 @@ def colpart_in_registers(shape: ChainShape, cfg: ChainConfig) -> bool:
     return need - chain_regs_estimate(shape, cfg) <= SPILL_FREE_SQUEEZE
 
 
+def chain_scratch_bytes(shape: ChainShape, cfg: ChainConfig) -> int:
+    """The block reductions' scratch (one row per block: two halves, rounds alternate, of 32 floats
+    a reduction of the busiest pass)."""
+    return 2 * 32 * 4 * block_reductions(shape) if cfg.block_mode else 0
+
+
+def row_cache_bytes(shape: ChainShape, cfg: ChainConfig) -> int:
+    """Dynamic shared memory of a streamed row's kept inputs (:func:`row_cache`)."""
+    return 16 * grid_chunks(shape) * cfg.cached
+
+
 def chain_smem_bytes(shape: ChainShape, cfg: ChainConfig) -> int:
-    """Shared memory of the chain kernel: the block reductions' scratch (one row per block: two
-    halves, rounds alternate, of 32 floats a reduction of the busiest pass), the column partials'
-    row (several rows per block) and their combine's tile."""
-    scratch = 2 * 32 * 4 * block_reductions(shape) if cfg.block_mode else 0
-    return scratch + col_smem_bytes(shape, cfg) + combine_smem_bytes(shape, cfg)
+    """Shared memory of the chain kernel: the block reductions' scratch, the column partials'
+    row (several rows per block) and their combine's tile, or a streamed row's kept inputs."""
+    return (chain_scratch_bytes(shape, cfg) + col_smem_bytes(shape, cfg) + combine_smem_bytes(shape, cfg)
+            + row_cache_bytes(shape, cfg))
 
 
 def _strides_of(v: Value, sizes: dict) -> dict[str, int]:
@@ -1968,9 +2055,19 @@ def lower_chain(shape: ChainShape, cfg: ChainConfig, schedule: Schedule, arch: s
             return ident(name(v), "r_")
         return ident(name(v), "a_")
 
-    def map_stmt(b: Value) -> Code:
+    # 16-bit values divided by a per-row value (a softmax's sum, a norm): the divisor's reciprocal
+    # once a pass (hm_recip), one product a value (hm_div_by: hm_div's bits, one special-function op
+    # a row instead of one a value); divisors[p]: pass p's, declared before its loop over chunks
+    divisors: dict[int, dict[int, Value]] = {}
+
+    def map_stmt(b: Value, p: int | None = None) -> Code:
         op = b.op
         get_function(op.fn)  # refuses functions outside the whitelist
+        if (p is not None and op.fn == "div" and half_math(shape.dtype) and shape.is_full(b)
+                and not shape.is_full(b.args[1])):
+            divisors.setdefault(p, {})[id(b.args[1])] = b.args[1]
+            return Code(f"const float {ident(name(b), 'a_')} = napkin::hm_div_by({var(b.args[0])}, "
+                        f"{ident(name(b.args[1]), f'rcp{p}_')});")
         idx = [ident(a, "i_") for a in op.index_axes]
         ns = [sizes[a] for a in op.index_axes]
         expr = map_expr(op.fn, [var(a) for a in b.args], op.param_values(sizes), idx, ns,
@@ -1998,8 +2095,12 @@ def lower_chain(shape: ChainShape, cfg: ChainConfig, schedule: Schedule, arch: s
     aligned_path = rot is None and shape.xsize % shape.vec == 0 and bool(vector_arrays) and \
         lookup_dtype(shape.dtype).bytes == 2 and (not cfg.stream or _even(shape, cfg)) and all(
         st % shape.vec == 0 for v in vector_arrays for a, st in _strides_of(v, sizes).items() if a in K)
-    LV = Code("load_vec_al<AL, EVEN>" if aligned_path else "load_vec")
-    SV = Code("store_vec_al<AL, EVEN>" if aligned_path else "store_vec")
+    # a streamed row that is not whole vectors: the grid shifted to the 16-byte lines (shift_source)
+    shift = shift_source(shape) if cfg.stream else None
+    LV = Code("load_vec_al<AL, EVEN>" if aligned_path else "load_vec_sh" if shift is not None else "load_vec")
+    SV = Code("store_vec_al<AL, EVEN>" if aligned_path else "store_vec_sh" if shift is not None else "store_vec")
+    # a streamed row's inputs kept in shared memory: written by their first pass, read by the others
+    cache_ids = {id(v): i for i, v in enumerate(row_cache(shape, cfg, MAX_ROW_SMEM)[:cfg.cached])}
     al_check = Code(" && ".join(f"napkin::is_aligned({ident(name(v), 'in_' if v.is_input else 'out_')}, 16)"
                                 for v in vector_arrays)) if aligned_path else None
     # with column reductions a block loops over row groups: the first pass's loads of the arrays laid
@@ -2046,10 +2147,11 @@ def lower_chain(shape: ChainShape, cfg: ChainConfig, schedule: Schedule, arch: s
     for p in range(shape.passes):
         need = shape.need(p)
         vecs, gathers = _loaded(shape, p, cfg)
-        decl, loads, chunk, elem = [], [], [], []
+        decl, loads, chunk, elem, cache_stores = [], [], [], [], []
         index_axes = sorted({a for b in need if not b.is_input for a in b.op.index_axes if a in red},
                             key=red.index)
-        per_chunk = [v for v in gathers if shape.chunk_constant(v)]
+        # on a shifted grid a chunk's columns do not start at a multiple of VEC
+        per_chunk = [v for v in gathers if shape.chunk_constant(v)] if shift is None else []
         gather_axes = sorted({a for v in gathers for a in v.axis_names if a in red and v not in per_chunk},
                              key=red.index)
         for a in sorted({a for v in per_chunk for a in v.axis_names if a in red}, key=red.index):
@@ -2059,7 +2161,7 @@ def lower_chain(shape: ChainShape, cfg: ChainConfig, schedule: Schedule, arch: s
         for v in need:
             nm = name(v)
             if not v.is_input:
-                elem.append(map_stmt(v))
+                elem.append(map_stmt(v, p))
                 continue
             if shape.access[id(v)] == "gather":
                 # scalar loads (L1/L2: a broadcast input); once per chunk where the value is the
@@ -2067,8 +2169,8 @@ def lower_chain(shape: ChainShape, cfg: ChainConfig, schedule: Schedule, arch: s
                 st = _strides_of(v, sizes)
                 pre, where, into = ("j_", "col0", chunk) if v in per_chunk else ("i_", "col", elem)
                 terms = " + ".join(f"{ident(a, pre)} * {c_i64(st[a])}" for a in v.axis_names if a in red)
-                into.append(Code(f"const float {ident(nm, 'a_')} = ({where} < limit) ? napkin::to_float("
-                                 f"{ident(nm, 'in_')}[{ident(nm, 'off_')} + {terms}]) : 0.f;"))
+                into.append(Code(f"const float {ident(nm, 'a_')} = ((unsigned){where} < (unsigned)limit) ? "
+                                 f"napkin::to_float({ident(nm, 'in_')}[{ident(nm, 'off_')} + {terms}]) : 0.f;"))
                 continue
             if id(v) in held_ids:  # loaded once, before the loop over the row groups
                 elem.append(Code(f"const float {ident(nm, 'a_')} = napkin::to_float({ident(nm, 'hv_')}[u].x[e]);"))
@@ -2076,6 +2178,13 @@ def lower_chain(shape: ChainShape, cfg: ChainConfig, schedule: Schedule, arch: s
             buf = ident(nm, "kv_") if id(v) in kept_ids else ident(nm, "ld_")
             if id(v) not in kept_ids:
                 decl.append(Code(f"napkin::Vec16<T> {buf}[UNROLL];"))
+            if id(v) in cache_ids and shape.uses(v)[0] != p:
+                # read back the chunk this thread wrote in the input's first pass
+                loads.append(Code(f"napkin::load_cached({buf}[u], row_cache + {cache_ids[id(v)]} * RCH, k, RCH);"))
+                elem.append(Code(f"const float {ident(nm, 'a_')} = napkin::to_float({buf}[u].x[e]);"))
+                continue
+            if id(v) in cache_ids:
+                cache_stores.append(Code(f"napkin::store_cached(row_cache + {cache_ids[id(v)]} * RCH, k, RCH, {buf}[u]);"))
             if any(v is w for w in vecs) and id(v) in pf_ids and two_paths:
                 # this group's vectors came in with the last one; the next group's go out now (on
                 # the rotated path with the same rotation: SPLITS · ROWS_PER_BLOCK rows on)
@@ -2120,7 +2229,10 @@ def lower_chain(shape: ChainShape, cfg: ChainConfig, schedule: Schedule, arch: s
                   for n, v in shape.full_out if shape.stage[id(v)] == p]
         pcols = [dict(acc=c["acc"], step=c["step"]) for c, ch in zip(cols, shape.cols)
                  if shape.stage[id(ch.source)] == p]
+        pre = [Code(f"const napkin::HmRecip {ident(name(v), f'rcp{p}_')} = napkin::hm_recip({var(v)});")
+               for v in divisors.get(p, {}).values()]
         passes.append(dict(index=p, decl=decl, loads=loads, chunk=chunk, elem=elem, accs=accs, stores=stores,
+                           cache_stores=cache_stores, pre=pre,
                            cols=pcols, after=scalar_maps.get(p + 1, []),
                            what=comment(_pass_text(shape, p))))
     row_stores = [(ident(n, "out_"), ident(n, "off_"), var(v)) for n, v in shape.row_out]
@@ -2173,8 +2285,19 @@ def lower_chain(shape: ChainShape, cfg: ChainConfig, schedule: Schedule, arch: s
                            f"arrives take every H-th tile of {cfg.threads // combine_slices(cfg)} columns (H helpers; "
                            f"counters {_ws_name(shape, 'colcount')}, zeroed once, left zero), each added in a fixed order "
                            "(deterministic); no second launch")
+    if shift is not None:
+        sched_lines.append(f"rows of {shape.xsize} values are not whole 16-byte vectors: each row's grid starts at "
+                           f"the 16-byte boundary at or before {name(shift)}'s first value ({grid_chunks(shape)} "
+                           "chunks, the first and last masked)")
+    cache_bytes = row_cache_bytes(shape, cfg)
+    if cache_ids:
+        kept_names = ", ".join(name(v) for v in row_cache(shape, cfg, MAX_ROW_SMEM)[:cfg.cached])
+        sched_lines.append(f"{kept_names} kept in shared memory ({cache_bytes} bytes): the first pass that loads "
+                           "each writes its chunks there, the later ones read them back (HBM reads the row once)")
     sched_lines += [f"schedule: {r}" for k in schedule.kernels for r in k.relabels]
     ctx = dict(
+        SHIFT=shift is not None, shift_src=Code(f"{ident(name(shift), 'in_')} + {ident(name(shift), 'off_')}")
+        if shift is not None else None, RCH=grid_chunks(shape), CACHE=bool(cache_ids),
         kernel=kernel_name, T=T, dtype=shape.dtype, kind="chain", arch=comment(arch), diagram=comment(d.name),
         cols=cols, ws=ws, cnt=cnt, CSLICES=combine_slices(cfg), CDEPTH=combine_depth(cfg), SPLITS=cfg.splits or 0,
         ITERS=cfg.iterations(shape), NCOLS=len(cols), NRED=block_reductions(shape),
@@ -2207,7 +2330,7 @@ def lower_chain(shape: ChainShape, cfg: ChainConfig, schedule: Schedule, arch: s
                      ("COMBINE_DEPTH", combine_depth(cfg)), ("COLPART_REGS", int(in_regs)))
     return KernelLaunch(
         name=str(kernel_name), source=src, grid=grid, block=(cfg.threads, 1, 1),
-        shared_bytes=col_smem_bytes(shape, cfg) if dynamic_partials else 0, args=args,
+        shared_bytes=col_smem_bytes(shape, cfg) if dynamic_partials else cache_bytes, args=args,
         template=TEMPLATE, tunables=tunables,
         model_smem_bytes=chain_smem_bytes(shape, cfg),
         model_regs_per_thread=chain_regs_estimate(shape, cfg),

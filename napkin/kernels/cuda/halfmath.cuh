@@ -20,7 +20,8 @@
 // log(softplus(x) + 1) 47.9 us with the branches and 37.6 without, selu then hardtanh 39.1 and 35.1,
 // mish 36.7 and 34.5. hm_silu alone keeps its branch (see there).
 //
-// Provides: hm_select, hm_log, hm_log1p, hm_expm1, hm_sigmoid, hm_silu, hm_gelu, hm_div, hm_pow.
+// Provides: hm_select, hm_log, hm_log1p, hm_expm1, hm_sigmoid, hm_silu, hm_gelu, hm_div, hm_recip /
+// hm_div_by, hm_pow.
 // napkin.diagrams.functions' half forms (ElementwiseFn.cuda_half) call them; tests/diagrams/
 // test_functions_edges.py checks them on the host (exact libm in place of the approximations) and
 // test_functions_gpu.py on the GPU.
@@ -111,6 +112,20 @@ NAPKIN_DEVICE float hm_div(float x, float y) {
   const bool big = fabsf(y) > 8.50705917e37f;
   return __fdividef(big ? x * 0.25f : x, big ? y * 0.25f : y);
 }
+
+// hm_div by a divisor shared by many dividends (a row's sum): its scaled reciprocal taken once,
+// then one product a value. __fdividef(x, y) is x times the approximate reciprocal of y
+// (div.approx.f32: d = a * (1/b)), so hm_div_by(x, hm_recip(y)) gives hm_div(x, y)'s bits with one
+// special-function op a row instead of one a value.
+struct HmRecip {
+  float r;   // 1 / y, of y / 4 where |y| > 2^126
+  bool big;  // the dividend is scaled by 1/4 too
+};
+NAPKIN_DEVICE HmRecip hm_recip(float y) {
+  const bool big = fabsf(y) > 8.50705917e37f;
+  return HmRecip{__fdividef(1.0f, big ? y * 0.25f : y), big};
+}
+NAPKIN_DEVICE float hm_div_by(float x, HmRecip d) { return (d.big ? x * 0.25f : x) * d.r; }
 
 // x^p for the diagram's literal exponent p, with powf's edge values. powf carries log2 x in two
 // floats (about 40 instructions): |x|^1.5 over 8192 x 4096 bf16 ran at 29 % of the copy rate on an

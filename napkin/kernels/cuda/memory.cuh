@@ -11,6 +11,9 @@
 //   values_to_boundary / load_vec_rot /  a row that starts between two 16-byte boundaries: the
 //   load_vec_rot_own / store_vec_rot /   values before the first boundary, and 16 bytes of a grid
 //   store_vec_rot_own                    rotated by them (whole chunks aligned; the head comes last)
+//   load_vec_sh / store_vec_sh           a row on a grid shifted back to the 16-byte boundary at or
+//                                        before its start: col may be negative (values before the row)
+//   store_cached / load_cached           chunk k of a row kept in shared memory (k < n; zeros past)
 //   smem_addr                            a shared-memory pointer as the 32-bit address PTX wants
 //   cp_async16                           cp.async.cg 16-byte copy global -> shared; the bytes past
 //                                        src_bytes are zero-filled (src_bytes = 0: all zeros, and
@@ -217,6 +220,54 @@ NAPKIN_DEVICE void store_vec(T* row, int col, int limit, const Vec16<T>& v) {
       if (col + i < limit) p[i] = v.x[i];
     }
   }
+}
+
+// A row read on a grid shifted to its 16-byte lines (a streamed row that is not whole vectors): the
+// grid starts at the boundary at or before the row's first value, so col runs from 1 - size (the
+// chunk that holds the row's first value and the values before it) and every chunk inside the
+// array's lines is one aligned load. The values before the row (col + i < 0) are read, in the same
+// 16-byte line as the row's first value, and must be masked by the caller; those at or past limit
+// read as `fill`. A chunk inside the row but off the 16-byte lines (an array that starts elsewhere
+// in its lines than the grid's own) moves its 16-bit values by two aligned loads (load16_shifted).
+template <typename T>
+NAPKIN_DEVICE void load_vec_sh(Vec16<T>& v, const T* row, int col, int limit, T fill) {
+  constexpr int N = Vec16<T>::size;
+  const T* p = row + col;
+  if (col + N <= limit && is_aligned(p, 16)) {
+    *reinterpret_cast<uint4*>(v.x) = load16(p);
+  } else if (sizeof(T) == 2 && col >= 0 && col + N <= limit) {
+    *reinterpret_cast<uint4*>(v.x) = load16_shifted(p, 16);
+  } else {
+#pragma unroll
+    for (int i = 0; i < N; ++i) v.x[i] = (col + i >= 0 && col + i < limit) ? p[i] : fill;
+  }
+}
+
+// store_vec on load_vec_sh's grid: writes row[col + i] for 0 <= col + i < limit only (the values
+// before the row belong to another one).
+template <typename T>
+NAPKIN_DEVICE void store_vec_sh(T* row, int col, int limit, const Vec16<T>& v) {
+  constexpr int N = Vec16<T>::size;
+  T* p = row + col;
+  if (col >= 0 && col + N <= limit && is_aligned(p, 16)) {
+    store16(p, *reinterpret_cast<const uint4*>(v.x));
+  } else {
+#pragma unroll
+    for (int i = 0; i < N; ++i) {
+      if (col + i >= 0 && col + i < limit) p[i] = v.x[i];
+    }
+  }
+}
+
+// Chunk k of a row kept in shared memory (`words`: n 16-byte words): written where k < n, read back
+// as zeros past it (the chunks of a thread's last step that lie past the row's grid).
+template <typename T>
+NAPKIN_DEVICE void store_cached(uint4* words, int k, int n, const Vec16<T>& v) {
+  if (k < n) words[k] = *reinterpret_cast<const uint4*>(v.x);
+}
+template <typename T>
+NAPKIN_DEVICE void load_cached(Vec16<T>& v, const uint4* words, int k, int n) {
+  *reinterpret_cast<uint4*>(v.x) = k < n ? words[k] : make_uint4(0u, 0u, 0u, 0u);
 }
 
 // store_vec with load_vec_al's knowledge (AL, EVEN): one 16-byte store under the row's check.
