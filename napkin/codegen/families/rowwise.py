@@ -651,11 +651,12 @@ MAX_ROW_SMEM = 160 * 1024
 def row_cache(shape: "ChainShape", cfg: "ChainConfig", budget: int) -> list[Value]:
     """The inputs a streamed row keeps in shared memory, most passes first, as many as ``budget``
     bytes hold: those that a later pass reads again (without it, from L2 where the row is still
-    there, else from HBM: a softmax over rows of 50257 reads them three times). The pass that first
-    loads an input writes each of its 16-byte chunks to the block's shared memory as it uses it, and
-    every later pass reads the chunk back from there: a thread reads back only the chunks it wrote
-    (chunk ``k = c·THREADS_PER_ROW + lane`` at word ``k``, consecutive lanes on consecutive 16-byte
-    words), so no barrier is needed. Each input takes :func:`grid_chunks` · 16 bytes."""
+    there, else from HBM: a softmax over rows of 50257 reads them three times). Before the first
+    pass every thread copies its chunks of the row into the block's shared memory with cp.async, all
+    of them in flight at once (the whole row, not ``unroll`` chunks a thread), and every pass reads
+    them back from there: a thread reads back only the chunks it copied (chunk ``k =
+    c·THREADS_PER_ROW + lane`` at word ``k``, consecutive lanes on consecutive 16-byte words), so
+    no barrier is needed. Each input takes :func:`grid_chunks` · 16 bytes."""
     if not cfg.stream or shape.cols:
         return []
     again = [v for v in shape.fresh if shape.access.get(id(v)) == "row" and len(shape.uses(v)) > 1]
@@ -1806,6 +1807,8 @@ def chain_launch_estimate(shape: ChainShape, cfg: ChainConfig) -> dict:
     first = [sum(1 for v in shape.fresh if shape.uses(v)[:1] == (p,)) for p in range(shape.passes)]
     # with column reductions the loads of ``prefetch`` row groups are in flight at once
     in_flight = cfg.unroll * 16 * max(1, max(first)) * (cfg.prefetch if cfg.splits else 1)
+    if cfg.cached:  # the kept inputs' whole row is copied at once
+        in_flight = max(in_flight, 16 * cfg.chunks_per_thread * cfg.cached)
     busy = (-(-shape.xsize // cfg.vec)) / (cfg.chunks_per_thread * cfg.threads_per_row)
     if cfg.splits:  # the last row iteration of some blocks has no rows
         busy *= shape.nrows / (cfg.splits * cfg.iterations(shape) * cfg.rows_per_block)
@@ -2147,7 +2150,7 @@ def lower_chain(shape: ChainShape, cfg: ChainConfig, schedule: Schedule, arch: s
     for p in range(shape.passes):
         need = shape.need(p)
         vecs, gathers = _loaded(shape, p, cfg)
-        decl, loads, chunk, elem, cache_stores = [], [], [], [], []
+        decl, loads, chunk, elem = [], [], [], []
         index_axes = sorted({a for b in need if not b.is_input for a in b.op.index_axes if a in red},
                             key=red.index)
         # on a shifted grid a chunk's columns do not start at a multiple of VEC
@@ -2178,13 +2181,11 @@ def lower_chain(shape: ChainShape, cfg: ChainConfig, schedule: Schedule, arch: s
             buf = ident(nm, "kv_") if id(v) in kept_ids else ident(nm, "ld_")
             if id(v) not in kept_ids:
                 decl.append(Code(f"napkin::Vec16<T> {buf}[UNROLL];"))
-            if id(v) in cache_ids and shape.uses(v)[0] != p:
-                # read back the chunk this thread wrote in the input's first pass
+            if id(v) in cache_ids:
+                # read back the chunk this thread copied before the first pass
                 loads.append(Code(f"napkin::load_cached({buf}[u], row_cache + {cache_ids[id(v)]} * RCH, k, RCH);"))
                 elem.append(Code(f"const float {ident(nm, 'a_')} = napkin::to_float({buf}[u].x[e]);"))
                 continue
-            if id(v) in cache_ids:
-                cache_stores.append(Code(f"napkin::store_cached(row_cache + {cache_ids[id(v)]} * RCH, k, RCH, {buf}[u]);"))
             if any(v is w for w in vecs) and id(v) in pf_ids and two_paths:
                 # this group's vectors came in with the last one; the next group's go out now (on
                 # the rotated path with the same rotation: SPLITS · ROWS_PER_BLOCK rows on)
@@ -2231,8 +2232,10 @@ def lower_chain(shape: ChainShape, cfg: ChainConfig, schedule: Schedule, arch: s
                  if shape.stage[id(ch.source)] == p]
         pre = [Code(f"const napkin::HmRecip {ident(name(v), f'rcp{p}_')} = napkin::hm_recip({var(v)});")
                for v in divisors.get(p, {}).values()]
+        cached_loads = any("load_cached(" in str(x) for x in loads)
         passes.append(dict(index=p, decl=decl, loads=loads, chunk=chunk, elem=elem, accs=accs, stores=stores,
-                           cache_stores=cache_stores, pre=pre,
+                           pre=pre, cached_loads=cached_loads,
+                           global_loads=not cached_loads or any("load_cached(" not in str(x) for x in loads),
                            cols=pcols, after=scalar_maps.get(p + 1, []),
                            what=comment(_pass_text(shape, p))))
     row_stores = [(ident(n, "out_"), ident(n, "off_"), var(v)) for n, v in shape.row_out]
@@ -2290,14 +2293,17 @@ def lower_chain(shape: ChainShape, cfg: ChainConfig, schedule: Schedule, arch: s
                            f"the 16-byte boundary at or before {name(shift)}'s first value ({grid_chunks(shape)} "
                            "chunks, the first and last masked)")
     cache_bytes = row_cache_bytes(shape, cfg)
+    kept_rows = row_cache(shape, cfg, MAX_ROW_SMEM)[:cfg.cached]
+    cache_copies = [Code(f"napkin::cache_chunk_async(row_cache + {i} * RCH, k, RCH, {ident(name(v), 'in_')} + "
+                         f"{ident(name(v), 'off_')}, col0, limit);") for i, v in enumerate(kept_rows)]
     if cache_ids:
-        kept_names = ", ".join(name(v) for v in row_cache(shape, cfg, MAX_ROW_SMEM)[:cfg.cached])
-        sched_lines.append(f"{kept_names} kept in shared memory ({cache_bytes} bytes): the first pass that loads "
-                           "each writes its chunks there, the later ones read them back (HBM reads the row once)")
+        sched_lines.append(f"{', '.join(name(v) for v in kept_rows)} kept in shared memory ({cache_bytes} bytes): "
+                           "the row's chunks all copied there at once (cp.async) before the first pass, every pass "
+                           "reads them back (HBM reads the row once)")
     sched_lines += [f"schedule: {r}" for k in schedule.kernels for r in k.relabels]
     ctx = dict(
         SHIFT=shift is not None, shift_src=Code(f"{ident(name(shift), 'in_')} + {ident(name(shift), 'off_')}")
-        if shift is not None else None, RCH=grid_chunks(shape), CACHE=bool(cache_ids),
+        if shift is not None else None, RCH=grid_chunks(shape), CACHE=bool(cache_ids), cache_copies=cache_copies,
         kernel=kernel_name, T=T, dtype=shape.dtype, kind="chain", arch=comment(arch), diagram=comment(d.name),
         cols=cols, ws=ws, cnt=cnt, CSLICES=combine_slices(cfg), CDEPTH=combine_depth(cfg), SPLITS=cfg.splits or 0,
         ITERS=cfg.iterations(shape), NCOLS=len(cols), NRED=block_reductions(shape),

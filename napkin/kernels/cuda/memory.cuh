@@ -13,13 +13,15 @@
 //   store_vec_rot_own                    rotated by them (whole chunks aligned; the head comes last)
 //   load_vec_sh / store_vec_sh           a row on a grid shifted back to the 16-byte boundary at or
 //                                        before its start: col may be negative (values before the row)
-//   store_cached / load_cached           chunk k of a row kept in shared memory (k < n; zeros past)
+//   cache_chunk_async / load_cached      chunk k of a row kept in shared memory (k < n; zeros past):
+//                                        copied by cp.async where aligned, read back
 //   smem_addr                            a shared-memory pointer as the 32-bit address PTX wants
 //   cp_async16                           cp.async.cg 16-byte copy global -> shared; the bytes past
 //                                        src_bytes are zero-filled (src_bytes = 0: all zeros, and
 //                                        the source is not read)
 //   cp_async_commit / cp_async_wait<N> / cp_async_wait_all / pipeline_wait<STAGES>
 //                                        commit groups for multi-stage pipelines
+//   cp_async_wait_upto                   cp_async_wait with a count known at run time
 //   load_tile_async / load_tile          a ROWS x COLS tile global -> shared, zero outside the
 //                                        valid rows x cols
 //   store_tile                           a ROWS x COLS tile shared -> global, only the valid part
@@ -259,17 +261,6 @@ NAPKIN_DEVICE void store_vec_sh(T* row, int col, int limit, const Vec16<T>& v) {
   }
 }
 
-// Chunk k of a row kept in shared memory (`words`: n 16-byte words): written where k < n, read back
-// as zeros past it (the chunks of a thread's last step that lie past the row's grid).
-template <typename T>
-NAPKIN_DEVICE void store_cached(uint4* words, int k, int n, const Vec16<T>& v) {
-  if (k < n) words[k] = *reinterpret_cast<const uint4*>(v.x);
-}
-template <typename T>
-NAPKIN_DEVICE void load_cached(Vec16<T>& v, const uint4* words, int k, int n) {
-  *reinterpret_cast<uint4*>(v.x) = k < n ? words[k] : make_uint4(0u, 0u, 0u, 0u);
-}
-
 // store_vec with load_vec_al's knowledge (AL, EVEN): one 16-byte store under the row's check.
 template <bool AL, bool EVEN, typename T>
 NAPKIN_DEVICE void store_vec_al(T* row, int col, int limit, const Vec16<T>& v) {
@@ -330,6 +321,22 @@ NAPKIN_DEVICE void cp_async_wait() {
 #endif
 }
 
+// Waits until at most n of this thread's committed groups are still in flight, n known at run time
+// (a loop's step): wait_group takes an immediate, so n past 7 waits for all but 7 (waiting for more
+// than asked is always safe).
+NAPKIN_DEVICE void cp_async_wait_upto(int n) {
+  switch (n <= 0 ? 0 : n) {
+    case 0: cp_async_wait<0>(); break;
+    case 1: cp_async_wait<1>(); break;
+    case 2: cp_async_wait<2>(); break;
+    case 3: cp_async_wait<3>(); break;
+    case 4: cp_async_wait<4>(); break;
+    case 5: cp_async_wait<5>(); break;
+    case 6: cp_async_wait<6>(); break;
+    default: cp_async_wait<7>(); break;
+  }
+}
+
 // Waits for every copy this thread issued.
 NAPKIN_DEVICE void cp_async_wait_all() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
@@ -349,6 +356,30 @@ NAPKIN_DEVICE void pipeline_wait() {
 // The zero of T.
 template <typename T>
 NAPKIN_DEVICE T zero() { return Traits<T>::from_float(0.f); }
+
+// Chunk k of a row kept in shared memory (`words`: n 16-byte words, k < n), the chunk load_vec_sh
+// would load from row[col .. col + size): on a 16-byte boundary by cp.async (the values at or past
+// limit zero-filled, a chunk wholly past it not read; completes at the thread's cp_async_wait),
+// elsewhere by load_vec_sh and a store now. Read back by load_cached, as zeros past n (the chunks
+// of a thread's last step that lie past the row's grid).
+template <typename T>
+NAPKIN_DEVICE void cache_chunk_async(uint4* words, int k, int n, const T* row, int col, int limit) {
+  constexpr int N = Vec16<T>::size;
+  if (k >= n) return;
+  const T* p = row + col;
+  if (is_aligned(p, 16)) {
+    const int have = limit - col;  // values from p on that lie inside the row (the ones before it too)
+    cp_async16(words + k, p, have >= N ? 16 : have > 0 ? have * static_cast<int>(sizeof(T)) : 0);
+  } else {
+    Vec16<T> v;
+    load_vec_sh(v, row, col, limit, zero<T>());
+    words[k] = *reinterpret_cast<const uint4*>(v.x);
+  }
+}
+template <typename T>
+NAPKIN_DEVICE void load_cached(Vec16<T>& v, const uint4* words, int k, int n) {
+  *reinterpret_cast<uint4*>(v.x) = k < n ? words[k] : make_uint4(0u, 0u, 0u, 0u);
+}
 
 // Starts the copy of a ROWS x COLS tile from global memory (row stride g_ld elements, of which
 // `rows` x `cols` from the tile's origin exist) into shared memory (row stride s_ld elements; the
