@@ -228,6 +228,15 @@ def _layernorm_grad():
     return library.get("layernorm").grad(save={"N_rstd", "N_mean"})
 
 
+def _softmax_vjp():
+    from napkin.diagrams import Axis, Diagram, array, sum_over
+
+    # softmax's backward given P: two inputs read in two passes, one kept in shared memory
+    r, x = Axis("r"), Axis("x")
+    P, dP = array("P", r, x), array("dP", r, x)
+    return Diagram("softmax_vjp", (P * (dP - sum_over(P * dP, x))).named("dX"))
+
+
 def _rmsnorm_grad():
     from napkin.diagrams import library
 
@@ -415,6 +424,11 @@ CASES = [
     # too long for registers, streamed in three passes
     Case("rowwise.cu.jinja", "group_norm", {"n": 2, "g": 3, "c": 5, "s": 99}, family="rowwise"),
     Case("rowwise.cu.jinja", "log_softmax", {"r": 3, "x": 70001}, family="rowwise"),
+    # ... of no 16-byte multiple: on the grid shifted to the row's 16-byte lines, X copied into shared
+    # memory by cp.async before the first pass (bf16), or read again by every pass (fp32: too long)
+    Case("rowwise.cu.jinja", _softmax_vjp, {"r": 3, "x": 70001}, family="rowwise", label="softmax_vjp_row_in_smem"),
+    Case("rowwise.cu.jinja", "log_softmax", {"r": 3, "x": 50257}, dtype="fp32", family="rowwise",
+         label="log_softmax_shifted_fp32"),
     # column reductions: more row groups than blocks (several a block, the last ragged), a row of no
     # 16-byte multiple; the partials' sum in the kernel (arrival counters, tickets, the reset)
     Case("rowwise.cu.jinja", _layernorm_grad, {"r": 4000, "x": 999}, family="rowwise"),

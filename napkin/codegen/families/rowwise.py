@@ -626,7 +626,7 @@ def shift_source(shape: "ChainShape") -> Value | None:
 
     >>> from napkin.diagrams import library
     >>> from napkin.codegen.prepare import prepare
-    >>> def rows(x): return analyse(prepare(library.get("softmax"), sizes=dict(r=4, x=x), dtype="bf16"))
+    >>> def rows(x): return analyse(prepare(library.get("log_softmax"), sizes=dict(r=4, x=x), dtype="bf16"))
     >>> shift_source(rows(50257)).name, shift_source(rows(50256))
     ('X', None)
     """
@@ -1676,6 +1676,7 @@ def chain_configs(shape: ChainShape, sms: int = DEFAULT_SMS, per_sm=None) -> lis
     if out or shape.cols:
         return sorted(out, key=lambda c: (not 8 <= c.values_per_thread <= 32, -c.values_per_thread, c.threads,
                                           c.splits or 0, c.prefetch))
+    kept = []
     for tpr in STREAM_THREADS:
         for u in STREAM_UNROLLS:
             cfg = make_chain_config(shape, tpr, 1, u)
@@ -1683,10 +1684,22 @@ def chain_configs(shape: ChainShape, sms: int = DEFAULT_SMS, per_sm=None) -> lis
                 out.append(cfg)
                 # the same with the inputs read again kept in shared memory, where one block fits
                 if row_cache(shape, cfg, MAX_ROW_SMEM) and not shape.cols:
-                    kept = make_chain_config(shape, tpr, 1, u, row_in_smem=True)
-                    if per_sm is None or per_sm(kept.threads, chain_regs_estimate(shape, kept),
-                                                chain_smem_bytes(shape, kept)) >= 1:
-                        out.append(kept)
+                    k = make_chain_config(shape, tpr, 1, u, row_in_smem=True)
+                    held = DEFAULT_BLOCKS_PER_SM if per_sm is None else \
+                        per_sm(k.threads, chain_regs_estimate(shape, k), chain_smem_bytes(shape, k))
+                    if held >= 1:
+                        kept.append((held * k.threads * k.unroll, held, k))
+    if kept:
+        # one kept configuration: the one with the most chunks in flight an SM (blocks x threads x
+        # unroll; then the most blocks). The model prices the kept variants alike (their HBM
+        # bytes), but after the copy a block's passes wait on shared memory, which more loads in
+        # flight hide. H200, 4096 rows, us, 2 / 4 chunks a thread: fp32 cross-entropy over 32001
+        # (128 KiB kept, one block an SM) 256 threads 517.7 / 388.5, 512 369.4 / 298.8; bf16 over
+        # 32001 (64 KiB) 256 threads 186.6 (three blocks an SM) / 162.3 (two), 512 (one, by
+        # registers) 184.7 / 215.3; log-softmax over 65536 bf16 (one block an SM) 256 threads
+        # 334.9 / 304.8, 512 290.4 / 286.4, 1024 289.2 / 290.6
+        # (benchmarks/results/nvidia-h200/long_rows_candidates_s33.txt)
+        out.append(max(kept, key=lambda t: t[:2])[2])
     return out
 
 
