@@ -2115,7 +2115,8 @@ def lower_chain(shape: ChainShape, cfg: ChainConfig, schedule: Schedule, arch: s
     shift = shift_source(shape) if cfg.stream else None
     LV = Code("load_vec_al<AL, EVEN>" if aligned_path else "load_vec_sh" if shift is not None else "load_vec")
     SV = Code("store_vec_al<AL, EVEN>" if aligned_path else "store_vec_sh" if shift is not None else "store_vec")
-    # a streamed row's inputs kept in shared memory: written by their first pass, read by the others
+    # a streamed row's inputs kept in shared memory: copied there before the first pass, every pass
+    # reads them back (row_cache)
     cache_ids = {id(v): i for i, v in enumerate(row_cache(shape, cfg, MAX_ROW_SMEM)[:cfg.cached])}
     al_check = Code(" && ".join(f"napkin::is_aligned({ident(name(v), 'in_' if v.is_input else 'out_')}, 16)"
                                 for v in vector_arrays)) if aligned_path else None
@@ -2164,6 +2165,7 @@ def lower_chain(shape: ChainShape, cfg: ChainConfig, schedule: Schedule, arch: s
         need = shape.need(p)
         vecs, gathers = _loaded(shape, p, cfg)
         decl, loads, chunk, elem = [], [], [], []
+        cached_loads = 0  # loads of this pass from the kept inputs in shared memory (the others from global)
         index_axes = sorted({a for b in need if not b.is_input for a in b.op.index_axes if a in red},
                             key=red.index)
         # on a shifted grid a chunk's columns do not start at a multiple of VEC
@@ -2197,6 +2199,7 @@ def lower_chain(shape: ChainShape, cfg: ChainConfig, schedule: Schedule, arch: s
             if id(v) in cache_ids:
                 # read back the chunk this thread copied before the first pass
                 loads.append(Code(f"napkin::load_cached({buf}[u], row_cache + {cache_ids[id(v)]} * RCH, k, RCH);"))
+                cached_loads += 1
                 elem.append(Code(f"const float {ident(nm, 'a_')} = napkin::to_float({buf}[u].x[e]);"))
                 continue
             if any(v is w for w in vecs) and id(v) in pf_ids and two_paths:
@@ -2245,10 +2248,9 @@ def lower_chain(shape: ChainShape, cfg: ChainConfig, schedule: Schedule, arch: s
                  if shape.stage[id(ch.source)] == p]
         pre = [Code(f"const napkin::HmRecip {ident(name(v), f'rcp{p}_')} = napkin::hm_recip({var(v)});")
                for v in divisors.get(p, {}).values()]
-        cached_loads = any("load_cached(" in str(x) for x in loads)
         passes.append(dict(index=p, decl=decl, loads=loads, chunk=chunk, elem=elem, accs=accs, stores=stores,
-                           pre=pre, cached_loads=cached_loads,
-                           global_loads=not cached_loads or any("load_cached(" not in str(x) for x in loads),
+                           pre=pre, cached_loads=cached_loads > 0,
+                           global_loads=not cached_loads or len(loads) > cached_loads,
                            cols=pcols, after=scalar_maps.get(p + 1, []),
                            what=comment(_pass_text(shape, p))))
     row_stores = [(ident(n, "out_"), ident(n, "off_"), var(v)) for n, v in shape.row_out]
