@@ -50,6 +50,10 @@ def _diagram(op: str):
     raise ValueError(f"unknown operator {op!r}")
 
 
+#: The inputs each PyTorch operator takes, in order (X alone where not named).
+TORCH_ARGS = {"softmax_backward": ("X", "dP", "P"), "cross_entropy": ("X", "T")}
+
+
 def _torch(op: str):
     import torch
 
@@ -90,8 +94,7 @@ def point(op: str, rows: int, width: int, dtype: str, copy_bps: float) -> dict:
         rec["kernels"] = [dict(family=pk.kernel.family, options=pk.kernel.options.to_dict()) for pk in cd.plan.kernels]
         rec["napkin_us"] = time_fn(lambda *a: cd(*a), warmup=5, reps=30, rotate=args).median_s * 1e6
         fn = _torch(op)
-        torch_args = [tuple(e[n] for n in ("X", "dP", "P") if n in e) if op == "softmax_backward"
-                      else tuple(e[n] for n in ("X", "T") if n in e) for e in sets]
+        torch_args = [tuple(e[n] for n in TORCH_ARGS.get(op, ("X",))) for e in sets]
         rec["torch_us"] = time_fn(lambda *a: fn(*a), warmup=5, reps=30, rotate=torch_args).median_s * 1e6
         used = [n for n in cd.input_names if n != "X" or op != "softmax_backward"]
         nbytes = sum(sets[0][n].numel() * sets[0][n].element_size() for n in used)

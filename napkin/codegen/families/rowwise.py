@@ -665,6 +665,12 @@ def row_cache(shape: "ChainShape", cfg: "ChainConfig", budget: int) -> list[Valu
     return again[:max(0, budget - chain_scratch_bytes(shape, cfg)) // each]
 
 
+def kept_inputs(shape: "ChainShape", cfg: "ChainConfig") -> list[Value]:
+    """The inputs ``cfg`` keeps in shared memory (its ``cached`` first of :func:`row_cache`), in
+    the order of their words."""
+    return row_cache(shape, cfg, MAX_ROW_SMEM)[:cfg.cached]
+
+
 def column_kernel_rows(shape: "ChainShape", cfg: "ChainConfig") -> list[Value]:
     """The inputs a kernel with column reductions reads row after row in its loop (the vectors held
     for every row, :func:`resident`, are loaded once): on its rotated grid each must start at the
@@ -1683,7 +1689,7 @@ def chain_configs(shape: ChainShape, sms: int = DEFAULT_SMS, per_sm=None) -> lis
             if chain_regs_need(shape, cfg) + 8 <= min(MAX_REGS, 65536 // cfg.threads):
                 out.append(cfg)
                 # the same with the inputs read again kept in shared memory, where one block fits
-                if row_cache(shape, cfg, MAX_ROW_SMEM) and not shape.cols:
+                if row_cache(shape, cfg, MAX_ROW_SMEM):
                     k = make_chain_config(shape, tpr, 1, u, row_in_smem=True)
                     held = DEFAULT_BLOCKS_PER_SM if per_sm is None else \
                         per_sm(k.threads, chain_regs_estimate(shape, k), chain_smem_bytes(shape, k))
@@ -1835,7 +1841,7 @@ def chain_launch_estimate(shape: ChainShape, cfg: ChainConfig) -> dict:
                    extra_hbm_bytes=2 * partial_bytes(shape, cfg), tail_l2_rounds=1 + combine_rounds(cfg))
     if cfg.stream:
         # the inputs kept in shared memory (row_cache) come from HBM once
-        kept = {id(v) for v in row_cache(shape, cfg, MAX_ROW_SMEM)[:cfg.cached]}
+        kept = {id(v) for v in kept_inputs(shape, cfg)}
         again = sum(len(shape.uses(v)) - 1 for v in shape.fresh if id(v) not in kept)
         if again and cfg.splits:
             # a wave of blocks, one row each (a few MiB): the later passes find the row in L2; a row
@@ -2117,7 +2123,8 @@ def lower_chain(shape: ChainShape, cfg: ChainConfig, schedule: Schedule, arch: s
     SV = Code("store_vec_al<AL, EVEN>" if aligned_path else "store_vec_sh" if shift is not None else "store_vec")
     # a streamed row's inputs kept in shared memory: copied there before the first pass, every pass
     # reads them back (row_cache)
-    cache_ids = {id(v): i for i, v in enumerate(row_cache(shape, cfg, MAX_ROW_SMEM)[:cfg.cached])}
+    in_smem = kept_inputs(shape, cfg)
+    cache_ids = {id(v): i for i, v in enumerate(in_smem)}
     al_check = Code(" && ".join(f"napkin::is_aligned({ident(name(v), 'in_' if v.is_input else 'out_')}, 16)"
                                 for v in vector_arrays)) if aligned_path else None
     # with column reductions a block loops over row groups: the first pass's loads of the arrays laid
@@ -2308,11 +2315,10 @@ def lower_chain(shape: ChainShape, cfg: ChainConfig, schedule: Schedule, arch: s
                            f"the 16-byte boundary at or before {name(shift)}'s first value ({grid_chunks(shape)} "
                            "chunks, the first and last masked)")
     cache_bytes = row_cache_bytes(shape, cfg)
-    kept_rows = row_cache(shape, cfg, MAX_ROW_SMEM)[:cfg.cached]
     cache_copies = [Code(f"napkin::cache_chunk_async(row_cache + {i} * RCH, k, RCH, {ident(name(v), 'in_')} + "
-                         f"{ident(name(v), 'off_')}, col0, limit);") for i, v in enumerate(kept_rows)]
+                         f"{ident(name(v), 'off_')}, col0, limit);") for i, v in enumerate(in_smem)]
     if cache_ids:
-        sched_lines.append(f"{', '.join(name(v) for v in kept_rows)} kept in shared memory ({cache_bytes} bytes): "
+        sched_lines.append(f"{', '.join(name(v) for v in in_smem)} kept in shared memory ({cache_bytes} bytes): "
                            "the row's chunks all copied there at once (cp.async) before the first pass, every pass "
                            "reads them back (HBM reads the row once)")
     sched_lines += [f"schedule: {r}" for k in schedule.kernels for r in k.relabels]
