@@ -149,8 +149,7 @@ class KernelOptions:
     - ``streamed``: True where a row-wise kernel reads its row again in every pass (``stages``
       chunks a thread in flight) instead of holding it in registers: a row too long for them;
     - ``row_in_smem``: True where such a streamed row keeps the inputs its later passes read
-      again in shared memory, written there by the pass that first loads them (HBM reads each
-      row once).
+      again in shared memory, copied there before its first pass (HBM reads each row once).
 
     >>> KernelOptions(engine="wgmma", stages=4).to_dict()
     {'engine': 'wgmma', 'stages': 4}
