@@ -420,10 +420,12 @@ CASES = [
     Case("rowwise.cu.jinja", "layernorm", {"r": 40, "x": 1001}, family="rowwise", label="layernorm_rotated_rows"),
     Case("rowwise.cu.jinja", "layernorm", {"r": 9, "x": 1001}, dtype="fp32", family="rowwise",
          label="layernorm_rotated_rows_fp32"),
-    # the chain kernel: a row of two axes in registers (gamma/beta gathered per element), and a row
-    # too long for registers, streamed in three passes
+    # the chain kernel: a row of two axes in registers (gamma/beta gathered per element), a row too
+    # long for registers, streamed in two passes (the max and the sum of exp(x - max) as one pair,
+    # merged over the block), and rows a part of a warp holds (the pair merged by shuffles)
     Case("rowwise.cu.jinja", "group_norm", {"n": 2, "g": 3, "c": 5, "s": 99}, family="rowwise"),
     Case("rowwise.cu.jinja", "log_softmax", {"r": 3, "x": 70001}, family="rowwise"),
+    Case("rowwise.cu.jinja", "logsumexp_rows", {"r": 33, "x": 500}, family="rowwise", label="logsumexp_warp_pairs"),
     # ... of no 16-byte multiple: on the grid shifted to the row's 16-byte lines, X copied into shared
     # memory by cp.async before the first pass (bf16), or read again by every pass (fp32: too long)
     Case("rowwise.cu.jinja", _softmax_vjp, {"r": 3, "x": 70001}, family="rowwise", label="softmax_vjp_row_in_smem"),

@@ -140,11 +140,57 @@ def test_group_norm_is_a_row_of_two_axes():
     assert not ragged.chunk_constant(ragged.diagram.value("gamma"))
 
 
-@pytest.mark.parametrize("name, passes", [("log_softmax", 3), ("l2_normalize", 2), ("logsumexp_rows", 2),
+# log-softmax and logsumexp: the sum of exp(x − max) runs beside the max (an online pair)
+@pytest.mark.parametrize("name, passes", [("log_softmax", 2), ("l2_normalize", 2), ("logsumexp_rows", 1),
                                           ("row_range", 1)])
 def test_passes(name, passes):
     s = analyse(bound(library.get(name), r=8, x=1000))
     assert isinstance(s, ChainShape) and s.passes == passes
+
+
+def _pairs(d: Diagram, **sizes) -> list:
+    s = analyse(bound(d, **sizes))
+    return [(c.how, None if c.pair is None else s.name(c.pair.result), c.exact) for c in s.chains], s.passes
+
+
+def test_a_sum_of_exp_shifted_by_the_max_runs_beside_it():
+    r, x = rows("r", "x")
+    X, Y = array("X", r, x), array("Y", r, x)
+    # log-softmax shifts by the max itself (exact: an infinite max makes the sum NaN), logsumexp by
+    # zero_inf of it
+    assert _pairs(library.get("log_softmax"), r=8, x=100) == ([("max", None, True), ("sum", "m", True)], 2)
+    assert _pairs(library.get("logsumexp_rows"), r=8, x=100)[0][1][1:] == ("max", False)
+    # the exp also an output: it is evaluated per element, so the sum waits for the max's pass
+    m = max_over(X, x, name="m")
+    e = exp(X - m, name="E")
+    assert _pairs(Diagram("e_out", (sum_over(e, x, name="s"), e)), r=8, x=100) == (
+        [("max", None, True), ("sum", None, True)], 2)
+    # the shift of another value than the one the max is of: no pair
+    other = Diagram("other", sum_over(exp(Y - max_over(X, x, name="m2"), name="E2"), x, name="s2"))
+    assert _pairs(other, r=8, x=100) == ([("max", None, True), ("sum", None, True)], 2)
+
+
+def test_streamed_rows_are_offered_where_registers_hold_one_block_an_sm():
+    # logsumexp over 50257 bf16 in registers: 512 threads of 104 registers, one block an SM
+    d = bound(library.get("logsumexp_rows"), r=4096, x=50257)
+    cands = FAMILY.candidates(d, "h200", "bf16")
+    modes = {bool(c.kernels[0].options.streamed) for c in cands}
+    assert modes == {True, False}
+    assert derive(d, "h200", "bf16", explain=False).plan.kernels[0].kernel.options.streamed
+    # over 4096 values registers hold several blocks an SM: register mode only
+    short = bound(library.get("logsumexp_rows"), r=8192, x=4096)
+    assert not any(c.kernels[0].options.streamed for c in FAMILY.candidates(short, "h200", "bf16"))
+
+
+def test_one_pass_chains_prefer_more_values_a_thread():
+    # among configurations the model prices alike: up to 8 chunks a thread where the passes keep
+    # nothing (64 bf16 values, 32 fp32), up to 32 values where a later pass reads them again
+    def first(name, dtype):
+        return rowwise.chain_configs(analyse(bound(library.get(name), dtype, r=8192, x=4096)))[0]
+
+    assert first("logsumexp_rows", "bf16").values_per_thread == 64
+    assert first("logsumexp_rows", "fp32").values_per_thread == 32
+    assert first("log_softmax", "bf16").values_per_thread == 32
 
 
 def _refusal(d: Diagram) -> str:
@@ -195,10 +241,13 @@ LOAD_VEC = re.compile(r"napkin::load_vec(_al<AL, EVEN>)?\(")
 
 def test_register_mode_reads_every_input_once():
     src = one_path(_source("log_softmax", r=64, x=4096))
-    assert len(LOAD_VEC.findall(src)) == 1 and src.count("// ---- pass") == 3
+    assert len(LOAD_VEC.findall(src)) == 1 and src.count("// ---- pass") == 2
     assert "kv_X[UNROLL]" in src and "#pragma unroll 1" not in src
-    # a part of a warp: shuffles; a block: each warp's max, then the warps' (one round a pass)
-    assert "xor_reduce<napkin::MaxOp" in src or "warp_reduce<napkin::MaxOp>" in src
+    # the max and the sum of exp(x − max) as one pair: folded a chunk at a time, then merged by
+    # shuffles (a part of a warp) or a round over the block
+    assert "fold_max_sumexp<VEC, true>(acc_m, acc_s, pv_m)" in src and "xor_reduce_max_sumexp<" in src
+    gl = one_path(_source("l2_normalize", r=64, x=4096))
+    assert "xor_reduce<napkin::SumOp" in gl or "warp_reduce<napkin::SumOp>" in gl
     gn = _source("group_norm", n=2, g=4, c=4, s=256)
     assert len(LOAD_VEC.findall(one_path(gn))) == 1 and "j_c = col0 / 256" in gn     # gamma/beta once per chunk
 
@@ -208,10 +257,10 @@ def test_a_row_too_long_for_registers_is_streamed():
     cands = FAMILY.candidates(d, "h100", "bf16")
     assert cands and all(c.kernels[0].options.stages in rowwise.STREAM_UNROLLS for c in cands)
     src = one_path(_source("log_softmax", r=16, x=1 << 18))
-    assert len(LOAD_VEC.findall(src)) == 3 and "#pragma unroll 1" in src   # each pass reads X again
-    # the model charges the two re-reads of X
+    assert len(LOAD_VEC.findall(src)) == 2 and "#pragma unroll 1" in src   # each pass reads X again
+    # the model charges the re-read of X (the max and the sum in one pass, the output in the next)
     est = FAMILY.launch_estimate(d, cands[0], "h100")
-    assert est["extra_hbm_bytes"] == 2 * 16 * (1 << 18) * 2
+    assert est["extra_hbm_bytes"] == 16 * (1 << 18) * 2
     # a one-pass chain streams without re-reading
     one = bound(library.get("row_range"), r=16, x=1 << 20)
     est = FAMILY.launch_estimate(one, FAMILY.candidates(one, "h100", "bf16")[0], "h100")
@@ -224,7 +273,7 @@ def test_launch_estimate_and_prediction():
         est = FAMILY.launch_estimate(d, s, "h100")
         opts = s.kernels[0].options
         assert est["threads_per_row"] == opts.threads_per_row and est["threads"] == opts.warps * 32
-        assert est["regs"] == opts.regs_per_thread and est["reductions"] == 2   # max, then the sum
+        assert est["regs"] == opts.regs_per_thread and est["reductions"] == 1   # max and sum as one pair
         r = predict_schedule(d, FAMILY, s, "h100")
         # at least the HBM time of reading X once and writing Y once
         assert r.seconds >= (16384 * 4096 * 2 + 16384 * 2) / 3.35e12

@@ -177,3 +177,45 @@ def test_infinities(how, x, dtype):
         lo = got[1].double().cpu()
         assert lo[0] == -math.inf and lo[2] == -math.inf and lo[3] == -math.inf and math.isfinite(lo[1])
         assert torch.equal(got[2], got[0])
+
+
+def _written_out_softmax():
+    """softmax as the planner writes it out for rows too long for registers: the sum's exp(x − max)
+    apart from the output's, so the sum runs beside the max (an online pair)."""
+    from napkin.diagrams import Axis, Diagram, array, exp, max_over, sum_over
+
+    r_, x_ = Axis("r"), Axis("x")
+    X = array("X", r_, x_)
+    m = max_over(X, x_, name="m")
+    s = sum_over(exp(X - m, name="E_sum"), x_, name="s")
+    return Diagram("wsoftmax", (exp(X - m, name="E") / s).named("P"))
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp32"])
+@pytest.mark.parametrize("which", ["log_softmax", "softmax"])
+@pytest.mark.parametrize("x", [1000, 50257, 70001])
+def test_paired_sums_are_nan_where_the_written_out_form_is(which, x, dtype):
+    """A sum of exp(x − max) run beside its max (one pass, rescaled as the max grows) gives what
+    the written-out diagram gives: NaN for a row of only −inf or with a +inf (x − max is NaN
+    there), −inf log-probabilities and zero probabilities for −inf among finite values, and the
+    rest within the tolerance, in registers (1000), kept in shared memory (bf16 rows of 50257 and
+    70001) and streamed (fp32 rows of those)."""
+    import torch
+
+    d = library.get("log_softmax") if which == "log_softmax" else _written_out_softmax()
+    sizes = dict(r=9, x=x)
+    b = prepare(d, sizes=sizes, dtype=dtype)
+    x_in = _with_infinities(b, dtype)
+    cd = compile(d, sizes=sizes, dtype=dtype, family="rowwise")
+    assert [k.family for k in cd.plan.kernels] == ["rowwise"], str(cd.plan)
+    assert "fold_max_sumexp" in cd.program.launches[0].source  # the pair, not two passes
+    outs = cd.empty_outputs(device="cuda", fill=1.0)  # not NaN: the NaN rows must be written NaN
+    cd(**x_in, out=outs)
+    torch.cuda.synchronize()
+    ref = cd.diagram.reference({k: v.double() for k, v in x_in.items()}, dtype=torch.float64)
+    (name,) = cd.output_names
+    o, r = outs[name].double(), ref[name].double().to(outs[name].device)
+    assert torch.isnan(r[0]).all() and torch.isnan(r[1]).all() and not torch.isnan(r[4:]).any()
+    assert torch.equal(torch.isnan(o), torch.isnan(r)), f"{which} {dtype} {x}: NaN in other places"
+    keep = ~torch.isnan(r)
+    _compare(o[keep], r[keep], TOL[dtype], f"{which} {dtype} {x}")

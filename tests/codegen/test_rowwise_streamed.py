@@ -56,7 +56,7 @@ def test_an_odd_vocabulary_row_is_shifted_and_kept_in_shared_memory():
     assert "store_vec_sh" in src and "values_to_boundary" in src
     # the whole row copied into shared memory before the first pass, every pass reading it back
     assert src.count("napkin::cache_chunk_async(row_cache") == 1 and "cp_async_wait_all" in src
-    assert src.count("napkin::load_cached(") == 3 and "load_vec_sh(" not in src.split("cp_async_wait_all")[1]
+    assert src.count("napkin::load_cached(") == 2 and "load_vec_sh(" not in src.split("cp_async_wait_all")[1]
     assert "(unsigned)col < (unsigned)XSIZE" in src
     # 50257 values: 6283 chunks of 8, one more on the shifted grid; one input kept (X)
     assert grid_chunks(_chain(_log_softmax(), "bf16", r=64, x=50257)) == 6284
@@ -101,8 +101,8 @@ def test_kept_inputs_are_read_from_hbm_once_in_the_model():
     plain = [c for c in cands if not c.kernels[0].options.row_in_smem]
     assert kept and plain
     assert "extra_hbm_bytes" not in FAMILY.launch_estimate(d, kept[0], "h200")
-    # without it the two later passes (the sum, the output) read X again
-    assert FAMILY.launch_estimate(d, plain[0], "h200")["extra_hbm_bytes"] == 2 * 64 * 50257 * 2
+    # without it the later pass (the output; the sum runs beside the max) reads X again
+    assert FAMILY.launch_estimate(d, plain[0], "h200")["extra_hbm_bytes"] == 64 * 50257 * 2
     est = FAMILY.launch_estimate(d, kept[0], "h200")
     assert est["smem"] >= 16 * 6284
 

@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 from ...diagrams.axes import is_name
 from ...diagrams.diagram import Diagram
 from ...diagrams.functions import get_function
-from ...diagrams.ops import Contract, Map, Norm, Reduce, Softmax, Value, apply, map_fn, sum_over
+from ...diagrams.ops import Contract, Map, Norm, Reduce, Softmax, Value, apply, map_fn, shifted_exp, sum_over
 from ...dtypes import dtype as lookup_dtype
 from ...errors import CodegenError
 from ...perfmodel.schedule import Kernel, KernelOptions, Relabel, Schedule
@@ -867,6 +867,10 @@ def lower_shape(shape: RowwiseShape, cfg: Config, schedule: Schedule, arch: str,
 # it writes), recomputing them from the inputs (maps are cheap; registers are not). Each
 # reduction is accumulated in fp32 per thread, then combined by shuffles (a part of a warp) or a
 # block reduction; the maps of per-row values (``log(s) + m``) run once per thread between passes.
+# A sum of ``exp(x − m)`` whose shift is the max ``m`` of the same ``x`` (a softmax's or
+# logsumexp's sum written out) does not wait a pass for it: the max's pass keeps the pair (running
+# max, sum of exp(x − running max)), folding each chunk's values in with one rescale, and merges
+# the pairs across threads (:func:`_paired_sums`): a log-softmax takes two passes, a logsumexp one.
 #
 # Where the row fits, a thread keeps the raw 16-byte vectors of every input that several passes
 # read in registers (*register mode*: HBM reads each input once). A row too long for registers is
@@ -1022,15 +1026,28 @@ _CHAIN_OPS = {"sum": ("({a} + {b})", "0.f", "napkin::SumOp"),
 class Chain:
     """One reduction of the row: boxes each reducing the one before (``links``) that together
     reduce every axis of the row, their kind (``sum``, ``max``, ``min``; a mean is a sum times
-    ``scale``, the product of 1/n over the axes a mean reduces)."""
+    ``scale``, the product of 1/n over the axes a mean reduces).
+
+    ``pair``: a sum of ``exp(x − c)`` whose shift ``c`` is the max chain ``pair`` of the same ``x``
+    (a softmax's or logsumexp's sum written out, :func:`napkin.diagrams.ops.shifted_exp`), run
+    beside that max in one pass as an online softmax does (:func:`_paired_sums`); ``exact``: ``c``
+    is the max itself (not ``zero_inf`` of it)."""
 
     links: tuple[Value, ...]
     how: str
     scale: float
+    pair: "Chain | None" = None
+    exact: bool = True
 
     @property
     def source(self) -> Value:
         return self.links[0].args[0]
+
+    @property
+    def operand(self) -> Value:
+        """The value the kernel reduces per element: the source, or a paired sum's max's source
+        (``x`` of ``Σ exp(x − max x)``: the shift and its exp are computed by the pair itself)."""
+        return self.pair.source if self.pair is not None else self.source
 
     @property
     def result(self) -> Value:
@@ -1083,12 +1100,16 @@ class ChainShape:
         """Whether ``v`` varies along the row (carries an axis of R): evaluated per element."""
         return bool(set(v.axis_names) & set(self.red))
 
+    def pass_of(self, c: Chain) -> int:
+        """The pass that accumulates reduction ``c`` (a paired sum: its max's)."""
+        return self.stage[id(c.operand)]
+
     def need(self, p: int) -> tuple[Value, ...]:
         """The row-varying values pass ``p`` evaluates per element (inputs and maps), in
         topological order: those its reductions and row-shaped outputs need."""
         if self.needs:
             return self.needs[p]
-        targets = [c.source for c in (*self.chains, *self.cols) if self.stage[id(c.source)] == p]
+        targets = [c.operand for c in (*self.chains, *self.cols) if self.pass_of(c) == p]
         targets += [v for _, v in self.full_out if self.stage[id(v)] == p]
         got: set[int] = set()
         stack = list(targets)
@@ -1200,12 +1221,13 @@ def analyse_chain(diagram: Diagram) -> ChainShape | str:
         if c.result.axis_names != red:
             return (f"column reduction {d.name_of(c.result)} holds ({', '.join(c.result.axis_names)}), not the row's "
                     f"axes in the order of the rows ({', '.join(red)})")
+    chains = _paired_sums(d, chains)
     stage: dict[int, int] = {id(v): 0 for v in d.inputs}
     result_of = {id(c.result): c for c in (*chains, *cols)}
     link_ids = {id(v) for c in (*chains, *cols) for v in c.links}
     for v in nodes:
         if id(v) in result_of:
-            stage[id(v)] = stage[id(result_of[id(v)].source)] + 1
+            stage[id(v)] = stage[id(result_of[id(v)].operand)] + 1
         elif id(v) in link_ids:
             continue
         else:
@@ -1228,7 +1250,7 @@ def analyse_chain(diagram: Diagram) -> ChainShape | str:
                 return (f"output {n} holds ({', '.join(v.axis_names)}), not one value per row "
                         f"({', '.join(kept_axes)})")
             row_out.append((n, v))
-    passes = 1 + max([stage[id(c.source)] for c in (*chains, *cols)] + [stage[id(v)] for _, v in full_out])
+    passes = 1 + max([stage[id(c.operand)] for c in (*chains, *cols)] + [stage[id(v)] for _, v in full_out])
     if passes == 1 and len(chains) == 1 and not cols and len({v.op.how for v in chains[0].links}) == 1:
         # the pointwise family's row kernel runs this too, and splits a long row over blocks
         return ("one reduction in one pass with maps around it: the pointwise family runs it "
@@ -1239,6 +1261,38 @@ def analyse_chain(diagram: Diagram) -> ChainShape | str:
     if shape.xsize >= 2 ** 30:
         return f"a row of {shape.xsize} values is longer than the 2^30 its 32-bit column index reaches"
     return dataclasses.replace(shape, needs=tuple(shape.need(p) for p in range(passes)))
+
+
+def _paired_sums(d: Diagram, chains: list[Chain]) -> list[Chain]:
+    """``chains`` with each sum of ``exp(x − c)`` paired with the max chain ``c`` is of (``c`` the
+    max of ``x`` or ``zero_inf`` of it: a softmax's or logsumexp's sum written out) where nothing
+    else reads the exp: the kernel then keeps the pair (running max, sum of exp(x − running max)) in
+    the max's pass, rescaling the sum when the max grows, and merges pairs across threads
+    (reduce.cuh: ``fold_max_sumexp``, ``xor_reduce_max_sumexp``). The sum no longer waits a pass
+    for the max: a log-softmax runs two passes instead of three and a logsumexp one instead of two,
+    so a streamed row is read once less.
+
+    >>> from napkin.diagrams import library
+    >>> s = analyse(library.get("log_softmax").bind(r=4, x=100))
+    >>> [(c.how, c.pair is not None) for c in s.chains], s.passes
+    ([('max', False), ('sum', True)], 2)
+    """
+    consumers = d.consumers
+    out_ids = {id(v) for v in d.outputs}
+    maxes = {id(c.result): c for c in chains if c.how == "max"}
+    taken: set[int] = set()
+    out = []
+    for c in chains:
+        found = shifted_exp(c.source) if c.how == "sum" else None
+        m = maxes.get(id(found[2])) if found is not None else None
+        e = c.source
+        if (m is None or found[0] is not m.source or id(m) in taken or id(e) in out_ids
+                or len(consumers.get(id(e), ())) != 1):
+            out.append(c)
+            continue
+        taken.add(id(m))
+        out.append(dataclasses.replace(c, pair=m, exact=found[3]))
+    return out
 
 
 def _rows_and_columns(d: Diagram, chains: list[Chain], U: list[str], primary: Value | None
@@ -1679,9 +1733,25 @@ def chain_configs(shape: ChainShape, sms: int = DEFAULT_SMS, per_sm=None) -> lis
         warp_rows = lookup_dtype(shape.dtype).bytes == 2
         out = [c for c in out if c.values_per_thread <= COL_VALUES or not any(f >= (c.splits or 0) for f in few)
                or (warp_rows and not c.block_mode and (c.splits or 0) >= sms)]
-    if out or shape.cols:
-        return sorted(out, key=lambda c: (not 8 <= c.values_per_thread <= 32, -c.values_per_thread, c.threads,
-                                          c.splits or 0, c.prefetch))
+    # among configurations the model prices alike: the most values a thread up to 32 (each a
+    # register a later pass reads), up to 8 chunks (128 bytes in flight) where the passes keep
+    # nothing (a chain of one pass reads each value once). H200, logsumexp, L2 flushed
+    # (`long_rows_candidates_s34.txt`), 8 chunks a thread against 4: bf16 8192 x 4096 21.2 us
+    # against 24.7, 4096 x 8192 21.2 against 25.2, 4096 x 16384 36.6 against 49.6 (16 chunks 42.5),
+    # 8192 x 1000 11.2 against 10.2; fp32 4096 x 4096 27.1 against 29.2 at 16 chunks
+    most_values = 32 if shape.kept else max(32, 8 * shape.vec)
+    out = sorted(out, key=lambda c: (not 8 <= c.values_per_thread <= most_values, -c.values_per_thread, c.threads,
+                                     c.splits or 0, c.prefetch))
+    if shape.cols or (out and (per_sm is None or max(
+            per_sm(c.threads, chain_regs_estimate(shape, c), chain_smem_bytes(shape, c)) for c in out) >= 2)):
+        return out
+    # a row that no register-mode configuration holds, or holds at one block an SM: that block
+    # loads its row, then works on it, then reduces, and nothing overlaps its waits; streamed rows
+    # are offered beside it (several blocks an SM, each loading its next chunks while the others
+    # work), and the model ranks them. H200, bf16, L2 flushed (`long_rows_candidates_s34.txt`):
+    # logsumexp over 4096 x 50257 148.5 us in registers (512 threads, one block an SM), 115.1
+    # streamed (256 threads, two chunks a step); log-softmax over 8192 x 32001 352.0 in registers,
+    # 284.1 streamed with the row kept in shared memory
     kept = []
     for tpr in STREAM_THREADS:
         for u in STREAM_UNROLLS:
@@ -1831,7 +1901,7 @@ def chain_launch_estimate(shape: ChainShape, cfg: ChainConfig) -> dict:
     busy = (-(-shape.xsize // cfg.vec)) / (cfg.chunks_per_thread * cfg.threads_per_row)
     if cfg.splits:  # the last row iteration of some blocks has no rows
         busy *= shape.nrows / (cfg.splits * cfg.iterations(shape) * cfg.rows_per_block)
-    red_passes = len({shape.stage[id(c.source)] for c in shape.chains})
+    red_passes = len({shape.pass_of(c) for c in shape.chains})
     est = dict(blocks=blocks, threads=cfg.threads, regs=chain_regs_estimate(shape, cfg),
                smem=chain_smem_bytes(shape, cfg), in_flight_bytes_per_thread=in_flight,
                idle_lanes=min(0.95, max(0.0, 1.0 - busy)), bytes_per_value=b, threads_per_row=cfg.threads_per_row,
@@ -1934,7 +2004,7 @@ def block_reductions(shape: ChainShape) -> int:
     """The most row reductions one pass of the chain reduces (in one round over a block: each
     warp's sums, one barrier, the warps' sums; the rmsnorm backward with its statistic saved has
     one, the layernorm backward's first pass two: Σ dN·N and Σ dN)."""
-    per = [sum(1 for c in shape.chains if shape.stage[id(c.source)] == p) for p in range(shape.passes)]
+    per = [sum(1 for c in shape.chains if shape.pass_of(c) == p) for p in range(shape.passes)]
     return max([1, *per])
 
 
@@ -2165,6 +2235,7 @@ def lower_chain(shape: ChainShape, cfg: ChainConfig, schedule: Schedule, arch: s
             continue
         scalar_maps.setdefault(shape.stage[id(b)], []).append(map_stmt(b))
 
+    paired = {id(c.pair): c for c in shape.chains if c.pair is not None}  # max chain -> its paired sum
     kept_ids = {id(v) for v in shape.kept} if not cfg.stream else set()
     kept_decl = [Code(f"napkin::Vec16<T> {ident(name(v), 'kv_')}[UNROLL];") for v in shape.kept if id(v) in kept_ids]
     passes = []
@@ -2237,22 +2308,35 @@ def lower_chain(shape: ChainShape, cfg: ChainConfig, schedule: Schedule, arch: s
                                   "limit, napkin::zero<T>());"))
             elem.append(Code(f"const float {ident(nm, 'a_')} = napkin::to_float({buf}[u].x[e]);"))
         accs = []
+        slot = 0  # the block reduction's scratch words of each reduction (a pair takes two)
         for c in shape.chains:
-            if shape.stage[id(c.source)] != p:
+            if shape.pass_of(c) != p or c.pair is not None:  # a paired sum: with its max
                 continue
             fmt, ident0, op = _CHAIN_OPS[c.how]
             rn = name(c.result)
-            accs.append(dict(
+            acc = dict(
                 acc=ident(rn, "acc_"), part=ident(rn, "p_"), identity=Code(ident0),
                 step=Code(fmt.format(a=ident(rn, "p_"), b=ident(name(c.source), "a_"))),
+                value=ident(name(c.source), "a_"),
                 merge=Code(fmt.format(a=ident(rn, "acc_"), b=ident(rn, "p_"))),
                 # a part of a warp: shuffles; a block: the template reduces the pass's sums in one round
                 reduce=Code(f"napkin::xor_reduce<{op}, THREADS_PER_ROW>({ident(rn, 'acc_')})"), op=Code(op),
-                result=ident(rn, "a_"), scale=float(c.scale)))
+                result=ident(rn, "a_"), scale=float(c.scale), slot=slot, pair=None)
+            slot += 1
+            ps = paired.get(id(c))
+            if ps is not None:
+                # the max and the sum of exp(x − max) in one: each chunk's VEC values folded into the
+                # running pair (one rescale a chunk), the pairs merged across threads
+                sn = name(ps.result)
+                acc["pair"] = dict(acc=ident(sn, "acc_"), vals=ident(rn, "pv_"), result=ident(sn, "a_"),
+                                   scale=float(ps.scale), slot=slot, exact=Code("true" if ps.exact else "false"),
+                                   fast=Code("false" if lookup_dtype(shape.dtype).bytes >= 4 else "true"))
+                slot += 1
+            accs.append(acc)
         stores = [(ident(n, "st_"), ident(n, "out_"), ident(n, "off_"), ident(name(v), "a_"))
                   for n, v in shape.full_out if shape.stage[id(v)] == p]
         pcols = [dict(acc=c["acc"], step=c["step"]) for c, ch in zip(cols, shape.cols)
-                 if shape.stage[id(ch.source)] == p]
+                 if shape.pass_of(ch) == p]
         pre = [Code(f"const napkin::HmRecip {ident(name(v), f'rcp{p}_')} = napkin::hm_recip({var(v)});")
                for v in divisors.get(p, {}).values()]
         passes.append(dict(index=p, decl=decl, loads=loads, chunk=chunk, elem=elem, accs=accs, stores=stores,
@@ -2385,7 +2469,8 @@ def column_buffers(shape: ChainShape, cfg: ChainConfig) -> tuple[Buffer, Buffer]
 
 
 def _pass_text(shape: ChainShape, p: int) -> str:
-    what = [f"{c.how} {shape.name(c.result)}" for c in shape.chains if shape.stage[id(c.source)] == p]
+    what = [f"{c.how} {shape.name(c.result)}" + (f" (beside {shape.name(c.pair.result)}, online)" if c.pair else "")
+            for c in shape.chains if shape.pass_of(c) == p]
     what += [f"writes {n}" for n, v in shape.full_out if shape.stage[id(v)] == p]
     return f"pass {p}: " + ", ".join(what)
 

@@ -13,6 +13,7 @@
 //                                         must be a multiple of 32 and every thread must call it
 //   merge_max_sumexp, fold_max_sumexp, xor_reduce_max_sumexp, block_reduce_max_sumexp
 //                                         the pair (max m, sum of exp(x - m)) of an online softmax
+//   pair_sum<EXACT>                       the sum the written-out diagram computes, from the pair
 //   exp2_ftz, LOG2E, LN2                  2^x in one special-function op (subnormals flushed),
 //                                         and the constants that turn e^x into 2^x and back
 //   last_to_arrive                        the handshake of a reduction split over the blocks of a
@@ -159,6 +160,16 @@ NAPKIN_DEVICE void fold_max_sumexp(float& m, float& s, const float (&x)[N]) {
   }
   m = mm;
   s = t;
+}
+
+// The pair's sum as the written-out diagram computes it, from the running (max m, sum s of
+// exp(x - m)): with the max itself as the shift (EXACT) an infinite max makes x - m NaN for the
+// values equal to it, so the sum is NaN; with zero_inf(max) as the shift a max of -inf gives 0
+// and one of +inf gives +inf (s counts the values equal to an infinite max; NaN stays NaN).
+template <bool EXACT>
+NAPKIN_DEVICE float pair_sum(float m, float s) {
+  if (!(fabsf(m) > 3.4028234663852886e38f)) return s;
+  return EXACT ? __int_as_float(0x7fc00000) : s * (m > 0.f ? __int_as_float(0x7f800000) : 0.f);
 }
 
 template <int WIDTH, bool FAST>
