@@ -43,7 +43,9 @@ from typing import Callable, Mapping, Sequence
 from ..diagrams.diagram import Diagram
 from ..diagrams.expand import expand, expandable
 from ..diagrams.fold import fold, foldable, summed_folds
+from ..diagrams.ops import Norm, Softmax
 from ..dtypes import canonical as canonical_dtype
+from ..dtypes import dtype as lookup_dtype
 from ..errors import CodegenError, NapkinError, ScheduleError
 from ..perfmodel.hardware import check_arch, gpu_ref
 from ..perfmodel.plan import FALLBACK, Plan, PlannedKernel, describe_kernel, tiles_text
@@ -72,6 +74,20 @@ MAX_ELEMENTWISE_BOXES = 256
 #: 1000 matmuls on one core; a third order, where a family finds regions, re-uses most of the
 #: runs analysed). Larger diagrams are refused before anything is costed.
 MAX_PLANNED_BOXES = 1000
+
+#: A softmax or norm box the row-wise family runs over rows of more than LONG_ROW 16-bit values is
+#: also planned written out (its reductions and maps: the chain kernel, which streams a long row,
+#: keeps it in shared memory or holds it at two blocks an SM where the box's own kernel holds one),
+#: and kept so where the model predicts that at most LONG_ROW_GAIN of its own kernel's time. At 8192
+#: values and under the model priced the two alike at every size tried (rows of 1024-8192, bf16 and
+#: fp32, softmax, layernorm, rmsnorm). H200, L2 flushed, the planner's picks, own kernel -> written
+#: out (`long_row_composites_s34.txt`, us): bf16 softmax over 4096 x 16384 98.7 -> 75.9, 8192 x 32001
+#: 386.4 -> 315.1; layernorm over 4096 x 16384 93.3 -> 80.5; rmsnorm over 4096 x 16384 87.1 -> 66.7,
+#: 8192 x 32001 372.9 -> 301.1; 8192 x 8192 unchanged (not tried). fp32 measured mixed and keeps its
+#: own kernels: layernorm over 8192 x 32001 1046.0 -> 736.8 (its own plan was two kernels), 4096 x
+#: 16384 143.4 -> 136.1, rmsnorm 132.9 -> 133.5, but softmax over 4096 x 16385 179.1 -> 213.7
+LONG_ROW = 8192
+LONG_ROW_GAIN = 0.95
 
 #: A diagram with axes folded (:mod:`napkin.diagrams.fold`) is planned so only when the model
 #: predicts it at most this fraction of the plan with every axis its own.
@@ -802,6 +818,24 @@ def derive(diagram, gpu=None, dtype: str | None = None, sizes: Mapping[str, int]
             planner, wide_plan, runs, names = chosen
             d = planner.d
             plan = dataclasses.replace(wide_plan, expanded=names)
+    long_rows = () if expansion else _long_row_composites(plan)
+    if long_rows:
+        # a softmax or norm box over rows longer than LONG_ROW values: the row-wise family's own
+        # kernel holds the row in registers, few blocks an SM (one at 32000 bf16 values, 1024
+        # threads), where its written-out chain may stream the row, keep it in shared memory or
+        # hold it at two blocks an SM. Kept where the model predicts it faster by LONG_ROW_GAIN
+        wide = _Planner(expand(d, long_rows), g, arch, dt, fams, fixed, progress)
+        try:
+            wide_plan, wide_runs = wide.plan()
+        except ScheduleError:
+            wide_plan = None
+        if wide_plan is not None and (_slow_boxes(wide_plan), wide_plan.seconds) < (
+                _slow_boxes(plan), plan.seconds * LONG_ROW_GAIN):
+            expansion = (f"wrote out {', '.join(long_rows)} as reductions and maps: over rows of more than "
+                         f"{LONG_ROW} values the written-out chain is predicted faster than the row-wise "
+                         f"family's own kernel ({wide_plan.seconds * 1e6:.1f} µs against {plan.seconds * 1e6:.1f} µs)",)
+            planner, runs, d = wide, wide_runs, wide.d
+            plan = dataclasses.replace(wide_plan, expanded=long_rows)
     folding = ()
     # (attention keeps its axes: its family packs the query heads that share a K/V head itself,
     # and its kernels were measured on those tiles)
@@ -849,6 +883,20 @@ def _slow_boxes(plan: Plan) -> int:
     one)."""
     views = {plan.diagram.name_of(v) for v in plan.diagram.nodes if v.op.kind == "rename"}
     return sum(max(1, sum(b not in views for b in k.boxes)) for k in plan.kernels if k.family == FALLBACK)
+
+
+def _long_row_composites(plan: Plan) -> tuple[str, ...]:
+    """The softmax and norm boxes of ``plan`` that the row-wise family runs whole over rows of more
+    than :data:`LONG_ROW` 16-bit values (what :func:`derive` also tries written out)."""
+    d = plan.diagram
+    if lookup_dtype(plan.dtype).bytes != 2:
+        return ()
+    boxes = {b for k in plan.kernels if k.family == "rowwise" for b in k.boxes}
+    out = []
+    for v in d.nodes:
+        if isinstance(v.op, (Softmax, Norm)) and d.name_of(v) in boxes and v.axis(v.op.over).bound_size > LONG_ROW:
+            out.append(d.name_of(v))
+    return tuple(out)
 
 
 def _composites_on_fallback(plan: Plan) -> tuple[str, ...]:

@@ -73,3 +73,27 @@ def test_a_plan_whose_expansion_does_not_fit_the_diagram_is_refused():
     data["expanded"] = ["X"]
     with pytest.raises(ScheduleError, match="not a softmax or norm box"):
         Plan.from_dict(outer_softmax(), data)
+
+
+def _inner(kind: str):
+    X = array("X", a, b)
+    box = softmax(X, b, name="Y") if kind == "softmax" else (layernorm if kind == "layernorm" else rmsnorm)(
+        X, b, name="Y")
+    return Diagram(f"inner_{kind}", box)
+
+
+@pytest.mark.parametrize("kind", ["softmax", "layernorm", "rmsnorm"])
+def test_a_long_16_bit_row_is_also_planned_written_out(kind):
+    """Over rows of more than LONG_ROW 16-bit values the planner also plans the box written out
+    (the chain kernel streams the row or keeps it in shared memory, where the box's own kernel holds
+    it in registers at one block an SM), keeps the faster, and says why; shorter rows and fp32 rows
+    keep the box's own kernel."""
+    from napkin.codegen.planner import LONG_ROW
+
+    der = derive(_inner(kind), "h200", "bf16", sizes={"a": 4096, "b": 16384})
+    assert der.plan.expanded == ("Y",) and der.plan.families == ("rowwise",)
+    assert any(f"rows of more than {LONG_ROW} values" in d for d in der.decisions)
+    data = json.loads(json.dumps(der.plan.to_dict()))
+    assert Plan.from_dict(_inner(kind), data) == der.plan
+    for dtype, sizes in (("bf16", {"a": 8192, "b": LONG_ROW}), ("fp32", {"a": 4096, "b": 16384})):
+        assert not derive(_inner(kind), "h200", dtype, sizes=sizes, explain=False).plan.expanded
