@@ -219,3 +219,22 @@ def test_paired_sums_are_nan_where_the_written_out_form_is(which, x, dtype):
     assert torch.equal(torch.isnan(o), torch.isnan(r)), f"{which} {dtype} {x}: NaN in other places"
     keep = ~torch.isnan(r)
     _compare(o[keep], r[keep], TOL[dtype], f"{which} {dtype} {x}")
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp32"])
+@pytest.mark.parametrize("which", ["log_softmax", "softmax", "logsumexp_rows"])
+@pytest.mark.parametrize("x", [1000, 70001])
+def test_paired_sums_of_huge_values(which, x, dtype):
+    """Rows of values near ±1e30 and ±1.5e38: the pair's shift m·log2(e) rounded once would be off
+    by 2^72 there (every exp overflowing or vanishing); past reduce.cuh's FMA_SHIFT_MAX the pair
+    takes its exact path, and the outputs match the float64 reference (finite where it is)."""
+    import torch
+
+    d = _written_out_softmax() if which == "softmax" else library.get(which)
+    sizes = dict(r=6, x=x)
+    x_in = random_inputs(prepare(d, sizes=sizes, dtype=dtype), device="cuda", seed=11)
+    X = x_in["X"]
+    # (1.5e38: x − max stays within fp32, where the outputs are computed)
+    scale = torch.tensor([1e30, -1e30, 1.5e38, 1e4, 9e3, 1.0], device=X.device).view(-1, 1)
+    x_in["X"] = (X.float().clamp(-1, 1) * scale).to(X.dtype)
+    run_chain(d, sizes, dtype, inputs=x_in)

@@ -115,6 +115,12 @@ NAPKIN_DEVICE float exp2_ftz(float x) {
 constexpr float LOG2E = 1.4426950408889634f;
 constexpr float LN2 = 0.6931471805599453f;
 
+// The largest |max| for which the shift m * LOG2E may be rounded once and subtracted from each
+// x * LOG2E by an FMA: the rounding (half an ulp of m * LOG2E, at most 2^-11 below 8192 · LOG2E)
+// scales every term of the sum alike by at most 2^-11 · ln 2, under a 16-bit value's rounding.
+// Past it the error grows with |max| (at 1e30 it is 2^72 and the terms overflow): the exact path.
+constexpr float FMA_SHIFT_MAX = 8192.f;
+
 // (m, s) merged with (mb, sb), each the max of some values and the sum of exp(value - max): the
 // larger max, each sum rescaled to it. A side whose max is the merged one is not rescaled, so two
 // sides that saw only -inf (max -inf, sum 0) merge into the same, not into NaN. Symmetric: the
@@ -128,7 +134,7 @@ NAPKIN_DEVICE void merge_max_sumexp(float& m, float& s, float mb, float sb) {
 
 // (m, s) with the N values x[0 .. N) folded in (each a pair (x, 1)): the larger max first, so the
 // sum is rescaled once for the N values, not once per value. Where FAST (16-bit values) and the
-// new max is finite, each exp is one FMA and one exp2_ftz. Otherwise a value equal to the new max
+// new max is at most FMA_SHIFT_MAX in size, each exp is one FMA and one exp2_ftz. Otherwise a value equal to the new max
 // adds 1 without an exp, as merge_max_sumexp does, so a max of -inf or +inf counts the values
 // equal to it (merging them one by one gives the same). The N exps are independent.
 template <int N, bool FAST>
@@ -136,11 +142,11 @@ NAPKIN_DEVICE void fold_max_sumexp(float& m, float& s, const float (&x)[N]) {
   float mm = m;
 #pragma unroll
   for (int i = 0; i < N; ++i) mm = max_nan(mm, x[i]);
-  if (FAST && fabsf(mm) <= 3.4028234663852886e38f) {
-    // a finite new max (the usual case): every value is below it, equal to it or -inf, so no
-    // select for infinities; each exp one FMA and one exp2_ftz. The sum so far was taken against
-    // the old max's rounded shift, so it is rescaled by the difference of the two rounded shifts
-    // (0 when the old max was -inf)
+  if (FAST && fabsf(mm) <= FMA_SHIFT_MAX) {
+    // a new max of moderate size (the usual case): every value is below it, equal to it or -inf,
+    // so no select for infinities; each exp one FMA and one exp2_ftz. The sum so far was taken
+    // against the old max's rounded shift, so it is rescaled by the difference of the two rounded
+    // shifts (0 when the old max was -inf or far below)
     const float shift = __fmul_rn(mm, LOG2E);
     float t = s * exp2_ftz(__fmul_rn(m, LOG2E) - shift);
 #pragma unroll
