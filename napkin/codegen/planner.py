@@ -786,6 +786,16 @@ def derive(diagram, gpu=None, dtype: str | None = None, sizes: Mapping[str, int]
     _check_pins(d, fixed or {})
     planner = _Planner(d, g, arch, dt, fams, fixed, progress)
     plan, runs = planner.plan()
+
+    def replan(other: Diagram):
+        """(planner, plan, runs) of ``other`` (the diagram written out or with axes folded), or
+        None where it cannot be planned."""
+        p = _Planner(other, g, arch, dt, fams, fixed, progress)
+        try:
+            return (p, *p.plan())
+        except ScheduleError:
+            return None
+
     expansion = ()
     composite = _composites_on_fallback(plan)
     if composite:
@@ -802,11 +812,10 @@ def derive(diagram, gpu=None, dtype: str | None = None, sizes: Mapping[str, int]
                                           tuple(n for n in composite if n in summed)) if t)
         best = (_slow_boxes(plan), plan.seconds)
         for names in tries:
-            wide = _Planner(expand(d, names), g, arch, dt, fams, fixed, progress)
-            try:
-                wide_plan, wide_runs = wide.plan()
-            except ScheduleError:
+            tried = replan(expand(d, names))
+            if tried is None:
                 continue
+            wide, wide_plan, wide_runs = tried
             if (_slow_boxes(wide_plan), wide_plan.seconds) < best:
                 best = (_slow_boxes(wide_plan), wide_plan.seconds)
                 expansion = (f"wrote out {', '.join(names)} as reductions, maps and copies: no family takes "
@@ -824,11 +833,7 @@ def derive(diagram, gpu=None, dtype: str | None = None, sizes: Mapping[str, int]
         # kernel holds the row in registers, few blocks an SM (one at 32000 bf16 values, 1024
         # threads), where its written-out chain may stream the row, keep it in shared memory or
         # hold it at two blocks an SM. Kept where the model predicts it faster by LONG_ROW_GAIN
-        wide = _Planner(expand(d, long_rows), g, arch, dt, fams, fixed, progress)
-        try:
-            wide_plan, wide_runs = wide.plan()
-        except ScheduleError:
-            wide_plan = None
+        wide, wide_plan, wide_runs = replan(expand(d, long_rows)) or (None, None, None)
         if wide_plan is not None and (_slow_boxes(wide_plan), wide_plan.seconds) < (
                 _slow_boxes(plan), plan.seconds * LONG_ROW_GAIN):
             expansion = (f"wrote out {', '.join(long_rows)} as reductions and maps: over rows of more than "
@@ -848,11 +853,7 @@ def derive(diagram, gpu=None, dtype: str | None = None, sizes: Mapping[str, int]
         # plan keeps the diagram's own axes, so its kernels read as the user wrote them. But a sum
         # over a run of axes folded is one loop over one axis, never slower to walk (no partial
         # chunk at the end of each inner index, one alignment to check): there a tie folds
-        folded = _Planner(fold(d, folds), g, arch, dt, fams, fixed, progress)
-        try:
-            fplan, fruns = folded.plan()
-        except ScheduleError:
-            fplan = None
+        folded, fplan, fruns = replan(fold(d, folds)) or (None, None, None)
         better = False
         if fplan is not None:
             summed = bool(summed_folds(d, folds))

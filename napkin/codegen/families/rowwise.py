@@ -2330,7 +2330,7 @@ def lower_chain(shape: ChainShape, cfg: ChainConfig, schedule: Schedule, arch: s
                 sn = name(ps.result)
                 acc["pair"] = dict(acc=ident(sn, "acc_"), vals=ident(rn, "pv_"), result=ident(sn, "a_"),
                                    scale=float(ps.scale), slot=slot, exact=Code("true" if ps.exact else "false"),
-                                   fast=Code("false" if lookup_dtype(shape.dtype).bytes >= 4 else "true"))
+                                   fast=Code("true" if half_math(shape.dtype) else "false"))
                 slot += 1
             accs.append(acc)
         stores = [(ident(n, "st_"), ident(n, "out_"), ident(n, "off_"), ident(name(v), "a_"))
