@@ -5,9 +5,9 @@ A language model's head ends in a softmax, log-softmax, logsumexp or cross-entro
 vocabulary: rows of 32000, 50257, 65536, 100277, 128256 or 151936 values, often not a whole number
 of 16-byte vectors, and longer than a thread block holds in registers (the row-wise family streams
 them: ``KernelOptions.streamed``, and keeps what several passes read in shared memory where it
-fits: ``row_in_smem``). Each point is napkin's plan (as ``derive`` picks it) and the same operator in
-PyTorch, both timed with :func:`napkin.bench.timing.time_fn` (CUDA events, L2 flushed, three input
-sets in turn, median), napkin's outputs checked against the float64 reference (relative error),
+fits: ``row_in_smem``, or over the blocks of a cluster: ``cluster``). Each point is napkin's
+plan (as ``derive`` picks it) and the same operator in PyTorch, both timed with
+:func:`napkin.bench.timing.time_fn` (CUDA events, L2 flushed, three input sets in turn, median), napkin's outputs checked against the float64 reference (relative error),
 and the share of the copy rate over the minimal bytes (every input read once, every output
 written once)::
 
@@ -133,7 +133,9 @@ def main() -> int:
                     f"napkin {rec['napkin_us']:8.1f} us ({rec['copy_fraction']:4.0%})  torch {rec['torch_us']:8.1f} us  "
                     f"x{rec['x_torch']:.2f}  err {rec['rel_err']:.1e}  "
                     + " + ".join(k['family'] + ('/smem' if k['options'].get('row_in_smem') else '')
-                                 + ('/streamed' if k['options'].get('streamed') else '') for k in rec["kernels"])
+                                 + ('/streamed' if k['options'].get('streamed') else '')
+                                 + (f"/cluster{k['options']['cluster']}" if k['options'].get('cluster') else '')
+                                 for k in rec["kernels"])
                     if "error" not in rec else "ERROR " + rec["error"]))
                 print(line, flush=True)
                 if out:

@@ -427,10 +427,18 @@ CASES = [
     Case("rowwise.cu.jinja", "log_softmax", {"r": 3, "x": 70001}, family="rowwise"),
     Case("rowwise.cu.jinja", "logsumexp_rows", {"r": 33, "x": 500}, family="rowwise", label="logsumexp_warp_pairs"),
     # ... of no 16-byte multiple: on the grid shifted to the row's 16-byte lines, X copied into shared
-    # memory by cp.async before the first pass (bf16), or read again by every pass (fp32: too long)
+    # memory by cp.async before the first pass (bf16; fp32 within a Hopper block's 227 KiB), or read
+    # again by every pass (fp32 on an A100: too long)
     Case("rowwise.cu.jinja", _softmax_vjp, {"r": 3, "x": 70001}, family="rowwise", label="softmax_vjp_row_in_smem"),
     Case("rowwise.cu.jinja", "log_softmax", {"r": 3, "x": 50257}, dtype="fp32", family="rowwise",
          label="log_softmax_shifted_fp32"),
+    # rows past a Hopper block's shared memory shared by the blocks of a cluster (each keeps its
+    # threads' chunks; the pair's round stores into every block's scratch, one cluster barrier):
+    # four blocks of 256 threads, and eight (2048 threads a row: a lane folds two warps' pairs)
+    Case("rowwise.cu.jinja", "log_softmax", {"r": 3, "x": 130001}, family="rowwise", archs=("sm_90a",),
+         label="log_softmax_cluster"),
+    Case("rowwise.cu.jinja", "log_softmax", {"r": 3, "x": 151937}, dtype="fp32", family="rowwise",
+         archs=("sm_90a",), label="log_softmax_cluster_wide"),
     # column reductions: more row groups than blocks (several a block, the last ragged), a row of no
     # 16-byte multiple; the partials' sum in the kernel (arrival counters, tickets, the reset)
     Case("rowwise.cu.jinja", _layernorm_grad, {"r": 4000, "x": 999}, family="rowwise"),

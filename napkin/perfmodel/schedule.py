@@ -149,7 +149,9 @@ class KernelOptions:
     - ``streamed``: True where a row-wise kernel reads its row again in every pass (``stages``
       chunks a thread in flight) instead of holding it in registers: a row too long for them;
     - ``row_in_smem``: True where such a streamed row keeps the inputs its later passes read
-      again in shared memory, copied there before its first pass (HBM reads each row once).
+      again in shared memory, copied there before its first pass (HBM reads each row once);
+    - ``cluster``: blocks of a thread-block cluster (Hopper) that share one such row, each
+      keeping its part (``threads_per_row`` then counts the threads of all of them).
 
     >>> KernelOptions(engine="wgmma", stages=4).to_dict()
     {'engine': 'wgmma', 'stages': 4}
@@ -167,6 +169,7 @@ class KernelOptions:
     swap_ab: bool | None = None
     streamed: bool | None = None
     row_in_smem: bool | None = None
+    cluster: int | None = None
 
     def __post_init__(self):
         if self.engine is not None and self.engine not in ENGINES:

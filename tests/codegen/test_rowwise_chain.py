@@ -224,9 +224,10 @@ def test_refusals_name_what_is_wrong():
 
 # ----------------------------------------------------------------------------- the kernel
 
-def _source(name_or_diagram, dtype="bf16", **sizes) -> str:
+def _source(name_or_diagram, dtype="bf16", gpu="h100", **sizes) -> str:
     d = library.get(name_or_diagram) if isinstance(name_or_diagram, str) else name_or_diagram
-    (k,) = lower(d, sizes=sizes, dtype=dtype, family="rowwise", gpu="h100").launches
+    arch = "sm_80" if gpu == "a100" else "sm_90a"
+    (k,) = lower(d, sizes=sizes, dtype=dtype, family="rowwise", gpu=gpu, arch=arch).launches
     return k.source
 
 
@@ -256,8 +257,13 @@ def test_a_row_too_long_for_registers_is_streamed():
     d = bound(library.get("log_softmax"), r=16, x=1 << 18)
     cands = FAMILY.candidates(d, "h100", "bf16")
     assert cands and all(c.kernels[0].options.stages in rowwise.STREAM_UNROLLS for c in cands)
-    src = one_path(_source("log_softmax", r=16, x=1 << 18))
+    src = one_path(_source("log_softmax", gpu="a100", r=16, x=1 << 18))
     assert len(LOAD_VEC.findall(src)) == 2 and "#pragma unroll 1" in src   # each pass reads X again
+    # on Hopper the blocks of a cluster keep the row (512 KiB) in their shared memory: X read once
+    whole = _source("log_softmax", r=16, x=1 << 18)
+    src = one_path(whole)
+    assert "__cluster_dims__" in whole and src.count("napkin::cache_chunk_async(") == 1
+    assert not LOAD_VEC.findall(src)
     # the model charges the re-read of X (the max and the sum in one pass, the output in the next)
     est = FAMILY.launch_estimate(d, cands[0], "h100")
     assert est["extra_hbm_bytes"] == 16 * (1 << 18) * 2

@@ -193,13 +193,14 @@ def _written_out_softmax():
 
 @pytest.mark.parametrize("dtype", ["bf16", "fp32"])
 @pytest.mark.parametrize("which", ["log_softmax", "softmax"])
-@pytest.mark.parametrize("x", [1000, 50257, 70001])
+@pytest.mark.parametrize("x", [1000, 50257, 70001, 130001])
 def test_paired_sums_are_nan_where_the_written_out_form_is(which, x, dtype):
     """A sum of exp(x − max) run beside its max (one pass, rescaled as the max grows) gives what
     the written-out diagram gives: NaN for a row of only −inf or with a +inf (x − max is NaN
     there), −inf log-probabilities and zero probabilities for −inf among finite values, and the
     rest within the tolerance, in registers (1000), kept in shared memory (bf16 rows of 50257 and
-    70001) and streamed (fp32 rows of those)."""
+    70001, fp32 rows of 50257 on Hopper), and shared by a cluster of blocks (fp32 rows of 70001,
+    rows of 130001)."""
     import torch
 
     d = library.get("log_softmax") if which == "log_softmax" else _written_out_softmax()
@@ -223,7 +224,7 @@ def test_paired_sums_are_nan_where_the_written_out_form_is(which, x, dtype):
 
 @pytest.mark.parametrize("dtype", ["bf16", "fp32"])
 @pytest.mark.parametrize("which", ["log_softmax", "softmax", "logsumexp_rows"])
-@pytest.mark.parametrize("x", [1000, 70001])
+@pytest.mark.parametrize("x", [1000, 70001, 130001])
 def test_paired_sums_of_huge_values(which, x, dtype):
     """Rows of values near ±1e30 and ±1.5e38: the pair's shift m·log2(e) rounded once would be off
     by 2^72 there (every exp overflowing or vanishing); past reduce.cuh's FMA_SHIFT_MAX the pair

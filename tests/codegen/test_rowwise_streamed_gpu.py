@@ -1,7 +1,8 @@
 """Streamed rows on a GPU: rows that are not whole 16-byte vectors on the shifted grid, and the
 inputs kept in shared memory, for every configuration the family proposes, against the float64
 reference into NaN-poisoned outputs; inputs that start elsewhere in their 16-byte lines than the
-grid's own (a view one value in), gathered inputs on the shifted grid, and fp16."""
+grid's own (a view one value in), gathered inputs on the shifted grid, fp16, and rows shared by
+the blocks of a cluster."""
 
 from __future__ import annotations
 
@@ -92,3 +93,41 @@ def test_gathered_inputs_on_the_shifted_grid(dtype):
 
 def test_fp16():
     run_chain(_log_softmax(), dict(r=4, x=50257), "fp16", seed=6)
+
+
+@pytest.mark.parametrize("dtype, make, sizes", [
+    ("bf16", _log_softmax, dict(r=5, x=128256)),
+    ("bf16", _log_softmax, dict(r=301, x=130001)),   # the shifted grid, many clusters at once
+    ("fp32", _log_softmax, dict(r=3, x=151937)),     # a cluster of four
+    ("bf16", _softmax_vjp, dict(r=4, x=130001)),     # two kept inputs
+    ("fp32", _softmax_vjp, dict(r=3, x=70001)),
+])
+def test_rows_shared_by_a_cluster(make, sizes, dtype):
+    d = prepare(make(), sizes=sizes, dtype=dtype)
+    shared = [c for c in FAMILY.candidates(d, "h200", dtype) if c.kernels[0].options.cluster]
+    assert shared
+    for i, s in enumerate(shared):
+        run_chain(make(), sizes, dtype, schedule=s, seed=20 + i)
+
+
+@pytest.mark.parametrize("which", ["X", "out"])
+def test_a_cluster_row_off_the_grids_lines(which):
+    """A cluster's row whose source (or output) starts one value into its storage."""
+    import torch
+
+    from napkin.codegen.api import compile
+
+    sizes = dict(r=4, x=130001)
+    d = prepare(_log_softmax(), sizes=sizes, dtype="bf16")
+    x = random_inputs(d, device="cuda", seed=13)
+    ref = d.reference({k: v.double() for k, v in x.items()}, dtype=torch.float64)["Y"]
+    shared = [c for c in FAMILY.candidates(d, "h200", "bf16") if c.kernels[0].options.cluster]
+    assert shared
+    for s in shared:
+        cd = compile(_log_softmax(), sizes=sizes, dtype="bf16", schedule=s)
+        ins = {"X": _offset_view(x["X"]) if which == "X" else x["X"]}
+        out = torch.full_like(x["X"], float("nan"))
+        out = _offset_view(out) if which == "out" else out
+        cd(**ins, out={"Y": out})
+        err = float((out.double() - ref).norm() / ref.norm())
+        assert not torch.isnan(out).any() and err <= 1e-2, (s.kernels[0].options, err)

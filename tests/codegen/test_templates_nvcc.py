@@ -110,7 +110,9 @@ def _build(job):
 @pytest.fixture(scope="module")
 def builds():
     launches = {"rowwise": _rowwise_launches(), "fallback": _fallback_launches()}
-    jobs = [(arch, ls) for ls in launches.values() for arch in ARCHS]
+    # a row shared by a cluster of blocks is a Hopper plan (lowering it for sm_80 is refused)
+    jobs = [(arch, [k for k in ls if arch != "sm_80" or "CLUSTER" not in dict(k.tunables)])
+            for ls in launches.values() for arch in ARCHS]
     with ThreadPoolExecutor(max_workers=2) as pool:
         return list(pool.map(_build, jobs))
 

@@ -643,9 +643,26 @@ def grid_chunks(shape: "ChainShape") -> int:
     return -(-shape.xsize // shape.vec) + (1 if shift_source(shape) is not None else 0)
 
 
-#: Shared memory a streamed row may keep of its inputs (:func:`row_cache`): what an A100 gives a
-#: block, less the block reductions' scratch (the plans stay valid on every GPU).
+#: Shared memory a streamed row may keep of its inputs (:func:`row_cache`) where no GPU is named:
+#: what an A100 gives a block, less the block reductions' scratch. A named GPU gives its profile's
+#: per-block limit (:func:`row_smem_budget`).
 MAX_ROW_SMEM = 160 * 1024
+
+
+def row_smem_budget(gpu=None) -> int:
+    """The shared memory a streamed row may keep of its inputs and its scratch on ``gpu`` (a
+    profile or its name): the profile's per-block limit, 227 KiB on Hopper and 163 KiB on an A100;
+    :data:`MAX_ROW_SMEM` where no profile is known. On an H200 rows of 100277 bf16 values (196 KiB)
+    or 50257 fp32 values were read from HBM in every pass under the A100's bound.
+
+    >>> row_smem_budget("h200") // 1024, row_smem_budget("a100") // 1024, row_smem_budget(None) // 1024
+    (227, 163, 160)
+    """
+    g = _gpu_of(gpu) if gpu is not None else None
+    levels = g.level_names() if g is not None else ()
+    if "SMEM" in levels and g.level("SMEM").per_block_bytes:
+        return int(g.level("SMEM").per_block_bytes)
+    return MAX_ROW_SMEM
 
 
 def row_cache(shape: "ChainShape", cfg: "ChainConfig", budget: int) -> list[Value]:
@@ -661,14 +678,22 @@ def row_cache(shape: "ChainShape", cfg: "ChainConfig", budget: int) -> list[Valu
         return []
     again = [v for v in shape.fresh if shape.access.get(id(v)) == "row" and len(shape.uses(v)) > 1]
     again.sort(key=lambda v: -len(shape.uses(v)))
-    each = 16 * grid_chunks(shape)
+    each = 16 * cache_chunks(shape, cfg)
     return again[:max(0, budget - chain_scratch_bytes(shape, cfg)) // each]
+
+
+def cache_chunks(shape: "ChainShape", cfg: "ChainConfig") -> int:
+    """16-byte chunks of a kept input one block holds: the row's grid (:func:`grid_chunks`), or in a
+    cluster (``cfg.cluster``) the block's share, the chunks of its threads (chunk ``k = c·TPR +
+    lane`` of the row at the block's word ``c·THREADS + threadIdx.x``)."""
+    return grid_chunks(shape) if cfg.cluster == 1 else cfg.chunks_per_thread * cfg.threads
 
 
 def kept_inputs(shape: "ChainShape", cfg: "ChainConfig") -> list[Value]:
     """The inputs ``cfg`` keeps in shared memory (its ``cached`` first of :func:`row_cache`), in
     the order of their words."""
-    return row_cache(shape, cfg, MAX_ROW_SMEM)[:cfg.cached]
+    # the kept inputs are a prefix of row_cache's order, whatever the budget that fixed their count
+    return row_cache(shape, cfg, 16 * cache_chunks(shape, cfg) * cfg.cached + chain_scratch_bytes(shape, cfg))[:cfg.cached]
 
 
 def column_kernel_rows(shape: "ChainShape", cfg: "ChainConfig") -> list[Value]:
@@ -924,6 +949,11 @@ CHAIN_BASE_REGS = 16
 #: Threads per row (one row per block) and chunks in flight per thread of a streamed row.
 STREAM_THREADS = (256, 512, 1024)
 STREAM_UNROLLS = (2, 4)
+#: Blocks of a thread-block cluster that may share a streamed row (Hopper; :func:`cluster_config`),
+#: and the most threads such a row has (64 warps: a lane folds two of the warps' values before
+#: the warp's shuffles).
+CLUSTER_SIZES = (2, 4, 8)
+MAX_CLUSTER_ROW_THREADS = 2048
 #: A streamed row with column reductions (:func:`streamed_column_configs`): the threads a row the
 #: family proposes and the chunks a thread may have in flight (any of STREAM_THREADS in a schedule).
 #: On an H200 (bf16 backwards, 8192 rows, a call, L2 flushed; ``norm_backward_streamed_s32.jsonl``)
@@ -1330,7 +1360,11 @@ def _rows_and_columns(d: Diagram, chains: list[Chain], U: list[str], primary: Va
 @dataclass(frozen=True)
 class ChainConfig:
     """One configuration of the chain kernel: ``unroll`` chunks in flight per loop step; in
-    register mode (``stream`` False) one step holds the thread's whole part of the row."""
+    register mode (``stream`` False) one step holds the thread's whole part of the row. A streamed
+    row whose kept inputs pass one block's shared memory is shared by the ``cluster`` blocks of a
+    thread-block cluster (Hopper): ``threads_per_row`` counts the row's threads over all of them,
+    each block keeps its chunks, and the reductions meet in the blocks' shared memory
+    (:func:`cluster_config`)."""
 
     threads_per_row: int
     rows_per_block: int
@@ -1342,10 +1376,12 @@ class ChainConfig:
     prefetch: int = 1           # with column reductions: row groups loaded ahead of the one worked on
     blocks_per_sm: int | None = None   # with column reductions: the register budget cut to keep this many
     cached: int = 0             # a streamed row: inputs kept in shared memory for the later passes (row_cache)
+    cluster: int = 1            # a streamed, kept row: the blocks of a cluster that share it
 
     @property
     def threads(self) -> int:
-        return self.threads_per_row * self.rows_per_block
+        """Threads of one block (a cluster's blocks share a row's ``threads_per_row``)."""
+        return self.threads_per_row * self.rows_per_block // self.cluster
 
     @property
     def block_mode(self) -> bool:
@@ -1362,15 +1398,17 @@ class ChainConfig:
         return KernelOptions(threads_per_row=self.threads_per_row, warps=self.threads // 32, stages=stages,
                              regs_per_thread=chain_regs_estimate(shape, self), splits=self.splits,
                              blocks_per_sm=self.blocks_per_sm, streamed=True if self.stream else None,
-                             row_in_smem=True if self.cached else None)
+                             row_in_smem=True if self.cached else None,
+                             cluster=self.cluster if self.cluster > 1 else None)
 
     def groups(self, shape: ChainShape) -> int:
         """Groups of ``rows_per_block`` rows (the blocks of a kernel without column reductions)."""
         return max(1, -(-shape.nrows // self.rows_per_block))
 
     def blocks(self, shape: ChainShape) -> int:
-        """Blocks launched: one per row group, or ``splits`` looping over the row groups."""
-        return self.splits if self.splits else self.groups(shape)
+        """Blocks launched: one per row group (``cluster`` per row), or ``splits`` looping over the
+        row groups."""
+        return self.splits if self.splits else self.groups(shape) * self.cluster
 
     def iterations(self, shape: ChainShape) -> int:
         """Row groups one block runs one after another (1 without column reductions)."""
@@ -1380,20 +1418,31 @@ class ChainConfig:
 def make_chain_config(shape: ChainShape, threads_per_row: int, rows_per_block: int,
                       stream_unroll: int | None = None, splits: int | None = None,
                       prefetch: int | None = None, blocks_per_sm: int | None = None,
-                      row_in_smem: bool = False) -> ChainConfig:
+                      row_in_smem: bool = False, smem_budget: int = MAX_ROW_SMEM,
+                      cluster: int = 1) -> ChainConfig:
     """A chain configuration, checked: ``stream_unroll`` chunks in flight of a streamed row; with
     column reductions ``splits`` blocks looping over the row groups, each loading ``prefetch`` of
     them ahead (1..:data:`MAX_PREFETCH`; default :data:`DEFAULT_PREFETCH`), and optionally a
     register budget cut so that ``blocks_per_sm`` blocks share an SM (at most
     :data:`MAX_SQUEEZE` registers under the footprint, else ptxas would spill); a streamed row
     without column reductions may keep its re-read inputs in shared memory (``row_in_smem``:
-    :func:`row_cache`)."""
+    :func:`row_cache`), as many as ``smem_budget`` bytes of each block hold (:func:`row_smem_budget`),
+    and share the row over the ``cluster`` blocks of a thread-block cluster (``threads_per_row``
+    then counts the threads of all of them: :data:`CLUSTER_SIZES`, each block
+    :data:`STREAM_THREADS`, at most :data:`MAX_CLUSTER_ROW_THREADS` a row)."""
     if shape.cols and threads_per_row in fitted_threads(shape):
         # a block of whole warps sized to the row (one row per block; see fitted_threads)
         if rows_per_block != 1:
             raise CodegenError(f"rowwise: with {threads_per_row} threads per row a block holds one row "
                                f"(ROWS_PER_BLOCK=1), got {rows_per_block}")
         base = Config(threads_per_row, 1, shape.vec, -(-(-(-shape.xsize // shape.vec)) // threads_per_row))
+    elif cluster != 1:
+        if (cluster not in CLUSTER_SIZES or threads_per_row % cluster or rows_per_block != 1
+                or threads_per_row // cluster not in STREAM_THREADS or threads_per_row > MAX_CLUSTER_ROW_THREADS):
+            raise CodegenError(f"rowwise: a cluster of {CLUSTER_SIZES} blocks of {STREAM_THREADS} threads shares one "
+                               f"row of at most {MAX_CLUSTER_ROW_THREADS} threads, not {cluster} blocks and "
+                               f"{threads_per_row} threads")
+        base = make_config(shape, threads_per_row // cluster, 1)   # one block's threads
     else:
         base = make_config(shape, threads_per_row, rows_per_block)   # checks the thread counts
     if shape.cols:
@@ -1418,22 +1467,27 @@ def make_chain_config(shape: ChainShape, threads_per_row: int, rows_per_block: i
         raise CodegenError("rowwise: prefetch (row groups loaded ahead) only with column reductions")
     if splits is not None:
         raise CodegenError("rowwise: splits (blocks looping over rows) only with column reductions")
+    if cluster != 1 and (stream_unroll is None or not row_in_smem):
+        raise CodegenError("rowwise: a cluster of blocks shares only a streamed row kept in shared memory "
+                           f"(stages and row_in_smem), got cluster={cluster}")
     if stream_unroll is None:
         if row_in_smem:
             raise CodegenError("rowwise: row_in_smem (the row kept in shared memory) only for a streamed row")
         return ChainConfig(threads_per_row, rows_per_block, base.vec, base.chunks_per_thread,
                            base.chunks_per_thread, False)
-    if threads_per_row not in STREAM_THREADS or stream_unroll not in STREAM_UNROLLS:
+    if cluster == 1 and (threads_per_row not in STREAM_THREADS or stream_unroll not in STREAM_UNROLLS):
         raise CodegenError(f"rowwise: a streamed row runs {STREAM_THREADS} threads with {STREAM_UNROLLS} chunks "
                            f"in flight, not {threads_per_row} and {stream_unroll}")
+    if stream_unroll not in STREAM_UNROLLS:
+        raise CodegenError(f"rowwise: a streamed row has {STREAM_UNROLLS} chunks in flight, not {stream_unroll}")
     # a row that is not whole vectors runs on the shifted grid (grid_chunks): one chunk more
     cpt = -(-(-(-grid_chunks(shape) // threads_per_row)) // stream_unroll) * stream_unroll
-    cfg = ChainConfig(threads_per_row, 1, base.vec, cpt, stream_unroll, True)
+    cfg = ChainConfig(threads_per_row, 1, base.vec, cpt, stream_unroll, True, cluster=cluster)
     if not row_in_smem:
         return cfg
-    cached = len(row_cache(shape, cfg, MAX_ROW_SMEM))
+    cached = len(row_cache(shape, cfg, smem_budget))
     if not cached:
-        raise CodegenError(f"rowwise: no input of this row is read by two passes and fits the {MAX_ROW_SMEM} "
+        raise CodegenError(f"rowwise: no input of this row is read by two passes and fits the {smem_budget} "
                            "bytes of shared memory a block may keep (row_in_smem)")
     return dataclasses.replace(cfg, cached=cached)
 
@@ -1675,13 +1729,17 @@ def _squeezable(shape: ChainShape, probe: ChainConfig, per_sm) -> bool:
     return per_sm is None or per_sm(probe.threads, cap, chain_smem_bytes(shape, probe)) >= 2
 
 
-def chain_configs(shape: ChainShape, sms: int = DEFAULT_SMS, per_sm=None) -> list[ChainConfig]:
+def chain_configs(shape: ChainShape, sms: int = DEFAULT_SMS, per_sm=None,
+                  row_smem: int = MAX_ROW_SMEM, clusters: bool = False) -> list[ChainConfig]:
     """Every configuration for this row: register mode where the row fits (the kept vectors
     within :data:`MAX_KEPT_REGS`, at most :data:`MAX_CHUNKS` chunks a thread), else streamed.
     With column reductions only register mode, each with one full wave of blocks (``splits``: ``sms``
     times the blocks an SM holds, ``per_sm(threads, registers, shared bytes)``, or
     :data:`DEFAULT_BLOCKS_PER_SM` without a GPU; at most one block per row group), and only where the
-    block's shared memory fits :data:`MAX_COL_SMEM` and the GPU (``per_sm`` holds one)."""
+    block's shared memory fits :data:`MAX_COL_SMEM` and the GPU (``per_sm`` holds one). A streamed
+    row may keep its re-read inputs in ``row_smem`` bytes of shared memory (:func:`row_smem_budget`),
+    and where no block keeps any of them, ``clusters`` (a GPU that has them) adds one cluster
+    configuration (:func:`cluster_config`)."""
     out, squeezed = [], []
     most = 0  # the most blocks an SM of a proposed configuration on its own budget
     chunks = -(-shape.xsize // shape.vec)
@@ -1759,8 +1817,8 @@ def chain_configs(shape: ChainShape, sms: int = DEFAULT_SMS, per_sm=None) -> lis
             if chain_regs_need(shape, cfg) + 8 <= min(MAX_REGS, 65536 // cfg.threads):
                 out.append(cfg)
                 # the same with the inputs read again kept in shared memory, where one block fits
-                if row_cache(shape, cfg, MAX_ROW_SMEM):
-                    k = make_chain_config(shape, tpr, 1, u, row_in_smem=True)
+                if row_cache(shape, cfg, row_smem):
+                    k = make_chain_config(shape, tpr, 1, u, row_in_smem=True, smem_budget=row_smem)
                     held = DEFAULT_BLOCKS_PER_SM if per_sm is None else \
                         per_sm(k.threads, chain_regs_estimate(shape, k), chain_smem_bytes(shape, k))
                     if held >= 1:
@@ -1776,7 +1834,62 @@ def chain_configs(shape: ChainShape, sms: int = DEFAULT_SMS, per_sm=None) -> lis
         # 334.9 / 304.8, 512 290.4 / 286.4, 1024 289.2 / 290.6
         # (benchmarks/results/nvidia-h200/long_rows_candidates_s33.txt)
         out.append(max(kept, key=lambda t: t[:2])[2])
+    if clusters and not shape.cols and not any(c.cached for c in out):
+        # H200 (`cluster_candidates_s35.jsonl`): where one block keeps one of two re-read inputs,
+        # the other read again from L2, a cluster that keeps both is no surer win (the fp32 softmax
+        # backward over 8192 x 32001: 825.9 us on one block, 882.6 on the cluster this rule would
+        # pick, 775-1083 on the others)
+        shared = cluster_config(shape, per_sm, row_smem)
+        if shared is not None:
+            out.append(shared)
     return out
+
+
+#: A cluster's configuration keeps at least this many of its blocks and threads on each SM. H200,
+#: every cluster configuration timed at ten long rows (`cluster_candidates_s35.jsonl`): those of
+#: two or three blocks an SM ran at 69-103 % of the copy rate (log-softmax over 2048 x 128256 bf16
+#: 91 %, 4096 x 65536 fp32 94 %), those of one block an SM at 44-102 % (a cluster starts only
+#: once all its blocks have SMs, and one block an SM leaves an SM idle until its partners' SMs
+#: free up): the softmax over 2048 x 128256 fp32 on clusters of four blocks of 256 threads, one an
+#: SM (8 warps), 1128.4 us against 777.0 streamed.
+MIN_CLUSTER_BLOCKS_PER_SM = 2
+MIN_CLUSTER_SM_THREADS = 512
+
+
+def cluster_config(shape: ChainShape, per_sm=None, row_smem: int = MAX_ROW_SMEM) -> "ChainConfig | None":
+    """One configuration that shares a streamed row over the blocks of a thread-block cluster, so
+    that the inputs its later passes read again stay in shared memory where one block cannot keep
+    them (a bf16 row of 128256 values is 250 KiB, past a Hopper block's 227; four blocks keep 63
+    KiB each, three an SM). Of the configurations that keep every such input (clusters of :data:`CLUSTER_SIZES`
+    blocks of :data:`STREAM_THREADS`, at most :data:`MAX_CLUSTER_ROW_THREADS` threads a row, steps
+    of :data:`STREAM_UNROLLS` chunks) and keep :data:`MIN_CLUSTER_BLOCKS_PER_SM` blocks and
+    :data:`MIN_CLUSTER_SM_THREADS` threads on an SM, one of the smallest cluster: the one with the
+    most blocks an SM, then the most chunks in flight an SM (H200: clusters of four blocks of 256
+    threads, three an SM, ran 3-7 % faster than of 512 threads, two an SM). Each block
+    copies its chunks into its shared memory before the first pass; a pass's reductions meet in
+    one round over the cluster (each warp's values stored into every block's scratch, one cluster
+    barrier). None where no cluster keeps them all or the row is read once."""
+    again = [v for v in shape.fresh if shape.access.get(id(v)) == "row" and len(shape.uses(v)) > 1]
+    if not again:
+        return None
+    found = []
+    for size in CLUSTER_SIZES:
+        for block in STREAM_THREADS:
+            if block * size > MAX_CLUSTER_ROW_THREADS:
+                continue
+            for u in STREAM_UNROLLS:
+                try:
+                    k = make_chain_config(shape, block * size, 1, u, row_in_smem=True, smem_budget=row_smem,
+                                          cluster=size)
+                except CodegenError:
+                    continue
+                if k.cached < len(again) or chain_regs_need(shape, k) + 8 > min(MAX_REGS, 65536 // k.threads):
+                    continue
+                held = DEFAULT_BLOCKS_PER_SM if per_sm is None else \
+                    per_sm(k.threads, chain_regs_estimate(shape, k), chain_smem_bytes(shape, k))
+                if held >= MIN_CLUSTER_BLOCKS_PER_SM and held * k.threads >= MIN_CLUSTER_SM_THREADS:
+                    found.append((-size, held, held * k.threads * k.unroll, k))
+    return max(found, key=lambda t: t[:3])[3] if found else None
 
 
 def streamed_column_configs(shape: ChainShape, sms: int = DEFAULT_SMS, per_sm=None) -> list[ChainConfig]:
@@ -1854,7 +1967,8 @@ def chain_config_from_schedule(shape: ChainShape, schedule: Schedule) -> ChainCo
                 return make_chain_config(shape, tpr, rows, opts.stages or STREAM_UNROLLS[0], splits,
                                          None, opts.blocks_per_sm)
             return make_chain_config(shape, tpr, rows, None, splits, opts.stages, opts.blocks_per_sm)
-        return make_chain_config(shape, tpr, rows, opts.stages, splits, row_in_smem=bool(opts.row_in_smem))
+        return make_chain_config(shape, tpr, rows, opts.stages, splits, row_in_smem=bool(opts.row_in_smem),
+                                 smem_budget=row_smem_budget(schedule.gpu), cluster=opts.cluster or 1)
     options = chain_configs(shape)
     if not options:
         raise CodegenError(f"rowwise: no configuration runs a row of {shape.xsize} {shape.dtype} values")
@@ -1901,7 +2015,9 @@ def chain_launch_estimate(shape: ChainShape, cfg: ChainConfig) -> dict:
     busy = (-(-shape.xsize // cfg.vec)) / (cfg.chunks_per_thread * cfg.threads_per_row)
     if cfg.splits:  # the last row iteration of some blocks has no rows
         busy *= shape.nrows / (cfg.splits * cfg.iterations(shape) * cfg.rows_per_block)
-    red_passes = len({shape.pass_of(c) for c in shape.chains})
+    # a cluster's round waits for the blocks' stores into each other's shared memory and the
+    # cluster's barrier: priced as two rounds
+    red_passes = len({shape.pass_of(c) for c in shape.chains}) * (2 if cfg.cluster > 1 else 1)
     est = dict(blocks=blocks, threads=cfg.threads, regs=chain_regs_estimate(shape, cfg),
                smem=chain_smem_bytes(shape, cfg), in_flight_bytes_per_thread=in_flight,
                idle_lanes=min(0.95, max(0.0, 1.0 - busy)), bytes_per_value=b, threads_per_row=cfg.threads_per_row,
@@ -2065,13 +2181,19 @@ def colpart_in_registers(shape: ChainShape, cfg: ChainConfig) -> bool:
 
 def chain_scratch_bytes(shape: ChainShape, cfg: ChainConfig) -> int:
     """The block reductions' scratch (one row per block: two halves, rounds alternate, of 32 floats
-    a reduction of the busiest pass)."""
-    return 2 * 32 * 4 * block_reductions(shape) if cfg.block_mode else 0
+    a reduction of the busiest pass, or one a warp of a cluster's row of more than 32 warps)."""
+    return 2 * scratch_words(cfg) * 4 * block_reductions(shape) if cfg.block_mode else 0
+
+
+def scratch_words(cfg: ChainConfig) -> int:
+    """Words of one reduction's half of the block reductions' scratch: 32, or the warps of a row
+    that has more (a cluster's)."""
+    return max(32, cfg.threads_per_row // 32)
 
 
 def row_cache_bytes(shape: ChainShape, cfg: ChainConfig) -> int:
-    """Dynamic shared memory of a streamed row's kept inputs (:func:`row_cache`)."""
-    return 16 * grid_chunks(shape) * cfg.cached
+    """Dynamic shared memory of a streamed row's kept inputs (:func:`row_cache`), a block."""
+    return 16 * cache_chunks(shape, cfg) * cfg.cached
 
 
 def chain_smem_bytes(shape: ChainShape, cfg: ChainConfig) -> int:
@@ -2091,6 +2213,9 @@ def _strides_of(v: Value, sizes: dict) -> dict[str, int]:
 
 def lower_chain(shape: ChainShape, cfg: ChainConfig, schedule: Schedule, arch: str, kernel_name: Code) -> KernelLaunch:
     """The chain kernel's launch (see the section's comment for how it runs)."""
+    if cfg.cluster > 1 and not has_clusters(arch):
+        raise CodegenError(f"rowwise: a row shared by a cluster of {cfg.cluster} blocks needs sm_90 or later, "
+                           f"not {arch}: plan for this GPU")
     d = shape.diagram
     name = shape.name
     sizes = shape.sizes
@@ -2276,7 +2401,7 @@ def lower_chain(shape: ChainShape, cfg: ChainConfig, schedule: Schedule, arch: s
                 decl.append(Code(f"napkin::Vec16<T> {buf}[UNROLL];"))
             if id(v) in cache_ids:
                 # read back the chunk this thread copied before the first pass
-                loads.append(Code(f"napkin::load_cached({buf}[u], row_cache + {cache_ids[id(v)]} * RCH, k, RCH);"))
+                loads.append(Code(f"napkin::load_cached({buf}[u], row_cache + {cache_ids[id(v)]} * RCH, kc, RCH);"))
                 cached_loads += 1
                 elem.append(Code(f"const float {ident(nm, 'a_')} = napkin::to_float({buf}[u].x[e]);"))
                 continue
@@ -2399,16 +2524,23 @@ def lower_chain(shape: ChainShape, cfg: ChainConfig, schedule: Schedule, arch: s
                            f"the 16-byte boundary at or before {name(shift)}'s first value ({grid_chunks(shape)} "
                            "chunks, the first and last masked)")
     cache_bytes = row_cache_bytes(shape, cfg)
-    cache_copies = [Code(f"napkin::cache_chunk_async(row_cache + {i} * RCH, k, RCH, {ident(name(v), 'in_')} + "
+    cache_copies = [Code(f"napkin::cache_chunk_async(row_cache + {i} * RCH, kc, RCH, {ident(name(v), 'in_')} + "
                          f"{ident(name(v), 'off_')}, col0, limit);") for i, v in enumerate(in_smem)]
-    if cache_ids:
+    if cache_ids and cfg.cluster > 1:
+        sched_lines.append(f"each row shared by a cluster of {cfg.cluster} blocks of {cfg.threads} threads: "
+                           f"{', '.join(name(v) for v in in_smem)} kept in their shared memory ({cache_bytes} bytes a "
+                           "block, its threads' chunks), copied there at once (cp.async) before the first pass; a "
+                           "pass's reductions meet in one round over the cluster (each warp's values stored into "
+                           "every block's scratch, one cluster barrier)")
+    elif cache_ids:
         sched_lines.append(f"{', '.join(name(v) for v in in_smem)} kept in shared memory ({cache_bytes} bytes): "
                            "the row's chunks all copied there at once (cp.async) before the first pass, every pass "
                            "reads them back (HBM reads the row once)")
     sched_lines += [f"schedule: {r}" for k in schedule.kernels for r in k.relabels]
     ctx = dict(
         SHIFT=shift is not None, shift_src=Code(f"{ident(name(shift), 'in_')} + {ident(name(shift), 'off_')}")
-        if shift is not None else None, RCH=grid_chunks(shape), CACHE=bool(cache_ids), cache_copies=cache_copies,
+        if shift is not None else None, RCH=cache_chunks(shape, cfg), CACHE=bool(cache_ids), cache_copies=cache_copies,
+        CLUSTER=cfg.cluster, SCRATCH_WORDS=scratch_words(cfg), WIDE=cfg.threads_per_row > 1024,
         kernel=kernel_name, T=T, dtype=shape.dtype, kind="chain", arch=comment(arch), diagram=comment(d.name),
         cols=cols, ws=ws, cnt=cnt, CSLICES=combine_slices(cfg), CDEPTH=combine_depth(cfg), SPLITS=cfg.splits or 0,
         ITERS=cfg.iterations(shape), NCOLS=len(cols), NRED=block_reductions(shape),
@@ -2432,6 +2564,8 @@ def lower_chain(shape: ChainShape, cfg: ChainConfig, schedule: Schedule, arch: s
     tunables = (("THREADS_PER_ROW", cfg.threads_per_row), ("ROWS_PER_BLOCK", cfg.rows_per_block),
                 ("VEC", cfg.vec), ("CHUNKS_PER_THREAD", cfg.chunks_per_thread), ("UNROLL", cfg.unroll),
                 ("STREAM", int(cfg.stream)), ("THREADS", cfg.threads))
+    if cfg.cluster > 1:
+        tunables += (("CLUSTER", cfg.cluster),)
     if shape.cols:
         args += tuple(Arg("tensor", n, dtype=shape.dtype, axes=v.axis_names) for n, v in shape.col_out)
         args += (Arg("tensor", _ws_name(shape), dtype="fp32", axes=()),)
@@ -2526,7 +2660,9 @@ class RowwiseFamily:
         if isinstance(shape, ChainShape):
             g = _gpu_of(gpu)
             sms = int(getattr(g, "sms", 0) or 0) or DEFAULT_SMS
-            return [chain_schedule_for(shape, c, key) for c in chain_configs(shape, sms, _per_sm(g))]
+            clusters = g is not None and has_clusters(g.arch)
+            return [chain_schedule_for(shape, c, key)
+                    for c in chain_configs(shape, sms, _per_sm(g), row_smem_budget(g), clusters)]
         return [schedule_for(shape, c, key) for c in configs(shape)]
 
     def config(self, diagram: Diagram, schedule: Schedule) -> "Config | ChainConfig":
@@ -2572,6 +2708,16 @@ class RowwiseFamily:
         launch = lower_shape(shape, cfg, schedule, arch, kname)
         return Program(diagram=diagram, schedule=schedule, family=NAME, launches=(launch,), buffers=(),
                        sizes=dict(shape.sizes))
+
+
+def has_clusters(arch: str) -> bool:
+    """Whether ``arch`` runs thread-block clusters (sm_90 and later).
+
+    >>> has_clusters("sm_90a"), has_clusters("sm_80")
+    (True, False)
+    """
+    digits = "".join(ch for ch in str(arch).removeprefix("sm_") if ch.isdigit())
+    return bool(digits) and int(digits) >= 90
 
 
 def _gpu_of(gpu):

@@ -36,6 +36,9 @@
 //                                       the box outside the tensor are not written
 //   named_barrier_sync(id, threads)     a barrier among `threads` threads (bar.sync id; id 0 is
 //                                       __syncthreads), for warp-specialised kernels
+//   cluster_rank(), cluster_arrive_relaxed(), cluster_wait(), cluster_sync()
+//                                       a block's rank in its cluster and the cluster's barrier
+//   store_in_block(p, rank, v)          a float stored at the place of p in block rank's shared memory
 // Provides (sm_90a):
 //   wgmma_fence(), wgmma_commit(), wgmma_wait<N>()
 //                                       the ordering around warpgroup mma instructions
@@ -209,6 +212,31 @@ NAPKIN_DEVICE void tma_store_3d(const TensorMap* map, const void* smem, int x, i
 
 NAPKIN_DEVICE void named_barrier_sync(int id, int threads) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
+// Thread-block clusters. A block may store into another block's shared memory only once that
+// block has started: every thread arrives (cluster_arrive_relaxed) when it starts and waits
+// (cluster_wait) before its first such store. cluster_sync is a barrier of every thread of the
+// cluster that orders the stores before it (shared memory of any block) before the reads after it.
+NAPKIN_DEVICE int cluster_rank() {
+  u32 r;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
+  return static_cast<int>(r);
+}
+NAPKIN_DEVICE void cluster_arrive_relaxed() {
+  asm volatile("barrier.cluster.arrive.relaxed;\n" ::: "memory");
+}
+NAPKIN_DEVICE void cluster_wait() {
+  asm volatile("barrier.cluster.wait.acquire;\n" ::: "memory");
+}
+NAPKIN_DEVICE void cluster_sync() {
+  asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;\n" ::: "memory");
+}
+// Stores v at the place of `p` (this block's shared memory) in block `rank` of the cluster.
+NAPKIN_DEVICE void store_in_block(float* p, int rank, float v) {
+  asm volatile(
+      "{\n.reg .b32 ra;\nmapa.shared::cluster.u32 ra, %0, %1;\nst.shared::cluster.f32 [ra], %2;\n}\n"
+      ::"r"(smem_addr(p)), "r"(rank), "f"(v) : "memory");
 }
 
 #if NAPKIN_HAS_WGMMA
