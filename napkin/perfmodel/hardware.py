@@ -496,6 +496,18 @@ class GPU:
         """Names of the levels, top (HBM) to bottom (TC)."""
         return tuple(lv.name for lv in self.levels)
 
+    @property
+    def smem_per_block(self) -> int | None:
+        """The shared memory one thread block may use (the SMEM level's ``per_block_bytes``), or
+        None where the profile names no such limit.
+
+        >>> get_gpu("H100").smem_per_block // 1024, get_gpu("A100").smem_per_block // 1024
+        (227, 163)
+        """
+        if "SMEM" not in self.level_names() or not self.level("SMEM").per_block_bytes:
+            return None
+        return int(self.level("SMEM").per_block_bytes)
+
     def level(self, name: str) -> Level:
         """The level called ``name`` (case-insensitive); HardwareError naming the known ones."""
         want = str(name).upper()

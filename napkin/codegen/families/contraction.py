@@ -1165,8 +1165,8 @@ def _profile(gpu):
 
 def _smem_limit(gpu=None, arch: str | None = None) -> int:
     g = _profile(gpu)
-    if g is not None and "SMEM" in g.level_names() and g.level("SMEM").per_block_bytes:
-        return int(g.level("SMEM").per_block_bytes)
+    if g is not None and g.smem_per_block:
+        return g.smem_per_block
     if arch and arch.startswith("sm_8") and arch not in ("sm_80", "sm_87"):
         return 99 * 1024
     if arch and arch.startswith("sm_8"):

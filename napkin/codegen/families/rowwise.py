@@ -659,10 +659,7 @@ def row_smem_budget(gpu=None) -> int:
     (227, 163, 160)
     """
     g = _gpu_of(gpu) if gpu is not None else None
-    levels = g.level_names() if g is not None else ()
-    if "SMEM" in levels and g.level("SMEM").per_block_bytes:
-        return int(g.level("SMEM").per_block_bytes)
-    return MAX_ROW_SMEM
+    return (g.smem_per_block if g is not None else None) or MAX_ROW_SMEM
 
 
 def row_cache(shape: "ChainShape", cfg: "ChainConfig", budget: int) -> list[Value]:
@@ -676,10 +673,15 @@ def row_cache(shape: "ChainShape", cfg: "ChainConfig", budget: int) -> list[Valu
     no barrier is needed. Each input takes :func:`grid_chunks` · 16 bytes."""
     if not cfg.stream or shape.cols:
         return []
-    again = [v for v in shape.fresh if shape.access.get(id(v)) == "row" and len(shape.uses(v)) > 1]
-    again.sort(key=lambda v: -len(shape.uses(v)))
     each = 16 * cache_chunks(shape, cfg)
-    return again[:max(0, budget - chain_scratch_bytes(shape, cfg)) // each]
+    return reread_inputs(shape)[:max(0, budget - chain_scratch_bytes(shape, cfg)) // each]
+
+
+def reread_inputs(shape: "ChainShape") -> list[Value]:
+    """The row inputs that more than one pass reads, most passes first (what a streamed row keeps
+    in shared memory, as many as fit: :func:`row_cache`)."""
+    again = [v for v in shape.fresh if shape.access.get(id(v)) == "row" and len(shape.uses(v)) > 1]
+    return sorted(again, key=lambda v: -len(shape.uses(v)))
 
 
 def cache_chunks(shape: "ChainShape", cfg: "ChainConfig") -> int:
@@ -690,10 +692,9 @@ def cache_chunks(shape: "ChainShape", cfg: "ChainConfig") -> int:
 
 
 def kept_inputs(shape: "ChainShape", cfg: "ChainConfig") -> list[Value]:
-    """The inputs ``cfg`` keeps in shared memory (its ``cached`` first of :func:`row_cache`), in
+    """The inputs ``cfg`` keeps in shared memory (its ``cached`` first of :func:`reread_inputs`), in
     the order of their words."""
-    # the kept inputs are a prefix of row_cache's order, whatever the budget that fixed their count
-    return row_cache(shape, cfg, 16 * cache_chunks(shape, cfg) * cfg.cached + chain_scratch_bytes(shape, cfg))[:cfg.cached]
+    return reread_inputs(shape)[:cfg.cached]
 
 
 def column_kernel_rows(shape: "ChainShape", cfg: "ChainConfig") -> list[Value]:
@@ -1475,11 +1476,10 @@ def make_chain_config(shape: ChainShape, threads_per_row: int, rows_per_block: i
             raise CodegenError("rowwise: row_in_smem (the row kept in shared memory) only for a streamed row")
         return ChainConfig(threads_per_row, rows_per_block, base.vec, base.chunks_per_thread,
                            base.chunks_per_thread, False)
-    if cluster == 1 and (threads_per_row not in STREAM_THREADS or stream_unroll not in STREAM_UNROLLS):
+    # (a cluster's block threads were checked above)
+    if threads_per_row // cluster not in STREAM_THREADS or stream_unroll not in STREAM_UNROLLS:
         raise CodegenError(f"rowwise: a streamed row runs {STREAM_THREADS} threads with {STREAM_UNROLLS} chunks "
                            f"in flight, not {threads_per_row} and {stream_unroll}")
-    if stream_unroll not in STREAM_UNROLLS:
-        raise CodegenError(f"rowwise: a streamed row has {STREAM_UNROLLS} chunks in flight, not {stream_unroll}")
     # a row that is not whole vectors runs on the shifted grid (grid_chunks): one chunk more
     cpt = -(-(-(-grid_chunks(shape) // threads_per_row)) // stream_unroll) * stream_unroll
     cfg = ChainConfig(threads_per_row, 1, base.vec, cpt, stream_unroll, True, cluster=cluster)
@@ -1869,7 +1869,7 @@ def cluster_config(shape: ChainShape, per_sm=None, row_smem: int = MAX_ROW_SMEM)
     copies its chunks into its shared memory before the first pass; a pass's reductions meet in
     one round over the cluster (each warp's values stored into every block's scratch, one cluster
     barrier). None where no cluster keeps them all or the row is read once."""
-    again = [v for v in shape.fresh if shape.access.get(id(v)) == "row" and len(shape.uses(v)) > 1]
+    again = reread_inputs(shape)
     if not again:
         return None
     found = []
