@@ -63,6 +63,7 @@ __all__ = [
     "gpu_aliases",
     "match_device_name",
     "check_arch",
+    "has_clusters",
     "LEVEL_ORDER",
     "FIELD_SOURCES",
     "SUPPORTED_ARCHS",
@@ -113,6 +114,17 @@ def check_arch(arch: object) -> str:
         return arch
     raise HardwareError(f"arch {_show(arch)} is not supported; napkin generates code for "
                         f"{', '.join(SUPPORTED_ARCHS)}")
+
+
+def has_clusters(arch: str) -> bool:
+    """Whether ``arch`` runs thread-block clusters (sm_90 and later): blocks scheduled together
+    on one GPU processing cluster, each able to read and write the others' shared memory.
+
+    >>> has_clusters("sm_90a"), has_clusters("sm_80")
+    (True, False)
+    """
+    digits = "".join(ch for ch in str(arch).removeprefix("sm_") if ch.isdigit())
+    return bool(digits) and int(digits) >= 90
 
 
 # ---------------------------------------------------------------------- field checks

@@ -44,6 +44,7 @@ from ...diagrams.functions import get_function
 from ...diagrams.ops import Contract, Map, Norm, Reduce, Softmax, Value, apply, map_fn, shifted_exp, sum_over
 from ...dtypes import dtype as lookup_dtype
 from ...errors import CodegenError
+from ...perfmodel.hardware import has_clusters
 from ...perfmodel.schedule import Kernel, KernelOptions, Relabel, Schedule
 from ..program import Arg, Buffer, KernelLaunch, Program
 from ..render import Code, c_i64, c_int, comment, cuda_type, half_math, ident, map_expr, render
@@ -2708,16 +2709,6 @@ class RowwiseFamily:
         launch = lower_shape(shape, cfg, schedule, arch, kname)
         return Program(diagram=diagram, schedule=schedule, family=NAME, launches=(launch,), buffers=(),
                        sizes=dict(shape.sizes))
-
-
-def has_clusters(arch: str) -> bool:
-    """Whether ``arch`` runs thread-block clusters (sm_90 and later).
-
-    >>> has_clusters("sm_90a"), has_clusters("sm_80")
-    (True, False)
-    """
-    digits = "".join(ch for ch in str(arch).removeprefix("sm_") if ch.isdigit())
-    return bool(digits) and int(digits) >= 90
 
 
 def _gpu_of(gpu):
