@@ -366,6 +366,22 @@ def _swapped(splits, bm=64):
     return lambda d: _lowered(d, replace(_swap_config(d, analyze(d), "bf16", bm), splits=splits))
 
 
+def _cluster_split(splits, bm=128, bn=128, swapped=False):
+    """A wgmma split sum whose ``splits`` blocks a tile are one thread-block cluster, adding their
+    partials in each other's shared memory (block 0 runs the epilogue); ``swapped``: the swapped
+    tile of a few vectors by a matrix."""
+    from dataclasses import replace
+
+    from napkin.codegen.families.contraction import MatmulConfig, _swap_config, analyze
+
+    def build(d):
+        cfg = (_swap_config(d, analyze(d), "bf16") if swapped
+               else MatmulConfig(False, bm, bn, 64, 64, bn, 6, wgmma=True))
+        return _lowered(d, replace(cfg, splits=splits, cluster_splits=True))
+
+    return build
+
+
 def _tf32x3_small(d):
     """The fp32 template's 32 x 32 tile (3xTF32): the small tiles a batch of small products takes."""
     from napkin.codegen.families.contraction import TF32X3_SMALL_CONFIGS, MatmulConfig
@@ -481,6 +497,15 @@ CASES = [
          archs=("sm_90a",), label="swapped_tile_split", program=_swapped(2)),
     Case("matmul_wgmma.cu.jinja", _skinny_rows, {"a": 1000, "b": 5, "k": 1000}, family="contraction",
          archs=("sm_90a",), label="swapped_tile_two_consumers", program=_swapped(1, 128)),
+    # split sums over thread-block clusters: the partials added through distributed shared memory
+    # (rows and columns that fill no tile, a sum of 41 chunks over 8 blocks: the last share short),
+    # an epilogue with a staged residual, and the swapped tile in clusters of 2
+    Case("matmul_wgmma.cu.jinja", "matmul", {"a": 200, "b": 2600, "c": 136}, family="contraction",
+         archs=("sm_90a",), label="matmul_cluster_split", program=_cluster_split(8)),
+    Case("matmul_wgmma.cu.jinja", _gemm_residual, {"a": 333, "b": 2000, "c": 264}, family="contraction",
+         archs=("sm_90a",), label="gemm_residual_cluster_split", program=_cluster_split(4, 128, 64)),
+    Case("matmul_wgmma.cu.jinja", _skinny_cols, {"a": 1000, "b": 5, "k": 2000}, family="contraction",
+         archs=("sm_90a",), label="swapped_tile_cluster_split", program=_cluster_split(2, swapped=True)),
     # a residual copied 64 x 64 at a time into each consumer's staging block (cp.async), read there
     # and overwritten by the results (rows of 264 and 333: partial blocks, zero-filled copies)
     Case("matmul_wgmma.cu.jinja", _gemm_residual, {"a": 333, "b": 520, "c": 264}, family="contraction",

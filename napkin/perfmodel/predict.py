@@ -203,7 +203,9 @@ class LaunchShape:
     tail_l2_rounds: rounds of dependent loads from L2 the kernel runs once after every block's
         loop, with nothing of its own left to overlap them: the row-wise family's in-kernel combine
         of column partials (the arrival, then each helper's rounds over the partials other blocks
-        wrote). Each costs ``GPU.l2_round_clk``, added to the kernel's time (0: none).
+        wrote), or a cluster's blocks adding their split sums' partials in each other's shared
+        memory (the contraction family's cluster splits: barriers and remote loads). Each costs
+        ``GPU.l2_round_clk``, added to the kernel's time (0: none).
     fill_share: the share of the loop's smaller time (compute or HBM) that its ring's fill and
         drain leave exposed, in a kernel whose blocks run one tile each and start together
         (``min(1, chunks loaded ahead / steps)``; 0: the roofline overlaps them whole); an SM

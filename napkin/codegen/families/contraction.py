@@ -49,6 +49,7 @@ from ...diagrams.axes import is_name
 from ...diagrams.diagram import Diagram
 from ...diagrams.ops import Contract, Map, Value
 from ...errors import CodegenError
+from ...perfmodel.hardware import has_clusters
 from ...perfmodel.schedule import KernelOptions, Schedule
 from ..program import MAX_GRID_Y, Arg, Buffer, KernelLaunch, Program, fold_grid, grid_folds
 from ..render import Code, comment_lines, ident
@@ -175,6 +176,16 @@ GROUP_M = 8
 #: chunks (fewer would spend more on the partials than the split gains).
 MAX_SPLITS = 64
 MIN_SPLIT_CHUNKS = 8
+#: The most blocks of one thread-block cluster that share a tile's sum (the portable cluster size),
+#: and the cluster the planner offers: two blocks, the SMs of one TPC, which every GPC schedules
+#: side by side. Larger clusters measured slower on an H200 at every point timed (bf16, kernels,
+#: ``cluster_split_candidates_s36.txt``): 4 vectors by 4096 x 4096 on 128 blocks 7.6 us in
+#: clusters of 2 against 11.9 in clusters of 4; 256 x 16384 x 256 in clusters of 8 10.9-11.7 us on
+#: 64 blocks and 18.3 on 128 (whole clusters of 8 leave SMs of a GPC idle), against 8.2 for 16
+#: shares with their partials in HBM. It is offered on the swapped tile (a few vectors by a matrix,
+#: :func:`cluster_split_counts`), whose partials are small.
+MAX_CLUSTER_SPLITS = 8
+OFFERED_CLUSTER_SPLITS = 2
 #: Threads per block of the combining launch of a split sum, and the partials each thread loads
 #: before it adds them (one thread an output element: 65536 outputs leave ~500 threads a SM, so
 #: the bytes in flight come from the depth).
@@ -242,6 +253,9 @@ class MatmulConfig:
     blocks_per_sm: int = 1
     wgmma: bool = False  # the Hopper template: WM rows per consumer warpgroup, WN = BN
     splits: int = 1  # blocks sharing one output tile's sum (fp32 partials and a combining launch)
+    #: (wgmma, Hopper) the ``splits`` blocks of a tile are one thread-block cluster: their partials
+    #: meet in shared memory and block 0 of the cluster runs the epilogue (no workspace, one launch)
+    cluster_splits: bool = False
     dual: bool = False  # two sums sharing the A tiles (wgmma): each ring slot holds BN rows of B and of B2
     #: (fp32 template, simt=True) the tensor-core engine: 3xTF32 on mma.sync instead of fp32 FMA
     tf32x3: bool = False
@@ -273,6 +287,12 @@ class MatmulConfig:
         return self.BM, self.BN, self.BK, self.WM, self.WN
 
     @property
+    def partials_in_hbm(self) -> bool:
+        """Whether the tile's sum is split over blocks that leave fp32 partials in an HBM workspace
+        for a second, combining launch (not where the blocks are one cluster: :attr:`cluster_splits`)."""
+        return self.splits > 1 and not self.cluster_splits
+
+    @property
     def engine(self) -> str:
         if self.simt:
             return "mma.sync" if self.tf32x3 else "simt"
@@ -284,7 +304,8 @@ class MatmulConfig:
             return KernelOptions(engine="wgmma", stages=self.stages, warpgroups=self.consumers,
                                  blocks_per_sm=self.blocks_per_sm, regs_per_thread=self.consumer_regs(),
                                  splits=self.splits if self.splits > 1 else None,
-                                 swap_ab=True if self.swap else None)
+                                 swap_ab=True if self.swap else None,
+                                 cluster=self.splits if self.cluster_splits else None)
         return KernelOptions(engine=self.engine, stages=self.stages, warps=self.threads // 32,
                              blocks_per_sm=self.blocks_per_sm, regs_per_thread=self.model_regs(),
                              splits=self.splits if self.splits > 1 else None)
@@ -703,7 +724,7 @@ def wgmma_tma_store(diagram: Diagram, p: MatmulProblem, cfg: MatmulConfig, stage
     >>> wgmma_tma_store(d, analyze(d), cfg, []), wgmma_tma_store(d.bind(c=201), analyze(d), cfg, [])
     (True, False)
     """
-    if not (WGMMA_TMA_STORE and wgmma_persistent(p) and cfg.splits == 1 and not staged):
+    if not (WGMMA_TMA_STORE and wgmma_persistent(p) and not cfg.partials_in_hbm and not staged):
         return False
     if p.y_t:  # the output [batch][c][a]: rows along a, the tile's rows
         m = diagram.sizes.get(p.a)
@@ -778,9 +799,28 @@ def _thin(diagram: Diagram, p: MatmulProblem) -> bool:
     return isinstance(n, int) and n <= THIN_ROWS
 
 
-#: The ring slots of the kernels ``GPU.wgmma_step_clk`` was measured on: a deeper ring divides the
-#: step by its slots in flight (STAGES - 2) over these kernels' (launch_estimate).
+#: The ring slots of the kernels ``GPU.wgmma_step_clk`` was measured on: a deeper ring shares the
+#: step's round trip among more chunks in flight (:func:`ring_share`).
 CHAIN_STAGES = 8
+
+
+def ring_share(stages: int) -> float:
+    """The share of ``GPU.wgmma_step_clk`` a chunk's dependent wgmma pay a step on a ring of
+    ``stages`` slots: the slots in flight (STAGES - 2) of the kernels the step was measured on
+    (:data:`CHAIN_STAGES`) over this ring's, and no more than the whole step. H200, bf16, 4 vectors
+    by a 4096 x 4096 matrix in 2 splits (128 blocks of 32 chunks): 0.20 us a chunk on the swapped
+    tile's 16 slots, 0.45 on the 64 x 64 tile's 8 (``swap_ab_s28.txt``).
+
+    This prices the swapped tile's chunk at 0.105 us where its kernels measured 0.18-0.20 with
+    L2 warm (``cluster_split_candidates_s36.txt``: 64 chunks a block on 64 blocks, 11.3 us). The
+    square root of the ratio (0.65) matched them, but moved plans that measured slower with L2
+    flushed (4 vectors by W[k, a] of 4096 x 4096 went to the pointwise family, 11.6 -> 14.3 us of
+    kernels, ``cluster_split_ab_s36.jsonl``), so the ratio stays.
+
+    >>> ring_share(8), round(ring_share(16), 3), ring_share(4)
+    (1.0, 0.429, 1.0)
+    """
+    return min(1.0, (CHAIN_STAGES - 2) / max(1, stages - 2))
 
 #: The wgmma N of a swapped tile (:func:`swap_problem`): the output's few rows, rounded up to one
 #: of these.
@@ -899,6 +939,55 @@ def _small_output(diagram: Diagram, p: MatmulProblem) -> bool:
     multiply mostly zero rows)."""
     sz = diagram.sizes
     return any(isinstance(sz.get(n), int) and sz[n] <= SMALL_OUTPUT for n in (p.a, p.c))
+
+
+def cluster_split_counts(diagram: Diagram, p: MatmulProblem, cfg: MatmulConfig, counts: Sequence[int],
+                         gpu) -> list[int]:
+    """The cluster sizes a wgmma split of ``cfg`` is offered with, from its split ``counts``:
+    :data:`OFFERED_CLUSTER_SPLITS` where a count reaches it, the GPU runs clusters (Hopper), the tile is
+    the swapped one (a few vectors by a matrix), its partial parts into that many equal float4
+    slices and fits the ring, and its output can leave by TMA
+    (:meth:`ContractionFamily._cluster_split_config`). H200, bf16, kernels with L2 flushed, the
+    plan before and after (``cluster_split_ab_s36.jsonl``): 64 vectors by 4096 x 4096 14.0 -> 12.7
+    us (and 8 vectors by 4096 x 14336 35.7 -> 31.1, a split the model does not take: it prices
+    the unsplit tile's chain below what it measures, :func:`ring_share`); the larger tiles' partials cost
+    more to exchange than the combining launch saves (a 2048 x 2048 x 512 product on 128 x 128 tiles
+    in clusters of 2 18.7 us against 15.3 for 64 x 128 tiles unsplit), so they keep the workspace
+    (a schedule may still ask for a cluster on any cooperative tile). The template's row
+    reductions, dual sums and prologues are never split over a cluster."""
+    g = _profile(gpu)
+    if (g is None or not has_clusters(g.arch) or not cfg.wgmma or not cfg.swap or cfg.pingpong
+            or p.rowred is not None or p.dual or p.norm is not None):
+        return []
+    out = []
+    for n in counts:
+        n = min(n, OFFERED_CLUSTER_SPLITS)
+        if n < 2 or n in out or (cfg.BM * cfg.BN // 4) % n or 4 * cfg.BM * cfg.BN > cfg.wgmma_ring_bytes(2):
+            continue
+        if p.y_t and not wgmma_tma_store(diagram, p, replace(cfg, splits=n, cluster_splits=True), []):
+            continue
+        out.append(n)
+    return out
+
+
+def cluster_split_rounds(cfg: MatmulConfig) -> int:
+    """Dependent rounds a block of a cluster-split wgmma kernel (:attr:`MatmulConfig.cluster_splits`)
+    waits for after its loop, as the template runs them: the cluster barrier after every block
+    has written its partial, then its slice's loads from every block (``8 / splits`` float4s of a
+    thread's share of the slice a round, all blocks' values in flight together) and their stores
+    into block 0, then the barrier before block 0 reads the sum. Each is priced as an L2 round
+    (``GPU.l2_round_clk``).
+
+    >>> cluster_split_rounds(MatmulConfig(False, 64, 8, 64, 64, 8, 16, wgmma=True, splits=2, cluster_splits=True))
+    3
+    >>> cluster_split_rounds(MatmulConfig(False, 64, 128, 64, 64, 128, 6, wgmma=True, splits=2, cluster_splits=True))
+    4
+    """
+    threads = 128 * cfg.consumers
+    slice4 = cfg.BM * cfg.BN // 4 // cfg.splits
+    iters = -(-slice4 // threads)
+    group = max(1, min(8 // cfg.splits, iters))
+    return 2 + -(-iters // group)
 
 
 def _pingpong_idles(diagram: Diagram, p: MatmulProblem, cfg: MatmulConfig, gpu) -> bool:
@@ -1431,9 +1520,8 @@ class ContractionFamily:
                 continue
             if not _pingpong_idles(diagram, p, cfg, gpu):
                 out.append(self.schedule(diagram, cfg, gpu=gpu, dtype=dtype))
-            for n in self.split_counts(diagram, p, cfg, gpu):
-                if not _pingpong_idles(diagram, p, replace(cfg, splits=n), gpu):
-                    out.append(self.schedule(diagram, replace(cfg, splits=n), gpu=gpu, dtype=dtype))
+            out += [self.schedule(diagram, c, gpu=gpu, dtype=dtype) for c in self.split_configs(diagram, p, cfg, gpu)
+                    if not _pingpong_idles(diagram, p, c, gpu)]
         if wgmma:
             # the small tiles only split, after the others (the planner keeps the first of equals),
             # and unsplit where 128 x 128 tiles leave over half the SMs idle or the rows are thin
@@ -1446,8 +1534,8 @@ class ContractionFamily:
                 if cfg.smem_bytes(p, _elem(dtype)) <= limit:
                     if few:
                         out.append(self.schedule(diagram, cfg, gpu=gpu, dtype=dtype))
-                    out += [self.schedule(diagram, replace(cfg, splits=n), gpu=gpu, dtype=dtype)
-                            for n in self.split_counts(diagram, p, cfg, gpu)]
+                    out += [self.schedule(diagram, c, gpu=gpu, dtype=dtype)
+                            for c in self.split_configs(diagram, p, cfg, gpu)]
         if wgmma and swap_reason(diagram, p) is None:
             # a few vectors by a matrix: the matrix on the tile's 64 or 128 rows, the vectors its
             # columns
@@ -1455,9 +1543,19 @@ class ContractionFamily:
                 cfg = _swap_config(diagram, p, dtype, bm)
                 if cfg.smem_bytes(swap_problem(p), _elem(dtype)) <= limit:
                     out.append(self.schedule(diagram, cfg, gpu=gpu, dtype=dtype))
-                    out += [self.schedule(diagram, replace(cfg, splits=n), gpu=gpu, dtype=dtype)
-                            for n in self.split_counts(diagram, swap_problem(p), cfg, gpu)]
+                    out += [self.schedule(diagram, c, gpu=gpu, dtype=dtype)
+                            for c in self.split_configs(diagram, swap_problem(p), cfg, gpu)]
         return out
+
+    def split_configs(self, diagram: Diagram, p: MatmulProblem, cfg: MatmulConfig, gpu) -> list[MatmulConfig]:
+        """``cfg`` split over the block counts of :meth:`split_counts` with its partials in HBM
+        and a combining launch, after a split over a cluster of :data:`OFFERED_CLUSTER_SPLITS`
+        blocks a tile where the GPU has clusters (:func:`cluster_split_counts`)."""
+        counts = self.split_counts(diagram, p, cfg, gpu)
+        out = []
+        for n in cluster_split_counts(diagram, p, cfg, counts, gpu):
+            out.append(replace(cfg, splits=n, cluster_splits=True))
+        return out + [replace(cfg, splits=n) for n in counts]
 
     @staticmethod
     def split_counts(diagram: Diagram, p: MatmulProblem, cfg: MatmulConfig, gpu) -> list[int]:
@@ -1529,6 +1627,10 @@ class ContractionFamily:
             moved = 2 * 4 * sz[p.a] * cfg.splits * _row_stats(p)
             if p.rowred_kind == "softmax":
                 moved += 2 * sz[p.a] * sz[p.c] * elem
+        elif cfg.cluster_splits:
+            # the shares meet in the cluster's shared memory after the loop, in rounds each block's
+            # threads wait for (no workspace, no second launch; :func:`cluster_split_rounds`)
+            est.update(tail_l2_rounds=cluster_split_rounds(cfg))
         elif cfg.splits > 1:
             # each block walks its share of the chunks; the partials go to HBM and come back once.
             # A step's fixed cost adds to the block's time where the warps that load a chunk also
@@ -1601,20 +1703,18 @@ class ContractionFamily:
             # The step was measured on rings of CHAIN_STAGES slots, and it is a round trip of the
             # ring more than the wgmma's own: a dependent chain of m64nNk16 from shared memory
             # runs 19 clk a step at N = 8 and 32 at N = 64 (``wgmma_chain_micro_s28.jsonl``), while
-            # a deeper ring's chunks cost less in proportion to the slots in flight (STAGES - 2):
-            # H200, bf16, 4 vectors by a 4096 x 4096 matrix in 2 splits (128 blocks of 32 chunks):
-            # 0.20 us a chunk on the swapped tile's 16 slots, 0.45 on the 64 x 64 tile's 8
-            # (``swap_ab_s28.txt``). Shallower rings are not charged more (the large tiles' chunks
-            # come mostly from L2, sooner).
+            # a deeper ring's chunks cost less as more of them are in flight (:func:`ring_share`).
+            # Shallower rings are not charged more (the large tiles' chunks come mostly from L2,
+            # sooner).
             steps = _chunk_count(sz, p, cfg.BK)
-            step_s = _wgmma_step_s(gpu) * min(1.0, (CHAIN_STAGES - 2) / max(1, cfg.stages - 2))
+            step_s = _wgmma_step_s(gpu) * ring_share(cfg.stages)
             if steps and step_s:
                 chain = math.ceil(steps / cfg.splits) * (cfg.BK // 16) * step_s
                 est.update(tensor_chain_s=chain * blocks / _sm_count(gpu) / (2 if cfg.pingpong else 1))
             if p.rowred is not None:
                 est.update(epilogue_hbm_bytes=epilogue_bytes(diagram, p),
                            epilogue_rate=WGMMA_ROWRED_EPILOGUE_RATE)
-            elif cfg.splits == 1 and (not cfg.pingpong or blocks <= _sm_count(gpu)):
+            elif not cfg.partials_in_hbm and (not cfg.pingpong or blocks <= _sm_count(gpu)):
                 # both consumers of a cooperative kernel leave the loop together and run the maps
                 # and the stores before the next tile's first wgmma: a phase after each tile's
                 # loop, as on the mma.sync template (and a ping-pong kernel of one tile a block,
@@ -1689,7 +1789,13 @@ class ContractionFamily:
             if splits > 1 and (p.dual or p.norm is not None):
                 raise CodegenError("contraction family: the wgmma template splits only a plain sum or a row "
                                    f"reduction's row (not a dual contraction or a prologue; splits={splits})")
-            return replace(self._wgmma_config(p, schedule, arch, sizes, stages, opts.warpgroups, splits), splits=splits)
+            cfg = replace(self._wgmma_config(p, schedule, arch, sizes, stages, opts.warpgroups, splits), splits=splits)
+            if opts.cluster is not None:
+                cfg = self._cluster_split_config(schedule.diagram, p, cfg, int(opts.cluster))
+            return cfg
+        if opts.cluster is not None:
+            raise CodegenError(f"contraction family: a cluster (cluster={opts.cluster}) shares a split sum on the "
+                               f"wgmma template only (the schedule asks for {engine})")
         if engine not in ("mma.sync", "simt"):
             raise CodegenError(f"contraction family: engine {engine!r} is not built here (wgmma, mma.sync "
                                "or simt)")
@@ -1797,6 +1903,36 @@ class ContractionFamily:
         return cfg
 
     @staticmethod
+    def _cluster_split_config(d: Diagram, p: MatmulProblem, cfg: MatmulConfig, cluster: int) -> MatmulConfig:
+        """``cfg`` with its ``splits`` blocks a tile run as one thread-block cluster
+        (:attr:`MatmulConfig.cluster_splits`), checked against what the template builds (the wgmma
+        template runs on sm_90a, which has clusters: an Ampere target is refused before)."""
+        what = f"contraction family (wgmma): cluster={cluster}"
+        if p.rowred is not None:
+            raise CodegenError(f"{what}: a row reduction's column tiles are combined by a second launch, not in a "
+                               "cluster")
+        if cluster != cfg.splits:
+            raise CodegenError(f"{what}: the cluster's blocks are the shares of one tile's sum, so cluster must "
+                               f"equal splits ({cfg.splits})")
+        if not 2 <= cluster <= MAX_CLUSTER_SPLITS:
+            raise CodegenError(f"{what}: a tile's sum is shared by 2 to {MAX_CLUSTER_SPLITS} blocks of a cluster")
+        if cfg.pingpong:
+            raise CodegenError(f"{what}: ping-pong consumers own whole tiles; a cluster shares one tile's sum "
+                               "between cooperative blocks")
+        if (cfg.BM * cfg.BN // 4) % cluster:
+            raise CodegenError(f"{what}: the tile's {cfg.BM} x {cfg.BN} partial sums do not part into {cluster} "
+                               "equal slices of 4 floats")
+        ring, partial = cfg.wgmma_ring_bytes(2), 4 * cfg.BM * cfg.BN
+        if partial > ring:
+            raise CodegenError(f"{what}: the tile's fp32 partial ({partial} bytes) is kept in the ring, which "
+                               f"holds {ring} with {cfg.stages} stages; give it more stages")
+        out = replace(cfg, cluster_splits=True)
+        if p.y_t and not wgmma_tma_store(d, p, out, []):
+            raise CodegenError(f"{what}: the swapped tile leaves by TMA: the output's last axis {p.a!r} must be a "
+                               "multiple of 16 bytes behind its batch axes")
+        return out
+
+    @staticmethod
     def _check_swap_config(d: Diagram, p: MatmulProblem, cfg: MatmulConfig, splits: int, arch: str | None,
                            what: str) -> MatmulConfig:
         """A swapped tile (``p.y_t``) as the template builds it: one or two consumers of 64 rows, 8
@@ -1886,7 +2022,7 @@ class ContractionFamily:
             ws = _buffer_name(diagram, f"{diagram.name}_row_partials", taken)
             buffers.append(Buffer(ws, (p.a, "tile", "stat"), (sz[p.a], cfg.splits, _row_stats(p)), "fp32"))
             main = (launch(diagram, p, cfg, arch, ws=ws, padded=padded), self._rowcombine_launch(diagram, p, cfg, ws))
-        elif cfg.splits == 1:
+        elif not cfg.partials_in_hbm:  # one share, or shares meeting in a cluster
             main = (launch(diagram, p, cfg, arch, padded=padded),)
         else:
             # (swapped operands write their partials transposed, [split][batch][rows][a] as the output
@@ -2216,13 +2352,14 @@ class ContractionFamily:
             # it: read per element behind the bounds check, each of a thread's 128 reads waited
             # for the one before (H100, 128 x 256 bf16 output + a residual, one tile a block:
             # 12.9 us of kernel against 4.1 for the plain product)
-            staged = _tiled_like_output(d, p)[:1] if wgmma_persistent(p) and cfg.splits == 1 and not p.y_t else []
+            staged = (_tiled_like_output(d, p)[:1] if wgmma_persistent(p) and not cfg.partials_in_hbm and not p.y_t
+                      else [])
             epi = epilogue_code(d, p.contraction, p.out, index_vars=index_vars, ctype_name=T, start2=p.contraction2,
                                 tile_reads={v.name: "napkin::to_float(sE[tile_r * E_LD + tile_c])" for v in staged})
             params += epi.params
             staged_tiles = _staged_tiles(staged, p, index_vars, T, params)
         tma_store = wgmma_tma_store(d, p, cfg, staged)
-        if p.y_t and cfg.splits == 1 and not tma_store:
+        if p.y_t and not cfg.partials_in_hbm and not tma_store:
             raise CodegenError("contraction family: swapped operands leave by TMA: the output's last axis "
                                f"{p.a!r} must be a multiple of 16 bytes behind its batch axes")
         ebuf = cfg.staging_blocks(2) if tma_store else 1
@@ -2241,6 +2378,7 @@ class ContractionFamily:
         dual = "_dual" if p.dual else "_rmsnorm" if p.norm is not None else f"_{red}" if red else ""
         split = f"_x{cfg.splits}" if cfg.splits > 1 else ""
         split += f"_c{cluster}" if cluster > 1 else ""
+        split += "_cs" if cfg.cluster_splits else ""
         split += "_pp" if cfg.pingpong else ""
         split += "_swap" if p.y_t else ""
         kname = Code(f"napkin_mm_wgmma{dual}{split}_{T}_{cfg.BM}x{cfg.BN}x{cfg.BK}_w{cfg.WM}_s{cfg.stages}_{layout}_{tag}")
@@ -2248,7 +2386,7 @@ class ContractionFamily:
         nacc = wn // 2
         ctx = dict(
             kname=kname, T=ctype(T), AB=Code("bf16" if T == "bf16" else "f16"), BM=cfg.BM, BN=wn, DUAL=p.dual,
-            SPLITS=1 if p.rowred is not None else cfg.splits, ROWSPLIT=rowsplit,
+            SPLITS=1 if p.rowred is not None else cfg.splits, ROWSPLIT=rowsplit, CSPLIT=cfg.cluster_splits,
             PERSISTENT=wgmma_persistent(p), CLUSTER=cluster, PINGPONG=cfg.pingpong,
             STAGGER=bool(WGMMA_STAGGER), TMA_STORE=tma_store, EBUF=ebuf, Y_T=p.y_t,
             WM=cfg.WM, STAGES=cfg.stages, GROUP_M=GROUP_M, A_KMAJOR=p.a_kmajor, B_KMAJOR=p.b_kmajor,
@@ -2274,7 +2412,9 @@ class ContractionFamily:
         work = tiles * (1 if p.rowred is not None else cfg.splits) * nbatch
         if work > 2 ** 31 - 1:
             raise CodegenError(f"contraction family: {work} work items (tiles x splits x batch); at most 2^31 - 1")
-        if wgmma_persistent(p):  # whole clusters, each walking items of `cluster` tiles
+        if cfg.cluster_splits:  # a cluster a tile: one work item a block (its share of the tile's sum)
+            blocks = work
+        elif wgmma_persistent(p):  # whole clusters, each walking items of `cluster` tiles
             items = math.ceil(math.ceil(M / cfg.BM) / cluster) * math.ceil(N / cfg.BN) * cfg.splits * nbatch
             blocks = min(items, sms // cluster) * cluster
         else:
@@ -2285,6 +2425,8 @@ class ContractionFamily:
         extra = (("dual", True),) if p.dual else (("row_reduction", red),) if red else ()
         if cfg.splits > 1:
             extra += (("splits", cfg.splits),)
+        if cfg.cluster_splits:
+            extra += (("cluster", cfg.splits),)
         if wgmma_persistent(p):
             extra += (("persistent", True),)
         if cluster > 1:
@@ -2327,6 +2469,10 @@ class ContractionFamily:
             f"{'[c][b]' if p.b_kmajor else '[b][c]'}",
             *([f"  operands swapped (swap_ab): {p.A.label()} on the tile's rows, the output stored "
                f"[{p.c}][{p.a}] and each tile written transposed (Y_T)"] if p.y_t else []),
+            *([f"  {p.b} split over SPLITS = {cfg.splits} blocks a tile, one thread-block cluster (CSPLIT): "
+               "fp32 partials added in shared memory, block 0 runs the epilogue"] if cfg.cluster_splits else []),
+            *([f"  {p.b} split over SPLITS = {cfg.splits} blocks a tile: fp32 partials in the workspace WS, "
+               "added by a second launch"] if cfg.partials_in_hbm and p.rowred is None else []),
         ]
         for ax in p.k_outer:
             lines.append(f"  {ax} -> outer sum (one index at a time: s_{ax} = 1, every chunk of {p.b} per index)")

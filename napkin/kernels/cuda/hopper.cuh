@@ -38,7 +38,9 @@
 //                                       __syncthreads), for warp-specialised kernels
 //   cluster_rank(), cluster_arrive_relaxed(), cluster_wait(), cluster_sync()
 //                                       a block's rank in its cluster and the cluster's barrier
-//   store_in_block(p, rank, v)          a float stored at the place of p in block rank's shared memory
+//   store_in_block(p, rank, v)          a float (or float4) stored at the place of p in block rank's
+//                                       shared memory
+//   load_from_block(p, rank)            the float4 at the place of p in block rank's shared memory
 // Provides (sm_90a):
 //   wgmma_fence(), wgmma_commit(), wgmma_wait<N>()
 //                                       the ordering around warpgroup mma instructions
@@ -237,6 +239,21 @@ NAPKIN_DEVICE void store_in_block(float* p, int rank, float v) {
   asm volatile(
       "{\n.reg .b32 ra;\nmapa.shared::cluster.u32 ra, %0, %1;\nst.shared::cluster.f32 [ra], %2;\n}\n"
       ::"r"(smem_addr(p)), "r"(rank), "f"(v) : "memory");
+}
+NAPKIN_DEVICE void store_in_block(float4* p, int rank, float4 v) {
+  asm volatile(
+      "{\n.reg .b32 ra;\nmapa.shared::cluster.u32 ra, %0, %1;\n"
+      "st.shared::cluster.v4.f32 [ra], {%2, %3, %4, %5};\n}\n"
+      ::"r"(smem_addr(p)), "r"(rank), "f"(v.x), "f"(v.y), "f"(v.z), "f"(v.w) : "memory");
+}
+// The float4 at the place of `p` (this block's shared memory) in block `rank` of the cluster.
+NAPKIN_DEVICE float4 load_from_block(const float4* p, int rank) {
+  float4 v;
+  asm volatile(
+      "{\n.reg .b32 ra;\nmapa.shared::cluster.u32 ra, %4, %5;\n"
+      "ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [ra];\n}\n"
+      : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "r"(smem_addr(p)), "r"(rank) : "memory");
+  return v;
 }
 
 #if NAPKIN_HAS_WGMMA
