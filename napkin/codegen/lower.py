@@ -23,7 +23,7 @@ from ..diagrams.axes import is_name
 from ..errors import CodegenError, NapkinError
 from ..perfmodel.schedule import Schedule
 from .prepare import prepare, unbound_axes
-from .program import Buffer, KernelLaunch, Program
+from .program import Buffer, KernelLaunch, Program, check_options
 from .select import resolve_gpu
 
 __all__ = ["lower", "build", "prepare", "resolve_gpu", "check_program", "unbound_axes",
@@ -161,6 +161,7 @@ def build(plan, *, arch: str | None = None) -> Program:
         arrays = {sub.name_of(v) for v in (*sub.inputs, *sub.nodes)}
         kernel = k.replace(boxes=kept, placement=tuple(p for p in k.placement if p[0] in arrays))
         sched = Schedule(sub, (kernel,), plan.gpu, plan.dtype)
+        check_options(fam, pk.name, k.options)  # a plan from elsewhere (a file, a cache) too
         try:
             prog = fam.lower(sub, sched, arch)
         except NapkinError:

@@ -51,6 +51,7 @@ from ..perfmodel.hardware import check_arch, gpu_ref
 from ..perfmodel.plan import FALLBACK, Plan, PlannedKernel, describe_kernel, tiles_text
 from ..perfmodel.schedule import Kernel, Relabel, Schedule
 from .partition import attach_renames, is_connected, kernel_problem, plan_units
+from .program import check_options
 
 __all__ = ["derive", "Derivation", "KernelChoice", "Option", "MAX_FUSED_BOXES", "MAX_HEAVY_BOXES", "MAX_PLANNED_BOXES",
            "SearchLimitError", "check_search_size"]
@@ -991,6 +992,7 @@ def plan_schedule(diagram, schedule: Schedule, gpu=None, *, family=None, dtype: 
         why = _explain(fam, sub)
         if why is not None:
             raise CodegenError(f"family {fam.name} cannot generate kernel {k.name} of {d.name!r}: {why}")
+        check_options(fam, k.name, k.options)
         kernel = k.replace(family=fam.name)
         one = _kernel_alone(sub, kept, kernel, gpu_ref(g), dt)
         try:

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Mapping, Protocol
 
 from ..diagrams.diagram import Diagram
+from ..errors import CodegenError
 from ..perfmodel.schedule import Schedule
 
 
@@ -139,7 +140,9 @@ class Family(Protocol):
     Optional hooks lowering and selection use when a family has them: ``explain(diagram)``
     (None when it takes the diagram, else why not) and ``launch_estimate(diagram, schedule,
     gpu)`` (a dict of ``blocks``, ``threads``, ``regs``, ``smem``, ``in_flight_bytes_per_thread``,
-    ``idle_lanes`` for the launch a schedule stands for; see :mod:`napkin.codegen.select`).
+    ``idle_lanes`` for the launch a schedule stands for; see :mod:`napkin.codegen.select`), and
+    ``options_read`` (the :class:`~napkin.perfmodel.schedule.KernelOptions` fields it reads;
+    planning and lowering refuse a kernel that sets another (:func:`check_options`)).
     """
 
     name: str
@@ -152,3 +155,27 @@ class Family(Protocol):
 
     def lower(self, diagram: Diagram, schedule: Schedule, arch: str) -> Program:
         """Generate the launches for one schedule."""
+
+
+def check_options(family, kernel: str, options) -> None:
+    """Refuses ``options`` (a :class:`~napkin.perfmodel.schedule.KernelOptions`) where they set a
+    field ``family`` does not read: an option its template ignores would be silently dropped, so a
+    hand-written schedule asking a contraction for ``row_in_smem`` is an error, not a no-op. A
+    family without ``options_read`` (one registered from outside) is taken at its word.
+
+    >>> from napkin.codegen import families
+    >>> from napkin.perfmodel.schedule import KernelOptions
+    >>> check_options(families.get("pointwise"), "k0", KernelOptions(warps=8, stages=4))
+    >>> check_options(families.get("pointwise"), "k0", KernelOptions(warps=8, swap_ab=True))
+    Traceback (most recent call last):
+    ...
+    napkin.errors.CodegenError: kernel k0: family pointwise does not read option swap_ab=True (it reads regs_per_thread, splits, stages, threads_per_row, warps)
+    """
+    read = getattr(family, "options_read", None)
+    if read is None:
+        return
+    unread = {k: v for k, v in options.to_dict().items() if k not in read}
+    if unread:
+        given = ", ".join(f"{k}={v}" for k, v in unread.items())
+        raise CodegenError(f"kernel {kernel}: family {family.name} does not read option{'s' if len(unread) > 1 else ''} "
+                           f"{given} (it reads {', '.join(sorted(read))})")

@@ -21,7 +21,7 @@ from napkin.codegen.program import Program
 from napkin.codegen.verify import VerifyReport, VerifyRow, default_shapes
 from napkin.diagrams import Axis, Diagram, array, causal, contract, layernorm, library, scale, softmax
 from napkin.errors import CodegenError, DiagramError, NapkinError, ScheduleError
-from napkin.perfmodel.schedule import Schedule
+from napkin.perfmodel.schedule import KernelOptions, Schedule
 
 ROOT = Path(__file__).resolve().parents[2]
 SMALL = dict(a=5, b=7, c=3, n=2, r=3, x=9, q=6, d=4, h=2, j=3, e=12, f=7, g=2, s=5)
@@ -213,8 +213,11 @@ def test_a_multi_kernel_schedule_lowers_each_kernel_by_its_family():
     p = lower(d, s)  # as given: every kernel on the family it names
     assert p.family == "fallback" and p.plan.families == ("fallback",) * 3 and len(p.launches) == 3
     assert {b.name for b in p.buffers} == {"N", "mul"}
-    # without families, each kernel goes to the first family that takes its sub-diagram
-    bare = s.replace(kernels=tuple(k.replace(family=None) for k in s.kernels))
+    # without families (nor the fallback's options, which only the fallback reads), each kernel
+    # goes to the first family that takes its sub-diagram
+    with pytest.raises(CodegenError, match=r"kernel k0_N: family rowwise does not read option engine=scalar"):
+        lower(d, s.replace(kernels=tuple(k.replace(family=None) for k in s.kernels)))
+    bare = s.replace(kernels=tuple(k.replace(family=None, options=KernelOptions()) for k in s.kernels))
     p = lower(d, bare)
     assert p.plan.families == ("rowwise", "pointwise", "pointwise") and p.family == "rowwise+pointwise"
     assert len(p.launches) == 3 and {b.name for b in p.buffers} == {"N", "mul"}

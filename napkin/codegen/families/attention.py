@@ -440,6 +440,10 @@ class AttentionFamily:
     """Streamed attention forward, bf16/fp16, mma.sync with the online softmax in registers."""
 
     name = "attention"
+    #: the :class:`~napkin.perfmodel.schedule.KernelOptions` fields this family's schedules carry and
+    #: its templates read; lowering refuses a kernel that sets any other (it would not apply)
+    options_read = frozenset({"engine", "stages", "warps", "warpgroups", "threads_per_row",
+                              "blocks_per_sm", "regs_per_thread", "splits", "persistent"})
     #: the planner's limits for runs this family may take: with the saved log-sum-exp (the forward
     #: of a backward) two contractions, the softmax and the lse's max and sum, in up to 14 boxes
     max_heavy_boxes = 5

@@ -376,6 +376,10 @@ class AttentionBackwardFamily:
     """Attention's backward (dQ, dK, dV) in one mma.sync kernel, with a pre-pass and a dQ pass."""
 
     name = "attention_bwd"
+    #: the :class:`~napkin.perfmodel.schedule.KernelOptions` fields this family's schedules carry and
+    #: its templates read; lowering refuses a kernel that sets any other (it would not apply)
+    options_read = frozenset({"engine", "stages", "warps", "warpgroups", "blocks_per_sm",
+                              "regs_per_thread"})
     #: the planner's limits for runs this family may take (planner.py reads them): the backward has
     #: six contractions (S, dP, D, dQ, dK, dV) and up to 16 boxes with its masks and scales
     max_heavy_boxes = 6

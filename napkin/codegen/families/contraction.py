@@ -1346,6 +1346,10 @@ class ContractionFamily:
     """Matmul with a fused elementwise epilogue: mma.sync for bf16/fp16, SIMT FMA for fp32."""
 
     name = "contraction"
+    #: the :class:`~napkin.perfmodel.schedule.KernelOptions` fields this family's schedules carry and
+    #: its templates read; lowering refuses a kernel that sets any other (it would not apply)
+    options_read = frozenset({"engine", "stages", "warps", "warpgroups", "blocks_per_sm",
+                              "regs_per_thread", "splits", "swap_ab", "cluster"})
 
     # ------------------------------------------------------------------ recognise
     def why_not(self, diagram: Diagram) -> str | None:

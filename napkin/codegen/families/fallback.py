@@ -425,6 +425,9 @@ class FallbackFamily:
     """Any valid diagram: one simple kernel per box, intermediates in HBM."""
 
     name = NAME
+    #: the :class:`~napkin.perfmodel.schedule.KernelOptions` fields this family's schedules carry and
+    #: its templates read; lowering refuses a kernel that sets any other (it would not apply)
+    options_read = frozenset({"engine", "warps"})
 
     def explain(self, diagram: Diagram) -> str | None:
         dts = {v.dtype for v in (*diagram.inputs, *diagram.nodes)}

@@ -1709,6 +1709,9 @@ class PointwiseFamily:
     """Elementwise chains and reductions over any axes, fused, vectorised and coalesced."""
 
     name = NAME
+    #: the :class:`~napkin.perfmodel.schedule.KernelOptions` fields this family's schedules carry and
+    #: its templates read; lowering refuses a kernel that sets any other (it would not apply)
+    options_read = frozenset({"warps", "stages", "threads_per_row", "splits", "regs_per_thread"})
     #: the planner's limit for a run of maps alone this family may take: a chain of any length up to
     #: the planner's own (``planner.MAX_ELEMENTWISE_BOXES``) is one kernel
     max_elementwise_boxes = 256

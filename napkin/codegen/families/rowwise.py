@@ -2615,6 +2615,10 @@ class RowwiseFamily:
     and reductions over a row, fused."""
 
     name = NAME
+    #: the :class:`~napkin.perfmodel.schedule.KernelOptions` fields this family's schedules carry and
+    #: its templates read; lowering refuses a kernel that sets any other (it would not apply)
+    options_read = frozenset({"threads_per_row", "warps", "stages", "regs_per_thread", "splits",
+                              "blocks_per_sm", "streamed", "row_in_smem", "cluster"})
     smem_from_cost = True  # model_smem_bytes from the cost model's M_SMEM where it agrees
     # a norm's backward with its column reductions (layernorm: two row sums, dgamma and dbeta; 13
     # boxes) is one chain kernel: the planner asks this family about runs of exactly 4 boxes that

@@ -1,0 +1,145 @@
+"""Kernel options a family does not read are refused, not dropped (CPU only).
+
+Every family names the :class:`~napkin.perfmodel.schedule.KernelOptions` fields its schedules carry
+and its templates read (``options_read``). A hand-written schedule, or a plan read back from a
+file, that sets another field on a kernel (``row_in_smem`` on a contraction, ``swap_ab`` on a
+row-wise kernel) would otherwise lower as if the option were not there: planning and lowering
+refuse it with one line naming the kernel, the family and the option.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from napkin.codegen import families
+from napkin.codegen.lower import build, lower, prepare
+from napkin.codegen.partition import kernel_problem
+from napkin.codegen.planner import derive
+from napkin.codegen.program import check_options
+from napkin.diagrams import library
+from napkin.errors import CodegenError, NapkinError
+from napkin.perfmodel.schedule import KernelOptions
+
+FIELDS = {f.name for f in dataclasses.fields(KernelOptions)}
+
+
+def _registered():
+    return [families.get(n) for n in families.ORDER]
+
+
+def test_every_family_names_the_options_it_reads():
+    for fam in _registered():
+        read = fam.options_read
+        assert isinstance(read, frozenset) and read and read <= FIELDS, fam.name
+
+
+# the library at its default sizes, and shapes that reach the options only some configurations set:
+# skinny products split over a cluster, batched products, long rows streamed or kept over a cluster,
+# attention at d = 128 and in decode
+EXTRA = [
+    ("matvec", dict(a=4096, b=4096), "bf16", "h200"),
+    ("matmul", dict(a=4, b=4096, c=4096), "bf16", "h200"),
+    ("matmul", dict(a=64, b=11008, c=4096), "bf16", "h200"),
+    ("matmul", dict(a=256, b=131072, c=256), "bf16", "h200"),
+    ("batched_matmul", dict(n=8, a=1000, b=72, c=24), "fp32", "a100"),
+    ("log_softmax", dict(r=2048, x=151936), "bf16", "h200"),
+    ("softmax", dict(r=4096, x=65536), "fp32", "h200"),
+    ("attention", dict(q=4096, x=4096, d=128), "bf16", "h200"),
+    ("mha", dict(h=32, q=1, x=8192, d=128), "bf16", "h200"),
+]
+
+
+def _points():
+    out = []
+    for name in library.names():
+        sizes = dict(library.entry(name).default_sizes)
+        for dt, gpu in (("bf16", "h200"), ("fp32", "a100")):
+            out.append((name, sizes, dt, gpu))
+    return out + EXTRA
+
+
+def _takes(fam, d) -> bool:
+    return fam.name != "fallback" and (fam.explain(d) is None if hasattr(fam, "explain") else fam.matches(d))
+
+
+def _candidate_options(d, gpu, dtype):
+    """(family, options) of every candidate of every family that takes ``d`` whole, and of every
+    family that takes a kernel of its plan (the sub-diagram that kernel computes; the plan's diagram
+    may be the written-out one)."""
+    plan = derive(d, gpu, explain=False).plan
+    subs = [d] + [kernel_problem(plan.diagram, pk.kernel.boxes, pk.name)[0] for pk in plan.kernels]
+    out = [(families.get(pk.family), pk.name, pk.kernel.options) for pk in plan.kernels]
+    for sub in subs:
+        for fam in _registered():
+            if not _takes(fam, sub):
+                continue
+            try:
+                cands = fam.candidates(sub, gpu, dtype)
+            except NapkinError:
+                continue  # a family may refuse at this step too (the planner takes that as its no)
+            out += [(fam, k.name, k.options) for s in cands for k in s.kernels]
+    return out
+
+
+@pytest.mark.parametrize("name,sizes,dtype,gpu", _points(), ids=lambda v: v if isinstance(v, str) else None)
+def test_every_candidate_sets_only_options_its_family_reads(name, sizes, dtype, gpu):
+    d = library.get(name)
+    d = prepare(d, sizes={k: v for k, v in sizes.items() if k in d.axes}, dtype=dtype)
+    found = _candidate_options(d, gpu, dtype)
+    assert found
+    for fam, kernel, options in found:
+        set_ = set(options.to_dict())
+        assert set_ <= fam.options_read, (fam.name, kernel, sorted(set_ - fam.options_read))
+        check_options(fam, kernel, options)
+
+
+def test_the_shapes_reach_the_rarer_options():
+    """The extra points are there for the options few configurations set: each is set by some
+    candidate (otherwise the test above would not look at it)."""
+    wanted = {"cluster", "swap_ab", "streamed", "row_in_smem", "splits", "warpgroups", "threads_per_row"}
+    got = set()
+    for name, sizes, dtype, gpu in EXTRA:
+        d = prepare(library.get(name), sizes=sizes, dtype=dtype)
+        for _, _, options in _candidate_options(d, gpu, dtype):
+            got |= set(options.to_dict())
+    assert wanted <= got, sorted(wanted - got)
+
+
+def _one_kernel(name, sizes, dtype="bf16", gpu="h100"):
+    d = prepare(library.get(name), sizes=sizes, dtype=dtype)
+    return d, derive(d, gpu, explain=False).plan
+
+
+@pytest.mark.parametrize("name,sizes,family,stray", [
+    ("matmul", dict(a=256, b=256, c=256), "contraction", dict(row_in_smem=True)),
+    ("softmax", dict(r=64, x=1024), "rowwise", dict(swap_ab=True)),
+    ("matvec", dict(a=512, b=512), "pointwise", dict(persistent=True, cluster=2)),
+    ("attention", dict(q=256, x=256, d=64), "attention", dict(streamed=True)),
+])
+def test_a_hand_written_schedule_with_an_option_its_family_ignores_is_refused(name, sizes, family, stray):
+    d, plan = _one_kernel(name, sizes)
+    assert plan.kernels[0].family == family
+    k = plan.kernels[0].kernel
+    bad = k.replace(options=dataclasses.replace(k.options, **stray))
+    sched = plan.schedule.replace(kernels=(bad,))
+    given = ", ".join(f"{o}={v}" for o, v in stray.items())
+    with pytest.raises(CodegenError, match=rf"kernel {k.name}: family {family} does not read options? {given} "
+                                           r"\(it reads [a-z_, ]+\)$"):
+        lower(d, sched)
+    # a plan that carries it (read back from a file, built by hand) is refused when it is built
+    pk = dataclasses.replace(plan.kernels[0], kernel=bad)
+    with pytest.raises(CodegenError, match=rf"family {family} does not read"):
+        build(dataclasses.replace(plan, kernels=(pk,)))
+    # the options the family does read still lower
+    assert lower(d, plan.schedule).launches
+
+
+def test_a_family_registered_from_outside_is_taken_at_its_word():
+    class Outside:
+        name = "outside"
+
+    check_options(Outside(), "k0", KernelOptions(swap_ab=True, cluster=4))
+    with pytest.raises(CodegenError, match="family fallback does not read options stages=3, splits=2"):
+        check_options(families.get("fallback"), "k0", KernelOptions(engine="scalar", stages=3, splits=2))
