@@ -26,6 +26,15 @@ except TypeError:
     RUNNER_KWARGS = {}
 
 
+
+def skip_unless_hopper(what: str) -> None:
+    """Skips the calling test unless a CUDA GPU of compute capability 9.x is here: wgmma, TMA
+    multicast and thread-block clusters of napkin's templates are sm_90a's (``what`` names the
+    template or path the test runs). torch is imported only when this is called."""
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip(f"{what} needs an sm_90 GPU")
+
 def cli_invoke(*args: str) -> tuple[int, str, str]:
     """``napkin ARGS`` in this process: (exit status, stdout, stderr)."""
     from napkin.cli import app

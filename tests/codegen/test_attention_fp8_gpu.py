@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+from napkin_test_support import skip_unless_hopper
 
 from napkin.codegen.families import attention_fp8 as F8
 from napkin.codegen.families.attention import FAMILY
@@ -22,9 +23,7 @@ pytestmark = pytest.mark.gpu
 
 @pytest.fixture(autouse=True)
 def _hopper():
-    torch = pytest.importorskip("torch")
-    if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9:
-        pytest.skip("the fp8 attention template needs an sm_90 GPU")
+    skip_unless_hopper("the fp8 attention template")
 
 
 def quantised(shape, spread, seed):

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+from napkin_test_support import skip_unless_hopper
 
 from napkin.codegen.families import attention_wgmma as W
 from napkin.codegen.families.attention import FAMILY
@@ -24,9 +25,7 @@ NEW_DIMS = (80, 96, 192, 256)
 
 @pytest.fixture(autouse=True)
 def _hopper():
-    torch = pytest.importorskip("torch")
-    if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9:
-        pytest.skip("the wgmma template needs an sm_90 GPU")
+    skip_unless_hopper("the wgmma attention template")
 
 
 def gqa_full() -> Diagram:

@@ -9,6 +9,7 @@ this template on the GPU at hand where the model predicts it faster.
 from __future__ import annotations
 
 import pytest
+from napkin_test_support import skip_unless_hopper
 
 from napkin.codegen.families import attention_wgmma
 from napkin.codegen.families.attention import FAMILY
@@ -19,9 +20,7 @@ pytestmark = pytest.mark.gpu
 
 @pytest.fixture(autouse=True)
 def _hopper():
-    torch = pytest.importorskip("torch")
-    if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9:
-        pytest.skip("the wgmma template needs an sm_90 GPU")
+    skip_unless_hopper("the wgmma attention template")
 
 
 def sizes(name, **s):

@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
+from napkin_test_support import skip_unless_hopper
 
 from napkin.codegen.families.contraction import FAMILY, MatmulConfig, _swap_config, analyze
 
@@ -27,10 +28,7 @@ pytestmark = pytest.mark.gpu
 
 
 def _hopper():
-    import torch
-
-    if not torch.cuda.is_available() or torch.cuda.get_device_capability() < (9, 0):
-        pytest.skip("clusters of wgmma blocks run on sm_90a")
+    skip_unless_hopper("a split sum over a cluster of wgmma blocks")
 
 
 def _check(build, sizes, cfg, dtype="bf16"):

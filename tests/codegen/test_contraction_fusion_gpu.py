@@ -12,6 +12,7 @@ that are not tile multiples.
 from __future__ import annotations
 
 import pytest
+from napkin_test_support import skip_unless_hopper
 
 from napkin.codegen.families.contraction import FAMILY, WGMMA_CONFIGS, MatmulConfig
 from napkin.diagrams import library
@@ -33,10 +34,7 @@ def check(diagram, dtype, shapes, family=None, schedule=None):
 
 
 def _hopper():
-    import torch
-
-    if torch.cuda.get_device_capability() != (9, 0):
-        pytest.skip("the fused prologue runs on the wgmma template (sm_90)")
+    skip_unless_hopper("the fused prologue (wgmma template)")
 
 
 #: sizes that are no tile multiples; x = 8 is one mostly out-of-bounds chunk, x = 1032 walks 17

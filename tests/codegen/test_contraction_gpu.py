@@ -7,6 +7,7 @@ are not 16-byte aligned, which take the element-copy path).
 from __future__ import annotations
 
 import pytest
+from napkin_test_support import skip_unless_hopper
 
 from napkin.codegen.families.contraction import (FAMILY, MMA_CONFIGS, SIMT_CONFIGS, WGMMA_CONFIGS, WGMMA_SPLIT_CONFIGS,
                                                  MatmulConfig)
@@ -121,10 +122,7 @@ def test_transformer_block_output_projection_on_tensor_cores():
 # ---------------------------------------------------------------------------- the wgmma template
 
 def _hopper():
-    import torch
-
-    if torch.cuda.get_device_capability() != (9, 0):
-        pytest.skip("the wgmma template needs an sm_90 GPU")
+    skip_unless_hopper("the wgmma contraction template")
 
 
 def wgmma_schedule(diagram, dtype, sizes, cfg=WGMMA_CONFIGS[0]):

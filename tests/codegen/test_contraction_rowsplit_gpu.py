@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 
 import pytest
+from napkin_test_support import skip_unless_hopper
 
 from napkin.codegen.families.contraction import FAMILY, WGMMA_CONFIGS, MatmulConfig
 
@@ -30,10 +31,7 @@ SPLIT_SHAPES = [dict(a=1000, b=520, c=1000), dict(a=77, b=64, c=4100), dict(a=13
 
 
 def _hopper():
-    import torch
-
-    if torch.cuda.get_device_capability() != (9, 0):
-        pytest.skip("the split row reduction runs on the wgmma template (sm_90)")
+    skip_unless_hopper("the split row reduction (wgmma template)")
 
 
 @pytest.mark.parametrize("kind", KINDS)

@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
+from napkin_test_support import skip_unless_hopper
 
 from napkin.codegen.families.contraction import FAMILY, _swap_config, analyze
 
@@ -25,10 +26,7 @@ pytestmark = pytest.mark.gpu
 
 
 def _hopper():
-    import torch
-
-    if not torch.cuda.is_available() or torch.cuda.get_device_capability() < (9, 0):
-        pytest.skip("the swapped tile runs on wgmma (sm_90a)")
+    skip_unless_hopper("the swapped tile (wgmma template)")
 
 
 @pytest.mark.parametrize("bm", [64, 128], ids=["one-consumer", "two-consumers"])

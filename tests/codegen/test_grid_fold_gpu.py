@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+from napkin_test_support import skip_unless_hopper
 
 from napkin.codegen.families import attention_fp8, attention_wgmma
 from napkin.codegen.families import contraction as C
@@ -33,10 +34,7 @@ def _gpu():
 
 
 def _hopper():
-    import torch
-
-    if torch.cuda.get_device_capability()[0] != 9:
-        pytest.skip("the wgmma templates need an sm_90 GPU")
+    skip_unless_hopper("the wgmma templates")
 
 
 def woven(name: str):

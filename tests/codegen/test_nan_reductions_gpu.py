@@ -21,7 +21,7 @@ from napkin.codegen.prepare import prepare
 from napkin.codegen.verify import TOLERANCE
 from napkin.diagrams import Axis, Diagram, array, contract, map_fn, reduce
 from napkin.errors import CodegenError
-from napkin_test_support import spread_and_split_picks
+from napkin_test_support import skip_unless_hopper, spread_and_split_picks
 
 pytestmark = pytest.mark.gpu
 
@@ -146,8 +146,7 @@ def test_a_nan_in_a_gemm_row_gives_nan(how, c):
     column 5 NaN; every row's max is then NaN, where fmaxf would give the max of the other columns."""
     import torch
 
-    if torch.cuda.get_device_capability() != (9, 0):
-        pytest.skip("the contraction's row reduction runs on the wgmma template (sm_90)")
+    skip_unless_hopper("the contraction's row reduction (wgmma template)")
     d = prepare(gemm_reduced(how), sizes=dict(a=130, b=64, c=c), dtype="bf16")
     g = torch.Generator().manual_seed(c)
     A = torch.randn(130, 64, dtype=torch.float64, generator=g).to(torch.bfloat16)
