@@ -143,3 +143,51 @@ def test_a_family_registered_from_outside_is_taken_at_its_word():
     check_options(Outside(), "k0", KernelOptions(swap_ab=True, cluster=4))
     with pytest.raises(CodegenError, match="family fallback does not read options stages=3, splits=2"):
         check_options(families.get("fallback"), "k0", KernelOptions(engine="scalar", stages=3, splits=2))
+
+
+def _with_options(name, sizes, gpu, **extra):
+    """The plan of a library diagram, its first kernel's options updated with ``extra``."""
+    d = prepare(library.get(name), sizes=sizes, dtype="bf16")
+    plan = derive(d, gpu, explain=False).plan
+    k = plan.kernels[0].kernel
+    pk = dataclasses.replace(plan.kernels[0], kernel=k.replace(options=dataclasses.replace(k.options, **extra)))
+    return dataclasses.replace(plan, kernels=(pk, *plan.kernels[1:]))
+
+
+@pytest.mark.parametrize("extra", [dict(stages=2), dict(streamed=True), dict(row_in_smem=True), dict(cluster=2),
+                                   dict(splits=4), dict(blocks_per_sm=2)], ids=lambda e: next(iter(e)))
+def test_a_row_in_registers_refuses_the_chain_kernels_options(extra):
+    """The row-wise family reads these fields, but only on its chain kernels: the softmax box's
+    kernel (its row in registers) is refused them rather than built without them."""
+    plan = _with_options("softmax", dict(r=64, x=1024), "h100", **extra)
+    assert plan.kernels[0].family == "rowwise"
+    with pytest.raises(CodegenError, match=r"rowwise: the softmax kernel holds its row in registers and takes "
+                                           r"threads_per_row and warps, not "):
+        build(plan)
+
+
+def test_a_streamed_row_takes_streamed_alone_and_refuses_a_budget_cut():
+    plan = _with_options("softmax", dict(r=64, x=200000), "h200")
+    opts = plan.kernels[0].kernel.options
+    assert opts.streamed and opts.stages and opts.cluster and opts.row_in_smem
+    # streamed without stages streams (the first of the chunk counts), as with column reductions
+    from napkin.codegen.families.rowwise import STREAM_UNROLLS
+
+    (k,) = build(_with_options("softmax", dict(r=64, x=200000), "h200", stages=None)).launches
+    (want,) = build(_with_options("softmax", dict(r=64, x=200000), "h200", stages=STREAM_UNROLLS[0])).launches
+    assert k.source == want.source and k.grid == want.grid and k.block == want.block
+    with pytest.raises(CodegenError, match=r"blocks_per_sm \(a register budget cut\) only with column reductions"):
+        build(_with_options("softmax", dict(r=64, x=200000), "h200", blocks_per_sm=2))
+
+
+def test_column_reductions_refuse_a_kept_row():
+    d = prepare(library.get("rmsnorm").grad(save={"N_rstd"}), sizes=dict(r=4096, x=4096), dtype="bf16")
+    plan = derive(d, "h200", explain=False).plan
+    (pk,) = [p for p in plan.kernels if p.family == "rowwise"]
+    k = pk.kernel
+    assert k.options.splits  # the norm backward's column reductions (dgamma)
+    bad = dataclasses.replace(plan, kernels=tuple(
+        dataclasses.replace(p, kernel=k.replace(options=dataclasses.replace(k.options, row_in_smem=True)))
+        if p is pk else p for p in plan.kernels))
+    with pytest.raises(CodegenError, match="row_in_smem and cluster keep a streamed row without column reductions"):
+        build(bad)

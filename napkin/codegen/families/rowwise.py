@@ -471,6 +471,11 @@ def configs(shape: RowwiseShape) -> list[Config]:
     return out
 
 
+#: KernelOptions a chain kernel reads and a softmax or norm box's kernel (its row in registers) does
+#: not: a schedule of the box that sets one is refused rather than built without it
+CHAIN_ONLY_OPTIONS = ("stages", "splits", "blocks_per_sm", "streamed", "row_in_smem", "cluster")
+
+
 def config_from_schedule(shape: RowwiseShape, schedule: Schedule) -> Config:
     """The configuration a schedule's kernel names (threads per row and warps per block in its
     options: a block of ``warps`` warps holds ``32·warps / threads_per_row`` rows), or one that
@@ -481,6 +486,14 @@ def config_from_schedule(shape: RowwiseShape, schedule: Schedule) -> Config:
             if r.axis in shape.row_axes and isinstance(r.size, int):
                 want *= r.size
     opts = schedule.kernels[0].options if len(schedule.kernels) == 1 else None
+    if opts is not None:
+        # the box's kernel holds its row in registers: a chain kernel's options do not apply to it
+        chain_only = {k: v for k, v in opts.to_dict().items() if k in CHAIN_ONLY_OPTIONS}
+        if chain_only:
+            given = ", ".join(f"{k}={v}" for k, v in chain_only.items())
+            raise CodegenError(f"rowwise: the {shape.kind} kernel holds its row in registers and takes "
+                               f"threads_per_row and warps, not {given} (a chain kernel's options: "
+                               "write the box out as maps and reductions for those)")
     if opts is not None and opts.threads_per_row is not None:
         tpr = opts.threads_per_row
         rows = max(1, (opts.warps or 1) * 32 // tpr) if opts.warps and tpr <= 32 else (1 if tpr > 32 else want)
@@ -1962,14 +1975,20 @@ def chain_config_from_schedule(shape: ChainShape, schedule: Schedule) -> ChainCo
         rows = max(1, (opts.warps or 1) * 32 // tpr) if tpr <= 32 else 1
         splits = opts.splits
         if shape.cols:  # stages: the row groups loaded ahead
+            if opts.row_in_smem or opts.cluster:
+                raise CodegenError("rowwise: row_in_smem and cluster keep a streamed row without column "
+                                   "reductions; this chain has column reductions")
             if splits is None:  # a schedule that names no block count: one wave's worth
                 splits = min(max(1, -(-shape.nrows // rows)), DEFAULT_SMS * DEFAULT_BLOCKS_PER_SM)
             if opts.streamed:  # stages: the chunks a thread has in flight
                 return make_chain_config(shape, tpr, rows, opts.stages or STREAM_UNROLLS[0], splits,
                                          None, opts.blocks_per_sm)
             return make_chain_config(shape, tpr, rows, None, splits, opts.stages, opts.blocks_per_sm)
-        return make_chain_config(shape, tpr, rows, opts.stages, splits, row_in_smem=bool(opts.row_in_smem),
-                                 smem_budget=row_smem_budget(schedule.gpu), cluster=opts.cluster or 1)
+        # stages: the chunks a streamed row has in flight (streamed alone: the first of them)
+        stages = opts.stages or (STREAM_UNROLLS[0] if opts.streamed else None)
+        return make_chain_config(shape, tpr, rows, stages, splits, blocks_per_sm=opts.blocks_per_sm,
+                                 row_in_smem=bool(opts.row_in_smem), smem_budget=row_smem_budget(schedule.gpu),
+                                 cluster=opts.cluster or 1)
     options = chain_configs(shape)
     if not options:
         raise CodegenError(f"rowwise: no configuration runs a row of {shape.xsize} {shape.dtype} values")
