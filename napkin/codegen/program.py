@@ -179,3 +179,32 @@ def check_options(family, kernel: str, options) -> None:
         given = ", ".join(f"{k}={v}" for k, v in unread.items())
         raise CodegenError(f"kernel {kernel}: family {family.name} does not read option{'s' if len(unread) > 1 else ''} "
                            f"{given} (it reads {', '.join(sorted(read))})")
+
+
+#: the value of a KernelOptions field that means the family's default, which a plan may spell out
+#: (a split count of 1 is no split)
+NEUTRAL_OPTIONS = {"splits": 1, "cluster": 1, "persistent": False, "swap_ab": False, "streamed": False,
+                   "row_in_smem": False}
+
+
+def check_derived(family: str, kernel: str, options, derived) -> None:
+    """Refuses the ``options`` a schedule gives where a field they set differs from ``derived``,
+    the options of the configuration the family built from that schedule: a value the family does
+    not follow (``warps=2`` on tiles that take 4 warps, a register budget the kernel is not built
+    with) would otherwise be replaced without a word.
+
+    >>> from napkin.perfmodel.schedule import KernelOptions
+    >>> check_derived("contraction", "k0", KernelOptions(stages=3, splits=1), KernelOptions(stages=3, warps=4))
+    >>> check_derived("contraction", "k0", KernelOptions(stages=3, warps=2), KernelOptions(stages=3, warps=4))
+    Traceback (most recent call last):
+    ...
+    napkin.errors.CodegenError: kernel k0: the contraction family builds warps=4 from this schedule, not warps=2 (its tiles and engine decide it; leave an option out to take the family's)
+    """
+    want = derived.to_dict()
+    wrong = {k: v for k, v in options.to_dict().items() if want.get(k, NEUTRAL_OPTIONS.get(k)) != v}
+    if wrong:
+        built = ", ".join(f"{k}={want[k]}" if k in want else f"no {k}" for k in wrong)
+        given = ", ".join(f"{k}={v}" for k, v in wrong.items())
+        raise CodegenError(f"kernel {kernel}: the {family} family builds {built} from this schedule, not {given} "
+                           f"(its tiles and engine decide {'them' if len(wrong) > 1 else 'it'}; leave an option out to take "
+                           "the family's)")

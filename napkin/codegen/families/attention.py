@@ -59,7 +59,7 @@ from ...diagrams.ops import Contract, Map, Softmax, Value
 from ...dtypes import dtype as lookup_dtype
 from ...errors import CodegenError, NapkinError
 from ...perfmodel.schedule import KernelOptions, Schedule
-from ..program import Arg, Buffer, KernelLaunch, Program, fold_grid, grid_folds
+from ..program import Arg, Buffer, KernelLaunch, Program, check_derived, fold_grid, grid_folds
 from ..render import Code, comment, comment_lines, ident
 from .attention_problem import MAX_WOVEN, AttentionProblem, woven_reason
 from .contraction import _gpu_key, _smem_limit
@@ -667,12 +667,16 @@ class AttentionFamily:
             rf = self._spread(p, {**diagram.sizes, **groups}, cfg.WQ)
         s = Schedule.fused(diagram, groups=groups, streams=streams,
                            rf_groups=rf, gpu=_gpu_key(gpu), dtype=dtype or p.dtype)
+        return s.replace(kernels=(s.kernels[0].replace(family=self.name, options=self.options_of(cfg)),))
+
+    @staticmethod
+    def options_of(cfg: AttentionConfig) -> KernelOptions:
+        """The typed options a schedule of this mma.sync configuration carries."""
         # the threads sharing a row of S: the 4 lanes of an mma fragment row in each warp along x
-        opts = KernelOptions(engine="mma.sync", stages=cfg.stages, warps=cfg.threads // 32,
+        return KernelOptions(engine="mma.sync", stages=cfg.stages, warps=cfg.threads // 32,
                              threads_per_row=4 * cfg.wx if cfg.wx > 1 else None,
                              blocks_per_sm=cfg.blocks_per_sm, regs_per_thread=cfg.model_regs(),
                              splits=cfg.splits if cfg.splits > 1 else None)
-        return s.replace(kernels=(s.kernels[0].replace(family=self.name, options=opts),))
 
     def _spread(self, p: AttentionProblem, sz, rows: int) -> dict[str, int]:
         """``rows`` of a packed tile as groups: q first, then the packed axes from the innermost
@@ -863,6 +867,7 @@ class AttentionFamily:
             return attention_wgmma.lower(self, diagram, schedule, arch)
         p = analyze(diagram)
         cfg = self.config_of(p, diagram, schedule)
+        check_derived(self.name, schedule.kernels[0].name, schedule.kernels[0].options, self.options_of(cfg))
         launches, buffers = self._launches(diagram, p, cfg, arch)
         return Program(diagram, schedule, self.name, tuple(launches), tuple(buffers), dict(diagram.sizes))
 

@@ -63,7 +63,7 @@ from ...diagrams.diagram import Diagram
 from ...diagrams.ops import Contract, Map, Value
 from ...errors import CodegenError, NapkinError
 from ...perfmodel.schedule import KernelOptions, Schedule
-from ..program import Arg, Buffer, KernelLaunch, Program, fold_grid, grid_folds
+from ..program import Arg, Buffer, KernelLaunch, Program, check_derived, fold_grid, grid_folds
 from ..render import Code, comment, comment_lines, ident
 from . import per_diagram
 from .attention_problem import woven_reason
@@ -434,9 +434,13 @@ class AttentionBackwardFamily:
         p = analyze(diagram)
         s = Schedule.fused(diagram, groups={a: 1 for a in p.woven}, streams={p.q: cfg.BQ},
                            gpu=_gpu_key(gpu), dtype=dtype or p.dtype)
-        opts = KernelOptions(engine="mma.sync", stages=2, warps=cfg.warps, blocks_per_sm=1,
+        return s.replace(kernels=(s.kernels[0].replace(family=self.name, options=self.options_of(cfg)),))
+
+    @staticmethod
+    def options_of(cfg: BackwardConfig) -> KernelOptions:
+        """The typed options a schedule of this mma.sync configuration carries."""
+        return KernelOptions(engine="mma.sync", stages=2, warps=cfg.warps, blocks_per_sm=1,
                              regs_per_thread=cfg.model_regs())
-        return s.replace(kernels=(s.kernels[0].replace(family=self.name, options=opts),))
 
     def config_of(self, p: BackwardProblem, diagram: Diagram, schedule: Schedule) -> BackwardConfig:
         if len(schedule.kernels) != 1:
@@ -546,6 +550,7 @@ class AttentionBackwardFamily:
             return attention_bwd_wgmma.lower(self, diagram, schedule, arch)
         p = analyze(diagram)
         cfg = self.config_of(p, diagram, schedule)
+        check_derived(self.name, schedule.kernels[0].name, schedule.kernels[0].options, self.options_of(cfg))
         smem = cfg.smem_bytes()
         limit = _smem_limit(None, arch)
         if smem > limit:

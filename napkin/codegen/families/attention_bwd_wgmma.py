@@ -50,7 +50,7 @@ from dataclasses import dataclass
 from ...diagrams.diagram import Diagram
 from ...errors import CodegenError
 from ...perfmodel.schedule import KernelOptions, Schedule
-from ..program import Arg, Buffer, KernelLaunch, Program, fold_grid, grid_folds
+from ..program import Arg, Buffer, KernelLaunch, Program, check_derived, fold_grid, grid_folds
 from ..render import Code, comment, comment_lines, ident
 from .attention_problem import woven_reason
 from .contraction import _gpu_key, _smem_limit, wgmma_target_reason
@@ -257,7 +257,9 @@ def lower(fam, diagram: Diagram, sched: Schedule, arch: str) -> Program:
     why = wgmma_reason(p, diagram, arch=arch)
     if why:
         raise CodegenError(f"attention_bwd family: the schedule asks for engine=wgmma, but {why}")
-    return _program(fam, diagram, sched, p, config_of(p, diagram, sched), arch)
+    cfg = config_of(p, diagram, sched)
+    check_derived(fam.name, sched.kernels[0].name, sched.kernels[0].options, cfg.options())
+    return _program(fam, diagram, sched, p, cfg, arch)
 
 
 def lower_config(fam, diagram: Diagram, cfg: WgmmaBackwardConfig, arch: str = "sm_90a") -> Program:

@@ -76,7 +76,7 @@ from dataclasses import dataclass, replace
 from ...diagrams.diagram import Diagram
 from ...errors import CodegenError
 from ...perfmodel.schedule import KernelOptions, Schedule
-from ..program import Arg, Buffer, KernelLaunch, Program, fold_grid, grid_folds
+from ..program import Arg, Buffer, KernelLaunch, Program, check_derived, fold_grid, grid_folds
 from ..render import Code, comment, comment_lines, ident
 from .attention_problem import AttentionProblem, woven_reason
 from .attention_wgmma import (PRODUCER_REGS, _masks, _rows_layout_problem, mask_legend, read_tiles, score_kinds,
@@ -331,6 +331,7 @@ def lower(fam, diagram: Diagram, sched: Schedule, arch: str) -> Program:
     if why:
         raise CodegenError(f"attention family: {why}")
     cfg = config_of(p, diagram, sched)
+    check_derived(fam.name, sched.kernels[0].name, sched.kernels[0].options, cfg.options())
     sz = diagram.sizes
     vt = _names(diagram, p)
     heads, D, XP = _vt_shape(p, sz)

@@ -77,7 +77,7 @@ from ...diagrams.axes import is_name
 from ...diagrams.diagram import Diagram
 from ...errors import CodegenError
 from ...perfmodel.schedule import KernelOptions, Schedule
-from ..program import Arg, Buffer, KernelLaunch, Program, fold_grid, grid_folds
+from ..program import Arg, Buffer, KernelLaunch, Program, check_derived, fold_grid, grid_folds
 from ..render import Code, comment, comment_lines, ident
 from .attention_problem import AttentionProblem, woven_reason
 from .contraction import _gpu_key, _sm_count, _smem_limit, wgmma_target_reason
@@ -643,6 +643,7 @@ def lower(fam, diagram: Diagram, sched: Schedule, arch: str) -> Program:
     if why:
         raise CodegenError(f"attention family: the schedule asks for engine=wgmma, but {why}")
     cfg = config_of(p, diagram, sched)
+    check_derived(fam.name, sched.kernels[0].name, sched.kernels[0].options, cfg.options())
     launch = _launch(diagram, p, cfg, arch, _sm_count(sched.gpu))
     return Program(diagram, sched, fam.name, (launch,), _buffers(diagram, cfg), dict(diagram.sizes))
 

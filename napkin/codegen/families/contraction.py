@@ -51,7 +51,7 @@ from ...diagrams.ops import Contract, Map, Value
 from ...errors import CodegenError
 from ...perfmodel.hardware import has_clusters
 from ...perfmodel.schedule import KernelOptions, Schedule
-from ..program import MAX_GRID_Y, Arg, Buffer, KernelLaunch, Program, fold_grid, grid_folds
+from ..program import MAX_GRID_Y, Arg, Buffer, KernelLaunch, Program, check_derived, fold_grid, grid_folds
 from ..render import Code, comment_lines, ident
 from .epilogue import (FUNCTIONS, Param, check_epilogue, check_index_size, contiguous_strides, ctype, cuda_float, epilogue_code,
                        index_size_problem, int_param, render, short_hash, signature, stride_param, tensor_param, tensormap_param)
@@ -2001,6 +2001,7 @@ class ContractionFamily:
         if not diagram.is_bound:
             raise CodegenError(f"contraction family: bind the sizes of {diagram.name!r} first")
         cfg = self.config_of(p, schedule, arch)
+        check_derived(self.name, schedule.kernels[0].name, schedule.kernels[0].options, cfg.options())
         sz = diagram.sizes
         pads, buffers = [], []
         padded: dict[str, tuple[str, int]] = {}

@@ -70,7 +70,7 @@ from ...diagrams.ops import Contract, InputOp, Map, Reduce, Rename, Value, apply
 from ...dtypes import dtype as lookup_dtype
 from ...errors import CodegenError
 from ...perfmodel.schedule import Kernel, KernelOptions, Relabel, Schedule
-from ..program import Arg, Buffer, KernelLaunch, Program
+from ..program import Arg, Buffer, KernelLaunch, Program, check_derived
 from ..render import Code, c_i64, c_int, comment, cuda_type, half_math, ident, map_expr, render
 from . import in_registers, per_diagram, plain_kernel_reason
 
@@ -1798,6 +1798,7 @@ class PointwiseFamily:
         if len(schedule.kernels) != 1:
             raise CodegenError(f"pointwise family runs one fused kernel; the schedule has {len(schedule.kernels)}")
         cfg = config_from_schedule(shape, schedule)
+        check_derived(NAME, schedule.kernels[0].name, schedule.kernels[0].options, cfg.options(shape))
         base = Code(f"{ident(diagram.name)}_pointwise")
         launches, buffers = lower_shape(shape, cfg, schedule, arch, base)
         return Program(diagram=diagram, schedule=schedule, family=NAME, launches=tuple(launches),

@@ -46,7 +46,7 @@ from ...dtypes import dtype as lookup_dtype
 from ...errors import CodegenError
 from ...perfmodel.hardware import has_clusters
 from ...perfmodel.schedule import Kernel, KernelOptions, Relabel, Schedule
-from ..program import Arg, Buffer, KernelLaunch, Program
+from ..program import Arg, Buffer, KernelLaunch, Program, check_derived
 from ..render import Code, c_i64, c_int, comment, cuda_type, half_math, ident, map_expr, render
 from . import in_registers, per_diagram, plain_kernel_reason
 
@@ -2719,8 +2719,10 @@ class RowwiseFamily:
         shape = self._shape(diagram)
         if len(schedule.kernels) != 1:
             raise CodegenError(f"rowwise family runs one fused kernel; the schedule has {len(schedule.kernels)}")
+        given = schedule.kernels[0].options
         if isinstance(shape, ChainShape):
             cfg = chain_config_from_schedule(shape, schedule)
+            check_derived(NAME, schedule.kernels[0].name, given, cfg.options(shape))
             launch = lower_chain(shape, cfg, schedule, arch, Code(f"{ident(diagram.name)}_rowwise_chain"))
             if not shape.cols:
                 return Program(diagram=diagram, schedule=schedule, family=NAME, launches=(launch,), buffers=(),
@@ -2728,6 +2730,7 @@ class RowwiseFamily:
             return Program(diagram=diagram, schedule=schedule, family=NAME, launches=(launch,),
                            buffers=column_buffers(shape, cfg), sizes=dict(shape.sizes))
         cfg = config_from_schedule(shape, schedule)
+        check_derived(NAME, schedule.kernels[0].name, given, cfg.options(shape))
         kname = Code(f"{ident(diagram.name)}_rowwise_{shape.kind}")
         launch = lower_shape(shape, cfg, schedule, arch, kname)
         return Program(diagram=diagram, schedule=schedule, family=NAME, launches=(launch,), buffers=(),
