@@ -191,3 +191,32 @@ def test_column_reductions_refuse_a_kept_row():
         if p is pk else p for p in plan.kernels))
     with pytest.raises(CodegenError, match="row_in_smem and cluster keep a streamed row without column reductions"):
         build(bad)
+
+
+@pytest.mark.parametrize("name,sizes,dtype,gpu", _points(), ids=lambda v: v if isinstance(v, str) else None)
+def test_every_candidate_lowers_with_the_options_it_carries(name, sizes, dtype, gpu):
+    """A family's own candidates carry the options of the configuration they were made from, so
+    lowering one (what the planner, ``benchmarks/candidates.py`` and the GPU tests do) never meets
+    :func:`~napkin.codegen.program.check_derived`'s refusal."""
+    from napkin.perfmodel.hardware import get_gpu
+
+    d = library.get(name)
+    d = prepare(d, sizes={k: v for k, v in sizes.items() if k in d.axes}, dtype=dtype)
+    arch = get_gpu(gpu).arch
+    plan = derive(d, gpu, explain=False).plan
+    lowered = 0
+    for sub in [d] + [kernel_problem(plan.diagram, pk.kernel.boxes, pk.name)[0] for pk in plan.kernels]:
+        for fam in _registered():
+            if not _takes(fam, sub):
+                continue
+            try:
+                cands = fam.candidates(sub, gpu, dtype)
+            except NapkinError:
+                continue
+            for s in cands:
+                try:
+                    fam.lower(sub, s, arch)
+                    lowered += 1
+                except CodegenError as e:
+                    assert "from this schedule, not" not in str(e), (fam.name, s.kernels[0].options, str(e))
+    assert lowered
