@@ -10,6 +10,7 @@ refuse it with one line naming the kernel, the family and the option.
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import pytest
 
@@ -220,3 +221,33 @@ def test_every_candidate_lowers_with_the_options_it_carries(name, sizes, dtype, 
                 except CodegenError as e:
                     assert "from this schedule, not" not in str(e), (fam.name, s.kernels[0].options, str(e))
     assert lowered
+
+
+@pytest.mark.parametrize("name,sizes,gpu,extra,built", [
+    ("matmul", dict(a=1024, b=1024, c=1024), "a100", dict(warpgroups=2), "no warpgroups"),  # mma.sync
+    ("matmul", dict(a=1024, b=1024, c=1024), "a100", dict(warps=2), "warps=4"),          # the tiles' warps
+    ("matmul", dict(a=1024, b=1024, c=1024), "h200", dict(warps=2), "no warps"),         # wgmma
+    ("matmul", dict(a=1024, b=1024, c=1024), "h200", dict(regs_per_thread=100), "regs_per_thread=240"),
+    ("attention", dict(q=1024, x=1024, d=64), "a100", dict(persistent=True), "no persistent"),
+    ("softmax", dict(r=64, x=1024), "h100", dict(warps=16, regs_per_thread=20), "regs_per_thread="),
+    ("matvec", dict(a=4096, b=4096), "h200", dict(stages=2), "regs_per_thread="),
+])
+def test_an_option_the_configuration_does_not_follow_is_refused(name, sizes, gpu, extra, built):
+    """Options the family's configuration decides (the warps of mma.sync tiles, a register budget)
+    or does not have (warpgroups on mma.sync, a persistent mma.sync attention) are compared with
+    what it builds from the schedule: a value it would not follow is an error that says what it
+    builds, and taking the derived field out builds the kernel."""
+    plan = _with_options(name, sizes, gpu, **extra)
+    with pytest.raises(CodegenError, match=rf"kernel \w+: the {plan.kernels[0].family} family builds "
+                                           rf"{re.escape(built)}.* from this schedule, not .*leave an option out"):
+        build(plan)
+
+
+def test_a_derived_field_left_out_takes_the_family_s():
+    """Changing what the configuration is made from (the pointwise kernel's vectors in flight)
+    changes its register budget: the plan that keeps the old budget is refused, the one that
+    leaves it out builds, with the new one."""
+    plan = _with_options("matvec", dict(a=4096, b=4096), "h200", stages=2, regs_per_thread=None)
+    (k,) = build(plan).launches
+    assert k.model_regs_per_thread and k.model_regs_per_thread != _with_options(
+        "matvec", dict(a=4096, b=4096), "h200").kernels[0].kernel.options.regs_per_thread
