@@ -65,14 +65,12 @@ def _takes(fam, d) -> bool:
     return fam.name != "fallback" and (fam.explain(d) is None if hasattr(fam, "explain") else fam.matches(d))
 
 
-def _candidate_options(d, gpu, dtype):
-    """(family, options) of every candidate of every family that takes ``d`` whole, and of every
-    family that takes a kernel of its plan (the sub-diagram that kernel computes; the plan's diagram
-    may be the written-out one)."""
+def _candidates(d, gpu, dtype):
+    """(family, sub-diagram, schedule) of every candidate of every family that takes ``d`` whole,
+    and of every family that takes a kernel of its plan (the sub-diagram that kernel computes; the
+    plan's diagram may be the written-out one)."""
     plan = derive(d, gpu, explain=False).plan
-    subs = [d] + [kernel_problem(plan.diagram, pk.kernel.boxes, pk.name)[0] for pk in plan.kernels]
-    out = [(families.get(pk.family), pk.name, pk.kernel.options) for pk in plan.kernels]
-    for sub in subs:
+    for sub in [d] + [kernel_problem(plan.diagram, pk.kernel.boxes, pk.name)[0] for pk in plan.kernels]:
         for fam in _registered():
             if not _takes(fam, sub):
                 continue
@@ -80,8 +78,14 @@ def _candidate_options(d, gpu, dtype):
                 cands = fam.candidates(sub, gpu, dtype)
             except NapkinError:
                 continue  # a family may refuse at this step too (the planner takes that as its no)
-            out += [(fam, k.name, k.options) for s in cands for k in s.kernels]
-    return out
+            yield from ((fam, sub, s) for s in cands)
+
+
+def _candidate_options(d, gpu, dtype):
+    """(family, kernel, options) of each kernel of ``d``'s plan and of every candidate."""
+    plan = derive(d, gpu, explain=False).plan
+    out = [(families.get(pk.family), pk.name, pk.kernel.options) for pk in plan.kernels]
+    return out + [(fam, k.name, k.options) for fam, _, s in _candidates(d, gpu, dtype) for k in s.kernels]
 
 
 @pytest.mark.parametrize("name,sizes,dtype,gpu", _points(), ids=lambda v: v if isinstance(v, str) else None)
@@ -206,22 +210,13 @@ def test_every_candidate_lowers_with_the_options_it_carries(name, sizes, dtype, 
     d = library.get(name)
     d = prepare(d, sizes={k: v for k, v in sizes.items() if k in d.axes}, dtype=dtype)
     arch = get_gpu(gpu).arch
-    plan = derive(d, gpu, explain=False).plan
     lowered = 0
-    for sub in [d] + [kernel_problem(plan.diagram, pk.kernel.boxes, pk.name)[0] for pk in plan.kernels]:
-        for fam in _registered():
-            if not _takes(fam, sub):
-                continue
-            try:
-                cands = fam.candidates(sub, gpu, dtype)
-            except NapkinError:
-                continue
-            for s in cands:
-                try:
-                    fam.lower(sub, s, arch)
-                    lowered += 1
-                except CodegenError as e:
-                    assert "from this schedule, not" not in str(e), (fam.name, s.kernels[0].options, str(e))
+    for fam, sub, s in _candidates(d, gpu, dtype):
+        try:
+            fam.lower(sub, s, arch)
+            lowered += 1
+        except CodegenError as e:  # (a candidate that does not build for this arch says why)
+            assert "from this schedule, not" not in str(e), (fam.name, s.kernels[0].options, str(e))
     assert lowered
 
 
