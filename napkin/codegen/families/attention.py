@@ -226,6 +226,14 @@ class AttentionConfig:
         """The register budget per thread: what keeps ``blocks_per_sm`` blocks resident."""
         return min(255, 65536 // (self.threads * self.blocks_per_sm) // 8 * 8)
 
+    def options(self) -> KernelOptions:
+        """The typed options a schedule of this configuration carries."""
+        # the threads sharing a row of S: the 4 lanes of an mma fragment row in each warp along x
+        return KernelOptions(engine="mma.sync", stages=self.stages, warps=self.threads // 32,
+                             threads_per_row=4 * self.wx if self.wx > 1 else None,
+                             blocks_per_sm=self.blocks_per_sm, regs_per_thread=self.model_regs(),
+                             splits=self.splits if self.splits > 1 else None)
+
     @property
     def kv_copies(self) -> int:
         """16-byte copies of K (and as many of V) a thread issues for one chunk."""
@@ -667,16 +675,7 @@ class AttentionFamily:
             rf = self._spread(p, {**diagram.sizes, **groups}, cfg.WQ)
         s = Schedule.fused(diagram, groups=groups, streams=streams,
                            rf_groups=rf, gpu=_gpu_key(gpu), dtype=dtype or p.dtype)
-        return s.replace(kernels=(s.kernels[0].replace(family=self.name, options=self.options_of(cfg)),))
-
-    @staticmethod
-    def options_of(cfg: AttentionConfig) -> KernelOptions:
-        """The typed options a schedule of this mma.sync configuration carries."""
-        # the threads sharing a row of S: the 4 lanes of an mma fragment row in each warp along x
-        return KernelOptions(engine="mma.sync", stages=cfg.stages, warps=cfg.threads // 32,
-                             threads_per_row=4 * cfg.wx if cfg.wx > 1 else None,
-                             blocks_per_sm=cfg.blocks_per_sm, regs_per_thread=cfg.model_regs(),
-                             splits=cfg.splits if cfg.splits > 1 else None)
+        return s.replace(kernels=(s.kernels[0].replace(family=self.name, options=cfg.options()),))
 
     def _spread(self, p: AttentionProblem, sz, rows: int) -> dict[str, int]:
         """``rows`` of a packed tile as groups: q first, then the packed axes from the innermost
@@ -867,7 +866,7 @@ class AttentionFamily:
             return attention_wgmma.lower(self, diagram, schedule, arch)
         p = analyze(diagram)
         cfg = self.config_of(p, diagram, schedule)
-        check_derived(self.name, schedule.kernels[0].name, schedule.kernels[0].options, self.options_of(cfg))
+        check_derived(self.name, schedule.kernels[0].name, schedule.kernels[0].options, cfg.options())
         launches, buffers = self._launches(diagram, p, cfg, arch)
         return Program(diagram, schedule, self.name, tuple(launches), tuple(buffers), dict(diagram.sizes))
 

@@ -133,6 +133,11 @@ class BackwardConfig:
     def model_regs(self) -> int:
         return 255  # __launch_bounds__(THREADS, 1): one block an SM, the whole register file
 
+    def options(self) -> KernelOptions:
+        """The typed options a schedule of this configuration carries."""
+        return KernelOptions(engine="mma.sync", stages=2, warps=self.warps, blocks_per_sm=1,
+                             regs_per_thread=self.model_regs())
+
     def problem(self) -> str | None:
         qt = self.BQ // 16
         if self.BX % 16 or self.BQ % 16 or self.D % 16:
@@ -434,13 +439,7 @@ class AttentionBackwardFamily:
         p = analyze(diagram)
         s = Schedule.fused(diagram, groups={a: 1 for a in p.woven}, streams={p.q: cfg.BQ},
                            gpu=_gpu_key(gpu), dtype=dtype or p.dtype)
-        return s.replace(kernels=(s.kernels[0].replace(family=self.name, options=self.options_of(cfg)),))
-
-    @staticmethod
-    def options_of(cfg: BackwardConfig) -> KernelOptions:
-        """The typed options a schedule of this mma.sync configuration carries."""
-        return KernelOptions(engine="mma.sync", stages=2, warps=cfg.warps, blocks_per_sm=1,
-                             regs_per_thread=cfg.model_regs())
+        return s.replace(kernels=(s.kernels[0].replace(family=self.name, options=cfg.options()),))
 
     def config_of(self, p: BackwardProblem, diagram: Diagram, schedule: Schedule) -> BackwardConfig:
         if len(schedule.kernels) != 1:
@@ -550,7 +549,7 @@ class AttentionBackwardFamily:
             return attention_bwd_wgmma.lower(self, diagram, schedule, arch)
         p = analyze(diagram)
         cfg = self.config_of(p, diagram, schedule)
-        check_derived(self.name, schedule.kernels[0].name, schedule.kernels[0].options, self.options_of(cfg))
+        check_derived(self.name, schedule.kernels[0].name, schedule.kernels[0].options, cfg.options())
         smem = cfg.smem_bytes()
         limit = _smem_limit(None, arch)
         if smem > limit:
